@@ -1,0 +1,251 @@
+#include "host_table.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+namespace mxrec {
+
+namespace {
+// Below this many IDs a batch is planned on the calling thread: handing work to
+// the pool costs more than it saves.
+constexpr int64_t kParallelMinIds = 1 << 15;
+constexpr int32_t kUnassigned = -2;
+constexpr int32_t kDefaultSlot = -1;
+constexpr int kShardShift = 60;  // top 4 hash bits pick one of 16 shards
+static_assert(HostTable::kNumShards == 16, "kShardShift assumes 16 shards");
+}  // namespace
+
+HostTable::HostTable(TableOptions options)
+    : options_(std::move(options)), threshold_(options_.access_threshold) {
+  stats_.capacity = options_.device_capacity;
+}
+
+bool HostTable::IsPadding(int64_t key) const {
+  const auto& pads = options_.padding_keys;
+  return std::find(pads.begin(), pads.end(), key) != pads.end();
+}
+
+Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t timestamp,
+                          ThreadPool* pool, BatchPlan* plan) {
+  plan->unique_rows.clear();
+  plan->reused_rows.clear();
+  plan->restore.assign(n, 0);
+  plan->new_ids = 0;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (train) {
+    ++stats_.train_batches;
+  } else {
+    ++stats_.eval_batches;
+  }
+  if (n == 0) return Status::Ok();
+  if (++stamp_ == 0) {
+    // The batch stamp wrapped around: forget every stale stamp once.
+    for (auto& shard : shards_) shard.ForEach([](KeyRecord& r) { r.stamp = 0; });
+    stamp_ = 1;
+  }
+  const bool parallel = pool != nullptr && pool->num_threads() > 1 && n >= kParallelMinIds;
+
+  // Phase A: hash every ID and group the positions by shard (stable).
+  std::vector<uint64_t> hashes(n);
+  std::vector<uint8_t> shard_of(n);
+  auto hash_range = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      hashes[i] = HashKey(keys[i]);
+      shard_of[i] = static_cast<uint8_t>(hashes[i] >> kShardShift);
+    }
+  };
+  if (parallel) {
+    const int64_t chunks = pool->num_threads() * 4;
+    pool->ParallelFor(chunks, [&](int64_t c) { hash_range(n * c / chunks, n * (c + 1) / chunks); });
+  } else {
+    hash_range(0, n);
+  }
+  std::array<int64_t, kNumShards + 1> offsets{};
+  for (int64_t i = 0; i < n; ++i) ++offsets[shard_of[i] + 1];
+  for (int s = 0; s < kNumShards; ++s) offsets[s + 1] += offsets[s];
+  std::vector<int64_t> order(n);
+  {
+    std::array<int64_t, kNumShards> fill{};
+    std::copy(offsets.begin(), offsets.end() - 1, fill.begin());
+    for (int64_t i = 0; i < n; ++i) order[fill[shard_of[i]]++] = i;
+  }
+
+  // Phase B: per shard, find (or, in training, insert and count) each ID and
+  // number the shard's distinct IDs. Shards are disjoint, so they run apart.
+  const bool has_padding = !options_.padding_keys.empty();
+  const bool count = train && !counting_frozen_;
+  const float weight = static_cast<float>(options_.faae_coefficient);
+  std::vector<std::vector<KeyRecord*>> uniques(kNumShards);
+  std::vector<int32_t> local(n);
+  auto plan_shard = [&](int64_t s) {
+    KeyMap& map = shards_[s];
+    std::vector<KeyRecord*>& uniq = uniques[s];
+    // No growth inside the loop, so the record pointers kept in `uniq` hold.
+    if (train) map.Reserve(offsets[s + 1] - offsets[s]);
+    for (int64_t j = offsets[s]; j < offsets[s + 1]; ++j) {
+      const int64_t p = order[j];
+      const int64_t key = keys[p];
+      if (has_padding && IsPadding(key)) {
+        local[p] = kDefaultSlot;
+        continue;
+      }
+      KeyRecord* rec;
+      if (train) {
+        bool inserted = false;
+        rec = map.FindOrInsert(key, hashes[p], &inserted);
+      } else {
+        rec = map.Find(key, hashes[p]);
+        if (rec == nullptr) {
+          local[p] = kDefaultSlot;
+          continue;
+        }
+      }
+      if (rec->stamp != stamp_) {
+        rec->stamp = stamp_;
+        rec->local = static_cast<int32_t>(uniq.size());
+        uniq.push_back(rec);
+        if (train) {
+          rec->last_seen = timestamp;
+          rec->age = 0;
+        }
+      }
+      if (count) rec->count += weight;
+      local[p] = rec->local;
+    }
+  };
+  if (parallel) {
+    pool->ParallelFor(kNumShards, plan_shard);
+  } else {
+    for (int s = 0; s < kNumShards; ++s) plan_shard(s);
+  }
+
+  // Phase C, in input order so that the result does not depend on threads:
+  // number the batch's distinct IDs by first occurrence, admit, and hand out
+  // rows to newly admitted IDs.
+  std::vector<std::vector<int32_t>> global(kNumShards);
+  for (int s = 0; s < kNumShards; ++s) global[s].assign(uniques[s].size(), kUnassigned);
+  int64_t shortfall = 0;
+  int64_t non_padding = 0;
+  int64_t defaults = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const int32_t l = local[p];
+    if (l == kDefaultSlot) {
+      plan->restore[p] = kDefaultSlot;
+      continue;
+    }
+    ++non_padding;
+    int32_t& g = global[shard_of[p]][l];
+    if (g == kUnassigned) {
+      KeyRecord* rec = uniques[shard_of[p]][l];
+      if (rec->row < 0 && train && (threshold_ <= 0.0 || rec->count >= threshold_)) {
+        if (!free_rows_.empty()) {
+          rec->row = free_rows_.back();
+          free_rows_.pop_back();
+          plan->reused_rows.push_back(rec->row);
+        } else if (next_row_ < options_.device_capacity) {
+          rec->row = static_cast<int32_t>(next_row_++);
+        } else {
+          ++shortfall;
+        }
+        if (rec->row >= 0) {
+          ++plan->new_ids;
+          ++stats_.admitted;
+        }
+      }
+      if (rec->row >= 0) {
+        g = static_cast<int32_t>(plan->unique_rows.size());
+        plan->unique_rows.push_back(rec->row);
+      } else {
+        g = kDefaultSlot;
+      }
+    }
+    plan->restore[p] = g;
+    if (g == kDefaultSlot) ++defaults;
+  }
+  if (train) {
+    stats_.ids_seen += non_padding;
+    stats_.rejected += defaults;
+  }
+  if (shortfall > 0) {
+    return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
+                       "' is full: all ", options_.device_capacity,
+                       " rows (device_vocabulary_size) are in use and this batch brings ",
+                       shortfall,
+                       " more new IDs. Raise device_vocabulary_size in create_table(), or "
+                       "keep rarely seen IDs out with access_threshold and remove stale ones "
+                       "with eviction_threshold.");
+  }
+  const int32_t default_index = static_cast<int32_t>(plan->unique_rows.size());
+  for (auto& r : plan->restore) {
+    if (r == kDefaultSlot) r = default_index;
+  }
+  return Status::Ok();
+}
+
+void HostTable::SetThreshold(double threshold) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (threshold == 0.0) {
+    counting_frozen_ = true;
+  } else {
+    counting_frozen_ = false;
+    threshold_ = threshold;
+  }
+}
+
+int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred) {
+  int64_t removed = 0;
+  for (auto& shard : shards_) {
+    removed += shard.EraseIf([&](const KeyRecord& rec) {
+      if (!pred(rec)) return false;
+      if (rec.row >= 0) free_rows_.push_back(rec.row);
+      return true;
+    });
+  }
+  stats_.evicted += removed;
+  return removed;
+}
+
+int64_t HostTable::EvictOlderThan(int64_t oldest_kept) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return EraseWhere([oldest_kept](const KeyRecord& rec) { return rec.last_seen < oldest_kept; });
+}
+
+int64_t HostTable::Shrink(int threshold) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& shard : shards_) {
+    shard.ForEach([](KeyRecord& rec) {
+      if (rec.age < 255) ++rec.age;
+    });
+  }
+  return EraseWhere([threshold](const KeyRecord& rec) { return rec.age >= threshold; });
+}
+
+TableStats HostTable::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TableStats stats = stats_;
+  stats.rows_in_use = next_row_ - static_cast<int64_t>(free_rows_.size());
+  stats.ids_tracked = 0;
+  for (const auto& shard : shards_) stats.ids_tracked += shard.size();
+  return stats;
+}
+
+void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<int32_t, int64_t>> pairs;
+  for (const auto& shard : shards_) {
+    shard.ForEach([&](const KeyRecord& rec) {
+      if (rec.row >= 0) pairs.emplace_back(rec.row, rec.key);
+    });
+  }
+  std::sort(pairs.begin(), pairs.end());
+  keys->clear();
+  rows->clear();
+  for (const auto& [row, key] : pairs) {
+    rows->push_back(row);
+    keys->push_back(key);
+  }
+}
+
+}  // namespace mxrec

@@ -1,0 +1,107 @@
+// The host side of one sparse table: the ID -> device row map, admission
+// counts, last-seen times and the free device rows. Plain C++, no TensorFlow.
+#ifndef MXREC_ENGINE_HOST_TABLE_H_
+#define MXREC_ENGINE_HOST_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "key_map.h"
+#include "status.h"
+#include "thread_pool.h"
+
+namespace mxrec {
+
+struct TableOptions {
+  // The user's table name; every error message carries it.
+  std::string name;
+  // Row width of the device table.
+  int64_t dim = 0;
+  // Rows of the device table (`device_vocabulary_size`). Must be in [1, 2^31).
+  int64_t device_capacity = 0;
+  // IDs that always look up as the default value and are never counted.
+  std::vector<int64_t> padding_keys;
+  // Weighted count an ID needs before it gets a row; 0 admits at first sight.
+  double access_threshold = 0.0;
+  // Weight of one occurrence of an ID in the admission count.
+  double faae_coefficient = 1.0;
+};
+
+// What the key stage hands the training step for one batch of one table.
+struct BatchPlan {
+  // Device rows of the batch's admitted IDs, in order of first occurrence.
+  std::vector<int32_t> unique_rows;
+  // For each input position, the index into unique_rows, or unique_rows.size()
+  // where the ID takes the default value (padding, unseen, not admitted).
+  std::vector<int32_t> restore;
+  // Rows handed out in this batch that held another ID before: the step must
+  // re-initialise them (and their optimizer slots) before the lookup.
+  std::vector<int32_t> reused_rows;
+  int64_t new_ids = 0;
+};
+
+struct TableStats {
+  int64_t capacity = 0;
+  int64_t rows_in_use = 0;
+  int64_t ids_tracked = 0;    // IDs with a host record, admitted or still counting
+  int64_t ids_seen = 0;       // occurrences of IDs in training batches
+  int64_t admitted = 0;       // IDs given a row so far
+  int64_t rejected = 0;       // occurrences that looked up as default (not admitted)
+  int64_t evicted = 0;        // IDs removed by eviction or shrink
+  int64_t train_batches = 0;
+  int64_t eval_batches = 0;
+};
+
+class HostTable {
+ public:
+  static constexpr int kNumShards = 16;
+
+  explicit HostTable(TableOptions options);
+
+  const TableOptions& options() const { return options_; }
+
+  // Plans one batch. In training (train=true) IDs are counted, admitted and
+  // given rows; otherwise the map is only read. `timestamp` is the batch's
+  // time for last-seen bookkeeping. The result does not depend on the pool's
+  // size. On a full table the plan is not produced and the map stays valid.
+  Status Process(const int64_t* keys, int64_t n, bool train, int64_t timestamp,
+                 ThreadPool* pool, BatchPlan* plan);
+
+  // Changes the admission threshold; a threshold of 0 freezes the counts
+  // ("no longer accumulate, use the counts so far") and keeps the threshold.
+  void SetThreshold(double threshold);
+
+  // Removes IDs whose last_seen is older than `oldest_kept` and frees their
+  // rows. Returns how many IDs were removed.
+  int64_t EvictOlderThan(int64_t oldest_kept);
+
+  // PaddlePaddle's shrink: ages every ID by one (an ID seen since the last
+  // shrink restarts at 0) and removes those whose age reaches `threshold`.
+  int64_t Shrink(int threshold);
+
+  TableStats Stats() const;
+
+  // Copies out (key, row) of every admitted ID, ordered by row.
+  void ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const;
+
+ private:
+  int64_t EraseWhere(const std::function<bool(const KeyRecord&)>& pred);
+  bool IsPadding(int64_t key) const;
+
+  const TableOptions options_;
+  mutable std::mutex mu_;
+  KeyMap shards_[kNumShards];
+  std::vector<int32_t> free_rows_;  // rows freed by eviction, reused LIFO
+  int64_t next_row_ = 0;            // rows [next_row_, capacity) never used
+  uint32_t stamp_ = 0;
+  bool counting_frozen_ = false;
+  double threshold_;
+  TableStats stats_;
+};
+
+}  // namespace mxrec
+
+#endif  // MXREC_ENGINE_HOST_TABLE_H_

@@ -1,0 +1,39 @@
+#include "key_stage.h"
+
+#include <chrono>
+
+namespace mxrec {
+
+int64_t WallClockSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeySpan>& spans,
+                   bool train, int64_t timestamp, ThreadPool* pool,
+                   std::vector<BatchPlan>* plans) {
+  if (tables.size() != spans.size()) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "key stage got ", tables.size(),
+                       " tables but ", spans.size(), " ID tensors");
+  }
+  if (timestamp < 0) timestamp = WallClockSeconds();
+  const int64_t n = static_cast<int64_t>(tables.size());
+  plans->resize(n);
+  std::vector<Status> statuses(n);
+  auto run_one = [&](int64_t i) {
+    statuses[i] = tables[i]->Process(spans[i].keys, spans[i].size, train, timestamp, pool,
+                                     &(*plans)[i]);
+  };
+  if (pool != nullptr && n > 1) {
+    pool->ParallelFor(n, run_one);
+  } else {
+    for (int64_t i = 0; i < n; ++i) run_one(i);
+  }
+  for (const auto& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return Status::Ok();
+}
+
+}  // namespace mxrec

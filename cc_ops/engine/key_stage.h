@@ -1,0 +1,32 @@
+// The host key stage: plans one batch for several tables at once.
+#ifndef MXREC_ENGINE_KEY_STAGE_H_
+#define MXREC_ENGINE_KEY_STAGE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "host_table.h"
+#include "status.h"
+#include "thread_pool.h"
+
+namespace mxrec {
+
+struct KeySpan {
+  const int64_t* keys = nullptr;
+  int64_t size = 0;
+};
+
+// Seconds since the Unix epoch; the batch time when the data gives none.
+int64_t WallClockSeconds();
+
+// Plans spans[i] against tables[i] for every i, the tables in parallel on the
+// pool (and a large batch also within its table). A negative timestamp means
+// "now". Returns the first error in table order; plans of tables without an
+// error are complete either way.
+Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeySpan>& spans,
+                   bool train, int64_t timestamp, ThreadPool* pool,
+                   std::vector<BatchPlan>* plans);
+
+}  // namespace mxrec
+
+#endif  // MXREC_ENGINE_KEY_STAGE_H_

@@ -1,0 +1,61 @@
+// Registrations and shape functions of mxrec's host-stage ops. Kernels live in
+// ../kernels; the engine they adapt lives in ../engine.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+REGISTER_OP("MxrecKeyStage")
+    .Input("ids: N * Tids")
+    .Input("timestamp: int64")
+    .Output("unique_rows: N * int32")
+    .Output("restore: N * int32")
+    .Output("reused_rows: N * int32")
+    .Attr("N: int >= 1")
+    .Attr("Tids: {int32, int64}")
+    .Attr("table_keys: list(string)")
+    .Attr("is_train: bool = true")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 0, &unused));
+      for (int i = 0; i < n; ++i) {
+        ShapeHandle ids;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &ids));
+        c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+        c->set_output(n + i, ids);
+        c->set_output(2 * n + i, c->Vector(InferenceContext::kUnknownDim));
+      }
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Plans one batch of IDs for each of N tables: deduplicates the IDs, counts and
+admits them (when is_train), gives newly admitted IDs a device row, and returns
+the rows of the batch's admitted IDs in order of first occurrence, an index per
+input position into those rows (len(unique_rows) means the default value), and
+the rows that were reused after eviction and must be re-initialised.
+timestamp: the batch time in seconds; negative means the wall clock.
+)doc");
+
+REGISTER_OP("MxrecSetThreshold")
+    .Input("threshold: T")
+    .Output("done: int32")
+    .Attr("T: {int32, int64, float}")
+    .Attr("table_key: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
+      c->set_output(0, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Changes a table's admission threshold; 0 stops counting and keeps the counts.
+)doc");
+
+}  // namespace tensorflow

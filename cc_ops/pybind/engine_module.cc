@@ -1,0 +1,140 @@
+// Management calls into the host engine from Python: creating and dropping
+// tables, statistics, threshold and eviction control, and direct batch
+// planning for tests and benchmarks. Planning releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/key_stage.h"
+#include "engine/registry.h"
+
+namespace py = pybind11;
+
+namespace mxrec {
+namespace {
+
+void RaiseIfError(const Status& status) {
+  if (status.ok()) return;
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+      throw py::value_error(status.message());
+    case StatusCode::kNotFound:
+      throw py::key_error(status.message());
+    default:
+      throw std::runtime_error(status.message());
+  }
+}
+
+std::shared_ptr<HostTable> Table(const std::string& key) {
+  std::shared_ptr<HostTable> table;
+  RaiseIfError(Registry::Global().GetTable(key, &table));
+  return table;
+}
+
+template <typename T>
+py::array_t<T> ToArray(const std::vector<T>& values) {
+  py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
+  std::copy(values.begin(), values.end(), out.mutable_data());
+  return out;
+}
+
+py::list Process(const std::vector<std::string>& keys,
+                 const std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& ids,
+                 bool train, int64_t timestamp) {
+  std::vector<HostTable*> tables;
+  std::vector<std::shared_ptr<HostTable>> owners;
+  std::vector<KeySpan> spans;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    owners.push_back(Table(keys[i]));
+    tables.push_back(owners.back().get());
+  }
+  for (const auto& array : ids) {
+    if (array.ndim() != 1) throw py::value_error("IDs must be 1-D arrays");
+    spans.push_back({array.data(), static_cast<int64_t>(array.size())});
+  }
+  std::vector<BatchPlan> plans;
+  Status status;
+  {
+    py::gil_scoped_release release;
+    auto pool = Registry::Global().pool();
+    status = RunKeyStage(tables, spans, train, timestamp, pool.get(), &plans);
+  }
+  RaiseIfError(status);
+  py::list out;
+  for (const auto& plan : plans) {
+    out.append(py::make_tuple(ToArray(plan.unique_rows), ToArray(plan.restore),
+                              ToArray(plan.reused_rows)));
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace mxrec
+
+PYBIND11_MODULE(_mxrec_engine, m) {
+  using namespace mxrec;  // NOLINT: a .cc file, kept to this module body
+  m.doc() = "Host engine of mxrec (management calls; the training path uses the TF ops).";
+
+  m.def(
+      "create_table",
+      [](const std::string& key, const std::string& name, int64_t dim, int64_t capacity,
+         const std::vector<int64_t>& padding_keys, double access_threshold,
+         double faae_coefficient) {
+        TableOptions options;
+        options.name = name;
+        options.dim = dim;
+        options.device_capacity = capacity;
+        options.padding_keys = padding_keys;
+        options.access_threshold = access_threshold;
+        options.faae_coefficient = faae_coefficient;
+        std::shared_ptr<HostTable> table;
+        RaiseIfError(Registry::Global().CreateTable(key, options, &table));
+      },
+      py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
+      py::arg("padding_keys"), py::arg("access_threshold"), py::arg("faae_coefficient"));
+  m.def("drop_prefix", [](const std::string& prefix) { return Registry::Global().DropPrefix(prefix); });
+  m.def("table_keys", [] { return Registry::Global().Keys(); });
+  m.def("set_num_threads", [](int n) {
+    if (n < 1) throw py::value_error("KEY_PROCESS_THREAD_NUM must be >= 1");
+    Registry::Global().SetNumThreads(n);
+  });
+  m.def("num_threads", [] { return Registry::Global().pool()->num_threads(); });
+  m.def("process", &Process, py::arg("keys"), py::arg("ids"), py::arg("train"),
+        py::arg("timestamp") = -1);
+  m.def("stats", [](const std::string& key) {
+    const TableStats s = Table(key)->Stats();
+    py::dict d;
+    d["capacity"] = s.capacity;
+    d["rows_in_use"] = s.rows_in_use;
+    d["ids_tracked"] = s.ids_tracked;
+    d["ids_seen"] = s.ids_seen;
+    d["admitted"] = s.admitted;
+    d["rejected"] = s.rejected;
+    d["evicted"] = s.evicted;
+    d["train_batches"] = s.train_batches;
+    d["eval_batches"] = s.eval_batches;
+    return d;
+  });
+  m.def("export_rows", [](const std::string& key) {
+    std::vector<int64_t> keys;
+    std::vector<int32_t> rows;
+    Table(key)->ExportRows(&keys, &rows);
+    return py::make_tuple(ToArray(keys), ToArray(rows));
+  });
+  m.def("set_threshold", [](const std::string& key, double threshold) {
+    if (threshold < 0) throw py::value_error("threshold must be >= 0");
+    Table(key)->SetThreshold(threshold);
+  });
+  m.def("evict_older_than", [](const std::string& key, int64_t oldest_kept) {
+    return Table(key)->EvictOlderThan(oldest_kept);
+  });
+  m.def("shrink", [](const std::string& key, int threshold) {
+    if (threshold < 1) throw py::value_error("shrink threshold must be >= 1");
+    return Table(key)->Shrink(threshold);
+  });
+  m.def("wall_clock_seconds", &WallClockSeconds);
+}

@@ -1,0 +1,47 @@
+"""Loads mxrec's native libraries once, and says clearly why when it cannot."""
+
+import functools
+import json
+from pathlib import Path
+
+_LIB_DIR = Path(__file__).resolve().parent
+_REBUILD_HINT = (
+    "Rebuild mxrec against the TensorFlow in this environment: `pip install .` "
+    "(or `python setup.py build_ext --inplace` in a source checkout)."
+)
+
+
+def _build_info():
+    path = _LIB_DIR / "build_info.json"
+    if not path.exists():
+        raise ImportError(f"mxrec's native libraries are not built (no {path}). {_REBUILD_HINT}")
+    return json.loads(path.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def engine():
+    """The pybind11 module of the host engine (management calls)."""
+    _build_info()
+    try:
+        from mxrec._lib import _mxrec_engine
+    except ImportError as err:
+        raise ImportError(f"cannot load mxrec's host engine: {err}. {_REBUILD_HINT}") from err
+    return _mxrec_engine
+
+
+@functools.lru_cache(maxsize=None)
+def op_library():
+    """The TensorFlow op library (MxrecKeyStage and friends)."""
+    import tensorflow as tf
+
+    built_for = _build_info()["tensorflow"]
+    if built_for != tf.__version__:
+        raise ImportError(
+            f"mxrec's ops were built for TensorFlow {built_for}, but TensorFlow "
+            f"{tf.__version__} is imported. {_REBUILD_HINT}"
+        )
+    engine()  # the engine library must be loaded first so both share its tables
+    try:
+        return tf.load_op_library(str(_LIB_DIR / "_mxrec_ops.so"))
+    except (tf.errors.NotFoundError, OSError) as err:
+        raise ImportError(f"cannot load mxrec's op library: {err}. {_REBUILD_HINT}") from err

@@ -1,0 +1,286 @@
+"""Sparse tables addressed by raw IDs: `create_table` and `sparse_lookup`.
+
+A table is a device variable of `device_vocabulary_size` rows plus a host
+record per ID (kept by the C++ engine). A lookup runs the host key stage on
+the IDs (dedupe, count, admit, give rows), gathers the batch's unique rows
+from the device table and spreads them back to the input positions:
+
+    ids [*S] -> key stage -> unique_rows [U], restore [N]
+             -> gather(table, unique_rows) [U, dim] -> rows[restore] -> [*S, dim]
+
+The gradient reaches the table as IndexedSlices over the unique rows, which
+the hash optimizers in `mxrec.optimizers` apply to the touched rows only.
+"""
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec._lib import loader
+from mxrec.util import ops as mxrec_ops
+from mxrec.util.device import accelerator_device
+from mxrec.util.initialize import get_config_initializer
+
+SPARSE_TABLE_COLLECTION = "mxrec_sparse_tables"
+_KEY_DTYPES = (tf.int32, tf.int64)
+
+
+class SparseEmbedding:
+    """One sparse table in one graph. Create it with `create_table`.
+
+    Attributes:
+        table_name: the user's name for the table.
+        dim: row width.
+        key_dtype: tf.int32 or tf.int64.
+        device_vocabulary_size: rows in the device table.
+        variable: the device table, a resource variable [device_vocabulary_size, dim].
+        table_key: the engine's key of the host state.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        key_dtype: tf.DType,
+        dim: int,
+        initializer,
+        device_vocabulary_size: int,
+        padding_keys: Sequence[int],
+        value_dtype: tf.DType,
+        table_key: str,
+    ):
+        self.table_name = name
+        self.key_dtype = key_dtype
+        self.dim = dim
+        self.initializer = initializer
+        self.device_vocabulary_size = device_vocabulary_size
+        self.padding_keys = list(padding_keys)
+        self.value_dtype = value_dtype
+        self.table_key = table_key
+        self.access_and_evict_config: Optional[Dict] = None
+        self.optimizers: List[tf.compat.v1.train.Optimizer] = []
+        self._last_key_stage = {}
+        with tf.device(accelerator_device()):
+            self.variable = tf.compat.v1.get_variable(
+                name,
+                shape=[device_vocabulary_size, dim],
+                dtype=value_dtype,
+                initializer=initializer,
+                trainable=False,
+                use_resource=True,
+                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLE_COLLECTION],
+            )
+        self.variable._mxrec_table = self  # lets the optimizers find the table
+
+    @property
+    def name(self) -> str:
+        return self.table_name
+
+    def stats(self) -> Dict[str, int]:
+        """Host statistics: rows in use, IDs seen, admitted, rejected, evicted, ..."""
+        return dict(loader.engine().stats(self.table_key))
+
+    def export_rows(self):
+        """(ids, rows): the device row of every admitted ID, ordered by row."""
+        return loader.engine().export_rows(self.table_key)
+
+    def key_stage_dependency(self, graph, is_train: bool, op):
+        """Chains this table's key stages in creation order.
+
+        Two lookups of one table in one step must plan in a fixed order, or
+        the rows new IDs receive (and so their initial values) would depend on
+        scheduling.
+        """
+        previous = self._last_key_stage.get((graph, is_train))
+        self._last_key_stage[(graph, is_train)] = op
+        return previous
+
+
+def _check_name(name):
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"create_table: name must be a non-empty string, got {name!r}")
+
+
+def create_table(
+    key_dtype,
+    dim,
+    name: str,
+    emb_initializer,
+    device_vocabulary_size: int = 1,
+    host_vocabulary_size: int = 0,
+    ssd_vocabulary_size: int = 0,
+    ssd_data_path=(),
+    is_save: bool = True,
+    init_param: float = 1.0,
+    all2all_gradients_op: str = "sum_gradients",
+    value_dtype=tf.float32,
+    shard_num: int = 1,
+    fusion_optimizer_var: bool = True,
+    hashtable_threshold: int = 0,
+    padding_keys=None,
+    padding_keys_mask: bool = True,
+    padding_keys_len: int = 1,
+) -> SparseEmbedding:
+    """Creates a sparse table addressed by raw IDs.
+
+    Args:
+        key_dtype: tf.int64 or tf.int32; every value of the type is a valid ID.
+        dim: row width (int or TensorShape of rank 1).
+        name: table name, unique among this init()'s tables.
+        emb_initializer: any TF initializer; initial value of every row.
+        device_vocabulary_size: rows the device table holds.
+        host_vocabulary_size: rows of the host tier (not available yet: must be 0).
+        ssd_vocabulary_size: rows of the SSD tier (not available yet: must be 0).
+        init_param: scale applied to the initializer's values.
+        value_dtype: tf.float32.
+        padding_keys: an ID or IDs that look up as zeros and are never counted or updated.
+
+    Returns:
+        The SparseEmbedding.
+
+    Example:
+        >>> table = create_table(tf.int64, 16, "user_table",
+        ...                      tf.compat.v1.truncated_normal_initializer(stddev=0.05),
+        ...                      device_vocabulary_size=100_000)
+        >>> emb = sparse_lookup(table, ids)  # ids [B, 3] int64 -> emb [B, 3, 16]
+    """
+    runtime = get_config_initializer()
+    _check_name(name)
+    key_dtype = tf.as_dtype(key_dtype)
+    if key_dtype not in _KEY_DTYPES:
+        raise TypeError(f"create_table {name!r}: key_dtype must be tf.int64 or tf.int32, "
+                        f"got {key_dtype.name}")
+    if isinstance(dim, tf.TensorShape):
+        if dim.rank != 1 or dim[0] is None:
+            raise ValueError(f"create_table {name!r}: dim must be a rank-1 shape, got {dim}")
+        dim = int(dim[0])
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
+        raise ValueError(f"create_table {name!r}: dim must be a positive int, got {dim!r}")
+    if (isinstance(device_vocabulary_size, bool)
+            or not isinstance(device_vocabulary_size, (int, np.integer))
+            or not 0 < device_vocabulary_size < 2**31):
+        raise ValueError(f"create_table {name!r}: device_vocabulary_size must be in [1, 2^31), "
+                         f"got {device_vocabulary_size!r}")
+    if host_vocabulary_size or ssd_vocabulary_size:
+        raise ValueError(
+            f"create_table {name!r}: host_vocabulary_size and ssd_vocabulary_size must be 0; "
+            "the host and SSD tiers are not implemented yet (device-only mode)")
+    value_dtype = tf.as_dtype(value_dtype)
+    if value_dtype != tf.float32:
+        raise TypeError(f"create_table {name!r}: value_dtype must be tf.float32, "
+                        f"got {value_dtype.name}")
+    if padding_keys is None:
+        padding_keys = []
+    elif isinstance(padding_keys, (int, np.integer)):
+        padding_keys = [int(padding_keys)]
+    padding_keys = [int(k) for k in padding_keys]
+    if emb_initializer is None:
+        raise ValueError(f"create_table {name!r}: emb_initializer is required")
+    initializer = emb_initializer
+    if init_param != 1.0:
+        def initializer(shape, dtype=tf.float32, partition_info=None):
+            del partition_info
+            return emb_initializer(shape, dtype) * init_param
+
+    table_key = runtime.table_key(name)
+    previous = runtime.tables.get(name)
+    if previous is not None and previous.variable.graph is tf.compat.v1.get_default_graph():
+        raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
+    loader.engine().create_table(
+        key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
+        padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0)
+    table = SparseEmbedding(name, key_dtype, int(dim), initializer, int(device_vocabulary_size),
+                            padding_keys, value_dtype, table_key)
+    runtime.tables[name] = table
+    return table
+
+
+def _restore_rows(unique_emb, restore):
+    """unique_emb [U, dim] gathered at restore [N] (U means zeros), with a dense gradient."""
+
+    @tf.custom_gradient
+    def restore_fn(emb):
+        num_unique = tf.shape(emb)[0]
+        padded = tf.concat([emb, tf.zeros_like(emb[:1])], axis=0)
+        out = tf.gather(padded, restore)
+
+        def grad(dy):
+            summed = tf.math.unsorted_segment_sum(dy, restore, num_unique + 1)
+            return summed[:num_unique]
+
+        return out, grad
+
+    return restore_fn(unique_emb)
+
+
+def _validate_ids(table: SparseEmbedding, ids) -> tf.Tensor:
+    if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+        raise TypeError(f"sparse_lookup on table {table.table_name!r}: ids must be a dense "
+                        f"tensor, got {type(ids).__name__}")
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype not in _KEY_DTYPES:
+        raise TypeError(f"sparse_lookup on table {table.table_name!r}: ids must be int32 or "
+                        f"int64, got {ids.dtype.name}")
+    if ids.dtype.size > table.key_dtype.size:
+        raise TypeError(f"sparse_lookup on table {table.table_name!r}: ids are {ids.dtype.name} "
+                        f"but the table's key_dtype is {table.key_dtype.name}")
+    if ids.shape.rank == 0:
+        raise ValueError(f"sparse_lookup on table {table.table_name!r}: ids must have rank >= 1 "
+                         "(a batch), got a scalar")
+    return ids
+
+
+def sparse_lookup(
+    hashtable: SparseEmbedding,
+    ids,
+    send_count: Optional[int] = None,
+    is_train: bool = True,
+    name: Optional[str] = None,
+    modify_graph: bool = False,
+    batch=None,
+    access_and_evict_config: Optional[Dict] = None,
+    dim=None,
+    **kwargs,
+) -> tf.Tensor:
+    """Looks up the rows of `ids` in `hashtable`.
+
+    Args:
+        hashtable: a table from `create_table`.
+        ids: int32/int64 tensor of any rank >= 1 with raw IDs.
+        send_count: with init(use_dynamic=False), the padded number of unique IDs.
+        is_train: when False, no ID is inserted or counted and unseen IDs look up as zeros.
+        name: name scope of the lookup.
+        modify_graph: leave the IDs to the graph modifier (not implemented yet).
+        access_and_evict_config: admission and eviction settings (not implemented yet).
+
+    Returns:
+        float32 tensor of shape ids.shape + [dim].
+
+    Example:
+        >>> emb = sparse_lookup(table, ids)  # ids [4096, 26] -> emb [4096, 26, dim]
+    """
+    del send_count, batch, dim, kwargs
+    if not isinstance(hashtable, SparseEmbedding):
+        raise TypeError(f"sparse_lookup: hashtable must come from create_table, "
+                        f"got {type(hashtable).__name__}")
+    if modify_graph:
+        raise NotImplementedError("sparse_lookup(modify_graph=True): the graph modifier is not "
+                                  "implemented yet; use modify_graph=False")
+    if access_and_evict_config:
+        raise NotImplementedError("sparse_lookup(access_and_evict_config=...): admission and "
+                                  "eviction are not implemented yet")
+    ids = _validate_ids(hashtable, ids)
+    scope = name or f"{hashtable.table_name}_lookup"
+    with tf.name_scope(scope):
+        flat = tf.reshape(ids, [-1])
+        graph = tf.compat.v1.get_default_graph()
+        (rows,), (restore,), _ = mxrec_ops.key_stage([flat], [hashtable.table_key], is_train)
+        previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
+        if previous is not None:
+            rows.op._add_control_input(previous)
+        unique_emb = tf.gather(hashtable.variable, rows)
+        emb = _restore_rows(unique_emb, restore)
+        out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [hashtable.dim]], axis=0)
+        out = tf.reshape(emb, out_shape)
+        out.set_shape(ids.shape.concatenate([hashtable.dim]))
+    return out

@@ -1,0 +1,20 @@
+"""Adagrad on the touched rows: accumulator += g^2; row -= lr * g / sqrt(accumulator)."""
+
+import tensorflow as tf
+
+from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
+
+
+class CustomizedAdagrad(HashOptimizerMixin, tf.compat.v1.train.AdagradOptimizer):
+    """Adagrad whose sparse update (ResourceSparseApplyAdagrad) reads and writes
+    only the rows in the gradient."""
+
+
+def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9, use_locking=False,
+                          name="Adagrad"):
+    check_learning_rate(learning_rate, "adagrad.create_hash_optimizer")
+    if initial_accumulator_value <= 0:
+        raise ValueError("adagrad.create_hash_optimizer: initial_accumulator_value must be > 0, "
+                         f"got {initial_accumulator_value}")
+    return CustomizedAdagrad(learning_rate, initial_accumulator_value=initial_accumulator_value,
+                             use_locking=use_locking, name=name)

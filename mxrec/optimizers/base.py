@@ -1,0 +1,33 @@
+"""What every hash optimizer shares: checks on what it is asked to apply."""
+
+import tensorflow as tf
+
+
+class HashOptimizerMixin:
+    """Put before a tf.compat.v1.train.Optimizer subclass in the bases."""
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = list(grads_and_vars)
+        for grad, var in grads_and_vars:
+            table = getattr(var, "_mxrec_table", None)
+            if table is None:
+                raise TypeError(
+                    f"{type(self).__name__} updates mxrec tables only; {var.name} is not one. "
+                    "Train dense variables with a dense optimizer "
+                    "(see get_dense_and_sparse_variable)")
+            if grad is not None and not isinstance(grad, tf.IndexedSlices):
+                raise TypeError(
+                    f"{type(self).__name__}: the gradient of table {table.table_name!r} must be "
+                    f"IndexedSlices from tf.gradients(loss, table variable), got "
+                    f"{type(grad).__name__}")
+            if self not in table.optimizers:
+                table.optimizers.append(self)
+        return super().apply_gradients(grads_and_vars, global_step=global_step, name=name)
+
+
+def check_learning_rate(learning_rate, optimizer: str):
+    if not callable(learning_rate) and not isinstance(learning_rate, tf.Tensor):
+        if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):
+            raise TypeError(f"{optimizer}: learning_rate must be a number, got {learning_rate!r}")
+        if learning_rate <= 0:
+            raise ValueError(f"{optimizer}: learning_rate must be > 0, got {learning_rate}")

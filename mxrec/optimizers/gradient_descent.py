@@ -1,0 +1,14 @@
+"""Plain SGD on the touched rows."""
+
+import tensorflow as tf
+
+from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
+
+
+class CustomizedGradientDescent(HashOptimizerMixin, tf.compat.v1.train.GradientDescentOptimizer):
+    """SGD: row -= learning_rate * summed gradient of the row."""
+
+
+def create_hash_optimizer(learning_rate, use_locking=False, name="GradientDescent"):
+    check_learning_rate(learning_rate, "gradient_descent.create_hash_optimizer")
+    return CustomizedGradientDescent(learning_rate, use_locking=use_locking, name=name)

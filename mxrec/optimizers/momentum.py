@@ -1,0 +1,16 @@
+"""Momentum on the touched rows (ResourceSparseApplyMomentum)."""
+
+import tensorflow as tf
+
+from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
+
+
+class CustomizedMomentum(HashOptimizerMixin, tf.compat.v1.train.MomentumOptimizer):
+    """Momentum whose accumulator changes only for the rows in the gradient."""
+
+
+def create_hash_optimizer(learning_rate=0.001, momentum=0.9, use_locking=False, name="Momentum",
+                          use_nesterov=False):
+    check_learning_rate(learning_rate, "momentum.create_hash_optimizer")
+    return CustomizedMomentum(learning_rate, momentum, use_locking=use_locking, name=name,
+                              use_nesterov=use_nesterov)

@@ -1,0 +1,223 @@
+"""Global configuration of mxrec: `init()` and `terminate_config_initializer()`.
+
+The parameter names follow mx_rec's `init`. Settings that later capabilities
+use are accepted and validated now, so scripts written for mx_rec run
+unchanged.
+"""
+
+import dataclasses
+import itertools
+import os
+from typing import Dict, List, Optional
+
+from mxrec._lib import loader
+
+_ENV_THREADS = "KEY_PROCESS_THREAD_NUM"
+_ENV_COMBINE_FAAE = "USE_COMBINE_FAAE"
+_MAX_THREADS = 64
+
+
+def _default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 6))
+
+
+@dataclasses.dataclass
+class MxrecConfig:
+    """Typed settings of one `init()`.
+
+    Attributes:
+        use_mpi: launch through MPI (several processes); single process when False.
+        rank_id: this process's rank in [0, rank_size).
+        rank_size: number of training processes.
+        train_steps: steps of one training round before evaluation; -1 = until the data ends.
+        eval_steps: steps of one evaluation round; -1 = until the data ends.
+        save_steps: steps between checkpoints; -1 = never by step.
+        max_steps: total training steps; -1 = no limit.
+        prefetch_batch_number: batches the host key stage runs ahead of the step (0 = in step).
+        use_dynamic: dynamic shapes; False pads unique rows to `send_count` per lookup.
+        use_hot: hot-embedding placement hint (accepted for compatibility).
+        use_dynamic_expansion: device storage that grows with the table, updated by address.
+        if_load: load a checkpoint at start.
+        bind_cpu: pin host threads to cores (accepted for compatibility).
+        is_incremental_checkpoint: full saves every `save_checkpoint_due_time` seconds and
+            delta saves every `save_delta_checkpoints_secs` seconds.
+        save_checkpoint_due_time: seconds between full saves in incremental mode.
+        save_delta_checkpoints_secs: seconds between delta saves in incremental mode.
+        restore_model_version: step of the checkpoint to restore; None = latest.
+        key_process_thread_num: threads of the host key stage (env KEY_PROCESS_THREAD_NUM).
+        use_combine_faae: count admission across tables together (env USE_COMBINE_FAAE).
+    """
+
+    use_mpi: bool = False
+    rank_id: int = 0
+    rank_size: int = 1
+    train_steps: int = -1
+    eval_steps: int = -1
+    save_steps: int = -1
+    max_steps: int = -1
+    prefetch_batch_number: int = 1
+    use_dynamic: bool = True
+    use_hot: bool = True
+    use_dynamic_expansion: bool = False
+    if_load: bool = False
+    bind_cpu: bool = True
+    is_incremental_checkpoint: bool = False
+    save_checkpoint_due_time: int = 0
+    save_delta_checkpoints_secs: int = 0
+    restore_model_version: Optional[int] = None
+    key_process_thread_num: int = dataclasses.field(default_factory=_default_threads)
+    use_combine_faae: bool = False
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type is bool or field.type == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError(f"init(): {field.name} must be a bool, got {value!r}")
+            elif field.name == "restore_model_version":
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise TypeError(f"init(): restore_model_version must be an int, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"init(): {field.name} must be an int, got {value!r}")
+        if self.rank_size < 1:
+            raise ValueError(f"init(): rank_size must be >= 1, got {self.rank_size}")
+        if not 0 <= self.rank_id < self.rank_size:
+            raise ValueError(
+                f"init(): rank_id must be in [0, rank_size={self.rank_size}), got {self.rank_id}"
+            )
+        for name in ("train_steps", "eval_steps", "save_steps", "max_steps"):
+            value = getattr(self, name)
+            if value == 0 or value < -1:
+                raise ValueError(f"init(): {name} must be a positive count or -1, got {value}")
+        if not 0 <= self.prefetch_batch_number <= 64:
+            raise ValueError(
+                "init(): prefetch_batch_number must be in [0, 64], got "
+                f"{self.prefetch_batch_number}"
+            )
+        if not 1 <= self.key_process_thread_num <= _MAX_THREADS:
+            raise ValueError(
+                f"init(): key_process_thread_num ({_ENV_THREADS}) must be in "
+                f"[1, {_MAX_THREADS}], got {self.key_process_thread_num}"
+            )
+        for name in ("save_checkpoint_due_time", "save_delta_checkpoints_secs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"init(): {name} must be >= 0, got {getattr(self, name)}")
+        if self.is_incremental_checkpoint and self.save_delta_checkpoints_secs <= 0:
+            raise ValueError(
+                "init(): is_incremental_checkpoint=True needs save_delta_checkpoints_secs > 0"
+            )
+
+
+def _env_int(name: str) -> Optional[int]:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+class ConfigInitializer:
+    """What one `init()` set up: the configuration and the tables created under it.
+
+    Tables are registered in the host engine under `<prefix>/<table name>`, the
+    prefix unique to this initializer, so that a later `init()` in the same
+    process starts from empty tables.
+    """
+
+    _serial = itertools.count()
+
+    def __init__(self, config: MxrecConfig):
+        self.config = config
+        self.prefix = f"mxrec{os.getpid()}_{next(self._serial)}"
+        self.tables: Dict[str, object] = {}
+        self.train_iterator_initializers: List[object] = []
+        self.eval_iterator_initializers: List[object] = []
+        loader.engine().set_num_threads(config.key_process_thread_num)
+
+    def table_key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def close(self):
+        loader.engine().drop_prefix(self.prefix + "/")
+        self.tables.clear()
+
+
+_current: Optional[ConfigInitializer] = None
+
+
+def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
+    """Configures mxrec for this process.
+
+    Args:
+        use_mpi: whether the processes were launched through MPI.
+        **kwargs: any field of `MxrecConfig` (mx_rec's names: train_steps, eval_steps,
+            save_steps, max_steps, prefetch_batch_number, use_dynamic,
+            use_dynamic_expansion, rank_id, rank_size, ...).
+
+    Returns:
+        The ConfigInitializer now in force.
+
+    Raises:
+        TypeError: an unknown setting, or a value of the wrong type.
+        ValueError: a value out of range.
+
+    Example:
+        >>> init(train_steps=100, eval_steps=10, prefetch_batch_number=2)
+    """
+    global _current
+    known = {f.name for f in dataclasses.fields(MxrecConfig)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"init() got unknown setting(s) {unknown}; known: {sorted(known)}")
+    env_threads = _env_int(_ENV_THREADS)
+    if env_threads is not None and "key_process_thread_num" not in kwargs:
+        kwargs["key_process_thread_num"] = env_threads
+    env_faae = _env_int(_ENV_COMBINE_FAAE)
+    if env_faae is not None and "use_combine_faae" not in kwargs:
+        kwargs["use_combine_faae"] = bool(env_faae)
+    config = MxrecConfig(use_mpi=use_mpi, **kwargs)
+    if _current is not None:
+        _current.close()
+    _current = ConfigInitializer(config)
+    return _current
+
+
+def terminate_config_initializer() -> None:
+    """Releases what `init()` set up: the host tables and the configuration."""
+    global _current
+    if _current is not None:
+        _current.close()
+        _current = None
+
+
+def get_config_initializer() -> ConfigInitializer:
+    """The ConfigInitializer in force; raises if `init()` was not called."""
+    if _current is None:
+        raise RuntimeError("mxrec is not initialised: call mxrec.util.initialize.init() first")
+    return _current
+
+
+def is_initialized() -> bool:
+    return _current is not None
+
+
+def _getter(name):
+    def get():
+        return getattr(get_config_initializer().config, name)
+
+    get.__name__ = f"get_{name}"
+    get.__doc__ = f"The `{name}` given to init()."
+    return get
+
+
+get_rank_id = _getter("rank_id")
+get_rank_size = _getter("rank_size")
+get_train_steps = _getter("train_steps")
+get_eval_steps = _getter("eval_steps")
+get_save_steps = _getter("save_steps")
+get_max_steps = _getter("max_steps")
+get_prefetch_batch_number = _getter("prefetch_batch_number")
+get_use_dynamic = _getter("use_dynamic")
+get_use_dynamic_expansion = _getter("use_dynamic_expansion")

@@ -1,0 +1,53 @@
+"""Python wrappers of mxrec's TensorFlow ops."""
+
+from typing import List, Sequence, Tuple
+
+import tensorflow as tf
+
+from mxrec._lib import loader
+
+
+def key_stage(
+    ids: Sequence[tf.Tensor], table_keys: Sequence[str], is_train: bool, timestamp=None
+) -> Tuple[List[tf.Tensor], List[tf.Tensor], List[tf.Tensor]]:
+    """Runs the host key stage on one 1-D ID tensor per table.
+
+    Returns:
+        (unique_rows, restore, reused_rows), one int32 tensor per table each.
+    """
+    if timestamp is None:
+        timestamp = tf.constant(-1, tf.int64)
+    with tf.device("/device:CPU:0"):
+        return loader.op_library().mxrec_key_stage(
+            ids=list(ids), timestamp=timestamp, table_keys=list(table_keys), is_train=is_train
+        )
+
+
+class HostPipelineOps:
+    """mx_rec's `import_host_pipeline_ops()` object."""
+
+    def set_threshold(self, threshold, emb_name: str, ids_name: str = None, name=None):
+        """Changes the admission threshold of table `emb_name` when run.
+
+        A threshold of 0 stops counting: the table keeps its threshold and
+        admits on the counts gathered so far.
+
+        Args:
+            threshold: scalar int32/int64/float tensor.
+            emb_name: the table's name.
+            ids_name: the lookup's name (accepted for mx_rec compatibility).
+        """
+        from mxrec.util.initialize import get_config_initializer
+
+        runtime = get_config_initializer()
+        if emb_name not in runtime.tables:
+            raise ValueError(f"set_threshold: no table named {emb_name!r} was created")
+        with tf.device("/device:CPU:0"):
+            return loader.op_library().mxrec_set_threshold(
+                threshold=threshold, table_key=runtime.table_key(emb_name), name=name
+            )
+
+
+def import_host_pipeline_ops() -> HostPipelineOps:
+    loader.op_library()
+    return HostPipelineOps()

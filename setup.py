@@ -1,0 +1,134 @@
+"""Build of mxrec: compiles cc_ops against the TensorFlow that is installed.
+
+Three shared objects land in mxrec/_lib:
+  libmxrec_engine.so  the host engine (plain C++, no TensorFlow, no Python)
+  _mxrec_ops.so       TensorFlow op registrations and kernels, linked to the engine
+  _mxrec_engine*.so   the pybind11 module for management calls, linked to the engine
+Both front ends link the same engine library, so they see the same tables.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+CC = ROOT / "cc_ops"
+SUPPORTED_TF = ("2.15.", "2.21.")
+WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
+
+_TF_QUERY = (
+    "import json, tensorflow as tf; "
+    "print(json.dumps({'version': tf.__version__, "
+    "'compile': tf.sysconfig.get_compile_flags(), 'link': tf.sysconfig.get_link_flags()}))"
+)
+
+
+def _tensorflow_info():
+    """Compile and link flags of the installed TensorFlow.
+
+    Under pip's build isolation TensorFlow is hidden from this interpreter's
+    sys.path; `python -I` sees the target environment's site-packages again.
+    """
+    for argv in ([sys.executable, "-c", _TF_QUERY], [sys.executable, "-I", "-c", _TF_QUERY]):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+    raise RuntimeError(
+        "mxrec builds its ops against the installed TensorFlow, and none was found. "
+        "Install tensorflow==2.15.1 (or 2.21.x) first; see README.md."
+    )
+
+
+def _pybind11_include():
+    for argv in ([sys.executable, "-c", "import pybind11; print(pybind11.get_include())"],
+                 [sys.executable, "-I", "-c", "import pybind11; print(pybind11.get_include())"]):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode == 0:
+            return proc.stdout.strip()
+    raise RuntimeError("pybind11 is needed to build mxrec: pip install pybind11")
+
+
+def _run(cmd):
+    print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+class BuildNative(build_ext):
+    """Compiles cc_ops with g++ into the package's _lib folder."""
+
+    def build_extensions(self):
+        info = _tensorflow_info()
+        if not info["version"].startswith(SUPPORTED_TF):
+            raise RuntimeError(
+                f"mxrec supports TensorFlow 2.15.x and 2.21.x; found {info['version']}. "
+                "Install tensorflow==2.15.1 or tensorflow==2.21.0."
+            )
+        out_dir = Path(self.get_ext_fullpath("mxrec._lib._mxrec_engine")).parent
+        out_dir.mkdir(parents=True, exist_ok=True)
+        obj_dir = Path(self.build_temp) / "cc_ops"
+        obj_dir.mkdir(parents=True, exist_ok=True)
+
+        cxx = os.environ.get("CXX", "g++")
+        tf_include = [f for f in info["compile"] if f.startswith("-I")]
+        tf_defines = [f for f in info["compile"] if not f.startswith("-I")]
+        # -isystem keeps TensorFlow's own header warnings out of our -Werror.
+        tf_isystem = [x for f in tf_include for x in ("-isystem", f[2:])]
+        base = [cxx, "-std=c++17", "-O3", "-fPIC", "-pthread", *WARNINGS, f"-I{CC}"]
+        base += [d for d in tf_defines if d.startswith("-D")]
+
+        def compile_all(sources, extra):
+            def one(src):
+                obj = obj_dir / (src.parent.name + "_" + src.stem + ".o")
+                _run([*base, *extra, "-c", str(src), "-o", str(obj)])
+                return str(obj)
+
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+                return list(pool.map(one, sources))
+
+        engine_objs = compile_all(sorted((CC / "engine").glob("*.cc")), [])
+        engine_lib = out_dir / "libmxrec_engine.so"
+        _run([cxx, "-shared", "-pthread", "-o", str(engine_lib), *engine_objs,
+              "-Wl,-soname,libmxrec_engine.so"])
+
+        rpath = ["-Wl,-rpath,$ORIGIN", f"-L{out_dir}", "-lmxrec_engine"]
+        op_sources = sorted((CC / "ops").glob("*.cc")) + sorted((CC / "kernels").glob("*.cc"))
+        op_objs = compile_all(op_sources, tf_isystem)
+        tf_link = info["link"]
+        _run([cxx, "-shared", "-pthread", "-o", str(out_dir / "_mxrec_ops.so"), *op_objs,
+              *rpath, *tf_link])
+
+        py_include = ["-isystem", sysconfig.get_paths()["include"], "-isystem",
+                      _pybind11_include(), "-fvisibility=hidden"]
+        py_objs = compile_all(sorted((CC / "pybind").glob("*.cc")), py_include)
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        _run([cxx, "-shared", "-pthread", "-o", str(out_dir / f"_mxrec_engine{suffix}"),
+              *py_objs, *rpath])
+
+        (out_dir / "build_info.json").write_text(
+            json.dumps({"tensorflow": info["version"], "compile_flags": info["compile"]})
+        )
+        self._native_dir = out_dir
+
+    def copy_extensions_to_source(self):
+        # In-place builds (development, editable installs) need every shared
+        # object next to the sources, not only the one declared Extension.
+        target = ROOT / "mxrec" / "_lib"
+        for path in sorted(self._native_dir.iterdir()):
+            if path.suffix in (".so", ".json"):
+                shutil.copy2(path, target / path.name)
+
+
+setup(
+    ext_modules=[Extension("mxrec._lib._mxrec_engine", sources=[])],
+    cmdclass={"build_ext": BuildNative},
+)
