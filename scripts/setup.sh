@@ -24,5 +24,5 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # Build in place: the shared objects land in mxrec/_lib next to the sources.
-"$venv/bin/python" setup.py -q build_ext --inplace --build-temp "build/tf$tf_line" >/dev/null
+"$venv/bin/python" setup.py -q build_ext --inplace --build-temp "build/tf$tf_line" --build-lib "build/lib-tf$tf_line" >/dev/null
 echo "$venv"

@@ -7,20 +7,21 @@
 #include "engine/key_stage.h"
 #include "engine/registry.h"
 #include "kernels/status_util.h"
+#include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tensorflow {
 namespace {
 
-Status CopyRows(OpKernelContext* ctx, int index, const std::vector<int32_t>& values) {
+absl::Status CopyRows(OpKernelContext* ctx, int index, const std::vector<int32_t>& values) {
   Tensor* out = nullptr;
   TF_RETURN_IF_ERROR(
       ctx->allocate_output(index, TensorShape({static_cast<int64_t>(values.size())}), &out));
   if (!values.empty()) {
-    std::memcpy(out->flat<int32>().data(), values.data(), values.size() * sizeof(int32_t));
+    std::memcpy(out->flat<int32_t>().data(), values.data(), values.size() * sizeof(int32_t));
   }
-  return OkStatus();
+  return absl::OkStatus();
 }
 
 template <typename Tids>
@@ -41,8 +42,8 @@ class MxrecKeyStageOp : public OpKernel {
     OpInputList ids;
     OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
     OP_REQUIRES(ctx, ids.size() == static_cast<int>(tables_.size()),
-                errors::InvalidArgument("MxrecKeyStage got ", ids.size(), " ID tensors for ",
-                                        tables_.size(), " tables"));
+                absl::InvalidArgumentError(absl::StrCat("MxrecKeyStage got ", ids.size(), " ID tensors for ",
+                                        tables_.size(), " tables")));
     const Tensor& timestamp = ctx->input(ids.size());
     const int n = ids.size();
     std::vector<std::vector<int64_t>> widened(n);
@@ -50,9 +51,9 @@ class MxrecKeyStageOp : public OpKernel {
     std::vector<mxrec::HostTable*> tables(n);
     for (int i = 0; i < n; ++i) {
       OP_REQUIRES(ctx, TensorShapeUtils::IsVector(ids[i].shape()),
-                  errors::InvalidArgument("IDs of table '", tables_[i]->options().name,
+                  absl::InvalidArgumentError(absl::StrCat("IDs of table '", tables_[i]->options().name,
                                           "' must be a vector, got shape ",
-                                          ids[i].shape().DebugString()));
+                                          ids[i].shape().DebugString())));
       const auto flat = ids[i].flat<Tids>();
       if constexpr (std::is_same<Tids, int64_t>::value) {
         spans[i].keys = flat.data();
@@ -81,8 +82,8 @@ class MxrecKeyStageOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(
-    Name("MxrecKeyStage").Device(DEVICE_CPU).TypeConstraint<int32>("Tids"),
-    MxrecKeyStageOp<int32>);
+    Name("MxrecKeyStage").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tids"),
+    MxrecKeyStageOp<int32_t>);
 REGISTER_KERNEL_BUILDER(
     Name("MxrecKeyStage").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tids"),
     MxrecKeyStageOp<int64_t>);
@@ -99,20 +100,20 @@ class MxrecSetThresholdOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const double threshold = static_cast<double>(ctx->input(0).scalar<T>()());
     OP_REQUIRES(ctx, threshold >= 0,
-                errors::InvalidArgument("set_threshold for table '", table_->options().name,
-                                        "': the threshold must be >= 0, got ", threshold));
+                absl::InvalidArgumentError(absl::StrCat("set_threshold for table '", table_->options().name,
+                                        "': the threshold must be >= 0, got ", threshold)));
     table_->SetThreshold(threshold);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int32>()() = 0;
+    out->scalar<int32_t>()() = 0;
   }
 
  private:
   std::shared_ptr<mxrec::HostTable> table_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("MxrecSetThreshold").Device(DEVICE_CPU).TypeConstraint<int32>("T"),
-                        MxrecSetThresholdOp<int32>);
+REGISTER_KERNEL_BUILDER(Name("MxrecSetThreshold").Device(DEVICE_CPU).TypeConstraint<int32_t>("T"),
+                        MxrecSetThresholdOp<int32_t>);
 REGISTER_KERNEL_BUILDER(
     Name("MxrecSetThreshold").Device(DEVICE_CPU).TypeConstraint<int64_t>("T"),
     MxrecSetThresholdOp<int64_t>);

@@ -3,25 +3,24 @@
 #define MXREC_KERNELS_STATUS_UTIL_H_
 
 #include "engine/status.h"
-#include "tensorflow/core/platform/errors.h"
-#include "tensorflow/core/platform/status.h"
+#include "absl/status/status.h"
 
 namespace mxrec {
 
-inline tensorflow::Status ToTfStatus(const Status& status) {
+inline absl::Status ToTfStatus(const Status& status) {
   switch (status.code()) {
     case StatusCode::kOk:
-      return tensorflow::OkStatus();
+      return absl::OkStatus();
     case StatusCode::kInvalidArgument:
-      return tensorflow::errors::InvalidArgument(status.message());
+      return absl::InvalidArgumentError(status.message());
     case StatusCode::kResourceExhausted:
-      return tensorflow::errors::ResourceExhausted(status.message());
+      return absl::ResourceExhaustedError(status.message());
     case StatusCode::kNotFound:
-      return tensorflow::errors::NotFound(status.message());
+      return absl::NotFoundError(status.message());
     case StatusCode::kInternal:
       break;
   }
-  return tensorflow::errors::Internal(status.message());
+  return absl::InternalError(status.message());
 }
 
 }  // namespace mxrec

@@ -31,7 +31,7 @@ REGISTER_OP("MxrecKeyStage")
         c->set_output(n + i, ids);
         c->set_output(2 * n + i, c->Vector(InferenceContext::kUnknownDim));
       }
-      return OkStatus();
+      return absl::OkStatus();
     })
     .Doc(R"doc(
 Plans one batch of IDs for each of N tables: deduplicates the IDs, counts and
@@ -52,7 +52,7 @@ REGISTER_OP("MxrecSetThreshold")
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &unused));
       c->set_output(0, c->Scalar());
-      return OkStatus();
+      return absl::OkStatus();
     })
     .Doc(R"doc(
 Changes a table's admission threshold; 0 stops counting and keeps the counts.

@@ -23,6 +23,8 @@ from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
 
 SPARSE_TABLE_COLLECTION = "mxrec_sparse_tables"
+# Lookups made with modify_graph=True, for the graph modifier to rewire.
+LOOKUP_COLLECTION = "mxrec_modify_graph_lookups"
 _KEY_DTYPES = (tf.int32, tf.int64)
 
 
@@ -94,6 +96,24 @@ class SparseEmbedding:
         previous = self._last_key_stage.get((graph, is_train))
         self._last_key_stage[(graph, is_train)] = op
         return previous
+
+
+class LookupRecord:
+    """A lookup built with modify_graph=True.
+
+    The graph modifier moves the key stage (`rows.op`) into the input pipeline:
+    it computes `ids` from the dataset's elements there and rewires every
+    consumer of `rows` and `restore` (the forward lookup and its gradient) to
+    the planned values that arrive with the batch.
+    """
+
+    def __init__(self, table, ids, rows, restore, is_train, send_count):
+        self.table = table
+        self.ids = ids
+        self.rows = rows
+        self.restore = restore
+        self.is_train = is_train
+        self.send_count = send_count
 
 
 def _check_name(name):
@@ -250,7 +270,8 @@ def sparse_lookup(
         send_count: with init(use_dynamic=False), the padded number of unique IDs.
         is_train: when False, no ID is inserted or counted and unseen IDs look up as zeros.
         name: name scope of the lookup.
-        modify_graph: leave the IDs to the graph modifier (not implemented yet).
+        modify_graph: let `modify_graph_and_start_emb_cache` move the key stage of this
+            lookup into the input pipeline, ahead of the step.
         access_and_evict_config: admission and eviction settings (not implemented yet).
 
     Returns:
@@ -259,13 +280,10 @@ def sparse_lookup(
     Example:
         >>> emb = sparse_lookup(table, ids)  # ids [4096, 26] -> emb [4096, 26, dim]
     """
-    del send_count, batch, dim, kwargs
+    del batch, dim, kwargs
     if not isinstance(hashtable, SparseEmbedding):
         raise TypeError(f"sparse_lookup: hashtable must come from create_table, "
                         f"got {type(hashtable).__name__}")
-    if modify_graph:
-        raise NotImplementedError("sparse_lookup(modify_graph=True): the graph modifier is not "
-                                  "implemented yet; use modify_graph=False")
     if access_and_evict_config:
         raise NotImplementedError("sparse_lookup(access_and_evict_config=...): admission and "
                                   "eviction are not implemented yet")
@@ -283,4 +301,8 @@ def sparse_lookup(
         out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [hashtable.dim]], axis=0)
         out = tf.reshape(emb, out_shape)
         out.set_shape(ids.shape.concatenate([hashtable.dim]))
+    if modify_graph:
+        tf.compat.v1.add_to_collection(
+            LOOKUP_COLLECTION,
+            LookupRecord(hashtable, ids, rows, restore, is_train, send_count))
     return out
