@@ -16,9 +16,36 @@ constexpr int kShardShift = 60;  // top 4 hash bits pick one of 16 shards
 static_assert(HostTable::kNumShards == 16, "kShardShift assumes 16 shards");
 }  // namespace
 
-HostTable::HostTable(TableOptions options)
-    : options_(std::move(options)), threshold_(options_.access_threshold) {
+HostTable::HostTable(TableOptions options) : options_(std::move(options)) {
   stats_.capacity = options_.device_capacity;
+}
+
+void HostTable::ConfigureAdmission(const AdmissionOptions& admission) {
+  std::lock_guard<std::mutex> lock(mu_);
+  admission_ = admission;
+}
+
+AdmissionOptions HostTable::admission() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return admission_;
+}
+
+int64_t HostTable::newest_timestamp() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return newest_timestamp_;
+}
+
+bool HostTable::Admits(const KeyRecord& rec) const {
+  const double threshold = admission_.access_threshold;
+  if (threshold > 0.0 && rec.count < threshold) return false;
+  if (admission_.probability >= 1.0) return true;
+  // The top 53 bits of a keyed hash, as a uniform number in [0, 1).
+  const uint64_t h = HashKey(rec.key ^ static_cast<int64_t>(HashKey(static_cast<int64_t>(admission_.seed))));
+  return static_cast<double>(h >> 11) * 0x1.0p-53 < admission_.probability;
+}
+
+bool HostTable::InFlight(const KeyRecord& rec, uint32_t protect_batches) const {
+  return rec.stamp != 0 && stamp_ - rec.stamp < protect_batches;
 }
 
 bool HostTable::IsPadding(int64_t key) const {
@@ -76,7 +103,8 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   // number the shard's distinct IDs. Shards are disjoint, so they run apart.
   const bool has_padding = !options_.padding_keys.empty();
   const bool count = train && !counting_frozen_;
-  const float weight = static_cast<float>(options_.faae_coefficient);
+  const float weight = static_cast<float>(admission_.faae_coefficient);
+  if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
   std::vector<std::vector<KeyRecord*>> uniques(kNumShards);
   std::vector<int32_t> local(n);
   auto plan_shard = [&](int64_t s) {
@@ -108,7 +136,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
         uniq.push_back(rec);
         if (train) {
           rec->last_seen = timestamp;
-          rec->age = 0;
+          rec->seen_recently = 1;
         }
       }
       if (count) rec->count += weight;
@@ -139,7 +167,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     int32_t& g = global[shard_of[p]][l];
     if (g == kUnassigned) {
       KeyRecord* rec = uniques[shard_of[p]][l];
-      if (rec->row < 0 && train && (threshold_ <= 0.0 || rec->count >= threshold_)) {
+      if (rec->row < 0 && train && Admits(*rec)) {
         if (!free_rows_.empty()) {
           rec->row = free_rows_.back();
           free_rows_.pop_back();
@@ -190,7 +218,7 @@ void HostTable::SetThreshold(double threshold) {
     counting_frozen_ = true;
   } else {
     counting_frozen_ = false;
-    threshold_ = threshold;
+    admission_.access_threshold = threshold;
   }
 }
 
@@ -207,19 +235,30 @@ int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred)
   return removed;
 }
 
-int64_t HostTable::EvictOlderThan(int64_t oldest_kept) {
+int64_t HostTable::Evict(int64_t max_age, uint32_t protect_batches) {
   std::lock_guard<std::mutex> lock(mu_);
-  return EraseWhere([oldest_kept](const KeyRecord& rec) { return rec.last_seen < oldest_kept; });
+  if (newest_timestamp_ < 0) return 0;
+  const int64_t oldest_kept = newest_timestamp_ - max_age;
+  return EraseWhere([&](const KeyRecord& rec) {
+    return rec.last_seen < oldest_kept && !InFlight(rec, protect_batches);
+  });
 }
 
-int64_t HostTable::Shrink(int threshold) {
+int64_t HostTable::Shrink(int threshold, uint32_t protect_batches) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& shard : shards_) {
     shard.ForEach([](KeyRecord& rec) {
-      if (rec.age < 255) ++rec.age;
+      if (rec.seen_recently) {
+        rec.age = 0;
+        rec.seen_recently = 0;
+      } else if (rec.age < 255) {
+        ++rec.age;
+      }
     });
   }
-  return EraseWhere([threshold](const KeyRecord& rec) { return rec.age >= threshold; });
+  return EraseWhere([&](const KeyRecord& rec) {
+    return rec.age >= threshold && !InFlight(rec, protect_batches);
+  });
 }
 
 TableStats HostTable::Stats() const {

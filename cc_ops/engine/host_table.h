@@ -24,10 +24,18 @@ struct TableOptions {
   int64_t device_capacity = 0;
   // IDs that always look up as the default value and are never counted.
   std::vector<int64_t> padding_keys;
+};
+
+// Feature admission; may change while training.
+struct AdmissionOptions {
   // Weighted count an ID needs before it gets a row; 0 admits at first sight.
   double access_threshold = 0.0;
   // Weight of one occurrence of an ID in the admission count.
   double faae_coefficient = 1.0;
+  // Share of IDs admitted, decided once per ID from a hash of (ID, seed), so
+  // that a rerun admits the same IDs; 1 admits every ID.
+  double probability = 1.0;
+  uint64_t seed = 0;
 };
 
 // What the key stage hands the training step for one batch of one table.
@@ -70,17 +78,27 @@ class HostTable {
   Status Process(const int64_t* keys, int64_t n, bool train, int64_t timestamp,
                  ThreadPool* pool, BatchPlan* plan);
 
+  void ConfigureAdmission(const AdmissionOptions& admission);
+  AdmissionOptions admission() const;
+
   // Changes the admission threshold; a threshold of 0 freezes the counts
   // ("no longer accumulate, use the counts so far") and keeps the threshold.
   void SetThreshold(double threshold);
 
-  // Removes IDs whose last_seen is older than `oldest_kept` and frees their
-  // rows. Returns how many IDs were removed.
-  int64_t EvictOlderThan(int64_t oldest_kept);
+  // Removes IDs last seen more than `max_age` seconds before the newest
+  // training batch time, with their rows. IDs of the last `protect_batches`
+  // planned batches are kept whatever their time: those batches may not have
+  // been trained yet. Returns how many IDs were removed.
+  int64_t Evict(int64_t max_age, uint32_t protect_batches);
 
-  // PaddlePaddle's shrink: ages every ID by one (an ID seen since the last
-  // shrink restarts at 0) and removes those whose age reaches `threshold`.
-  int64_t Shrink(int threshold);
+  // PaddlePaddle's shrink: ages every ID by one, except that an ID seen in
+  // training since the last shrink restarts at 0, and removes the IDs whose
+  // age reaches `threshold` (unseen for `threshold` shrink periods), keeping
+  // the IDs of the last `protect_batches` batches.
+  int64_t Shrink(int threshold, uint32_t protect_batches);
+
+  // Newest batch time seen in training, or -1 before the first batch.
+  int64_t newest_timestamp() const;
 
   TableStats Stats() const;
 
@@ -89,6 +107,8 @@ class HostTable {
 
  private:
   int64_t EraseWhere(const std::function<bool(const KeyRecord&)>& pred);
+  bool Admits(const KeyRecord& rec) const;
+  bool InFlight(const KeyRecord& rec, uint32_t protect_batches) const;
   bool IsPadding(int64_t key) const;
 
   const TableOptions options_;
@@ -98,7 +118,8 @@ class HostTable {
   int64_t next_row_ = 0;            // rows [next_row_, capacity) never used
   uint32_t stamp_ = 0;
   bool counting_frozen_ = false;
-  double threshold_;
+  AdmissionOptions admission_;
+  int64_t newest_timestamp_ = -1;
   TableStats stats_;
 };
 

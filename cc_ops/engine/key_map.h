@@ -20,7 +20,8 @@ struct KeyRecord {
   uint32_t stamp = 0;
   int32_t local = 0;
   uint8_t used = 0;
-  uint8_t age = 0;  // shrink() age, saturating
+  uint8_t age = 0;          // shrink() calls since the ID was last seen, saturating
+  uint8_t seen_recently = 0;  // seen in training since the last shrink()
 };
 
 inline uint64_t HashKey(int64_t key) {

@@ -7,8 +7,7 @@ namespace mxrec {
 namespace {
 bool SameOptions(const TableOptions& a, const TableOptions& b) {
   return a.name == b.name && a.dim == b.dim && a.device_capacity == b.device_capacity &&
-         a.padding_keys == b.padding_keys && a.access_threshold == b.access_threshold &&
-         a.faae_coefficient == b.faae_coefficient;
+         a.padding_keys == b.padding_keys;
 }
 }  // namespace
 

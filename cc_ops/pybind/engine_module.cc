@@ -89,13 +89,39 @@ PYBIND11_MODULE(_mxrec_engine, m) {
         options.dim = dim;
         options.device_capacity = capacity;
         options.padding_keys = padding_keys;
-        options.access_threshold = access_threshold;
-        options.faae_coefficient = faae_coefficient;
         std::shared_ptr<HostTable> table;
         RaiseIfError(Registry::Global().CreateTable(key, options, &table));
+        AdmissionOptions admission;
+        admission.access_threshold = access_threshold;
+        admission.faae_coefficient = faae_coefficient;
+        table->ConfigureAdmission(admission);
       },
       py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
-      py::arg("padding_keys"), py::arg("access_threshold"), py::arg("faae_coefficient"));
+      py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
+      py::arg("faae_coefficient") = 1.0);
+  m.def(
+      "configure_admission",
+      [](const std::string& key, double access_threshold, double faae_coefficient,
+         double probability, uint64_t seed) {
+        if (access_threshold < 0) throw py::value_error("access_threshold must be >= 0");
+        if (faae_coefficient <= 0) throw py::value_error("faae_coefficient must be > 0");
+        if (!(probability > 0 && probability <= 1)) {
+          throw py::value_error("admission probability must be in (0, 1]");
+        }
+        AdmissionOptions admission{access_threshold, faae_coefficient, probability, seed};
+        Table(key)->ConfigureAdmission(admission);
+      },
+      py::arg("key"), py::arg("access_threshold") = 0.0, py::arg("faae_coefficient") = 1.0,
+      py::arg("probability") = 1.0, py::arg("seed") = 0);
+  m.def("admission", [](const std::string& key) {
+    const AdmissionOptions a = Table(key)->admission();
+    py::dict d;
+    d["access_threshold"] = a.access_threshold;
+    d["faae_coefficient"] = a.faae_coefficient;
+    d["probability"] = a.probability;
+    d["seed"] = a.seed;
+    return d;
+  });
   m.def("drop_prefix", [](const std::string& prefix) { return Registry::Global().DropPrefix(prefix); });
   m.def("table_keys", [] { return Registry::Global().Keys(); });
   m.def("set_num_threads", [](int n) {
@@ -129,12 +155,24 @@ PYBIND11_MODULE(_mxrec_engine, m) {
     if (threshold < 0) throw py::value_error("threshold must be >= 0");
     Table(key)->SetThreshold(threshold);
   });
-  m.def("evict_older_than", [](const std::string& key, int64_t oldest_kept) {
-    return Table(key)->EvictOlderThan(oldest_kept);
-  });
-  m.def("shrink", [](const std::string& key, int threshold) {
-    if (threshold < 1) throw py::value_error("shrink threshold must be >= 1");
-    return Table(key)->Shrink(threshold);
-  });
+  m.def(
+      "evict",
+      [](const std::string& key, int64_t max_age, uint32_t protect_batches) {
+        if (max_age < 0) throw py::value_error("eviction_threshold must be >= 0");
+        std::shared_ptr<HostTable> table = Table(key);
+        py::gil_scoped_release release;
+        return table->Evict(max_age, protect_batches);
+      },
+      py::arg("key"), py::arg("max_age"), py::arg("protect_batches") = 0);
+  m.def(
+      "shrink",
+      [](const std::string& key, int threshold, uint32_t protect_batches) {
+        if (threshold < 1) throw py::value_error("shrink threshold must be >= 1");
+        std::shared_ptr<HostTable> table = Table(key);
+        py::gil_scoped_release release;
+        return table->Shrink(threshold, protect_batches);
+      },
+      py::arg("key"), py::arg("threshold"), py::arg("protect_batches") = 0);
+  m.def("newest_timestamp", [](const std::string& key) { return Table(key)->newest_timestamp(); });
   m.def("wall_clock_seconds", &WallClockSeconds);
 }

@@ -18,7 +18,7 @@ def _build_info():
     return json.loads(path.read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def engine():
     """The pybind11 module of the host engine (management calls)."""
     _build_info()
@@ -29,7 +29,7 @@ def engine():
     return _mxrec_engine
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def op_library():
     """The TensorFlow op library (MxrecKeyStage and friends)."""
     import tensorflow as tf

@@ -23,6 +23,10 @@ from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
 
 SPARSE_TABLE_COLLECTION = "mxrec_sparse_tables"
+# A tensor of batch times (seconds, any shape); the batch's time is its max.
+# Without one, the host key stage stamps IDs with the wall clock.
+TIMESTAMP_COLLECTION = "mxrec_batch_timestamp"
+_EVICT_CONFIG_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient")
 # Lookups made with modify_graph=True, for the graph modifier to rewire.
 LOOKUP_COLLECTION = "mxrec_modify_graph_lookups"
 _KEY_DTYPES = (tf.int32, tf.int64)
@@ -60,8 +64,11 @@ class SparseEmbedding:
         self.value_dtype = value_dtype
         self.table_key = table_key
         self.access_and_evict_config: Optional[Dict] = None
+        self.eviction_threshold: Optional[int] = None
         self.optimizers: List[tf.compat.v1.train.Optimizer] = []
         self._last_key_stage = {}
+        self._reused_rows = {}
+        self.can_reinitialize = True
         with tf.device(accelerator_device()):
             self.variable = tf.compat.v1.get_variable(
                 name,
@@ -86,6 +93,54 @@ class SparseEmbedding:
         """(ids, rows): the device row of every admitted ID, ordered by row."""
         return loader.engine().export_rows(self.table_key)
 
+    def configure_admission(self, access_threshold=0.0, faae_coefficient=1.0, probability=1.0,
+                            seed=0):
+        """Sets the host's admission policy (count threshold, weight, probability)."""
+        loader.engine().configure_admission(
+            self.table_key, access_threshold=float(access_threshold),
+            faae_coefficient=float(faae_coefficient), probability=float(probability),
+            seed=int(seed))
+
+    def evict(self, max_age_seconds: int, protect_batches: int = 0) -> int:
+        """Removes IDs unseen for more than max_age_seconds of batch time; returns how many."""
+        self.check_can_evict()
+        return loader.engine().evict(self.table_key, int(max_age_seconds), int(protect_batches))
+
+    def shrink(self, threshold: int, protect_batches: int = 0) -> int:
+        """PaddlePaddle's shrink: removes IDs unseen for `threshold` shrink calls."""
+        self.check_can_evict()
+        return loader.engine().shrink(self.table_key, int(threshold), int(protect_batches))
+
+    def initial_rows(self, count: tf.Tensor) -> Optional[tf.Tensor]:
+        """Fresh initializer values for `count` rows, [count, dim]; None if the initializer
+        cannot make rows for a dynamic count (then the table cannot evict)."""
+        shape = tf.stack([count, self.dim])
+        value = getattr(self.initializer, "value", None)
+        if value is not None and np.isscalar(value):
+            return tf.fill(shape, tf.constant(value, self.value_dtype))
+        try:
+            return self.initializer(shape, dtype=self.value_dtype)
+        except (TypeError, ValueError, NotImplementedError):
+            return None
+
+    def check_can_evict(self):
+        if not self.can_reinitialize:
+            raise ValueError(
+                f"table {self.table_name!r} cannot evict: its initializer "
+                f"({type(self.initializer).__name__}) cannot make rows for a dynamic row count, "
+                "which re-initialising evicted rows needs; use a tf.compat.v1 initializer such "
+                "as truncated_normal_initializer or constant_initializer")
+
+    def register_reused_rows(self, graph, reused: tf.Tensor):
+        self._reused_rows.setdefault(graph, []).append(reused)
+
+    def reused_rows(self, graph) -> Optional[tf.Tensor]:
+        """Rows that this graph's lookups hand to new IDs after eviction, in one tensor."""
+        tensors = self._reused_rows.get(graph)
+        if not tensors:
+            return None
+        return tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=0)
+
     def key_stage_dependency(self, graph, is_train: bool, op):
         """Chains this table's key stages in creation order.
 
@@ -103,15 +158,17 @@ class LookupRecord:
 
     The graph modifier moves the key stage (`rows.op`) into the input pipeline:
     it computes `ids` from the dataset's elements there and rewires every
-    consumer of `rows` and `restore` (the forward lookup and its gradient) to
-    the planned values that arrive with the batch.
+    consumer of `rows`, `restore` and `reused` (the forward lookup, its
+    gradient, the re-initialisation of reused rows and the optimizers' slot
+    resets) to the planned values that arrive with the batch.
     """
 
-    def __init__(self, table, ids, rows, restore, is_train, send_count):
+    def __init__(self, table, ids, rows, restore, reused, is_train, send_count):
         self.table = table
         self.ids = ids
         self.rows = rows
         self.restore = restore
+        self.reused = reused
         self.is_train = is_train
         self.send_count = send_count
 
@@ -215,6 +272,51 @@ def create_table(
     return table
 
 
+def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
+    if not isinstance(config, dict):
+        raise TypeError(f"table {table.table_name!r}: access_and_evict_config must be a dict, "
+                        f"got {type(config).__name__}")
+    unknown = sorted(set(config) - set(_EVICT_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"table {table.table_name!r}: unknown access_and_evict_config keys "
+                         f"{unknown}; known: {list(_EVICT_CONFIG_KEYS)}")
+    access = config.get("access_threshold")
+    eviction = config.get("eviction_threshold")
+    coefficient = config.get("faae_coefficient", 1)
+    if eviction is not None and access is None:
+        raise ValueError(f"table {table.table_name!r}: eviction_threshold needs "
+                         "access_threshold in access_and_evict_config (as in mx_rec)")
+    for label, value, lowest in (("access_threshold", access, 0),
+                                 ("eviction_threshold", eviction, 0),
+                                 ("faae_coefficient", coefficient, 1)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
+            raise ValueError(f"table {table.table_name!r}: access_and_evict_config "
+                             f"{label} must be an int >= {lowest}, got {value!r}")
+    if eviction is not None and get_config_initializer().config.use_dynamic_expansion:
+        raise ValueError(f"table {table.table_name!r}: eviction is not available with "
+                         "init(use_dynamic_expansion=True), as in mx_rec")
+    if table.access_and_evict_config not in (None, config):
+        raise ValueError(f"table {table.table_name!r}: two lookups give different "
+                         "access_and_evict_config; one table has one policy")
+    table.access_and_evict_config = dict(config)
+    table.eviction_threshold = None if eviction is None else int(eviction)
+    table.configure_admission(access_threshold=access or 0, faae_coefficient=coefficient)
+
+
+def _batch_timestamp() -> Optional[tf.Tensor]:
+    stamps = tf.compat.v1.get_collection(TIMESTAMP_COLLECTION)
+    if not stamps:
+        return None
+    return tf.cast(tf.reduce_max(stamps[-1]), tf.int64)
+
+
+def add_timestamp(timestamps: tf.Tensor) -> None:
+    """Declares the batch's time feature (seconds); later lookups stamp IDs with its max."""
+    tf.compat.v1.add_to_collection(TIMESTAMP_COLLECTION, timestamps)
+
+
 def _restore_rows(unique_emb, restore):
     """unique_emb [U, dim] gathered at restore [N] (U means zeros), with a dense gradient."""
 
@@ -272,7 +374,10 @@ def sparse_lookup(
         name: name scope of the lookup.
         modify_graph: let `modify_graph_and_start_emb_cache` move the key stage of this
             lookup into the input pipeline, ahead of the step.
-        access_and_evict_config: admission and eviction settings (not implemented yet).
+        access_and_evict_config: dict with access_threshold (an ID gets a row once its
+            weighted count reaches it), eviction_threshold (seconds of batch time after which
+            an unseen ID is removed by EvictHook) and faae_coefficient (weight of one
+            occurrence). eviction_threshold needs access_threshold.
 
     Returns:
         float32 tensor of shape ids.shape + [dim].
@@ -285,18 +390,31 @@ def sparse_lookup(
         raise TypeError(f"sparse_lookup: hashtable must come from create_table, "
                         f"got {type(hashtable).__name__}")
     if access_and_evict_config:
-        raise NotImplementedError("sparse_lookup(access_and_evict_config=...): admission and "
-                                  "eviction are not implemented yet")
+        _apply_access_and_evict_config(hashtable, access_and_evict_config)
     ids = _validate_ids(hashtable, ids)
     scope = name or f"{hashtable.table_name}_lookup"
     with tf.name_scope(scope):
         flat = tf.reshape(ids, [-1])
         graph = tf.compat.v1.get_default_graph()
-        (rows,), (restore,), _ = mxrec_ops.key_stage([flat], [hashtable.table_key], is_train)
+        (rows,), (restore,), (reused,) = mxrec_ops.key_stage(
+            [flat], [hashtable.table_key], is_train, timestamp=_batch_timestamp())
         previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
         if previous is not None:
             rows.op._add_control_input(previous)
-        unique_emb = tf.gather(hashtable.variable, rows)
+        if is_train:
+            # Rows freed by eviction and handed to new IDs start again from the
+            # initializer; the hash optimizers reset their slots.
+            hashtable.register_reused_rows(graph, reused)
+            fresh = hashtable.initial_rows(tf.size(reused))
+            if fresh is None:
+                hashtable.can_reinitialize = False
+                deps = []
+            else:
+                deps = [hashtable.variable.scatter_update(tf.IndexedSlices(fresh, reused))]
+        else:
+            deps = []
+        with tf.control_dependencies(deps):
+            unique_emb = tf.gather(hashtable.variable, rows)
         emb = _restore_rows(unique_emb, restore)
         out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [hashtable.dim]], axis=0)
         out = tf.reshape(emb, out_shape)
@@ -304,5 +422,5 @@ def sparse_lookup(
     if modify_graph:
         tf.compat.v1.add_to_collection(
             LOOKUP_COLLECTION,
-            LookupRecord(hashtable, ids, rows, restore, is_train, send_count))
+            LookupRecord(hashtable, ids, rows, restore, reused, is_train, send_count))
     return out

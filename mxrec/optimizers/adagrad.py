@@ -9,6 +9,9 @@ class CustomizedAdagrad(HashOptimizerMixin, tf.compat.v1.train.AdagradOptimizer)
     """Adagrad whose sparse update (ResourceSparseApplyAdagrad) reads and writes
     only the rows in the gradient."""
 
+    def _slot_initial_values(self):
+        return {"accumulator": self._initial_accumulator_value}
+
 
 def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9, use_locking=False,
                           name="Adagrad"):

@@ -4,7 +4,28 @@ import tensorflow as tf
 
 
 class HashOptimizerMixin:
-    """Put before a tf.compat.v1.train.Optimizer subclass in the bases."""
+    """Put before a tf.compat.v1.train.Optimizer subclass in the bases.
+
+    Subclasses name the initial value of each slot in `_slot_initial_values`, so
+    that a row handed to a new ID after eviction starts with fresh slots.
+    """
+
+    def _slot_initial_values(self):
+        return {}
+
+    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        table = handle._mxrec_table
+        reused = table.reused_rows(tf.compat.v1.get_default_graph())
+        resets = []
+        if reused is not None:
+            for slot_name, value in self._slot_initial_values().items():
+                slot = self.get_slot(handle, slot_name)
+                fresh = tf.fill(tf.stack([tf.size(reused), table.dim]),
+                                tf.constant(value, slot.dtype.base_dtype))
+                resets.append(slot.scatter_update(tf.IndexedSlices(fresh, reused)))
+        with tf.control_dependencies(resets):
+            return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices,
+                                                                    **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)

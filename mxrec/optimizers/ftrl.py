@@ -8,6 +8,9 @@ from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
 class CustomizedFtrl(HashOptimizerMixin, tf.compat.v1.train.FtrlOptimizer):
     """FTRL whose accumulators change only for the rows in the gradient."""
 
+    def _slot_initial_values(self):
+        return {"accum": self._initial_accumulator_value, "linear": 0.0}
+
 
 def create_hash_optimizer(learning_rate=0.01, learning_rate_power=-0.5,
                           initial_accumulator_value=0.1, l1_regularization_strength=0.0,

@@ -15,6 +15,9 @@ from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
 class CustomizedLazyAdam(HashOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
     """TF's Adam bookkeeping (slots m and v, beta powers) with a lazy sparse update."""
 
+    def _slot_initial_values(self):
+        return {"m": 0.0, "v": 0.0}
+
     def _resource_apply_sparse(self, grad, var, indices):
         beta1_power, beta2_power = self._get_beta_accumulators()
         dtype = var.dtype.base_dtype

@@ -8,6 +8,9 @@ from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
 class CustomizedMomentum(HashOptimizerMixin, tf.compat.v1.train.MomentumOptimizer):
     """Momentum whose accumulator changes only for the rows in the gradient."""
 
+    def _slot_initial_values(self):
+        return {"momentum": 0.0}
+
 
 def create_hash_optimizer(learning_rate=0.001, momentum=0.9, use_locking=False, name="Momentum",
                           use_nesterov=False):

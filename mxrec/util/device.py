@@ -5,7 +5,7 @@ import functools
 import tensorflow as tf
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def accelerator_device() -> str:
     """The accelerator: the first GPU when one is visible, otherwise the CPU."""
     if tf.config.list_physical_devices("GPU"):
