@@ -25,6 +25,16 @@ void HostTable::ConfigureAdmission(const AdmissionOptions& admission) {
   admission_ = admission;
 }
 
+void HostTable::ShareCounts(std::shared_ptr<SharedCounts> counts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shared_counts_ = std::move(counts);
+}
+
+bool HostTable::shares_counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shared_counts_ != nullptr;
+}
+
 AdmissionOptions HostTable::admission() const {
   std::lock_guard<std::mutex> lock(mu_);
   return admission_;
@@ -139,7 +149,10 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
           rec->seen_recently = 1;
         }
       }
-      if (count) rec->count += weight;
+      if (count) {
+        rec->count = shared_counts_ ? shared_counts_->Add(key, hashes[p], weight)
+                                    : rec->count + weight;
+      }
       local[p] = rec->local;
     }
   };

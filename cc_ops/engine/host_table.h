@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "key_map.h"
+#include "shared_counts.h"
 #include "status.h"
 #include "thread_pool.h"
 
@@ -79,6 +82,9 @@ class HostTable {
                  ThreadPool* pool, BatchPlan* plan);
 
   void ConfigureAdmission(const AdmissionOptions& admission);
+  // Counts admission in `counts`, together with the other tables sharing it.
+  void ShareCounts(std::shared_ptr<SharedCounts> counts);
+  bool shares_counts() const;
   AdmissionOptions admission() const;
 
   // Changes the admission threshold; a threshold of 0 freezes the counts
@@ -119,6 +125,7 @@ class HostTable {
   uint32_t stamp_ = 0;
   bool counting_frozen_ = false;
   AdmissionOptions admission_;
+  std::shared_ptr<SharedCounts> shared_counts_;
   int64_t newest_timestamp_ = -1;
   TableStats stats_;
 };

@@ -25,7 +25,11 @@ Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeyS
     statuses[i] = tables[i]->Process(spans[i].keys, spans[i].size, train, timestamp, pool,
                                      &(*plans)[i]);
   };
-  if (pool != nullptr && n > 1) {
+  // Tables that share admission counts run one after another, in order, so
+  // that which of them admits an ID first does not depend on scheduling.
+  bool shared = false;
+  for (const HostTable* table : tables) shared = shared || table->shares_counts();
+  if (pool != nullptr && n > 1 && !shared) {
     pool->ParallelFor(n, run_one);
   } else {
     for (int64_t i = 0; i < n; ++i) run_one(i);

@@ -57,8 +57,22 @@ Status Registry::GetTable(const std::string& key, std::shared_ptr<HostTable>* ta
   return Status::Ok();
 }
 
+std::shared_ptr<SharedCounts> Registry::CountGroup(const std::string& group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& counts = count_groups_[group];
+  if (!counts) counts = std::make_shared<SharedCounts>();
+  return counts;
+}
+
 int Registry::DropPrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = count_groups_.begin(); it != count_groups_.end();) {
+    if (it->first.compare(0, prefix.size(), prefix) == 0) {
+      it = count_groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   int dropped = 0;
   for (auto it = tables_.begin(); it != tables_.end();) {
     if (it->first.compare(0, prefix.size(), prefix) == 0) {

@@ -33,6 +33,10 @@ class Registry {
   int DropPrefix(const std::string& prefix);
   std::vector<std::string> Keys() const;
 
+  // The shared admission counts named `group`, created on first use and
+  // dropped with DropPrefix like tables.
+  std::shared_ptr<SharedCounts> CountGroup(const std::string& group);
+
   void SetNumThreads(int num_threads);
   std::shared_ptr<ThreadPool> pool() const;
 
@@ -40,6 +44,7 @@ class Registry {
   Registry();
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<HostTable>> tables_;
+  std::map<std::string, std::shared_ptr<SharedCounts>> count_groups_;
   std::shared_ptr<ThreadPool> pool_;
 };
 

@@ -113,6 +113,12 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       },
       py::arg("key"), py::arg("access_threshold") = 0.0, py::arg("faae_coefficient") = 1.0,
       py::arg("probability") = 1.0, py::arg("seed") = 0);
+  m.def(
+      "share_counts",
+      [](const std::string& key, const std::string& group) {
+        Table(key)->ShareCounts(Registry::Global().CountGroup(group));
+      },
+      py::arg("key"), py::arg("group"));
   m.def("admission", [](const std::string& key) {
     const AdmissionOptions a = Table(key)->admission();
     py::dict d;

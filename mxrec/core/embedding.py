@@ -266,6 +266,9 @@ def create_table(
     loader.engine().create_table(
         key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
         padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0)
+    if runtime.config.use_combine_faae:
+        # USE_COMBINE_FAAE: one admission count per ID over all tables.
+        loader.engine().share_counts(table_key, runtime.table_key("__combined_faae__"))
     table = SparseEmbedding(name, key_dtype, int(dim), initializer, int(device_vocabulary_size),
                             padding_keys, value_dtype, table_key)
     runtime.tables[name] = table
