@@ -326,7 +326,8 @@ def _restore_rows(unique_emb, restore):
     @tf.custom_gradient
     def restore_fn(emb):
         num_unique = tf.shape(emb)[0]
-        padded = tf.concat([emb, tf.zeros_like(emb[:1])], axis=0)
+        default_row = tf.zeros(tf.stack([1, tf.shape(emb)[1]]), emb.dtype)
+        padded = tf.concat([emb, default_row], axis=0)
         out = tf.gather(padded, restore)
 
         def grad(dy):
