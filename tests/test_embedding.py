@@ -1,0 +1,318 @@
+"""create_table and sparse_lookup in TF1 graph mode."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from reference import RefKeyStage, distinct_rows_initializer, initial_rows
+
+from mxrec.core.embedding import create_table, sparse_lookup
+
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+DIM = 4
+VOCAB = 32
+
+
+def _table(key_dtype=tf.int64, name="t", capacity=VOCAB, **kwargs):
+    return create_table(key_dtype, DIM, name, distinct_rows_initializer(),
+                        device_vocabulary_size=capacity, **kwargs)
+
+
+def _expected(table, variable_value, ids):
+    """Rows of `ids` through export_rows: the NumPy view of a lookup."""
+    exported_ids, rows = table.export_rows()
+    row_of = dict(zip(exported_ids.tolist(), rows.tolist()))
+    flat = [row_of.get(int(i)) for i in np.ravel(ids)]
+    out = np.stack([variable_value[r] if r is not None else np.zeros(DIM, np.float32)
+                    for r in flat]) if flat else np.zeros((0, DIM), np.float32)
+    return out.reshape(np.shape(ids) + (DIM,))
+
+
+@pytest.mark.parametrize("shape", [(6,), (3, 4), (2, 3, 2)])
+def test_lookup_matches_table_rows(mx, make_session, shape):
+    mx()
+    table = _table()
+    ids = tf.compat.v1.placeholder(tf.int64, shape=[None] * len(shape))
+    emb = sparse_lookup(table, ids)
+    assert emb.shape.as_list() == [None] * len(shape) + [DIM]
+    assert emb.dtype == tf.float32
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    rng = np.random.default_rng(0)
+    vocab = np.array([I64_MIN, I64_MAX, 0, -1, 17, 10**18], np.int64)
+    ref = RefKeyStage(VOCAB)
+    for _ in range(3):
+        batch = vocab[rng.integers(0, len(vocab), size=shape)]
+        got = sess.run(emb, {ids: batch})
+        ref.process(batch.ravel())
+        np.testing.assert_array_equal(got, _expected(table, init_values, batch))
+        # New IDs take rows in order of first occurrence, so row r holds initial value r.
+        exported = table.export_rows()
+        np.testing.assert_array_equal(exported[0], ref.export()[0])
+        np.testing.assert_array_equal(exported[1], ref.export()[1])
+        np.testing.assert_array_equal(got.reshape(-1, DIM),
+                                      init_values[[ref.rows[int(i)] for i in batch.ravel()]])
+    assert table.variable.shape.as_list() == [VOCAB, DIM]
+
+
+def test_repeated_ids_and_static_shape(mx, make_session):
+    mx()
+    table = _table()
+    batch = np.array([[5, 5, 5], [9, 5, 9]], np.int64)
+    emb = sparse_lookup(table, tf.constant(batch))
+    assert emb.shape.as_list() == [2, 3, DIM]
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    got = sess.run(emb)
+    np.testing.assert_array_equal(got[0, 0], init_values[0])
+    np.testing.assert_array_equal(got[1, 0], init_values[1])
+    np.testing.assert_array_equal(got[:, :, :], init_values[[[0, 0, 0], [1, 0, 1]]])
+    assert table.stats()["rows_in_use"] == 2
+    assert table.stats()["ids_seen"] == 6
+
+
+def test_int32_table_and_int32_extremes(mx, make_session):
+    mx()
+    table = _table(tf.int32)
+    ids = tf.compat.v1.placeholder(tf.int32, shape=[None])
+    emb = sparse_lookup(table, ids)
+    batch = np.array([I32_MIN, I32_MAX, 0, -1, I32_MAX, I32_MIN], np.int32)
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    got = sess.run(emb, {ids: batch})
+    np.testing.assert_array_equal(got, init_values[[0, 1, 2, 3, 1, 0]])
+    exported_ids, rows = table.export_rows()
+    np.testing.assert_array_equal(exported_ids, [I32_MIN, I32_MAX, 0, -1])
+    np.testing.assert_array_equal(rows, [0, 1, 2, 3])
+
+
+def test_int32_ids_on_int64_table(mx, make_session):
+    mx()
+    table = _table(tf.int64)
+    a = sparse_lookup(table, tf.constant([-1, 7], tf.int32))
+    b = sparse_lookup(table, tf.constant([7, -1], tf.int64))
+    got_a, got_b = make_session().run([a, b])
+    # The same ID reaches the same row whatever the width of the ID tensor.
+    np.testing.assert_array_equal(got_a, got_b[::-1])
+    assert table.stats()["rows_in_use"] == 2
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3)])
+def test_empty_batch(mx, make_session, shape):
+    mx()
+    table = _table()
+    ids = tf.compat.v1.placeholder(tf.int64, shape=[None] * len(shape))
+    emb = sparse_lookup(table, ids)
+    loss = tf.reduce_sum(emb)
+    grad = tf.gradients(loss, table.variable)[0]
+    sess = make_session()
+    got, got_loss, got_grad = sess.run([emb, loss, grad], {ids: np.zeros(shape, np.int64)})
+    assert got.shape == shape + (DIM,)
+    assert got_loss == 0.0
+    assert got_grad.values.shape == (0, DIM)
+    assert table.stats()["rows_in_use"] == 0
+
+
+def test_eval_lookup_does_not_insert(mx, make_session):
+    mx()
+    table = _table()
+    ids = tf.compat.v1.placeholder(tf.int64, shape=[None])
+    train_emb = sparse_lookup(table, ids, is_train=True)
+    eval_emb = sparse_lookup(table, ids, is_train=False, name="eval_lookup")
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    sess.run(train_emb, {ids: [3, 4]})
+    before = table.stats()
+    got = sess.run(eval_emb, {ids: [4, 99, 3, -5, 99]})
+    np.testing.assert_array_equal(
+        got, np.stack([init_values[1], np.zeros(DIM), init_values[0], np.zeros(DIM),
+                       np.zeros(DIM)]))
+    after = table.stats()
+    for name in ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "train_batches"):
+        assert after[name] == before[name], name
+    assert after["eval_batches"] == before["eval_batches"] + 1
+    np.testing.assert_array_equal(table.export_rows()[0], [3, 4])
+    # 99 was looked up in evaluation only; in training it takes the next free row.
+    np.testing.assert_array_equal(sess.run(train_emb, {ids: [99]}), init_values[[2]])
+
+
+@pytest.mark.parametrize("batch", [[99, -5], [99], [[99], [7]]])
+def test_eval_lookup_of_only_unseen_ids_is_zeros(mx, make_session, batch):
+    """Every position takes the default value: the batch has no unique rows at all."""
+    mx()
+    table = _table()
+    batch = np.array(batch, np.int64)
+    ids = tf.compat.v1.placeholder(tf.int64, shape=[None] * batch.ndim)
+    eval_emb = sparse_lookup(table, ids, is_train=False)
+    got = make_session().run(eval_emb, {ids: batch})
+    np.testing.assert_array_equal(got, np.zeros(batch.shape + (DIM,), np.float32))
+    assert table.stats()["ids_tracked"] == 0
+
+
+def test_two_lookups_share_one_table_deterministically(mx, make_session):
+    mx()
+    table = _table()
+    a_ids = tf.compat.v1.placeholder(tf.int64, shape=[None])
+    b_ids = tf.compat.v1.placeholder(tf.int64, shape=[None, 2])
+    a = sparse_lookup(table, a_ids, name="first")
+    b = sparse_lookup(table, b_ids, name="second")
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    ref = RefKeyStage(VOCAB)
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        a_batch = rng.integers(0, 12, size=3)
+        b_batch = rng.integers(0, 12, size=(2, 2))
+        got_a, got_b = sess.run([a, b], {a_ids: a_batch, b_ids: b_batch})
+        # The first lookup plans before the second, every step.
+        ref.process(a_batch)
+        ref.process(b_batch.ravel())
+        np.testing.assert_array_equal(got_a, init_values[[ref.rows[int(i)] for i in a_batch]])
+        np.testing.assert_array_equal(
+            got_b, init_values[[[ref.rows[int(i)] for i in r] for r in b_batch]])
+    np.testing.assert_array_equal(table.export_rows()[0], ref.export()[0])
+    assert table.stats()["train_batches"] == 20
+
+
+def test_padding_keys_look_up_as_zeros(mx, make_session):
+    mx()
+    table = _table(padding_keys=[-1])
+    emb = sparse_lookup(table, tf.constant([[-1, 8], [8, -1]], tf.int64))
+    grad = tf.gradients(tf.reduce_sum(emb * 3.0), table.variable)[0]
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    got, got_grad = sess.run([emb, grad])
+    np.testing.assert_array_equal(got, [[np.zeros(DIM), init_values[0]],
+                                        [init_values[0], np.zeros(DIM)]])
+    # Only the real ID's row receives a gradient (summed over its two positions).
+    np.testing.assert_array_equal(got_grad.indices, [0])
+    np.testing.assert_array_equal(got_grad.values, np.full((1, DIM), 6.0))
+    assert table.stats()["ids_seen"] == 2
+
+
+def test_batch_of_only_padding_keys(mx, make_session):
+    mx()
+    table = _table(padding_keys=[0, -1])
+    emb = sparse_lookup(table, tf.constant([[0, -1], [-1, -1]], tf.int64))
+    grad = tf.gradients(tf.reduce_sum(emb), table.variable)[0]
+    got, got_grad = make_session().run([emb, grad])
+    np.testing.assert_array_equal(got, np.zeros((2, 2, DIM), np.float32))
+    assert got_grad.values.shape == (0, DIM)
+    assert table.stats()["rows_in_use"] == 0
+
+
+def test_gradient_is_summed_per_unique_row(mx, make_session):
+    mx()
+    table = _table()
+    ids = tf.constant([4, 2, 4, 4], tf.int64)
+    emb = sparse_lookup(table, ids)
+    weights = tf.constant(np.arange(16, dtype=np.float32).reshape(4, DIM))
+    grad = tf.gradients(tf.reduce_sum(emb * weights), [table.variable])[0]
+    assert isinstance(grad, tf.IndexedSlices)
+    got = make_session().run(grad)
+    w = np.arange(16, dtype=np.float32).reshape(4, DIM)
+    np.testing.assert_array_equal(got.indices, [0, 1])
+    np.testing.assert_array_equal(got.values, [w[0] + w[2] + w[3], w[1]])
+
+
+def test_full_table_fails_at_run_and_keeps_rows(mx, make_session):
+    mx()
+    table = _table(name="tiny_table", capacity=3)
+    ids = tf.compat.v1.placeholder(tf.int64, shape=[None])
+    emb = sparse_lookup(table, ids)
+    update = table.variable.assign_add(tf.ones([3, DIM]))
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    sess.run(emb, {ids: [1, 2]})
+    sess.run(update)
+    with pytest.raises(tf.errors.ResourceExhaustedError) as err:
+        sess.run(emb, {ids: [3, 4, 1]})
+    message = err.value.message
+    assert "tiny_table" in message and "device_vocabulary_size" in message and "3" in message
+    # Trained rows and their IDs survive the failed step.
+    np.testing.assert_array_equal(sess.run(emb, {ids: [2, 1]}), init_values[[1, 0]] + 1.0)
+    np.testing.assert_array_equal(sess.run(table.variable)[:2], init_values[:2] + 1.0)
+
+
+def test_table_variable_and_collections(mx):
+    mx()
+    table = _table(name="vars")
+    assert table.variable.shape.as_list() == [VOCAB, DIM]
+    assert table.variable.dtype.base_dtype == tf.float32
+    assert table.variable not in tf.compat.v1.trainable_variables()
+    assert table.name == "vars" and table.dim == DIM and table.key_dtype == tf.int64
+    stats = table.stats()
+    assert stats["capacity"] == VOCAB and stats["rows_in_use"] == 0
+
+
+# ----- documented errors -----
+
+
+def test_create_table_before_init():
+    with pytest.raises(RuntimeError, match="init"):
+        create_table(tf.int64, DIM, "t", tf.zeros_initializer(), device_vocabulary_size=4)
+
+
+@pytest.mark.parametrize("key_dtype", [tf.float32, tf.string, tf.int16, tf.uint64])
+def test_create_table_bad_key_dtype(mx, key_dtype):
+    mx()
+    with pytest.raises(TypeError, match="key_dtype"):
+        create_table(key_dtype, DIM, "t", tf.zeros_initializer(), device_vocabulary_size=4)
+
+
+@pytest.mark.parametrize("dim", [0, -3])
+def test_create_table_bad_dim(mx, dim):
+    mx()
+    with pytest.raises(ValueError, match="dim"):
+        create_table(tf.int64, dim, "t", tf.zeros_initializer(), device_vocabulary_size=4)
+
+
+@pytest.mark.parametrize("size", [0, -1, 2**31])
+def test_create_table_bad_device_vocabulary_size(mx, size):
+    mx()
+    with pytest.raises(ValueError, match="device_vocabulary_size"):
+        create_table(tf.int64, DIM, "t", tf.zeros_initializer(), device_vocabulary_size=size)
+
+
+@pytest.mark.parametrize("tier", ["host_vocabulary_size", "ssd_vocabulary_size"])
+def test_create_table_tiers_not_implemented(mx, tier):
+    mx()
+    with pytest.raises(ValueError, match=tier):
+        create_table(tf.int64, DIM, "t", tf.zeros_initializer(), device_vocabulary_size=4,
+                     **{tier: 100})
+
+
+def test_create_table_same_name_twice(mx):
+    mx()
+    create_table(tf.int64, DIM, "dup", tf.zeros_initializer(), device_vocabulary_size=4)
+    with pytest.raises(ValueError, match="dup"):
+        create_table(tf.int64, DIM, "dup", tf.zeros_initializer(), device_vocabulary_size=4)
+
+
+def test_lookup_bad_ids(mx):
+    mx()
+    t64 = _table(tf.int64, name="t64")
+    t32 = _table(tf.int32, name="t32")
+    with pytest.raises(TypeError):
+        sparse_lookup(t64, tf.constant([1.0, 2.0]))
+    with pytest.raises(TypeError):
+        sparse_lookup(t64, tf.constant(["a", "b"]))
+    with pytest.raises(TypeError):
+        sparse_lookup(t32, tf.constant([1, 2], tf.int64))
+    with pytest.raises(ValueError):
+        sparse_lookup(t64, tf.constant(3, tf.int64))
+    with pytest.raises(TypeError):
+        sparse_lookup(t64, tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [2, 2]))
+    with pytest.raises(TypeError):
+        sparse_lookup("not a table", tf.constant([1], tf.int64))
+
+
+def test_explicit_per_row_initializer(mx, make_session):
+    """A constant_initializer holding every row: row r starts as values[r]."""
+    mx()
+    values = np.arange(VOCAB * DIM, dtype=np.float32).reshape(VOCAB, DIM)
+    table = create_table(tf.int64, DIM, "explicit", tf.compat.v1.constant_initializer(values),
+                         device_vocabulary_size=VOCAB)
+    emb = sparse_lookup(table, tf.constant([[30, -7], [30, 2]], tf.int64))
+    got = make_session().run(emb)
+    np.testing.assert_array_equal(got, values[[[0, 1], [0, 2]]])

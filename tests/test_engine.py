@@ -1,0 +1,291 @@
+"""The host engine (pybind) against a plain-Python model of the key stage."""
+
+import itertools
+
+import numpy as np
+import pytest
+from reference import RefKeyStage
+
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+_serial = itertools.count()
+
+
+@pytest.fixture
+def table(engine):
+    """table(capacity, padding_keys=(), name=...) -> engine key of a fresh table."""
+    prefix = f"test_engine_{next(_serial)}/"
+
+    def _create(capacity, padding_keys=(), name="t", dim=4):
+        key = prefix + name
+        engine.create_table(key=key, name=name, dim=dim, capacity=capacity,
+                            padding_keys=list(padding_keys), access_threshold=0.0,
+                            faae_coefficient=1.0)
+        return key
+
+    yield _create
+    engine.drop_prefix(prefix)
+    engine.set_num_threads(1)
+
+
+def _ids(values):
+    return np.asarray(values, dtype=np.int64)
+
+
+def _process_one(engine, key, ids, train=True):
+    (result,) = engine.process([key], [_ids(ids)], train=train)
+    unique_rows, restore, reused = result
+    assert unique_rows.dtype == np.int32 and restore.dtype == np.int32
+    assert len(restore) == len(ids)
+    assert len(reused) == 0  # nothing is ever evicted in these tests
+    return unique_rows, restore
+
+
+def _check_batch(engine, key, ref, ids, train=True):
+    got_rows, got_restore = _process_one(engine, key, ids, train)
+    want_rows, want_restore = ref.process(ids, train)
+    np.testing.assert_array_equal(got_rows, want_rows)
+    np.testing.assert_array_equal(got_restore, want_restore)
+    return got_rows, got_restore
+
+
+def _check_export(engine, key, ref):
+    ids, rows = engine.export_rows(key)
+    want_ids, want_rows = ref.export()
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(rows, want_rows)
+
+
+def test_dedupe_restore_and_first_occurrence_rows(engine, table):
+    key = table(100)
+    ref = RefKeyStage(100)
+    rows, restore = _check_batch(engine, key, ref, [7, 3, 7, 7, 9, 3, 11])
+    np.testing.assert_array_equal(rows, [0, 1, 2, 3])
+    np.testing.assert_array_equal(restore, [0, 1, 0, 0, 2, 1, 3])
+    # Old IDs keep their rows; new ones continue the numbering in order of first occurrence.
+    rows, restore = _check_batch(engine, key, ref, [12, 9, 5, 12, 7])
+    np.testing.assert_array_equal(rows, [4, 2, 5, 0])
+    np.testing.assert_array_equal(restore, [0, 1, 2, 0, 3])
+    _check_export(engine, key, ref)
+    stats = engine.stats(key)
+    assert stats["rows_in_use"] == 6
+    assert stats["admitted"] == 6
+    assert stats["ids_tracked"] == 6
+    assert stats["ids_seen"] == 12
+    assert stats["train_batches"] == 2
+    assert stats["eval_batches"] == 0
+    assert stats["rejected"] == 0
+    assert stats["evicted"] == 0
+    assert stats["capacity"] == 100
+
+
+def test_restore_reconstructs_the_batch(engine, table):
+    key = table(1000)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        ids = rng.integers(-50, 50, size=500)
+        rows, restore = _process_one(engine, key, ids)
+        exported_ids, exported_rows = engine.export_rows(key)
+        row_of = dict(zip(exported_ids.tolist(), exported_rows.tolist()))
+        np.testing.assert_array_equal(rows[restore], [row_of[int(i)] for i in ids])
+        assert len(set(rows.tolist())) == len(rows)  # unique rows are unique
+
+
+def test_int64_extremes(engine, table):
+    key = table(10)
+    ref = RefKeyStage(10)
+    batch = [I64_MIN, I64_MAX, 0, -1, 0, I64_MIN, -1, I64_MAX, 1]
+    rows, restore = _check_batch(engine, key, ref, batch)
+    np.testing.assert_array_equal(rows, [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(restore, [0, 1, 2, 3, 2, 0, 3, 1, 4])
+    _check_batch(engine, key, ref, [1, I64_MAX, -2, I64_MIN + 1, I64_MAX - 1])
+    _check_export(engine, key, ref)
+    ids, _ = engine.export_rows(key)
+    assert ids.dtype == np.int64
+    assert ids[0] == I64_MIN and ids[1] == I64_MAX
+
+
+def test_one_id_repeated(engine, table):
+    key = table(4)
+    ref = RefKeyStage(4)
+    rows, restore = _check_batch(engine, key, ref, [42] * 1000)
+    np.testing.assert_array_equal(rows, [0])
+    assert not restore.any()
+    assert engine.stats(key)["ids_seen"] == 1000
+    assert engine.stats(key)["rows_in_use"] == 1
+
+
+def test_empty_batch(engine, table):
+    key = table(4)
+    for train in (True, False):
+        rows, restore = _process_one(engine, key, [], train)
+        assert rows.shape == (0,) and restore.shape == (0,)
+    stats = engine.stats(key)
+    assert stats["rows_in_use"] == 0 and stats["ids_tracked"] == 0
+    assert stats["train_batches"] == 1 and stats["eval_batches"] == 1
+
+
+def test_eval_inserts_nothing(engine, table):
+    key = table(10)
+    ref = RefKeyStage(10)
+    _check_batch(engine, key, ref, [5, 6, 5])
+    before = engine.stats(key)
+    rows, restore = _check_batch(engine, key, ref, [8, 6, 9, 5, 8, 6], train=False)
+    np.testing.assert_array_equal(rows, [1, 0])
+    np.testing.assert_array_equal(restore, [2, 0, 2, 1, 2, 0])
+    # All unseen: every position takes the default index 0.
+    rows, restore = _check_batch(engine, key, ref, [100, 101], train=False)
+    assert rows.shape == (0,)
+    np.testing.assert_array_equal(restore, [0, 0])
+    after = engine.stats(key)
+    for name in ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected",
+                 "train_batches"):
+        assert after[name] == before[name], name
+    assert after["eval_batches"] == before["eval_batches"] + 2
+    _check_export(engine, key, ref)
+    # The eval batches did not reserve rows: the next new training ID gets row 2.
+    rows, _ = _check_batch(engine, key, ref, [9])
+    np.testing.assert_array_equal(rows, [2])
+
+
+def test_padding_keys(engine, table):
+    pads = [-1, I64_MIN]
+    key = table(10, padding_keys=pads)
+    ref = RefKeyStage(10, pads)
+    rows, restore = _check_batch(engine, key, ref, [-1, 4, I64_MIN, 4, 3, -1])
+    np.testing.assert_array_equal(rows, [0, 1])
+    np.testing.assert_array_equal(restore, [2, 0, 2, 0, 1, 2])
+    rows, restore = _check_batch(engine, key, ref, [-1, -1])
+    assert rows.shape == (0,)
+    np.testing.assert_array_equal(restore, [0, 0])
+    _check_batch(engine, key, ref, [-1, 4, 9], train=False)
+    stats = engine.stats(key)
+    assert stats["ids_seen"] == 3  # padding occurrences are not counted
+    assert stats["rows_in_use"] == 2 and stats["ids_tracked"] == 2
+    assert stats["rejected"] == 0
+    _check_export(engine, key, ref)
+    ids, _ = engine.export_rows(key)
+    assert not set(pads) & set(ids.tolist())
+
+
+def test_capacity_exhaustion(engine, table):
+    key = table(4, name="small_table")
+    ref = RefKeyStage(4)
+    _check_batch(engine, key, ref, [10, 20, 30])
+    trained = engine.export_rows(key)
+    with pytest.raises(RuntimeError) as err:
+        _process_one(engine, key, [10, 40, 50, 60])
+    message = str(err.value)
+    assert "small_table" in message
+    assert "device_vocabulary_size" in message
+    assert "4" in message
+    # Rows handed out before the failure keep their IDs.
+    ids, rows = engine.export_rows(key)
+    row_of = dict(zip(ids.tolist(), rows.tolist()))
+    for i, r in zip(*trained):
+        assert row_of[int(i)] == int(r)
+    assert engine.stats(key)["rows_in_use"] <= 4
+    # Known IDs still plan, in training and in evaluation.
+    rows, restore = _process_one(engine, key, [30, 10, 20, 30])
+    np.testing.assert_array_equal(rows, [2, 0, 1])
+    np.testing.assert_array_equal(restore, [0, 1, 2, 0])
+    rows, _ = _process_one(engine, key, [20], train=False)
+    np.testing.assert_array_equal(rows, [1])
+
+
+def test_capacity_exact_fit(engine, table):
+    key = table(3)
+    ref = RefKeyStage(3)
+    _check_batch(engine, key, ref, [1, 2, 3, 3, 2, 1])
+    assert engine.stats(key)["rows_in_use"] == 3
+    with pytest.raises(RuntimeError, match="device_vocabulary_size"):
+        _process_one(engine, key, [4])
+
+
+def test_multiple_tables_in_one_call(engine, table):
+    keys = [table(50, name="a"), table(50, name="b", padding_keys=[0]), table(50, name="c")]
+    refs = [RefKeyStage(50), RefKeyStage(50, [0]), RefKeyStage(50)]
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        batches = [rng.integers(-5, 15, size=n) for n in (30, 7, 0)]
+        results = engine.process(keys, [_ids(b) for b in batches], train=True)
+        assert len(results) == 3
+        for (rows, restore, _), ref, ids in zip(results, refs, batches):
+            want_rows, want_restore = ref.process(ids)
+            np.testing.assert_array_equal(rows, want_rows)
+            np.testing.assert_array_equal(restore, want_restore)
+    for key, ref in zip(keys, refs):
+        _check_export(engine, key, ref)
+
+
+def _large_batches(seed):
+    rng = np.random.default_rng(seed)
+    vocab = np.unique(rng.integers(I64_MIN, I64_MAX, size=60_000, dtype=np.int64))
+    vocab = np.concatenate([[I64_MIN, I64_MAX, 0, -1], vocab])
+    batches = []
+    for n in (200_000, 150_000, 40_000):
+        p = 1.0 / np.arange(1, len(vocab) + 1) ** 1.05
+        batches.append(vocab[rng.choice(len(vocab), size=n, p=p / p.sum())])
+    return batches
+
+
+def test_large_batches_identical_for_any_thread_count(engine, table):
+    batches = _large_batches(seed=11)
+    pads = [int(batches[0][5])]
+    ref = RefKeyStage(1 << 20, pads)
+    want = [ref.process(b) for b in batches]
+    eval_batch = np.concatenate([batches[2][:20_000], np.arange(40_000, dtype=np.int64)])
+    want_eval = ref.process(eval_batch, train=False)
+    exports = []
+    for threads in (1, 2, 4):
+        engine.set_num_threads(threads)
+        assert engine.num_threads() == threads
+        key = table(1 << 20, padding_keys=pads, name=f"threads{threads}")
+        other = table(1 << 20, name=f"other{threads}")
+        for ids, (want_rows, want_restore) in zip(batches, want):
+            # Two tables in one call: the per-table parallel loop nests the per-shard one.
+            (rows, restore, _), (rows2, restore2, _) = engine.process(
+                [key, other], [ids, ids[::-1].copy()], train=True)
+            np.testing.assert_array_equal(rows, want_rows)
+            np.testing.assert_array_equal(restore, want_restore)
+        rows, restore, _ = engine.process([key], [eval_batch], train=False)[0]
+        np.testing.assert_array_equal(rows, want_eval[0])
+        np.testing.assert_array_equal(restore, want_eval[1])
+        stats = engine.stats(key)
+        assert stats["rows_in_use"] == len(ref.rows)
+        assert stats["ids_seen"] == sum(int((b != pads[0]).sum()) for b in batches)
+        exports.append((engine.export_rows(key), engine.export_rows(other), rows2, restore2))
+    _check_export(engine, key, ref)
+    for ids_rows, other_rows, rows2, restore2 in exports[1:]:
+        for got, want in zip(ids_rows + other_rows + (rows2, restore2),
+                             exports[0][0] + exports[0][1] + exports[0][2:]):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_errors(engine, table):
+    with pytest.raises(KeyError):
+        engine.stats("no/such/table")
+    with pytest.raises(KeyError):
+        engine.process(["no/such/table"], [_ids([1])], train=True)
+    key = table(4)
+    with pytest.raises(ValueError):
+        engine.process([key], [np.zeros((2, 2), np.int64)], train=True)
+    with pytest.raises(ValueError):
+        engine.set_num_threads(0)
+    for capacity in (0, 2**31):
+        with pytest.raises(ValueError, match="device_vocabulary_size"):
+            engine.create_table(key=key + "bad", name="bad", dim=4, capacity=capacity,
+                                padding_keys=[], access_threshold=0.0, faae_coefficient=1.0)
+    # Re-registering the same key with other settings is refused.
+    with pytest.raises(ValueError, match="already exists"):
+        engine.create_table(key=key, name="t", dim=8, capacity=4, padding_keys=[],
+                            access_threshold=0.0, faae_coefficient=1.0)
+
+
+def test_drop_prefix(engine, table):
+    key = table(4, name="dropme")
+    _process_one(engine, key, [1, 2])
+    prefix = key.rsplit("/", 1)[0] + "/"
+    assert engine.drop_prefix(prefix) == 1
+    assert key not in engine.table_keys()
+    with pytest.raises(KeyError):
+        engine.export_rows(key)
