@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(bash scripts/setup.sh | tail -n 1)
-"$venv/bin/ruff" check mxrec tests examples bench setup.py
+"$venv/bin/ruff" check .
 "$venv/bin/python" -c "import tensorflow as tf; print('TensorFlow', tf.__version__)" 2>/dev/null
 PYTHONPATH="$PWD" TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -m pytest tests -q "$@"

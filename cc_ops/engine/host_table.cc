@@ -283,6 +283,87 @@ TableStats HostTable::Stats() const {
   return stats;
 }
 
+void HostTable::ExportState(TableState* state) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const KeyRecord*> records;
+  for (const auto& shard : shards_) {
+    shard.ForEach([&](const KeyRecord& rec) { records.push_back(&rec); });
+  }
+  std::sort(records.begin(), records.end(), [](const KeyRecord* a, const KeyRecord* b) {
+    return a->row != b->row ? a->row < b->row : a->key < b->key;
+  });
+  *state = TableState();
+  for (const KeyRecord* rec : records) {
+    state->keys.push_back(rec->key);
+    state->rows.push_back(rec->row);
+    state->counts.push_back(rec->count);
+    state->last_seen.push_back(rec->last_seen);
+  }
+  state->free_rows = free_rows_;
+  state->next_row = next_row_;
+  state->newest_timestamp = newest_timestamp_;
+  state->counting_frozen = counting_frozen_;
+  state->access_threshold = admission_.access_threshold;
+}
+
+Status HostTable::ImportState(const TableState& state) {
+  const size_t n = state.keys.size();
+  if (state.rows.size() != n || state.counts.size() != n || state.last_seen.size() != n) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': checkpointed host state has arrays of different lengths");
+  }
+  if (state.next_row < 0 || state.next_row > options_.device_capacity) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': checkpoint uses ", state.next_row,
+                       " rows but device_vocabulary_size is ", options_.device_capacity);
+  }
+  std::vector<uint8_t> taken(state.next_row, 0);
+  auto claim = [&](int32_t row) {
+    if (row < 0 || row >= state.next_row || taken[row]) return false;
+    taken[row] = 1;
+    return true;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (state.rows[i] >= 0 && !claim(state.rows[i])) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': checkpointed row ", state.rows[i], " of ID ", state.keys[i],
+                         " is out of range or used twice");
+    }
+  }
+  for (int32_t row : state.free_rows) {
+    if (!claim(row)) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': checkpointed free row ", row, " is out of range or in use");
+    }
+  }
+  // Build the new maps aside, so that a bad checkpoint leaves the table as it was.
+  std::vector<KeyMap> fresh(kNumShards);
+  std::array<int64_t, kNumShards> per_shard{};
+  for (int64_t key : state.keys) ++per_shard[HashKey(key) >> kShardShift];
+  for (int s = 0; s < kNumShards; ++s) fresh[s].Reserve(per_shard[s]);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t hash = HashKey(state.keys[i]);
+    bool inserted = false;
+    KeyRecord* rec = fresh[hash >> kShardShift].FindOrInsert(state.keys[i], hash, &inserted);
+    if (!inserted) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': ID ", state.keys[i], " appears twice in the checkpoint");
+    }
+    rec->row = state.rows[i];
+    rec->count = state.counts[i];
+    rec->last_seen = state.last_seen[i];
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int s = 0; s < kNumShards; ++s) shards_[s] = std::move(fresh[s]);
+  free_rows_ = state.free_rows;
+  next_row_ = state.next_row;
+  newest_timestamp_ = state.newest_timestamp;
+  counting_frozen_ = state.counting_frozen;
+  admission_.access_threshold = state.access_threshold;
+  stamp_ = 0;
+  return Status::Ok();
+}
+
 void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<int32_t, int64_t>> pairs;

@@ -54,6 +54,19 @@ struct BatchPlan {
   int64_t new_ids = 0;
 };
 
+// Everything the host knows of a table, as flat arrays, for checkpoints.
+struct TableState {
+  std::vector<int64_t> keys;
+  std::vector<int32_t> rows;  // -1: counted, not admitted
+  std::vector<float> counts;
+  std::vector<int64_t> last_seen;
+  std::vector<int32_t> free_rows;
+  int64_t next_row = 0;
+  int64_t newest_timestamp = -1;
+  bool counting_frozen = false;
+  double access_threshold = 0.0;
+};
+
 struct TableStats {
   int64_t capacity = 0;
   int64_t rows_in_use = 0;
@@ -107,6 +120,12 @@ class HostTable {
   int64_t newest_timestamp() const;
 
   TableStats Stats() const;
+
+  // Copies the whole host state out, IDs ordered by (row, key) so that equal
+  // states export equal arrays.
+  void ExportState(TableState* state) const;
+  // Replaces the whole host state; checks that rows are unique and in range.
+  Status ImportState(const TableState& state);
 
   // Copies out (key, row) of every admitted ID, ordered by row.
   void ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const;

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.saver import host_state
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
@@ -208,6 +209,8 @@ def create_table(
         device_vocabulary_size: rows the device table holds.
         host_vocabulary_size: rows of the host tier (not available yet: must be 0).
         ssd_vocabulary_size: rows of the SSD tier (not available yet: must be 0).
+        is_save: save and restore the table (device rows, slots and host state) with the
+            graph's Saver.
         init_param: scale applied to the initializer's values.
         value_dtype: tf.float32.
         padding_keys: an ID or IDs that look up as zeros and are never counted or updated.
@@ -271,6 +274,8 @@ def create_table(
         loader.engine().share_counts(table_key, runtime.table_key("__combined_faae__"))
     table = SparseEmbedding(name, key_dtype, int(dim), initializer, int(device_vocabulary_size),
                             padding_keys, value_dtype, table_key)
+    if is_save:
+        host_state.register(name, table_key)
     runtime.tables[name] = table
     return table
 
