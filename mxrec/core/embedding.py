@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.saver import host_state
+from mxrec.saver import host_state, serving
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
@@ -402,6 +402,8 @@ def sparse_lookup(
         _apply_access_and_evict_config(hashtable, access_and_evict_config)
     ids = _validate_ids(hashtable, ids)
     scope = name or f"{hashtable.table_name}_lookup"
+    if serving.in_serving_export():
+        return serving.serving_lookup(hashtable, ids, scope)
     with tf.name_scope(scope):
         flat = tf.reshape(ids, [-1])
         graph = tf.compat.v1.get_default_graph()

@@ -221,3 +221,14 @@ get_max_steps = _getter("max_steps")
 get_prefetch_batch_number = _getter("prefetch_batch_number")
 get_use_dynamic = _getter("use_dynamic")
 get_use_dynamic_expansion = _getter("use_dynamic_expansion")
+
+
+def get_initializer(is_training: bool):
+    """The initializer op of the rewritten training (True) or evaluation (False) iterator.
+
+    Run it instead of `iterator.initializer` after `modify_graph_and_start_emb_cache()`;
+    see `mxrec.graph.modifier.get_initializer`.
+    """
+    from mxrec.graph.modifier import get_initializer as _get_initializer
+
+    return _get_initializer(is_training)

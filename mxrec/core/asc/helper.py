@@ -1,0 +1,114 @@
+"""The FeatureSpec path's dataset stage: `get_asc_insert_func` and `start_asc_pipeline`.
+
+The insert function runs the host key stage inside `dataset.map`, so it runs
+ahead of the step with the dataset's prefetch; the planned rows travel with the
+batch under `spec.rows_key`, `spec.restore_key` and `spec.reused_key`:
+
+    batch {"user_ids": [B, k], ...} -> map(insert) -> batch + {"user_ids/mxrec_rows": [U],
+                                                            "user_ids/mxrec_restore": [B*k],
+                                                            "user_ids/mxrec_reused": [R]}
+
+Example:
+    >>> specs = [FeatureSpec("user_ids", table_name="user_table")]
+    >>> dataset = dataset.map(get_asc_insert_func(tgt_key_specs=specs)).prefetch(2)
+    >>> batch = iterator.get_next()
+    >>> rows, restore, reused = planned_tensors(batch, specs[0])
+"""
+
+from typing import Dict, Sequence, Tuple
+
+import tensorflow as tf
+
+from mxrec.core.asc.feature_spec import FeatureSpec
+from mxrec.util import ops as mxrec_ops
+from mxrec.util.initialize import get_config_initializer
+
+
+def _check_specs(specs) -> Tuple[FeatureSpec, ...]:
+    if isinstance(specs, FeatureSpec):
+        specs = [specs]
+    specs = tuple(specs)
+    if not specs or not all(isinstance(s, FeatureSpec) for s in specs):
+        raise TypeError("get_asc_insert_func: tgt_key_specs must be a non-empty list of "
+                        "FeatureSpec")
+    if sum(bool(s.is_timestamp) for s in specs) > 1:
+        raise ValueError("get_asc_insert_func: at most one FeatureSpec may be is_timestamp")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"get_asc_insert_func: FeatureSpec names must be unique, got {names}")
+    return specs
+
+
+def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec], is_training: bool = True,
+                        dump_graph: bool = False, **kwargs):
+    """A function for `dataset.map` that plans each spec's IDs in the host key stage.
+
+    Args:
+        tgt_key_specs: the FeatureSpecs of the batch (and at most one timestamp spec).
+        is_training: count and insert IDs (True), or only look them up (False).
+        dump_graph: accepted for mx_rec compatibility.
+
+    Returns:
+        fn(batch) -> batch with the planned tensors added; `batch` is a dict of
+        features, or a tuple whose first item is that dict.
+    """
+    del dump_graph, kwargs
+    specs = _check_specs(tgt_key_specs)
+    runtime = get_config_initializer()
+
+    def insert(*element):
+        features = element[0]
+        if not isinstance(features, dict):
+            raise TypeError("get_asc_insert_func: the dataset's element must be a dict of "
+                            "features, or a tuple starting with one")
+        missing = [s.ids_key for s in specs if s.ids_key not in features]
+        if missing:
+            raise ValueError(f"get_asc_insert_func: the batch has no feature(s) {missing}; "
+                             f"it has {sorted(features)}")
+        timestamp = None
+        for spec in specs:
+            if spec.is_timestamp:
+                timestamp = tf.cast(tf.reduce_max(features[spec.ids_key]), tf.int64)
+        added: Dict[str, tf.Tensor] = {}
+        previous = []
+        for spec in specs:
+            if spec.is_timestamp:
+                continue
+            ids = features[spec.ids_key]
+            if ids.dtype not in (tf.int32, tf.int64):
+                raise TypeError(f"FeatureSpec {spec.name!r}: IDs must be int32 or int64, got "
+                                f"{ids.dtype.name}")
+            # One table's specs plan in order; the engine would race them in one call.
+            with tf.control_dependencies(previous):
+                (rows,), (restore,), (reused,) = mxrec_ops.key_stage(
+                    [tf.reshape(ids, [-1])], [runtime.table_key(spec.table_name)],
+                    is_training, timestamp=timestamp)
+            previous = [rows.op]
+            added.update({spec.rows_key: rows, spec.restore_key: restore,
+                          spec.reused_key: reused})
+        features = dict(features, **added)
+        if len(element) == 1:
+            return features
+        return (features,) + tuple(element[1:])
+
+    return insert
+
+
+def planned_tensors(batch, spec: FeatureSpec) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(unique_rows, restore, reused_rows) of `spec` from a batch the insert function made."""
+    features = batch[0] if isinstance(batch, (tuple, list)) else batch
+    try:
+        return features[spec.rows_key], features[spec.restore_key], features[spec.reused_key]
+    except KeyError:
+        raise ValueError(f"FeatureSpec {spec.name!r}: the batch has no planned rows; map the "
+                         "dataset with get_asc_insert_func(tgt_key_specs=[...]) including this "
+                         "spec") from None
+
+
+def start_asc_pipeline() -> None:
+    """Starts the FeatureSpec path's host stage (mx_rec compatibility).
+
+    The key stage runs inside the dataset's map, on the dataset's own threads,
+    so there is nothing to start; this checks that `init()` was called.
+    """
+    get_config_initializer()

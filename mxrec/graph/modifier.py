@@ -1,0 +1,269 @@
+"""The graph modifier: moves the host key stage of a user's graph into its input pipeline.
+
+Users keep writing `sparse_lookup(table, ids, modify_graph=True)` with `ids`
+computed from a `tf.data` iterator. `modify_graph_and_start_emb_cache` then
+rewrites the graph:
+
+    before:  get_next ─► preprocessing ─► key stage ─► rows, restore ─► gather ...
+    after:   dataset.map(preprocessing + key stage).prefetch(N) ─► new get_next
+                 ├─ element  ─► everything that read the old get_next
+                 └─ rows, restore ─► the lookups' gathers and their gradients
+
+The old key-stage ops are left with no consumers and no control edges, so
+they never run and every ID is counted once, by the pipeline, up to
+`prefetch_batch_number` batches ahead of the step.
+
+Example:
+    >>> iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+    >>> features, labels = iterator.get_next()
+    >>> emb = sparse_lookup(table, features["ids"], modify_graph=True)  # [B, 26, dim]
+    >>> train_op = ...  # loss, minimize, hash optimizer
+    >>> modify_graph_and_start_emb_cache()
+    >>> sess.run(get_initializer(True))  # instead of iterator.initializer
+"""
+
+import os
+import weakref
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from mxrec.core.embedding import LOOKUP_COLLECTION
+from mxrec.graph import pipeline, trace
+from mxrec.util.initialize import get_config_initializer
+
+DEFAULT_DUMP_DIR = "export_graph"
+_RETIRED_MESSAGE = (
+    "the key stage {name} was moved into the input pipeline by "
+    "modify_graph_and_start_emb_cache(), but ops built afterwards still read its outputs; "
+    "build the whole model, gradients and optimizers included, before calling "
+    "modify_graph_and_start_emb_cache()")
+
+
+class _GraphState:
+    """What the modifier did to one graph: the records it rewired, the new iterators."""
+
+    def __init__(self):
+        self.done_records: List[object] = []
+        self.iterators: List[pipeline.RewrittenIterator] = []
+        self.retired: List[tf.Operation] = []
+
+    def is_done(self, record) -> bool:
+        return any(record is done for done in self.done_records)
+
+
+# Per graph, and dropped with the graph. Not a graph collection: collections of
+# Python objects make every meta-graph export (Estimator's saver) warn.
+_STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
+
+
+def _state(graph: tf.Graph) -> _GraphState:
+    if graph not in _STATES:
+        _STATES[graph] = _GraphState()
+    return _STATES[graph]
+
+
+def _lookup_name(record) -> str:
+    return record.rows.op.name.rpartition("/")[0] or record.rows.op.name
+
+
+def _replace_uses(old: tf.Tensor, new: tf.Tensor) -> None:
+    for consumer in list(old.consumers()):
+        for index, tensor in enumerate(consumer.inputs):
+            if tensor is old:
+                consumer._update_input(index, new)  # pylint: disable=protected-access
+
+
+def _retire_key_stage(graph: tf.Graph, key_stage: tf.Operation, record) -> None:
+    """Makes an old key-stage op unreachable, and harmless if it were run."""
+    key_stage._remove_all_control_inputs()  # pylint: disable=protected-access
+    for op in graph.get_operations():
+        if key_stage in op.control_inputs:
+            kept = [c for c in op.control_inputs if c is not key_stage]
+            op._remove_all_control_inputs()  # pylint: disable=protected-access
+            op._add_control_inputs(kept)  # pylint: disable=protected-access
+    # Anything built later on the old rows (gradients, optimizers) would run this op
+    # again; make that fail with the reason instead of planning a batch twice.
+    with graph.as_default(), tf.name_scope(key_stage.name + "_retired"):
+        guard = tf.compat.v1.placeholder_with_default(False, [], name="never_true")
+        fail = tf.debugging.Assert(guard, [_RETIRED_MESSAGE.format(name=key_stage.name)])
+        for index, tensor in enumerate(list(key_stage.inputs)):
+            if tensor.dtype in (tf.int32, tf.int64) and tensor.shape.rank == 1:
+                with tf.control_dependencies([fail]):
+                    empty = tf.zeros([0], tensor.dtype)
+                key_stage._update_input(index, empty)  # pylint: disable=protected-access
+    # Later direct lookups of the table must not chain onto the retired op.
+    chain = record.table._last_key_stage  # pylint: disable=protected-access
+    for key in [k for k, op in chain.items() if op is key_stage]:
+        del chain[key]
+
+
+def _dump(graph: tf.Graph, dump_dir: str, name: str) -> None:
+    os.makedirs(dump_dir, exist_ok=True)
+    tf.io.write_graph(graph.as_graph_def(add_shapes=True), dump_dir, name, as_text=True)
+
+
+def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
+                                     dump_graph: bool = False,
+                                     dump_dir: str = DEFAULT_DUMP_DIR
+                                     ) -> List[pipeline.RewrittenIterator]:
+    """Rewrites a graph so that its lookups' key stages run in the input pipeline.
+
+    Every lookup made with `sparse_lookup(..., modify_graph=True)` and not yet
+    rewritten is traced back to the tf.data iterator its IDs come from; that
+    iterator is replaced by one over the same dataset with the ID
+    preprocessing, the key stage and `prefetch(prefetch_batch_number)` added.
+    Call it after the whole model is built, the optimizers' `minimize` /
+    `apply_gradients` included (gradients built later would still read the
+    old key stage; `get_initializer` and running such ops say so), before the
+    graph is finalized; then run `get_initializer(is_training)` instead of the
+    old iterators' initializers.
+
+    Args:
+        full_graph: the graph to rewrite; the default graph when None.
+        dump_graph: write the graph before and after as pbtxt files into `dump_dir`.
+        dump_dir: the folder for `dump_graph`.
+
+    Returns:
+        The new iterators, one per rewritten user iterator.
+
+    Raises:
+        ValueError: a lookup whose IDs do not come from a supported tf.data
+            iterator (a placeholder, a variable, several iterators), an
+            iterator kind that cannot be rebuilt, an iterator feeding both
+            training and evaluation lookups, or static shapes without send_count.
+    """
+    graph = full_graph if full_graph is not None else tf.compat.v1.get_default_graph()
+    config = get_config_initializer().config
+    state = _state(graph)
+    records = [r for r in graph.get_collection(LOOKUP_COLLECTION) if not state.is_done(r)]
+    if dump_graph:
+        _dump(graph, dump_dir, "graph_before_modify.pbtxt")
+    if not records:
+        return []
+
+    by_iterator: Dict[str, List[pipeline.PlannedLookup]] = {}
+    sources: Dict[str, trace.IteratorSource] = {}
+    for record in records:
+        name = _lookup_name(record)
+        ids_source = trace.trace_ids(list(record.rows.op.inputs), name)
+        send_count = None
+        if not config.use_dynamic:
+            if record.send_count is None or int(record.send_count) <= 0:
+                raise ValueError(
+                    f"sparse_lookup {name!r}: init(use_dynamic=False) pads each batch's unique "
+                    f"rows to send_count, so the lookup needs send_count > 0, got "
+                    f"{record.send_count!r}")
+            send_count = int(record.send_count)
+        key = ids_source.get_next.name
+        if key not in sources:
+            sources[key] = trace.find_iterator(ids_source.get_next)
+        by_iterator.setdefault(key, []).append(
+            pipeline.PlannedLookup(name=name, record=record, source=ids_source,
+                                   send_count=send_count))
+
+    rewritten = []
+    for key, lookups in by_iterator.items():
+        modes = {lookup.record.is_train for lookup in lookups}
+        if len(modes) > 1:
+            raise ValueError(
+                f"iterator {sources[key].iterator.name!r} feeds lookups with is_train=True and "
+                f"is_train=False ({[lookup.name for lookup in lookups]}); use one dataset "
+                "iterator for training and another for evaluation")
+        rewritten.append(pipeline.rebuild(sources[key], lookups, modes.pop(),
+                                          config.prefetch_batch_number, graph))
+
+    for new in rewritten:
+        for index, output in enumerate(new.source.get_next.outputs):
+            _replace_uses(output, new.outputs[index])
+    for new, lookups in zip(rewritten, by_iterator.values()):
+        for lookup, rows, restore, reused in zip(lookups, new.rows, new.restore, new.reused):
+            record = lookup.record
+            _replace_uses(record.rows, rows)
+            _replace_uses(record.restore, restore)
+            _replace_uses(record.reused, reused)
+            _retire_key_stage(graph, record.rows.op, record)
+            state.retired.append(record.rows.op)
+            state.done_records.append(record)
+    state.iterators.extend(rewritten)
+    runtime = get_config_initializer()
+    for new in rewritten:
+        target = (runtime.train_iterator_initializers if new.is_train
+                  else runtime.eval_iterator_initializers)
+        target.append(new.initializer)
+    if dump_graph:
+        _dump(graph, dump_dir, "graph_after_modify.pbtxt")
+    return rewritten
+
+
+def _check_retired(state: _GraphState) -> None:
+    for key_stage in state.retired:
+        for output in key_stage.outputs:
+            if output.consumers():
+                raise RuntimeError(_RETIRED_MESSAGE.format(name=key_stage.name) +
+                                   f" (op {output.consumers()[0].name!r} reads {output.name})")
+
+
+def get_initializer(is_training: bool, graph: Optional[tf.Graph] = None) -> tf.Operation:
+    """The initializer of the rewritten training (True) or evaluation (False) iterator.
+
+    Run it where the user's code ran `iterator.initializer`. One-shot
+    iterators need none; for them this is a no-op.
+
+    Raises:
+        RuntimeError: the graph was not rewritten yet, or has no iterator of that kind.
+    """
+    graph = graph if graph is not None else tf.compat.v1.get_default_graph()
+    state = _STATES.get(graph)
+    iterators = state.iterators if state else []
+    if not iterators:
+        raise RuntimeError(
+            "get_initializer: the graph has no rewritten iterator; call "
+            "modify_graph_and_start_emb_cache() after building the model with "
+            "sparse_lookup(..., modify_graph=True)")
+    _check_retired(state)
+    chosen = [it.initializer for it in iterators if it.is_train == bool(is_training)]
+    if not chosen:
+        kind = "training (is_train=True)" if is_training else "evaluation (is_train=False)"
+        raise RuntimeError(
+            f"get_initializer({is_training}): no rewritten iterator feeds {kind} lookups in "
+            "this graph")
+    if len(chosen) == 1:
+        return chosen[0]
+    with graph.as_default():
+        return tf.group(*chosen, name="mxrec_train_initializers" if is_training
+                        else "mxrec_eval_initializers")
+
+
+class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
+    """Rewrites an Estimator's graph and starts the rewritten iterators.
+
+    Add it to the hooks of `train`, `evaluate`, `predict`, or to the
+    TrainSpec and EvalSpec of `train_and_evaluate`; build the lookups in
+    `model_fn` with `sparse_lookup(..., modify_graph=True, is_train=mode == TRAIN)`.
+
+    Example:
+        >>> est.train(input_fn, hooks=[GraphModifierHook()], max_steps=100)
+    """
+
+    def __init__(self, dump_graph: bool = False, modify_graph: bool = True,
+                 dump_dir: str = DEFAULT_DUMP_DIR):
+        self._dump_graph = dump_graph
+        self._modify_graph = modify_graph
+        self._dump_dir = dump_dir
+        self._initializers: List[tf.Operation] = []
+
+    def begin(self):
+        graph = tf.compat.v1.get_default_graph()
+        if self._modify_graph:
+            modify_graph_and_start_emb_cache(graph, dump_graph=self._dump_graph,
+                                             dump_dir=self._dump_dir)
+        state = _STATES.get(graph)
+        if state is not None:
+            _check_retired(state)
+        self._initializers = [it.initializer for it in state.iterators] if state else []
+
+    def after_create_session(self, session, coord):
+        del coord
+        if self._initializers:
+            session.run(self._initializers)

@@ -1,0 +1,182 @@
+"""Rebuilds an iterator's input pipeline with the host key stage in it.
+
+    dataset ─► map(plan) ─► prefetch(prefetch_batch_number) ─► new iterator
+                 │
+                 └ replays each lookup's ID preprocessing on the element and runs
+                   the key stage: element -> (element, rows per lookup, restore per lookup)
+
+The element passes through in its flat form (the get_next outputs), so any
+structure the user's dataset has (dicts, sparse components) comes out of the
+new get_next exactly as it came out of the old one. The map is sequential, so
+the key stage plans batches in the order the step consumes them, and the
+prefetch buffer bounds how far it runs ahead.
+"""
+
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from mxrec.graph import trace
+from mxrec.util import ops as mxrec_ops
+
+
+@dataclasses.dataclass
+class PlannedLookup:
+    """A lookup to plan in the pipeline.
+
+    Attributes:
+        name: the lookup's name scope, for messages.
+        record: the LookupRecord from sparse_lookup.
+        source: how its IDs come from the iterator.
+        send_count: pad the unique rows to this many (static shapes), or None.
+    """
+
+    name: str
+    record: object
+    source: trace.IdsSource
+    send_count: Optional[int] = None
+
+    @property
+    def key_stage(self) -> tf.Operation:
+        """The lookup's MxrecKeyStage op in the user's graph; inputs (ids, timestamp)."""
+        return self.record.rows.op
+
+
+@dataclasses.dataclass
+class RewrittenIterator:
+    """The new iterator that replaces one of the user's.
+
+    Attributes:
+        source: the user's iterator.
+        is_train: whether its lookups train (insert and count IDs) or evaluate.
+        kind: trace.INITIALIZABLE or trace.ONE_SHOT.
+        initializer: op that (re)starts the new iterator; a no-op for one-shot iterators.
+        outputs: the new get_next outputs that replace the old ones, index for index.
+        rows: the planned unique rows, one per lookup.
+        restore: the planned restore indexes, one per lookup.
+        reused: the planned rows to re-initialise (handed to new IDs after eviction).
+    """
+
+    source: trace.IteratorSource
+    is_train: bool
+    kind: str
+    initializer: tf.Operation
+    outputs: List[tf.Tensor]
+    rows: List[tf.Tensor]
+    restore: List[tf.Tensor]
+    reused: List[tf.Tensor]
+
+
+def _key_stage_rounds(lookups: List[PlannedLookup]) -> List[List[int]]:
+    """Groups lookups into key-stage calls, a table at most once per call.
+
+    The engine plans the tables of one call in parallel, so two lookups of one
+    table go into successive calls, in creation order, like the direct path's
+    chain of key stages. One call has one is_train and one timestamp.
+    """
+
+    def mode(lookup):
+        return lookup.record.is_train, lookup.key_stage.inputs[1].name
+
+    rounds: List[List[int]] = []
+    last_round = {}
+    for index, lookup in enumerate(lookups):
+        key = lookup.record.table.table_key
+        start = last_round.get(key, -1) + 1
+        while start < len(rounds) and mode(lookups[rounds[start][0]]) != mode(lookup):
+            start += 1
+        if start == len(rounds):
+            rounds.append([])
+        rounds[start].append(index)
+        last_round[key] = start
+    return rounds
+
+
+def _pad_to_send_count(lookup: PlannedLookup, rows: tf.Tensor, restore: tf.Tensor):
+    """Pads unique rows to send_count with a copy of the first row.
+
+    The padding positions get no restore index, so their gradient is exactly
+    zero; the optimizers sum duplicate rows, so the copied row's update is
+    unchanged. The default index (len(rows)) moves to send_count.
+    """
+    send_count = lookup.send_count
+    num_unique = tf.size(rows)
+    check = tf.debugging.assert_less_equal(
+        num_unique, send_count,
+        message=(f"sparse_lookup {lookup.name!r} on table {lookup.record.table.table_name!r}: a "
+                 f"batch has more unique IDs than send_count={send_count}; raise send_count or "
+                 "use init(use_dynamic=True)"))
+    with tf.control_dependencies([check]):
+        pad_row = tf.concat([rows, tf.zeros([1], tf.int32)], axis=0)[0]
+        padded = tf.concat([rows, tf.fill([send_count - num_unique], pad_row)], axis=0)
+    padded.set_shape([send_count])
+    restore = tf.where(restore >= num_unique, tf.fill(tf.shape(restore), send_count), restore)
+    return padded, restore
+
+
+def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: tf.Graph):
+    get_next_name = source.get_next.name
+    graph_defs = [trace.subgraph_def(lookup.source, graph) for lookup in lookups]
+    rounds = _key_stage_rounds(lookups)
+
+    def plan(*components):
+        flat_ids, stamps = [], []
+        for index, (lookup, graph_def) in enumerate(zip(lookups, graph_defs)):
+            input_map = {f"{get_next_name}:{i}": components[i]
+                         for i in lookup.source.used_outputs}
+            ids, stamp = tf.compat.v1.import_graph_def(
+                graph_def, input_map=input_map,
+                return_elements=[t.name for t in lookup.key_stage.inputs[:2]],
+                name=f"mxrec_ids_{index}")
+            flat_ids.append(ids)
+            stamps.append(stamp)
+        rows: List[Optional[tf.Tensor]] = [None] * len(lookups)
+        restore: List[Optional[tf.Tensor]] = [None] * len(lookups)
+        reused: List[Optional[tf.Tensor]] = [None] * len(lookups)
+        previous = []
+        for members in rounds:
+            with tf.control_dependencies(previous):
+                unique_rows, restore_index, reused_rows = mxrec_ops.key_stage(
+                    [flat_ids[i] for i in members],
+                    [lookups[i].record.table.table_key for i in members],
+                    lookups[members[0]].record.is_train, timestamp=stamps[members[0]])
+            previous = [unique_rows[0].op]
+            for slot, i in enumerate(members):
+                rows[i], restore[i] = unique_rows[slot], restore_index[slot]
+                reused[i] = reused_rows[slot]
+        for i, lookup in enumerate(lookups):
+            if lookup.send_count is not None:
+                rows[i], restore[i] = _pad_to_send_count(lookup, rows[i], restore[i])
+            restore[i].set_shape(lookup.record.restore.shape)
+        return tuple(components), tuple(rows), tuple(restore), tuple(reused)
+
+    return plan
+
+
+def rebuild(source: trace.IteratorSource, lookups: List[PlannedLookup], is_train: bool,
+            prefetch: int, graph: tf.Graph) -> RewrittenIterator:
+    """Builds the new dataset and iterator for `source`, planning `lookups`."""
+    specs = trace.output_specs(source.get_next)
+    scope = source.get_next.name.replace(":", "_") + "_mxrec"
+    with graph.as_default(), tf.name_scope(scope), tf.device("/device:CPU:0"):
+        if source.kind == trace.ONE_SHOT:
+            # Stateful, so that grappler does not fold the dataset into a constant.
+            variant = tf.raw_ops.StatefulPartitionedCall(
+                args=[], Tout=[tf.variant], f=source.dataset_factory)[0]
+        else:
+            variant = source.dataset_variant
+        dataset = tf.data.experimental.from_variant(variant, specs)
+        dataset = dataset.map(_plan_fn(source, lookups, graph))
+        if prefetch > 0:
+            dataset = dataset.prefetch(prefetch)
+        if source.kind == trace.ONE_SHOT:
+            iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+            initializer = tf.no_op(name="one_shot_initializer")
+        else:
+            iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+            initializer = iterator.initializer
+        outputs, rows, restore, reused = iterator.get_next()
+    return RewrittenIterator(source=source, is_train=is_train, kind=source.kind,
+                             initializer=initializer, outputs=list(outputs), rows=list(rows),
+                             restore=list(restore), reused=list(reused))
