@@ -147,6 +147,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
         if (train) {
           rec->last_seen = timestamp;
           rec->seen_recently = 1;
+          rec->epoch = epoch_;
         }
       }
       if (count) {
@@ -241,6 +242,7 @@ int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred)
     removed += shard.EraseIf([&](const KeyRecord& rec) {
       if (!pred(rec)) return false;
       if (rec.row >= 0) free_rows_.push_back(rec.row);
+      removed_log_.emplace_back(rec.key, epoch_);
       return true;
     });
   }
@@ -283,11 +285,13 @@ TableStats HostTable::Stats() const {
   return stats;
 }
 
-void HostTable::ExportState(TableState* state) const {
+void HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches, TableState* state) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<const KeyRecord*> records;
-  for (const auto& shard : shards_) {
-    shard.ForEach([&](const KeyRecord& rec) { records.push_back(&rec); });
+  std::vector<KeyRecord*> records;
+  for (auto& shard : shards_) {
+    shard.ForEach([&](KeyRecord& rec) {
+      if (since_epoch == 0 || rec.epoch > since_epoch) records.push_back(&rec);
+    });
   }
   std::sort(records.begin(), records.end(), [](const KeyRecord* a, const KeyRecord* b) {
     return a->row != b->row ? a->row < b->row : a->key < b->key;
@@ -304,6 +308,24 @@ void HostTable::ExportState(TableState* state) const {
   state->newest_timestamp = newest_timestamp_;
   state->counting_frozen = counting_frozen_;
   state->access_threshold = admission_.access_threshold;
+  if (since_epoch > 0) {
+    for (const auto& [key, epoch] : removed_log_) {
+      if (epoch > since_epoch) state->removed.push_back(key);
+    }
+  }
+  state->epoch = epoch_++;
+  for (auto& shard : shards_) {
+    shard.ForEach([&](KeyRecord& rec) {
+      if (InFlight(rec, protect_batches)) rec.epoch = epoch_;
+    });
+  }
+}
+
+void HostTable::PruneRemovedLog(uint32_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  removed_log_.erase(std::remove_if(removed_log_.begin(), removed_log_.end(),
+                                    [epoch](const auto& entry) { return entry.second <= epoch; }),
+                     removed_log_.end());
 }
 
 Status HostTable::ImportState(const TableState& state) {
@@ -361,6 +383,7 @@ Status HostTable::ImportState(const TableState& state) {
   counting_frozen_ = state.counting_frozen;
   admission_.access_threshold = state.access_threshold;
   stamp_ = 0;
+  removed_log_.clear();
   return Status::Ok();
 }
 

@@ -65,6 +65,10 @@ struct TableState {
   int64_t newest_timestamp = -1;
   bool counting_frozen = false;
   double access_threshold = 0.0;
+  // Delta exports only: IDs removed since the base epoch (in removal order).
+  std::vector<int64_t> removed;
+  // The save epoch this export closed; pass it as since_epoch of the next delta.
+  uint32_t epoch = 0;
 };
 
 struct TableStats {
@@ -121,9 +125,15 @@ class HostTable {
 
   TableStats Stats() const;
 
-  // Copies the whole host state out, IDs ordered by (row, key) so that equal
-  // states export equal arrays.
-  void ExportState(TableState* state) const;
+  // Copies the host state out, IDs ordered by (row, key) so that equal states
+  // export equal arrays, and closes a save epoch. since_epoch == 0 exports
+  // every ID; otherwise only IDs changed after that epoch and the IDs removed
+  // since (a delta). IDs of the last `protect_batches` planned batches stay
+  // marked as changed for the next delta too: their rows may be updated by
+  // a step that has not run yet.
+  void ExportState(uint32_t since_epoch, uint32_t protect_batches, TableState* state);
+  // Forgets removals logged up to `epoch` (after a full save at that epoch).
+  void PruneRemovedLog(uint32_t epoch);
   // Replaces the whole host state; checks that rows are unique and in range.
   Status ImportState(const TableState& state);
 
@@ -145,6 +155,8 @@ class HostTable {
   bool counting_frozen_ = false;
   AdmissionOptions admission_;
   std::shared_ptr<SharedCounts> shared_counts_;
+  uint32_t epoch_ = 1;
+  std::vector<std::pair<int64_t, uint32_t>> removed_log_;
   int64_t newest_timestamp_ = -1;
   TableStats stats_;
 };

@@ -46,7 +46,7 @@ class MxrecExportTableOp : public TableOpBase {
 
   void Compute(OpKernelContext* ctx) override {
     mxrec::TableState state;
-    table_->ExportState(&state);
+    table_->ExportState(/*since_epoch=*/0, /*protect_batches=*/0, &state);
     OP_REQUIRES_OK(ctx, Emit(ctx, 0, state.keys));
     OP_REQUIRES_OK(ctx, Emit(ctx, 1, state.rows));
     OP_REQUIRES_OK(ctx, Emit(ctx, 2, state.counts));

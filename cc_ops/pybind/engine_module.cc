@@ -181,4 +181,55 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       py::arg("key"), py::arg("threshold"), py::arg("protect_batches") = 0);
   m.def("newest_timestamp", [](const std::string& key) { return Table(key)->newest_timestamp(); });
   m.def("wall_clock_seconds", &WallClockSeconds);
+  m.def(
+      "export_state",
+      [](const std::string& key, uint32_t since_epoch, uint32_t protect_batches) {
+        std::shared_ptr<HostTable> table = Table(key);
+        TableState state;
+        {
+          py::gil_scoped_release release;
+          table->ExportState(since_epoch, protect_batches, &state);
+        }
+        py::dict d;
+        d["keys"] = ToArray(state.keys);
+        d["rows"] = ToArray(state.rows);
+        d["counts"] = ToArray(state.counts);
+        d["last_seen"] = ToArray(state.last_seen);
+        d["free_rows"] = ToArray(state.free_rows);
+        d["removed"] = ToArray(state.removed);
+        d["next_row"] = state.next_row;
+        d["newest_timestamp"] = state.newest_timestamp;
+        d["counting_frozen"] = state.counting_frozen;
+        d["access_threshold"] = state.access_threshold;
+        d["epoch"] = state.epoch;
+        return d;
+      },
+      py::arg("key"), py::arg("since_epoch") = 0, py::arg("protect_batches") = 0);
+  m.def(
+      "import_state",
+      [](const std::string& key, py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
+         py::array_t<int32_t, py::array::c_style | py::array::forcecast> rows,
+         py::array_t<float, py::array::c_style | py::array::forcecast> counts,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> last_seen,
+         py::array_t<int32_t, py::array::c_style | py::array::forcecast> free_rows,
+         int64_t next_row, int64_t newest_timestamp, bool counting_frozen,
+         double access_threshold) {
+        TableState state;
+        state.keys.assign(keys.data(), keys.data() + keys.size());
+        state.rows.assign(rows.data(), rows.data() + rows.size());
+        state.counts.assign(counts.data(), counts.data() + counts.size());
+        state.last_seen.assign(last_seen.data(), last_seen.data() + last_seen.size());
+        state.free_rows.assign(free_rows.data(), free_rows.data() + free_rows.size());
+        state.next_row = next_row;
+        state.newest_timestamp = newest_timestamp;
+        state.counting_frozen = counting_frozen;
+        state.access_threshold = access_threshold;
+        RaiseIfError(Table(key)->ImportState(state));
+      },
+      py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
+      py::arg("free_rows"), py::arg("next_row"), py::arg("newest_timestamp"),
+      py::arg("counting_frozen"), py::arg("access_threshold"));
+  m.def("prune_removed_log", [](const std::string& key, uint32_t epoch) {
+    Table(key)->PruneRemovedLog(epoch);
+  });
 }
