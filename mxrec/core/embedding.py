@@ -12,6 +12,7 @@ The gradient reaches the table as IndexedSlices over the unique rows, which
 the hash optimizers in `mxrec.optimizers` apply to the touched rows only.
 """
 
+import weakref
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -28,8 +29,19 @@ SPARSE_TABLE_COLLECTION = "mxrec_sparse_tables"
 # Without one, the host key stage stamps IDs with the wall clock.
 TIMESTAMP_COLLECTION = "mxrec_batch_timestamp"
 _EVICT_CONFIG_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient")
-# Lookups made with modify_graph=True, for the graph modifier to rewire.
-LOOKUP_COLLECTION = "mxrec_modify_graph_lookups"
+# Lookups made with modify_graph=True, per graph, for the graph modifier to
+# rewire. Kept beside the graph rather than in a graph collection, which
+# MetaGraph export would try (and fail) to serialise.
+_MODIFY_GRAPH_LOOKUPS = weakref.WeakKeyDictionary()
+
+
+def _modify_graph_lookups(graph) -> List["LookupRecord"]:
+    return _MODIFY_GRAPH_LOOKUPS.setdefault(graph, [])
+
+
+def modify_graph_lookups(graph) -> List["LookupRecord"]:
+    """The lookups of `graph` made with modify_graph=True, in creation order."""
+    return list(_MODIFY_GRAPH_LOOKUPS.get(graph, ()))
 _KEY_DTYPES = (tf.int32, tf.int64)
 
 
@@ -41,7 +53,8 @@ class SparseEmbedding:
         dim: row width.
         key_dtype: tf.int32 or tf.int64.
         device_vocabulary_size: rows in the device table.
-        variable: the device table, a resource variable [device_vocabulary_size, dim].
+        variable: the device table, a resource variable [device_vocabulary_size, dim]
+            (one row more under init(use_dynamic=False): the padding row).
         table_key: the engine's key of the host state.
     """
 
@@ -55,6 +68,7 @@ class SparseEmbedding:
         padding_keys: Sequence[int],
         value_dtype: tf.DType,
         table_key: str,
+        static_shapes: bool = False,
     ):
         self.table_name = name
         self.key_dtype = key_dtype
@@ -70,10 +84,14 @@ class SparseEmbedding:
         self._last_key_stage = {}
         self._reused_rows = {}
         self.can_reinitialize = True
+        # With static shapes the planned rows are padded to send_count; the
+        # padding points at one extra row that no ID ever gets.
+        self.pad_row = device_vocabulary_size if static_shapes else None
+        rows = device_vocabulary_size + (1 if static_shapes else 0)
         with tf.device(accelerator_device()):
             self.variable = tf.compat.v1.get_variable(
                 name,
-                shape=[device_vocabulary_size, dim],
+                shape=[rows, dim],
                 dtype=value_dtype,
                 initializer=initializer,
                 trainable=False,
@@ -273,7 +291,8 @@ def create_table(
         # USE_COMBINE_FAAE: one admission count per ID over all tables.
         loader.engine().share_counts(table_key, runtime.table_key("__combined_faae__"))
     table = SparseEmbedding(name, key_dtype, int(dim), initializer, int(device_vocabulary_size),
-                            padding_keys, value_dtype, table_key)
+                            padding_keys, value_dtype, table_key,
+                            static_shapes=not runtime.config.use_dynamic)
     if is_save:
         host_state.register(name, table_key)
     runtime.tables[name] = table
@@ -394,10 +413,14 @@ def sparse_lookup(
     Example:
         >>> emb = sparse_lookup(table, ids)  # ids [4096, 26] -> emb [4096, 26, dim]
     """
-    del batch, dim, kwargs
+    del dim, kwargs
     if not isinstance(hashtable, SparseEmbedding):
         raise TypeError(f"sparse_lookup: hashtable must come from create_table, "
                         f"got {type(hashtable).__name__}")
+    from mxrec.core.asc.feature_spec import FeatureSpec
+
+    if isinstance(ids, FeatureSpec):
+        return _feature_spec_lookup(hashtable, ids, batch, is_train, name)
     if access_and_evict_config:
         _apply_access_and_evict_config(hashtable, access_and_evict_config)
     ids = _validate_ids(hashtable, ids)
@@ -412,26 +435,56 @@ def sparse_lookup(
         previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
         if previous is not None:
             rows.op._add_control_input(previous)
-        if is_train:
-            # Rows freed by eviction and handed to new IDs start again from the
-            # initializer; the hash optimizers reset their slots.
-            hashtable.register_reused_rows(graph, reused)
-            fresh = hashtable.initial_rows(tf.size(reused))
-            if fresh is None:
-                hashtable.can_reinitialize = False
-                deps = []
-            else:
-                deps = [hashtable.variable.scatter_update(tf.IndexedSlices(fresh, reused))]
-        else:
-            deps = []
-        with tf.control_dependencies(deps):
-            unique_emb = tf.gather(hashtable.variable, rows)
-        emb = _restore_rows(unique_emb, restore)
-        out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [hashtable.dim]], axis=0)
-        out = tf.reshape(emb, out_shape)
-        out.set_shape(ids.shape.concatenate([hashtable.dim]))
+        out = _lookup_planned(hashtable, ids, rows, restore, reused, is_train)
     if modify_graph:
-        tf.compat.v1.add_to_collection(
-            LOOKUP_COLLECTION,
+        _modify_graph_lookups(graph).append(
             LookupRecord(hashtable, ids, rows, restore, reused, is_train, send_count))
     return out
+
+
+def _lookup_planned(table: SparseEmbedding, ids, rows, restore, reused, is_train: bool):
+    """The device side of a lookup, from the key stage's plan."""
+    if is_train:
+        # Rows freed by eviction and handed to new IDs start again from the
+        # initializer; the hash optimizers reset their slots.
+        graph = tf.compat.v1.get_default_graph()
+        table.register_reused_rows(graph, reused)
+        fresh = table.initial_rows(tf.size(reused))
+        if fresh is None:
+            table.can_reinitialize = False
+            deps = []
+        else:
+            deps = [table.variable.scatter_update(tf.IndexedSlices(fresh, reused))]
+    else:
+        deps = []
+    with tf.control_dependencies(deps):
+        unique_emb = tf.gather(table.variable, rows)
+    emb = _restore_rows(unique_emb, restore)
+    out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [table.dim]], axis=0)
+    out = tf.reshape(emb, out_shape)
+    out.set_shape(ids.shape.concatenate([table.dim]))
+    return out
+
+
+def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, name):
+    """Lookup of IDs that get_asc_insert_func already planned in the dataset."""
+    from mxrec.core.asc.helper import planned_tensors
+
+    if batch is None:
+        raise ValueError(f"sparse_lookup on table {table.table_name!r} with FeatureSpec "
+                         f"{spec.name!r}: pass batch=iterator.get_next() of the dataset mapped "
+                         "by get_asc_insert_func")
+    if spec.table_name != table.table_name:
+        raise ValueError(f"FeatureSpec {spec.name!r} names table {spec.table_name!r}, not "
+                         f"{table.table_name!r}")
+    if spec.access_threshold is not None:
+        config = {"access_threshold": spec.access_threshold,
+                  "faae_coefficient": spec.faae_coefficient}
+        if spec.eviction_threshold is not None:
+            config["eviction_threshold"] = spec.eviction_threshold
+        _apply_access_and_evict_config(table, config)
+    features = batch[0] if isinstance(batch, (tuple, list)) else batch
+    ids = _validate_ids(table, features[spec.ids_key])
+    rows, restore, reused = planned_tensors(batch, spec)
+    with tf.name_scope(name or f"{table.table_name}_lookup"):
+        return _lookup_planned(table, ids, rows, restore, reused, is_train)

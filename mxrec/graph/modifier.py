@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from mxrec.core.embedding import LOOKUP_COLLECTION
+from mxrec.core.embedding import modify_graph_lookups
 from mxrec.graph import pipeline, trace
 from mxrec.util.initialize import get_config_initializer
 
@@ -136,7 +136,7 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     graph = full_graph if full_graph is not None else tf.compat.v1.get_default_graph()
     config = get_config_initializer().config
     state = _state(graph)
-    records = [r for r in graph.get_collection(LOOKUP_COLLECTION) if not state.is_done(r)]
+    records = [r for r in modify_graph_lookups(graph) if not state.is_done(r)]
     if dump_graph:
         _dump(graph, dump_dir, "graph_before_modify.pbtxt")
     if not records:

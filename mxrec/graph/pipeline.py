@@ -94,11 +94,13 @@ def _key_stage_rounds(lookups: List[PlannedLookup]) -> List[List[int]]:
 
 
 def _pad_to_send_count(lookup: PlannedLookup, rows: tf.Tensor, restore: tf.Tensor):
-    """Pads unique rows to send_count with a copy of the first row.
+    """Pads unique rows to send_count with the table's padding row.
 
-    The padding positions get no restore index, so their gradient is exactly
-    zero; the optimizers sum duplicate rows, so the copied row's update is
-    unchanged. The default index (len(rows)) moves to send_count.
+    Tables built under init(use_dynamic=False) have one device row more than
+    device_vocabulary_size, never given to an ID; the padding points there, so
+    whatever an optimizer does to it (Adam's moments move even on a zero
+    gradient) touches no ID's row. The default index (len(rows)) moves to
+    send_count.
     """
     send_count = lookup.send_count
     num_unique = tf.size(rows)
@@ -108,7 +110,7 @@ def _pad_to_send_count(lookup: PlannedLookup, rows: tf.Tensor, restore: tf.Tenso
                  f"batch has more unique IDs than send_count={send_count}; raise send_count or "
                  "use init(use_dynamic=True)"))
     with tf.control_dependencies([check]):
-        pad_row = tf.concat([rows, tf.zeros([1], tf.int32)], axis=0)[0]
+        pad_row = tf.constant(lookup.record.table.pad_row, tf.int32)
         padded = tf.concat([rows, tf.fill([send_count - num_unique], pad_row)], axis=0)
     padded.set_shape([send_count])
     restore = tf.where(restore >= num_unique, tf.fill(tf.shape(restore), send_count), restore)
