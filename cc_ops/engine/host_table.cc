@@ -169,6 +169,8 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   std::vector<std::vector<int32_t>> global(kNumShards);
   for (int s = 0; s < kNumShards; ++s) global[s].assign(uniques[s].size(), kUnassigned);
   int64_t shortfall = 0;
+  // Rows handed out by this batch, to take back if the batch cannot be planned.
+  std::vector<std::pair<KeyRecord*, bool>> granted;  // (record, row came from free_rows_)
   int64_t non_padding = 0;
   int64_t defaults = 0;
   for (int64_t p = 0; p < n; ++p) {
@@ -186,8 +188,10 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
           rec->row = free_rows_.back();
           free_rows_.pop_back();
           plan->reused_rows.push_back(rec->row);
+          granted.emplace_back(rec, true);
         } else if (next_row_ < options_.device_capacity) {
           rec->row = static_cast<int32_t>(next_row_++);
+          granted.emplace_back(rec, false);
         } else {
           ++shortfall;
         }
@@ -211,6 +215,19 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     stats_.rejected += defaults;
   }
   if (shortfall > 0) {
+    // The step will not run, so no row may keep an ID it was given here: a reused
+    // row would otherwise serve the new ID with the evicted ID's trained values.
+    for (auto it = granted.rbegin(); it != granted.rend(); ++it) {
+      if (it->second) {
+        free_rows_.push_back(it->first->row);
+      } else {
+        --next_row_;
+      }
+      it->first->row = -1;
+    }
+    stats_.admitted -= static_cast<int64_t>(granted.size());
+    plan->unique_rows.clear();
+    plan->reused_rows.clear();
     return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
                        "' is full: all ", options_.device_capacity,
                        " rows (device_vocabulary_size) are in use and this batch brings ",
@@ -241,7 +258,11 @@ int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred)
   for (auto& shard : shards_) {
     removed += shard.EraseIf([&](const KeyRecord& rec) {
       if (!pred(rec)) return false;
-      if (rec.row >= 0) free_rows_.push_back(rec.row);
+      if (rec.row >= 0) {
+        free_rows_.push_back(rec.row);
+        ++stats_.evicted_rows;
+      }
+      if (shared_counts_) shared_counts_->Erase(rec.key, HashKey(rec.key));
       removed_log_.emplace_back(rec.key, epoch_);
       return true;
     });
@@ -266,7 +287,7 @@ int64_t HostTable::Shrink(int threshold, uint32_t protect_batches) {
       if (rec.seen_recently) {
         rec.age = 0;
         rec.seen_recently = 0;
-      } else if (rec.age < 255) {
+      } else if (rec.age < UINT16_MAX) {
         ++rec.age;
       }
     });

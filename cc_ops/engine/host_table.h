@@ -78,7 +78,8 @@ struct TableStats {
   int64_t ids_seen = 0;       // occurrences of IDs in training batches
   int64_t admitted = 0;       // IDs given a row so far
   int64_t rejected = 0;       // occurrences that looked up as default (not admitted)
-  int64_t evicted = 0;        // IDs removed by eviction or shrink
+  int64_t evicted = 0;        // IDs removed by eviction or shrink (admitted or not)
+  int64_t evicted_rows = 0;   // of those, IDs that held a row (rows freed)
   int64_t train_batches = 0;
   int64_t eval_batches = 0;
 };

@@ -21,7 +21,7 @@ struct KeyRecord {
   int32_t local = 0;
   uint32_t epoch = 0;  // save epoch of the last change, for delta checkpoints
   uint8_t used = 0;
-  uint8_t age = 0;          // shrink() calls since the ID was last seen, saturating
+  uint16_t age = 0;         // shrink() calls since the ID was last seen, saturating
   uint8_t seen_recently = 0;  // seen in training since the last shrink()
 };
 

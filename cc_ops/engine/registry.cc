@@ -19,7 +19,8 @@ Registry& Registry::Global() {
 Registry::Registry() : pool_(std::make_shared<ThreadPool>(1)) {}
 
 Status Registry::CreateTable(const std::string& key, const TableOptions& options,
-                             std::shared_ptr<HostTable>* table) {
+                             std::shared_ptr<HostTable>* table, bool* created) {
+  if (created != nullptr) *created = false;
   if (options.dim <= 0) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options.name,
                        "': dim must be positive, got ", options.dim);
@@ -42,6 +43,7 @@ Status Registry::CreateTable(const std::string& key, const TableOptions& options
   }
   *table = std::make_shared<HostTable>(options);
   tables_[key] = *table;
+  if (created != nullptr) *created = true;
   return Status::Ok();
 }
 

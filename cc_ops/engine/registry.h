@@ -26,8 +26,9 @@ class Registry {
 
   // Creates the table under `key`, or returns the existing one when its
   // options are the same (an Estimator rebuilds the graph for each mode).
+  // `created` tells whether the table is new.
   Status CreateTable(const std::string& key, const TableOptions& options,
-                     std::shared_ptr<HostTable>* table);
+                     std::shared_ptr<HostTable>* table, bool* created = nullptr);
   Status GetTable(const std::string& key, std::shared_ptr<HostTable>* table) const;
   // Drops every table whose key starts with prefix; returns how many.
   int DropPrefix(const std::string& prefix);

@@ -20,6 +20,13 @@ class SharedCounts {
     return shard.counts[key] += weight;
   }
 
+  // Forgets key's count: an evicted ID starts counting again from zero.
+  void Erase(int64_t key, uint64_t hash) {
+    Shard& shard = shards_[hash % kNumShards];
+    std::lock_guard<std::mutex> lock(shard.mu);
+    shard.counts.erase(key);
+  }
+
  private:
   struct Shard {
     std::mutex mu;

@@ -90,11 +90,16 @@ PYBIND11_MODULE(_mxrec_engine, m) {
         options.device_capacity = capacity;
         options.padding_keys = padding_keys;
         std::shared_ptr<HostTable> table;
-        RaiseIfError(Registry::Global().CreateTable(key, options, &table));
-        AdmissionOptions admission;
-        admission.access_threshold = access_threshold;
-        admission.faae_coefficient = faae_coefficient;
-        table->ConfigureAdmission(admission);
+        bool created = false;
+        RaiseIfError(Registry::Global().CreateTable(key, options, &table, &created));
+        // An existing table (the same model built again in another graph) keeps
+        // the admission policy it has, which training may have changed.
+        if (created) {
+          AdmissionOptions admission;
+          admission.access_threshold = access_threshold;
+          admission.faae_coefficient = faae_coefficient;
+          table->ConfigureAdmission(admission);
+        }
       },
       py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
       py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
@@ -147,6 +152,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
     d["admitted"] = s.admitted;
     d["rejected"] = s.rejected;
     d["evicted"] = s.evicted;
+    d["evicted_rows"] = s.evicted_rows;
     d["train_batches"] = s.train_batches;
     d["eval_batches"] = s.eval_batches;
     return d;
@@ -173,7 +179,9 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def(
       "shrink",
       [](const std::string& key, int threshold, uint32_t protect_batches) {
-        if (threshold < 1) throw py::value_error("shrink threshold must be >= 1");
+        if (threshold < 1 || threshold > UINT16_MAX) {
+          throw py::value_error("shrink threshold must be in [1, 65535]");
+        }
         std::shared_ptr<HostTable> table = Table(key);
         py::gil_scoped_release release;
         return table->Shrink(threshold, protect_batches);

@@ -69,6 +69,7 @@ class SparseEmbedding:
         value_dtype: tf.DType,
         table_key: str,
         static_shapes: bool = False,
+        key_stage_chain: Optional[Dict] = None,
     ):
         self.table_name = name
         self.key_dtype = key_dtype
@@ -81,7 +82,9 @@ class SparseEmbedding:
         self.access_and_evict_config: Optional[Dict] = None
         self.eviction_threshold: Optional[int] = None
         self.optimizers: List[tf.compat.v1.train.Optimizer] = []
-        self._last_key_stage = {}
+        # (graph, is_train) -> the last key-stage op; shared by all tables when
+        # they share admission counts, so that every table plans in lookup order.
+        self._last_key_stage = {} if key_stage_chain is None else key_stage_chain
         self._reused_rows = {}
         self.can_reinitialize = True
         # With static shapes the planned rows are padded to send_count; the
@@ -292,7 +295,9 @@ def create_table(
         loader.engine().share_counts(table_key, runtime.table_key("__combined_faae__"))
     table = SparseEmbedding(name, key_dtype, int(dim), initializer, int(device_vocabulary_size),
                             padding_keys, value_dtype, table_key,
-                            static_shapes=not runtime.config.use_dynamic)
+                            static_shapes=not runtime.config.use_dynamic,
+                            key_stage_chain=(runtime.shared_key_stage_chain
+                                             if runtime.config.use_combine_faae else None))
     if is_save:
         host_state.register(name, table_key)
     runtime.tables[name] = table
@@ -329,7 +334,12 @@ def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
                          "access_and_evict_config; one table has one policy")
     table.access_and_evict_config = dict(config)
     table.eviction_threshold = None if eviction is None else int(eviction)
-    table.configure_admission(access_threshold=access or 0, faae_coefficient=coefficient)
+    # The host table outlives graphs: configure it once per policy, so that
+    # rebuilding the model (an Estimator's next mode) keeps set_threshold changes.
+    applied = get_config_initializer().admission_configs
+    if applied.get(table.table_name) != config:
+        table.configure_admission(access_threshold=access or 0, faae_coefficient=coefficient)
+        applied[table.table_name] = dict(config)
 
 
 def _batch_timestamp() -> Optional[tf.Tensor]:

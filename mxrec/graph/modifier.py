@@ -90,7 +90,9 @@ def _retire_key_stage(graph: tf.Graph, key_stage: tf.Operation, record) -> None:
         for index, tensor in enumerate(list(key_stage.inputs)):
             if tensor.dtype in (tf.int32, tf.int64) and tensor.shape.rank == 1:
                 with tf.control_dependencies([fail]):
-                    empty = tf.zeros([0], tensor.dtype)
+                    # Unknown length, so it fits an input of any static length.
+                    empty = tf.compat.v1.placeholder_with_default(
+                        tf.zeros([0], tensor.dtype), shape=[None])
                 key_stage._update_input(index, empty)  # pylint: disable=protected-access
     # Later direct lookups of the table must not chain onto the retired op.
     chain = record.table._last_key_stage  # pylint: disable=protected-access

@@ -132,6 +132,8 @@ class ConfigInitializer:
         self.config = config
         self.prefix = f"mxrec{os.getpid()}_{next(self._serial)}"
         self.tables: Dict[str, object] = {}
+        self.admission_configs: Dict[str, Dict] = {}
+        self.shared_key_stage_chain: Dict = {}
         self.train_iterator_initializers: List[object] = []
         self.eval_iterator_initializers: List[object] = []
         loader.engine().set_num_threads(config.key_process_thread_num)
@@ -142,6 +144,8 @@ class ConfigInitializer:
     def close(self):
         loader.engine().drop_prefix(self.prefix + "/")
         self.tables.clear()
+        self.admission_configs.clear()
+        self.shared_key_stage_chain.clear()
 
 
 _current: Optional[ConfigInitializer] = None

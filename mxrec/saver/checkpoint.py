@@ -1,0 +1,477 @@
+"""Full and delta checkpoints of mxrec models, atomic and verified.
+
+Layout of a checkpoint directory (any filesystem tf.io.gfile knows):
+
+    <dir>/full-000000001000/            a full save at step 1000
+        manifest.json                   written last: step, kind, chain, files, sha256s
+        dense.npz                       every dense variable (and optimizer non-slot state)
+        table-000.npz ...               one per mxrec table: host arrays, rows, slot rows
+    <dir>/delta-000000001100/           a delta: IDs changed or removed since the last save
+        ...
+    <dir>/.tmp-...                      a save in progress; never read
+
+A full save holds every tracked ID of every table (row, admission count,
+last-seen time), the device rows of admitted IDs and their optimizer slots,
+and all dense variables. A delta holds the same for the IDs changed since the
+previous save (full or delta), the IDs removed since then, and all dense
+variables. A save is written into a `.tmp-` folder and made visible by one
+rename, so a process killed mid-save leaves the earlier versions as they
+were. Restore loads a full save and applies its deltas in order, after
+checking every file's size and SHA-256 against the manifest and that each
+delta's predecessor exists.
+
+Example:
+    >>> saver = Saver("/data/ckpt")
+    >>> saver.save(sess, step=100)                  # full
+    >>> saver.save(sess, step=110, kind="delta")    # only what changed since step 100
+    >>> Saver("/data/ckpt").restore(sess)            # full@100 + delta@110
+"""
+
+import hashlib
+import io
+import json
+import posixpath
+import re
+import time
+import uuid
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from mxrec._lib import loader
+from mxrec.util.initialize import get_config_initializer
+
+FORMAT_VERSION = 1
+_VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
+_HOST_SCALARS = ("next_row", "newest_timestamp", "counting_frozen", "access_threshold")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupted, or does not fit the model."""
+
+
+def _version_name(kind: str, step: int) -> str:
+    return f"{kind}-{step:012d}"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+class _TableIO:
+    """The graph ops that read and write one table's rows and slot rows."""
+
+    def __init__(self, table):
+        self.table = table
+        self.slots: Dict[str, tf.Variable] = {}
+        for optimizer in table.optimizers:
+            for slot_name in optimizer.get_slot_names():
+                slot = optimizer.get_slot(table.variable, slot_name)
+                if slot is not None:
+                    self.slots[f"{optimizer.get_name()}/{slot_name}"] = slot
+        with tf.name_scope(f"mxrec_checkpoint/{table.table_name}"):
+            self.rows = tf.compat.v1.placeholder(tf.int32, [None], name="rows")
+            variables = {"embedding": table.variable, **self.slots}
+            self.read = {name: tf.gather(var, self.rows) for name, var in variables.items()}
+            self.values = {name: tf.compat.v1.placeholder(var.dtype.base_dtype,
+                                                          [None, table.dim])
+                           for name, var in variables.items()}
+            self.write = tf.group(*[
+                var.scatter_update(tf.IndexedSlices(self.values[name], self.rows))
+                for name, var in variables.items()])
+
+    def state_names(self) -> List[str]:
+        return ["embedding", *self.slots]
+
+
+class Saver:
+    """Writes and reads full and delta checkpoints of the tables of the current init().
+
+    Args:
+        directory: where versions live.
+        max_to_keep: full versions kept (with their deltas); older ones are deleted
+            after a successful full save. None keeps all.
+        protect_batches: IDs of the last this-many planned batches count as changed
+            in the next delta too (their step may not have run at save time);
+            defaults to prefetch_batch_number + 2.
+    """
+
+    def __init__(self, directory: str, max_to_keep: Optional[int] = 5,
+                 protect_batches: Optional[int] = None):
+        runtime = get_config_initializer()
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"Saver: max_to_keep must be >= 1 or None, got {max_to_keep}")
+        self.directory = directory
+        self.max_to_keep = max_to_keep
+        self.protect_batches = (runtime.config.prefetch_batch_number + 2
+                                if protect_batches is None else protect_batches)
+        self._tables = [_TableIO(t) for _, t in sorted(runtime.tables.items())
+                        if t.variable.graph is tf.compat.v1.get_default_graph()]
+        sparse = {t.table.variable.ref() for t in self._tables}
+        sparse |= {slot.ref() for t in self._tables for slot in t.slots.values()}
+        self._dense = [v for v in tf.compat.v1.global_variables() if v.ref() not in sparse]
+        with tf.name_scope("mxrec_checkpoint/dense"):
+            self._dense_feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
+                                 for v in self._dense]
+            self._dense_assign = tf.group(*[v.assign(feed) for v, feed in
+                                            zip(self._dense, self._dense_feeds)])
+        self._last_epochs: Optional[Dict[str, int]] = None
+        self._last_step: Optional[int] = None
+        self._last_full: Optional[int] = None
+
+    # ----------------------------------------------------------------- saving
+
+    def save(self, session, step: int, kind: str = "full") -> str:
+        """Writes a version; returns its path. kind: "full" or "delta".
+
+        A delta needs an earlier save by this Saver (or a restore) to be based on.
+        """
+        if kind not in ("full", "delta"):
+            raise ValueError(f"Saver.save: kind must be 'full' or 'delta', got {kind!r}")
+        if kind == "delta" and self._last_epochs is None:
+            raise CheckpointError("Saver.save(kind='delta') needs a full save (or a restore) "
+                                  "first: a delta holds only what changed since the last save")
+        step = int(step)
+        engine = loader.engine()
+        files: Dict[str, bytes] = {}
+        tables_meta = {}
+        epochs = {}
+        for index, io_ in enumerate(self._tables):
+            table = io_.table
+            since = 0 if kind == "full" else self._last_epochs.get(table.table_name, 0)
+            host = engine.export_state(table.table_key, since, self.protect_batches)
+            epochs[table.table_name] = int(host["epoch"])
+            admitted = host["rows"] >= 0
+            rows = host["rows"][admitted]
+            values = session.run(io_.read, {io_.rows: rows}) if len(rows) else {
+                name: np.zeros((0, table.dim), np.float32) for name in io_.state_names()}
+            arrays = {f"host/{k}": host[k] for k in
+                      ("keys", "rows", "counts", "last_seen", "free_rows", "removed")}
+            arrays["host/scalars"] = np.array(
+                [host["next_row"], host["newest_timestamp"], int(host["counting_frozen"])],
+                np.int64)
+            arrays["host/access_threshold"] = np.array(host["access_threshold"], np.float64)
+            arrays.update({f"state/{name}": value for name, value in values.items()})
+            file_name = f"table-{index:03d}.npz"
+            files[file_name] = _npz_bytes(arrays)
+            tables_meta[table.table_name] = {"file": file_name, "dim": table.dim,
+                                             "ids": int(len(host["keys"])),
+                                             "removed": int(len(host["removed"])),
+                                             "state": io_.state_names()}
+        dense_values = session.run(self._dense)
+        files["dense.npz"] = _npz_bytes(
+            {v.op.name: value for v, value in zip(self._dense, dense_values)})
+        manifest = {
+            "format": FORMAT_VERSION,
+            "kind": kind,
+            "step": step,
+            "base": step if kind == "full" else self._last_full,
+            "previous": None if kind == "full" else self._last_step,
+            "time": time.time(),
+            "tables": tables_meta,
+            "files": {name: {"bytes": len(data), "sha256": _sha256(data)}
+                      for name, data in files.items()},
+        }
+        path = self._write_atomically(_version_name(kind, step), files, manifest)
+        self._last_epochs = epochs
+        self._last_step = step
+        if kind == "full":
+            self._last_full = step
+            for io_ in self._tables:
+                engine.prune_removed_log(io_.table.table_key, epochs[io_.table.table_name])
+            self._delete_old_versions()
+        logging.info("mxrec checkpoint: wrote %s", path)
+        return path
+
+    def _write_atomically(self, name: str, files: Dict[str, bytes], manifest: Dict) -> str:
+        gfile = tf.io.gfile
+        gfile.makedirs(self.directory)
+        final = posixpath.join(self.directory, name)
+        if gfile.exists(final):
+            raise CheckpointError(f"checkpoint {final} already exists; save under another step")
+        tmp = posixpath.join(self.directory, f".tmp-{name}-{uuid.uuid4().hex}")
+        gfile.makedirs(tmp)
+        for file_name, data in files.items():
+            with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
+                f.write(data)
+        with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True))
+        gfile.rename(tmp, final)
+        return final
+
+    def _delete_old_versions(self):
+        if self.max_to_keep is None:
+            return
+        fulls = [step for kind, step in self.versions() if kind == "full"]
+        if len(fulls) <= self.max_to_keep:
+            return
+        oldest_kept = fulls[-self.max_to_keep]
+        for kind, step in self.versions():
+            if step < oldest_kept:
+                tf.io.gfile.rmtree(posixpath.join(self.directory, _version_name(kind, step)))
+
+    # ---------------------------------------------------------------- reading
+
+    def versions(self) -> List[Tuple[str, int]]:
+        """(kind, step) of every complete version, by step."""
+        if not tf.io.gfile.isdir(self.directory):
+            return []
+        found = []
+        for entry in tf.io.gfile.listdir(self.directory):
+            match = _VERSION_RE.match(entry.rstrip("/"))
+            if match:
+                found.append((match.group(1), int(match.group(2))))
+        return sorted(found, key=lambda item: (item[1], item[0] == "delta"))
+
+    def _read_version(self, kind: str, step: int):
+        path = posixpath.join(self.directory, _version_name(kind, step))
+        manifest_path = posixpath.join(path, "manifest.json")
+        if not tf.io.gfile.exists(manifest_path):
+            raise CheckpointError(f"checkpoint {path} has no manifest.json: it is incomplete")
+        try:
+            with tf.io.gfile.GFile(manifest_path, "r") as f:
+                manifest = json.loads(f.read())
+        except ValueError as err:
+            raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupted: {err}") \
+                from None
+        if manifest.get("format") != FORMAT_VERSION:
+            raise CheckpointError(f"checkpoint {path} has format {manifest.get('format')!r}; "
+                                  f"this mxrec reads format {FORMAT_VERSION}")
+        arrays = {}
+        for file_name, expect in manifest["files"].items():
+            file_path = posixpath.join(path, file_name)
+            if not tf.io.gfile.exists(file_path):
+                raise CheckpointError(f"checkpoint file {file_path} is missing")
+            with tf.io.gfile.GFile(file_path, "rb") as f:
+                data = f.read()
+            if len(data) != expect["bytes"]:
+                raise CheckpointError(f"checkpoint file {file_path} is truncated: "
+                                      f"{len(data)} bytes, the manifest says {expect['bytes']}")
+            if _sha256(data) != expect["sha256"]:
+                raise CheckpointError(f"checkpoint file {file_path} is corrupted: its SHA-256 "
+                                      "does not match the manifest")
+            with np.load(io.BytesIO(data)) as npz:
+                arrays[file_name] = {key: npz[key] for key in npz.files}
+        return manifest, arrays
+
+    def _chain(self, version: Optional[int]) -> List[Tuple[str, int]]:
+        """The full save and the deltas to apply, for `version` (a step) or the latest."""
+        versions = self.versions()
+        if version is not None:
+            versions = [v for v in versions if v[1] <= version]
+            if not any(step == version for _, step in versions):
+                raise CheckpointError(f"no checkpoint at step {version} in {self.directory} "
+                                      "(restore_model_version)")
+        fulls = [step for kind, step in versions if kind == "full"]
+        if not fulls:
+            raise CheckpointError(f"no full checkpoint in {self.directory}"
+                                  + ("" if version is None else f" at or before step {version}"))
+        base = fulls[-1]
+        return [("full", base)] + [(k, s) for k, s in versions if k == "delta" and s > base]
+
+    def restore(self, session, version: Optional[int] = None) -> int:
+        """Loads the latest version, or the one saved at step `version`; returns its step.
+
+        Raises:
+            CheckpointError: nothing to restore, a broken chain, or a bad file, named.
+        """
+        chain = self._chain(version)
+        state: Dict[str, Dict] = {}
+        dense = None
+        previous_step = None
+        last_manifest = None
+        for kind, step in chain:
+            manifest, arrays = self._read_version(kind, step)
+            if kind == "delta" and manifest["previous"] != previous_step:
+                raise CheckpointError(
+                    f"delta checkpoint at step {step} follows step {manifest['previous']}, "
+                    f"which is missing from {self.directory}; cannot apply it")
+            for name, meta in manifest["tables"].items():
+                _merge_table(state.setdefault(name, {}), arrays[meta["file"]], kind, name)
+            dense = arrays["dense.npz"]
+            previous_step = step
+            last_manifest = manifest
+        self._load_into_graph(session, state, dense)
+        epochs = {}
+        engine = loader.engine()
+        for io_ in self._tables:
+            # Close an epoch, so that the next delta holds only later changes.
+            epochs[io_.table.table_name] = int(
+                engine.export_state(io_.table.table_key, 0, 0)["epoch"])
+        self._last_epochs = epochs
+        self._last_step = last_manifest["step"]
+        self._last_full = chain[0][1]
+        logging.info("mxrec checkpoint: restored step %d from %s", self._last_step, chain)
+        return self._last_step
+
+    def _load_into_graph(self, session, state, dense):
+        engine = loader.engine()
+        for io_ in self._tables:
+            name = io_.table.table_name
+            if name not in state:
+                raise CheckpointError(f"table {name!r} is not in the checkpoint in "
+                                      f"{self.directory}")
+            table_state = state[name]
+            records = table_state["records"]
+            keys = np.fromiter(records.keys(), np.int64, len(records))
+            fields = np.array(list(records.values()), dtype=np.float64).reshape(-1, 3)
+            rows = fields[:, 0].astype(np.int32)
+            scalars = table_state["scalars"]
+            engine.import_state(
+                io_.table.table_key, keys=keys, rows=rows,
+                counts=fields[:, 1].astype(np.float32), last_seen=fields[:, 2].astype(np.int64),
+                free_rows=table_state["free_rows"], next_row=int(scalars[0]),
+                newest_timestamp=int(scalars[1]), counting_frozen=bool(scalars[2]),
+                access_threshold=float(table_state["access_threshold"]))
+            values = table_state["values"]
+            admitted = sorted(values)
+            if admitted:
+                feed = {io_.rows: np.array(admitted, np.int32)}
+                for state_name in io_.state_names():
+                    if state_name not in table_state["state_names"]:
+                        continue  # a slot the checkpoint's optimizer did not have
+                    feed[io_.values[state_name]] = np.stack(
+                        [values[row][state_name] for row in admitted])
+                missing = [n for n in io_.state_names() if io_.values[n] not in feed]
+                if missing:
+                    raise CheckpointError(f"table {name!r}: the checkpoint has no {missing}; "
+                                          "was it saved with another optimizer?")
+                session.run(io_.write, feed)
+        feed = {}
+        for variable, placeholder in zip(self._dense, self._dense_feeds):
+            key = variable.op.name
+            if key not in dense:
+                raise CheckpointError(f"dense variable {key!r} is not in the checkpoint in "
+                                      f"{self.directory}")
+            feed[placeholder] = dense[key]
+        session.run(self._dense_assign, feed)
+
+
+def _merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, name: str):
+    """Folds one version's arrays of a table into the state being restored."""
+    if kind == "full":
+        table_state.clear()
+        table_state["records"] = {}
+        table_state["values"] = {}
+    elif "records" not in table_state:
+        raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
+    records = table_state["records"]
+    values = table_state["values"]
+    for key in arrays["host/removed"].tolist():
+        record = records.pop(key, None)
+        if record is not None and record[0] >= 0:
+            values.pop(record[0], None)
+    state_names = [k[len("state/"):] for k in arrays if k.startswith("state/")]
+    keys = arrays["host/keys"].tolist()
+    rows = arrays["host/rows"].tolist()
+    counts = arrays["host/counts"].tolist()
+    last_seen = arrays["host/last_seen"].tolist()
+    admitted_index = 0
+    for key, row, count, seen in zip(keys, rows, counts, last_seen):
+        old = records.get(key)
+        if old is not None and old[0] >= 0 and old[0] != row:
+            values.pop(old[0], None)
+        records[key] = (row, count, seen)
+        if row >= 0:
+            values[row] = {n: arrays[f"state/{n}"][admitted_index] for n in state_names}
+            admitted_index += 1
+    table_state["free_rows"] = arrays["host/free_rows"]
+    table_state["scalars"] = arrays["host/scalars"]
+    table_state["access_threshold"] = arrays["host/access_threshold"]
+    table_state["state_names"] = state_names
+
+
+def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] = None,
+                      saver: Optional[Saver] = None) -> str:
+    """PaddlePaddle-style save: mode 0 = full, 1 = base (a full save that starts a new
+    delta chain), 2 = delta since the last save.
+
+    Deltas need the same Saver that made the base; pass it, or use one Saver.
+    """
+    if mode not in (0, 1, 2):
+        raise ValueError(f"save_persistables: mode must be 0 (full), 1 (base) or 2 (delta), "
+                         f"got {mode!r}")
+    if saver is None:
+        saver = _default_savers.setdefault(dirname, Saver(dirname))
+    if step is None:
+        step = tf.compat.v1.train.global_step(
+            session, tf.compat.v1.train.get_or_create_global_step())
+    return saver.save(session, step, kind="delta" if mode == 2 else "full")
+
+
+_default_savers: Dict[str, Saver] = {}
+
+
+class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
+    """Full saves every `save_checkpoint_due_time` seconds, deltas every
+    `save_delta_checkpoints_secs` seconds, as init(is_incremental_checkpoint=True, ...)
+    configures; restores the latest version (or init's restore_model_version) when the
+    session starts and a checkpoint exists.
+
+    Args:
+        checkpoint_dir: the versions' directory.
+        save_checkpoint_due_time, save_delta_checkpoints_secs, restore_model_version:
+            override init()'s settings.
+    """
+
+    def __init__(self, checkpoint_dir: str, save_checkpoint_due_time: Optional[float] = None,
+                 save_delta_checkpoints_secs: Optional[float] = None,
+                 restore_model_version: Optional[int] = None, max_to_keep: Optional[int] = 5):
+        config = get_config_initializer().config
+        self._dir = checkpoint_dir
+        self._full_every = (config.save_checkpoint_due_time
+                            if save_checkpoint_due_time is None else save_checkpoint_due_time)
+        self._delta_every = (config.save_delta_checkpoints_secs
+                             if save_delta_checkpoints_secs is None
+                             else save_delta_checkpoints_secs)
+        self._version = (config.restore_model_version
+                         if restore_model_version is None else restore_model_version)
+        self._max_to_keep = max_to_keep
+        self._saver: Optional[Saver] = None
+        self._step = 0
+        self._last_full = self._last_delta = 0.0
+        self.restored_step: Optional[int] = None
+
+    def begin(self):
+        self._saver = Saver(self._dir, max_to_keep=self._max_to_keep)
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        if self._saver.versions():
+            self.restored_step = self._saver.restore(session, self._version)
+            self._step = self.restored_step
+        else:
+            self._saver.save(session, self._current_step(session), kind="full")
+        self._last_full = self._last_delta = time.monotonic()
+
+    def _current_step(self, session) -> int:
+        if self._global_step is not None:
+            return int(session.run(self._global_step))
+        return self._step
+
+    def after_run(self, run_context, run_values):
+        self._step += 1
+        now = time.monotonic()
+        session = run_context.session
+        step = self._current_step(session)
+        if step == self._saver._last_step:
+            return  # nothing trained since the last save (the global step did not move)
+        if self._full_every and now - self._last_full >= self._full_every:
+            self._saver.save(session, step, kind="full")
+            self._last_full = self._last_delta = now
+        elif self._delta_every and now - self._last_delta >= self._delta_every:
+            self._saver.save(session, step, kind="delta")
+            self._last_delta = now
+
+    def end(self, session):
+        step = self._current_step(session)
+        if step != self._saver._last_step:
+            self._saver.save(session, step, kind="delta")
