@@ -298,7 +298,7 @@ def create_table(
                             static_shapes=not runtime.config.use_dynamic,
                             key_stage_chain=(runtime.shared_key_stage_chain
                                              if runtime.config.use_combine_faae else None))
-    if is_save:
+    if is_save and not serving.in_serving_export():
         host_state.register(name, table_key)
     runtime.tables[name] = table
     return table

@@ -1,8 +1,406 @@
-"""Export for serving: a SavedModel whose tables are core TensorFlow lookups."""
+"""Export for serving: a SavedModel whose tables are core TensorFlow lookups.
 
-_EXPORTING = []
+`export_saved_model` calls the user's model-building function in a fresh graph
+marked for serving export. There `sparse_lookup` builds, per table, only core
+ops:
+
+    ids [*S] -> int64 -> StaticHashTable (ID -> index, unseen -> K)
+             -> gather(embeddings [K + 1, dim]) -> [*S, dim]
+
+The hash table is filled from a variable `mxrec_serving/<table>/ids` [K] by the
+SavedModel's main op, after the loader has restored the variables, and
+`mxrec_serving/<table>/embeddings` holds the K rows plus a last row of zeros,
+which unseen (and padding) IDs look up. Both variables have a dynamic first
+dimension, so `apply_delta` can write a new export with more or fewer IDs
+without touching the graph. The dense variables keep their names and take their
+values from the checkpoint.
+
+The graph is pruned to what the signature and the table initialisers need
+before it is written, so the device tables and host-state ops of the training
+graph are not in the SavedModel: TensorFlow Serving (or `tf.saved_model.load`)
+loads it without mxrec and without mxrec's op library.
+
+Example:
+    >>> def build():
+    ...     ids = tf.compat.v1.placeholder(tf.int64, [None, 3], name="ids")
+    ...     table = create_table(tf.int64, 8, "user_table", init, device_vocabulary_size=1000)
+    ...     score = model(sparse_lookup(table, ids, is_train=False))  # [B, 1]
+    ...     return {"ids": ids}, {"score": score}
+    >>> export_saved_model("/serving/1", "/ckpt/model-100", build)
+    >>> apply_delta("/serving/1", {"user_table": {"ids": ..., "embeddings": ...,
+    ...                                           "removed": ...}}, "/serving/2")
+"""
+
+import os
+import uuid
+from typing import Callable, Dict, Mapping, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec.saver import sparse
+
+SERVING_SCOPE = "mxrec_serving"
+_CONTEXT_COLLECTION = "mxrec_serving_export_context"
+_IDS, _EMBEDDINGS = "ids", "embeddings"
+_INIT_OP_NAME = "mxrec_serving_init"
+_SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
 def in_serving_export() -> bool:
-    """True while a serving graph is being built; sparse_lookup then builds core-op lookups."""
-    return bool(_EXPORTING)
+    """True while a serving graph is being built; sparse_lookup then builds core-op lookups.
+
+    The mark belongs to the graph (a collection), not to the process, so training graphs
+    built meanwhile in other threads are not affected.
+    """
+    return bool(tf.compat.v1.get_default_graph().get_collection(_CONTEXT_COLLECTION))
+
+
+def serving_variable_name(table_name: str, field: str) -> str:
+    """Name of a serving variable of a table: `mxrec_serving/<table>/{ids,embeddings}`."""
+    return f"{SERVING_SCOPE}/{table_name}/{field}"
+
+
+class _ServingTable:
+    """The core-op form of one table in the serving graph."""
+
+    def __init__(self, name: str, dim: int):
+        self.name = name
+        self.dim = dim
+        graph = tf.compat.v1.get_default_graph()
+        # Created once per table at the graph's root, whatever scope the first lookup is in.
+        with graph.name_scope(None), graph.control_dependencies(None), \
+                tf.device("/device:CPU:0"), tf.name_scope(f"{SERVING_SCOPE}/{name}/"):
+            ids_value = tf.compat.v1.placeholder_with_default(
+                tf.zeros([0], tf.int64), [None], name="ids_value")
+            emb_value = tf.compat.v1.placeholder_with_default(
+                tf.zeros([1, dim], tf.float32), [None, dim], name="embeddings_value")
+            self.ids = tf.compat.v1.Variable(ids_value, name=_IDS, trainable=False,
+                                             use_resource=True, validate_shape=False)
+            self.embeddings = tf.compat.v1.Variable(emb_value, name=_EMBEDDINGS,
+                                                    trainable=False, use_resource=True,
+                                                    validate_shape=False)
+            keys = self.ids.value()
+            count = tf.size(keys, out_type=tf.int64)
+            self.table = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(
+                    keys, tf.range(count, dtype=tf.int64), name="key_index"),
+                default_value=tf.constant(-1, tf.int64), name="id_to_index")
+            self.zero_row = count
+
+    def lookup(self, ids: tf.Tensor) -> tf.Tensor:
+        flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
+        index = self.table.lookup(flat)
+        index = tf.where(index < 0, tf.fill(tf.shape(index), self.zero_row), index)
+        emb = tf.gather(self.embeddings, index)
+        out = tf.reshape(emb, tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], axis=0))
+        out.set_shape(ids.shape.concatenate([self.dim]))
+        return out
+
+
+class _ServingContext:
+    """What one export knows while the user's function builds the graph."""
+
+    def __init__(self, checkpoint: str):
+        self.checkpoint = checkpoint
+        self.reader = tf.train.load_checkpoint(checkpoint)
+        self.tables: Dict[str, _ServingTable] = {}
+
+    def table(self, hashtable) -> _ServingTable:
+        name = hashtable.table_name
+        if name not in self.tables:
+            shapes = self.reader.get_variable_to_shape_map()
+            if name not in shapes or sparse.host_tensor_name(name, "keys") not in shapes:
+                raise ValueError(f"serving export: table {name!r} is not in checkpoint "
+                                 f"{self.checkpoint!r}; tables there: "
+                                 f"{sparse.checkpoint_tables(self.reader)}")
+            if shapes[name][1:] != [hashtable.dim]:
+                raise ValueError(f"serving export: table {name!r} has dim {hashtable.dim} in "
+                                 f"the graph but rows of shape {shapes[name]} in checkpoint "
+                                 f"{self.checkpoint!r}")
+            self.tables[name] = _ServingTable(name, hashtable.dim)
+        return self.tables[name]
+
+
+def _context() -> _ServingContext:
+    contexts = tf.compat.v1.get_default_graph().get_collection(_CONTEXT_COLLECTION)
+    if not contexts:
+        raise RuntimeError("serving_lookup outside a serving export")
+    return contexts[-1]
+
+
+def serving_lookup(hashtable, ids: tf.Tensor, scope: str) -> tf.Tensor:
+    """The serving form of `sparse_lookup`: core ops only; unseen IDs look up as zeros.
+
+    Args:
+        hashtable: the SparseEmbedding the user's function created.
+        ids: int32/int64 tensor of rank >= 1.
+        scope: name scope of the lookup.
+
+    Returns:
+        float32 tensor ids.shape + [dim].
+    """
+    serving_table = _context().table(hashtable)
+    with tf.name_scope(scope):
+        return serving_table.lookup(ids)
+
+
+def _private_runtime():
+    """A ConfigInitializer of the export's own, so that the tables the user's function
+    creates are new host tables, not the ones a training in this process is using."""
+    from mxrec.util import initialize
+
+    return initialize.scoped_config_initializer()
+
+
+def _input_names(node) -> list:
+    return [name.lstrip("^").split(":")[0] for name in node.input]
+
+
+def _ancestors(nodes: Mapping, roots) -> set:
+    seen, stack = set(), list(roots)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.extend(_input_names(nodes[name]))
+    return seen
+
+
+def _check_tensors(label: str, tensors, graph) -> Dict[str, tf.Tensor]:
+    if not isinstance(tensors, Mapping) or not tensors:
+        raise TypeError(f"export_saved_model: build_fn must return two non-empty dicts "
+                        f"(inputs, outputs) of tensors; {label} is {tensors!r}")
+    for key, tensor in tensors.items():
+        if not isinstance(key, str) or not isinstance(tensor, tf.Tensor) or \
+                tensor.graph is not graph:
+            raise TypeError(f"export_saved_model: {label}[{key!r}] must be a tensor of the "
+                            f"graph build_fn built, got {tensor!r}")
+    return dict(tensors)
+
+
+def _build(build_fn, checkpoint) -> Tuple[tf.compat.v1.GraphDef, list, list, tuple, dict]:
+    """Runs build_fn in a serving graph; returns what the pruned graph keeps."""
+    graph = tf.Graph()
+    context = _ServingContext(checkpoint)
+    with graph.as_default(), _private_runtime():
+        graph.add_to_collection(_CONTEXT_COLLECTION, context)
+        result = build_fn()
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise TypeError("export_saved_model: build_fn must return (inputs, outputs), two "
+                            f"dicts of tensors; got {type(result).__name__}")
+        inputs = _check_tensors("inputs", result[0], graph)
+        outputs = _check_tensors("outputs", result[1], graph)
+        graph_def = graph.as_graph_def()
+        nodes = {node.name: node for node in graph_def.node}
+        roots = [t.op.name for t in list(inputs.values()) + list(outputs.values())]
+        reached = _ancestors(nodes, roots)
+        variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                     if v.op.name in reached]
+        table_inits = [op for op in graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+                       if op.inputs[0].op.name in reached]
+        var_defs = [v.to_proto() for v in variables]
+        trainable = {v.op.name for v in graph.get_collection(
+            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+        for var_def in var_defs:
+            roots += [var_def.initializer_name.split(":")[0],
+                      var_def.snapshot_name.split(":")[0]]
+        roots += [op.name for op in table_inits]
+        kept = _ancestors(nodes, roots)
+        serving_vars = {serving_variable_name(t, f) for t in context.tables
+                        for f in (_IDS, _EMBEDDINGS)}
+    pruned = tf.compat.v1.GraphDef()
+    pruned.versions.CopyFrom(graph_def.versions)
+    pruned.library.CopyFrom(graph_def.library)
+    pruned.node.extend(node for node in graph_def.node if node.name in kept)
+    custom = sorted({n.op for n in pruned.node if n.op.startswith("Mxrec")})
+    if custom:
+        raise ValueError(f"export_saved_model: the serving graph still needs mxrec ops {custom}; "
+                         "build the outputs from sparse_lookup results and core ops only")
+    signature = ({k: t.name for k, t in inputs.items()}, {k: t.name for k, t in outputs.items()})
+    return (pruned, var_defs, [op.name for op in table_inits], signature,
+            {"trainable": trainable, "serving": serving_vars})
+
+
+def _dense_value(reader, checkpoint, name, shape):
+    if not reader.has_tensor(name):
+        raise ValueError(f"export_saved_model: variable {name!r} of the serving graph is not in "
+                         f"checkpoint {checkpoint!r}")
+    value = reader.get_tensor(name)
+    if not tf.TensorShape(shape).is_compatible_with(value.shape):
+        raise ValueError(f"export_saved_model: variable {name!r} has shape {shape} in the "
+                         f"serving graph but {list(value.shape)} in checkpoint {checkpoint!r}")
+    return value
+
+
+def export_saved_model(export_dir: str, checkpoint: str,
+                       build_fn: Callable[[], Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]],
+                       signature_name: str = "serving_default", as_text: bool = False) -> str:
+    """Writes a SavedModel (tag "serve") that serves without mxrec.
+
+    Args:
+        export_dir: a directory that does not exist yet (TF Serving: `<base>/<version>`).
+        checkpoint: a checkpoint of the trained model (prefix, or directory for its latest).
+        build_fn: builds the serving graph and returns (inputs, outputs), dicts of tensors:
+            inputs are its placeholders, outputs the predictions. It calls `create_table` and
+            `sparse_lookup` as in training (the tables' names must be those of the checkpoint);
+            lookups become core-op lookups whatever their is_train.
+        signature_name: key of the predict signature.
+        as_text: write saved_model.pbtxt instead of saved_model.pb.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists, a table or variable of the graph is not in the
+            checkpoint or has another shape, or the outputs need mxrec ops.
+    """
+    if tf.io.gfile.exists(export_dir):
+        raise ValueError(f"export_saved_model: export_dir {export_dir!r} already exists")
+    checkpoint = sparse.resolve_checkpoint(checkpoint)
+    graph_def, var_defs, table_init_names, signature, names = _build(build_fn, checkpoint)
+    reader = tf.train.load_checkpoint(checkpoint)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        variables = []
+        for var_def in var_defs:
+            variable = tf.compat.v1.Variable(variable_def=var_def, use_resource=True)
+            graph.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, variable)
+            if variable.op.name in names["trainable"]:
+                graph.add_to_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, variable)
+            variables.append(variable)
+        main_op = tf.group(*[graph.get_operation_by_name(n) for n in table_init_names],
+                           name=_INIT_OP_NAME)
+        inputs = {k: graph.get_tensor_by_name(n) for k, n in signature[0].items()}
+        outputs = {k: graph.get_tensor_by_name(n) for k, n in signature[1].items()}
+        feeds = {}
+        for variable in variables:
+            name = variable.op.name
+            if name in names["serving"]:
+                table, field = name[len(SERVING_SCOPE) + 1:].rsplit("/", 1)
+                arrays = sparse.table_arrays_from_reader(reader, table, checkpoint)
+                value = arrays["ids"] if field == _IDS else np.concatenate(
+                    [arrays["embeddings"], np.zeros([1, arrays["embeddings"].shape[1]],
+                                                    np.float32)])
+            else:
+                value = _dense_value(reader, checkpoint, name, variable.shape)
+            feeds[variable.initializer.inputs[1]] = value
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run([v.initializer for v in variables], feeds)
+            builder = tf.compat.v1.saved_model.Builder(export_dir)
+            builder.add_meta_graph_and_variables(
+                sess, [tf.saved_model.SERVING],
+                signature_def_map={signature_name:
+                                   tf.compat.v1.saved_model.predict_signature_def(inputs,
+                                                                                   outputs)},
+                main_op=main_op, clear_devices=True, strip_default_attrs=True)
+            builder.save(as_text=as_text)
+    return export_dir
+
+
+def exported_tables(export_dir: str) -> Dict[str, sparse.TableArrays]:
+    """The tables of an export: {name: {"ids": [K], "embeddings": [K, dim]}} (no zero row)."""
+    reader = tf.train.load_checkpoint(_variables_prefix(export_dir))
+    out = {}
+    suffix = f"/{_IDS}"
+    for name in reader.get_variable_to_shape_map():
+        if name.startswith(SERVING_SCOPE + "/") and name.endswith(suffix):
+            table = name[len(SERVING_SCOPE) + 1: -len(suffix)]
+            emb = reader.get_tensor(serving_variable_name(table, _EMBEDDINGS))
+            out[table] = {"ids": reader.get_tensor(name), "embeddings": emb[:-1]}
+    return out
+
+
+def _variables_prefix(export_dir: str) -> str:
+    prefix = os.path.join(export_dir, "variables", "variables")
+    if not tf.io.gfile.exists(prefix + ".index"):
+        raise ValueError(f"{export_dir!r} is not a SavedModel with variables "
+                         f"(no {prefix}.index)")
+    return prefix
+
+
+def _write_checkpoint(prefix: str, tensors: Dict[str, np.ndarray]):
+    graph = tf.Graph()
+    with graph.as_default():
+        names = sorted(tensors)
+        holders = [tf.compat.v1.placeholder(tf.as_dtype(tensors[n].dtype)) for n in names]
+        save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                                 shape_and_slices=[""] * len(names), tensors=holders)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(save, dict(zip(holders, (tensors[n] for n in names))))
+
+
+def _copy_tree(src: str, dst: str, skip: str):
+    tf.io.gfile.makedirs(dst)
+    for entry in tf.io.gfile.listdir(src):
+        entry = entry.rstrip("/")
+        source, target = os.path.join(src, entry), os.path.join(dst, entry)
+        if source == skip:
+            continue
+        if tf.io.gfile.isdir(source):
+            _copy_tree(source, target, skip)
+        else:
+            tf.io.gfile.copy(source, target)
+
+
+def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
+                output_dir: str) -> str:
+    """Writes a new export: `export_dir` with a delta of its tables applied.
+
+    The graph is copied as it is; only the variables change. Per table, the rows of the
+    delta's `ids` replace (or are added to) the export's, the `removed` IDs are dropped and
+    look up as zeros afterwards. Other tables and the dense variables are copied. The new
+    export is written beside `output_dir` and renamed into place when complete.
+
+    Args:
+        export_dir: an export from `export_saved_model` (or `apply_delta`).
+        delta: {table_name: {"ids": int64 [D], "embeddings": float32 [D, dim],
+            "removed": int64 [R]}}; each key of a table optional.
+        output_dir: a directory that does not exist yet.
+
+    Returns:
+        output_dir.
+
+    Raises:
+        ValueError: a table of the delta not in the export, a malformed delta, or output_dir
+            exists.
+    """
+    if tf.io.gfile.exists(output_dir):
+        raise ValueError(f"apply_delta: output_dir {output_dir!r} already exists")
+    if not isinstance(delta, Mapping):
+        raise TypeError(f"apply_delta: delta must be a dict table_name -> arrays, got "
+                        f"{type(delta).__name__}")
+    prefix = _variables_prefix(export_dir)
+    reader = tf.train.load_checkpoint(prefix)
+    tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    tables = exported_tables(export_dir)
+    for name, table_delta in delta.items():
+        if name not in tables:
+            raise ValueError(f"apply_delta: table {name!r} is not in export {export_dir!r}; "
+                             f"tables there: {sorted(tables)}")
+        if not isinstance(table_delta, Mapping):
+            raise TypeError(f"apply_delta: delta[{name!r}] must be a dict of arrays")
+        updated = sparse.apply_delta_arrays(tables[name], table_delta, name)
+        dim = updated["embeddings"].shape[1]
+        tensors[serving_variable_name(name, _IDS)] = updated["ids"]
+        tensors[serving_variable_name(name, _EMBEDDINGS)] = np.concatenate(
+            [updated["embeddings"], np.zeros([1, dim], np.float32)])
+    staging = f"{output_dir.rstrip('/')}.tmp-{uuid.uuid4().hex}"
+    variables_dir = os.path.join(export_dir, "variables")
+    try:
+        _copy_tree(export_dir, staging, skip=variables_dir)
+        tf.io.gfile.makedirs(os.path.join(staging, "variables"))
+        _write_checkpoint(os.path.join(staging, "variables", "variables"), tensors)
+        tf.io.gfile.rename(staging, output_dir)
+    except BaseException:
+        if tf.io.gfile.exists(staging):
+            tf.io.gfile.rmtree(staging)
+        raise
+    return output_dir
+
+
+__all__ = ["in_serving_export", "serving_lookup", "export_saved_model", "apply_delta",
+           "exported_tables", "serving_variable_name", "SERVING_SCOPE"]

@@ -5,6 +5,7 @@ use are accepted and validated now, so scripts written for mx_rec run
 unchanged.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -194,6 +195,24 @@ def terminate_config_initializer() -> None:
     if _current is not None:
         _current.close()
         _current = None
+
+
+@contextlib.contextmanager
+def scoped_config_initializer(config: Optional[MxrecConfig] = None):
+    """A ConfigInitializer in force for a block only, with host tables of its own.
+
+    The one in force before (if any) is back in force afterwards, its tables
+    untouched; serving export builds the model again under one of these.
+    """
+    global _current
+    previous = _current
+    runtime = ConfigInitializer(config or (previous.config if previous else MxrecConfig()))
+    _current = runtime
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+        _current = previous
 
 
 def get_config_initializer() -> ConfigInitializer:
