@@ -331,3 +331,40 @@ def test_incremental_hook_saves_and_resumes(tmp_path):
             assert hook.restored_step == 5
             assert model.table.stats()["rows_in_use"] > 0
         terminate_config_initializer()
+
+
+def test_delta_checkpoint_updates_a_serving_export(tmp_path):
+    """Export at a full save, then apply a later delta: the export serves the newer rows."""
+    from mxrec.saver import serving, sparse
+
+    batches = _batches()
+    with tf.Graph().as_default():
+        model = Model("adagrad", admission=True)
+        saver = Saver(str(tmp_path / "mxrec"))
+        tf_saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            model.run(sess, batches[:4], 0)
+            saver.save(sess, 4)
+            checkpoint = tf_saver.save(sess, str(tmp_path / "tf" / "model"))
+            model.run(sess, batches[4:9], 4)
+            saver.save(sess, 9, kind="delta")
+            live = sparse.export(session=sess)["user"]
+        delta = saver.serving_delta(9)
+        terminate_config_initializer()
+
+    def build():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        table = create_table(tf.int64, 4, "user", tf.compat.v1.zeros_initializer(),
+                             device_vocabulary_size=64)
+        return {"ids": ids}, {"emb": sparse_lookup(table, ids, is_train=False)}
+
+    with tf.Graph().as_default():
+        export_dir = serving.export_saved_model(str(tmp_path / "export"), checkpoint, build)
+    updated = serving.apply_delta(export_dir, delta, str(tmp_path / "export2"))
+    served = serving.exported_tables(updated)["user"]
+    want = dict(zip(live["ids"].tolist(), live["embeddings"]))
+    got = dict(zip(served["ids"].tolist(), served["embeddings"]))
+    assert sorted(got) == sorted(want)
+    for key, row in want.items():
+        np.testing.assert_allclose(got[key], row, atol=1e-6)

@@ -312,6 +312,22 @@ class Saver:
         logging.info("mxrec checkpoint: restored step %d from %s", self._last_step, chain)
         return self._last_step
 
+    def serving_delta(self, step: int) -> Dict[str, Dict[str, np.ndarray]]:
+        """The delta saved at `step` in the form `mxrec.saver.serving.apply_delta` takes:
+        {table: {"ids", "embeddings", "removed"}} (admitted IDs changed since the save
+        before it, and the IDs removed since then)."""
+        manifest, arrays = self._read_version("delta", int(step))
+        delta = {}
+        for name, meta in manifest["tables"].items():
+            table_arrays = arrays[meta["file"]]
+            admitted = table_arrays["host/rows"] >= 0
+            ids = table_arrays["host/keys"][admitted]
+            # An ID removed and admitted again since the last save is a change.
+            removed = np.setdiff1d(table_arrays["host/removed"], ids)
+            delta[name] = {"ids": ids, "embeddings": table_arrays["state/embedding"],
+                           "removed": removed}
+        return delta
+
     def _load_into_graph(self, session, state, dense):
         engine = loader.engine()
         for io_ in self._tables:
