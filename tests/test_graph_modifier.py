@@ -56,9 +56,12 @@ def _build_model(features, labels, modify_graph, is_train=True, tables=None):
                       name="b_lookup"),
     ]
     flat = tf.concat([tf.reshape(e, [-1, e.shape[1] * DIM]) for e in emb], axis=1)
-    logits = tf.compat.v1.layers.dense(
-        flat, 1, kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=3),
-        name="dense")
+    # get_variable rather than tf.compat.v1.layers, which TF 2.21 (Keras 3) lacks.
+    kernel = tf.compat.v1.get_variable(
+        "dense/kernel", [flat.shape[-1], 1],
+        initializer=tf.compat.v1.glorot_uniform_initializer(seed=3))
+    bias = tf.compat.v1.get_variable("dense/bias", [1], initializer=tf.zeros_initializer())
+    logits = tf.matmul(flat, kernel) + bias
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     return tables, loss, tf.sigmoid(logits)
 

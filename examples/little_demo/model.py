@@ -93,13 +93,19 @@ def model_logits(tables, features, is_train: bool) -> tf.Tensor:
     ]
     x = tf.concat(emb, axis=1)
     with tf.compat.v1.variable_scope("mlp", reuse=tf.compat.v1.AUTO_REUSE):
-        hidden = tf.compat.v1.layers.dense(
-            x, 16, activation=tf.nn.relu, name="hidden",
-            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=4))
-        logits = tf.compat.v1.layers.dense(
-            hidden, 1, name="out",
-            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=5))
+        hidden = tf.nn.relu(_dense(x, 16, "hidden", seed=4))
+        logits = _dense(hidden, 1, "out", seed=5)
     return tf.reshape(logits, [-1])
+
+
+def _dense(x, units: int, name: str, seed: int) -> tf.Tensor:
+    """A fully connected layer from get_variable (tf.compat.v1.layers needs Keras 2)."""
+    with tf.compat.v1.variable_scope(name):
+        kernel = tf.compat.v1.get_variable(
+            "kernel", [x.shape[-1], units],
+            initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed))
+        bias = tf.compat.v1.get_variable("bias", [units], initializer=tf.zeros_initializer())
+    return tf.matmul(x, kernel) + bias
 
 
 def loss_fn(logits, labels) -> tf.Tensor:
