@@ -148,16 +148,33 @@ def create_mxrec_tables(capacities: Sequence[int], config: TrainConfig) -> List:
     ]
 
 
-def mxrec_embeddings(tables: Sequence, sparse: tf.Tensor, is_train: bool) -> List[tf.Tensor]:
+def mxrec_embeddings(
+    tables: Sequence,
+    sparse: tf.Tensor,
+    is_train: bool,
+    modify_graph: bool = False,
+    access_and_evict_config: Optional[Dict[str, int]] = None,
+) -> List[tf.Tensor]:
     """[B, 26] raw IDs -> 26 x [B, dim] through `sparse_lookup`.
 
     With is_train=False, no ID is inserted or counted and unseen IDs read zeros.
+
+    Args:
+        tables: the 26 mxrec tables.
+        sparse: [B, 26] int64 raw IDs, from a tf.data iterator when modify_graph.
+        is_train: training lookups (insert, count, admit) or evaluation lookups.
+        modify_graph: let `modify_graph_and_start_emb_cache` move the key stages into
+            the input pipeline.
+        access_and_evict_config: admission and eviction policy of every table (see
+            `sparse_lookup`); None for none.
     """
     from mxrec.core.embedding import sparse_lookup
 
     suffix = "" if is_train else "_eval"
     return [sparse_lookup(table, sparse[:, i], is_train=is_train,
-                          name=f"{table.table_name}_lookup{suffix}")
+                          name=f"{table.table_name}_lookup{suffix}",
+                          modify_graph=modify_graph,
+                          access_and_evict_config=access_and_evict_config)
             for i, table in enumerate(tables)]
 
 
@@ -167,8 +184,14 @@ def build_mxrec_training(
     labels: tf.Tensor,
     capacities: Sequence[int],
     config: Optional[TrainConfig] = None,
+    modify_graph: bool = False,
+    access_and_evict_config: Optional[Dict[str, int]] = None,
 ) -> TrainGraph:
     """The DLRM on mxrec tables, in the default graph. Call after `init()`.
+
+    With modify_graph, call `modify_graph_and_start_emb_cache()` after this (and after
+    any other lookups) and run `get_initializer(True)` instead of the iterator's
+    initializer.
 
     Args:
         dense: [B, 13] float32.
@@ -176,6 +199,10 @@ def build_mxrec_training(
         labels: [B] float32.
         capacities: device rows per table (26 ints); a table that fills up fails the step.
         config: hyper-parameters.
+        modify_graph: build the lookups for the graph modifier (IDs from a tf.data
+            iterator's get_next()).
+        access_and_evict_config: admission/eviction policy of every table, as
+            `sparse_lookup` takes it; declare the batch time (`add_timestamp`) before.
 
     Returns:
         The TrainGraph; its tables are the mxrec SparseEmbeddings.
@@ -184,7 +211,9 @@ def build_mxrec_training(
 
     config = config or TrainConfig()
     tables = create_mxrec_tables(capacities, config)
-    logits = dlrm_logits(dense, mxrec_embeddings(tables, sparse, True), config)
+    embeddings = mxrec_embeddings(tables, sparse, True, modify_graph=modify_graph,
+                                  access_and_evict_config=access_and_evict_config)
+    logits = dlrm_logits(dense, embeddings, config)
     loss = _log_loss(logits, labels)
     dense_vars, sparse_vars = get_dense_and_sparse_variable()
     hash_optimizer = _SPARSE_OPTIMIZERS[config.sparse_optimizer][0](config.sparse_learning_rate)
