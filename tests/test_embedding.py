@@ -275,11 +275,12 @@ def test_create_table_bad_device_vocabulary_size(mx, size):
 
 
 @pytest.mark.parametrize("tier", ["host_vocabulary_size", "ssd_vocabulary_size"])
-def test_create_table_tiers_not_implemented(mx, tier):
+def test_create_table_bad_tier_size(mx, tier):
+    # Valid tier settings are tested in test_tiers.py.
     mx()
     with pytest.raises(ValueError, match=tier):
         create_table(tf.int64, DIM, "t", tf.zeros_initializer(), device_vocabulary_size=4,
-                     **{tier: 100})
+                     **{tier: -1})
 
 
 def test_create_table_same_name_twice(mx):

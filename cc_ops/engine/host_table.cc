@@ -18,6 +18,166 @@ static_assert(HostTable::kNumShards == 16, "kShardShift assumes 16 shards");
 
 HostTable::HostTable(TableOptions options) : options_(std::move(options)) {
   stats_.capacity = options_.device_capacity;
+  if (options_.host_capacity > 0) {
+    TierOptions tier;
+    tier.name = options_.name;
+    tier.dim = options_.dim;
+    tier.host_capacity = options_.host_capacity;
+    tier.ssd_capacity = options_.ssd_capacity;
+    tier.ssd_path = options_.ssd_path;
+    tier_ = std::make_unique<HostTier>(std::move(tier));
+    const size_t rows = static_cast<size_t>(options_.device_capacity);
+    row_key_.assign(rows, 0);
+    row_stamp_.assign(rows, 0);
+    lru_prev_.assign(rows, -1);
+    lru_next_.assign(rows, -1);
+  }
+}
+
+void HostTable::SetSwapProtect(uint32_t batches) {
+  std::lock_guard<std::mutex> lock(mu_);
+  swap_protect_ = std::max<uint32_t>(1, batches);
+}
+
+KeyRecord* HostTable::FindRecord(int64_t key) {
+  const uint64_t hash = HashKey(key);
+  return shards_[hash >> kShardShift].Find(key, hash);
+}
+
+void HostTable::LruUnlink(int32_t row) {
+  const int32_t prev = lru_prev_[row];
+  const int32_t next = lru_next_[row];
+  if (prev >= 0) {
+    lru_next_[prev] = next;
+  } else {
+    lru_head_ = next;
+  }
+  if (next >= 0) {
+    lru_prev_[next] = prev;
+  } else {
+    lru_tail_ = prev;
+  }
+  lru_prev_[row] = lru_next_[row] = -1;
+}
+
+void HostTable::LruPushTail(int32_t row) {
+  lru_prev_[row] = lru_tail_;
+  lru_next_[row] = -1;
+  if (lru_tail_ >= 0) {
+    lru_next_[lru_tail_] = row;
+  } else {
+    lru_head_ = row;
+  }
+  lru_tail_ = row;
+}
+
+int32_t HostTable::PickVictim() {
+  // Least recently used first; among rows last used by the same batch, the
+  // least frequently counted of the first few goes.
+  constexpr int kFrequencyWindow = 8;
+  const int32_t head = lru_head_;
+  if (head < 0 || stamp_ - row_stamp_[head] < swap_protect_) return -1;
+  int32_t best = head;
+  float best_count = FindRecord(row_key_[head])->count;
+  int32_t row = lru_next_[head];
+  for (int i = 1; i < kFrequencyWindow && row >= 0 && row_stamp_[row] == row_stamp_[head]; ++i) {
+    const float count = FindRecord(row_key_[row])->count;
+    if (count < best_count) {
+      best = row;
+      best_count = count;
+    }
+    row = lru_next_[row];
+  }
+  return best;
+}
+
+Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
+                                   const std::vector<int32_t>& slots, BatchPlan* plan) {
+  const int64_t device = options_.device_capacity;
+  const int64_t total = device + options_.host_capacity + options_.ssd_capacity;
+  int64_t brand_new = 0;
+  for (const KeyRecord* rec : need) brand_new += rec->in_host ? 0 : 1;
+  const int64_t owned = next_row_ - static_cast<int64_t>(free_rows_.size());
+  if (owned + tier_ids_ + brand_new > total) {
+    return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
+                       "' is full: ", owned + tier_ids_, " IDs have rows (",
+                       device, " device_vocabulary_size + ", options_.host_capacity,
+                       " host_vocabulary_size + ", options_.ssd_capacity,
+                       " ssd_vocabulary_size = ", total, ") and this batch brings ", brand_new,
+                       " more new IDs. Raise host_vocabulary_size (or ssd_vocabulary_size) in "
+                       "create_table(), or keep rarely seen IDs out with access_threshold and "
+                       "remove stale ones with eviction_threshold.");
+  }
+  // Rows the step's batches use cannot be victims: count them from the
+  // recency list's tail, where they are.
+  int64_t protected_rows = 0;
+  for (int32_t row = lru_tail_; row >= 0 && stamp_ - row_stamp_[row] < swap_protect_;
+       row = lru_prev_[row]) {
+    ++protected_rows;
+  }
+  const int64_t available = static_cast<int64_t>(free_rows_.size()) + (device - next_row_) +
+                            (owned - protected_rows);
+  if (static_cast<int64_t>(need.size()) > available) {
+    return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
+                       "': the device cache cannot hold the batches of one step: they use ",
+                       protected_rows, " device rows and this batch needs ", need.size(),
+                       " more, but device_vocabulary_size is ", device, " (", swap_protect_,
+                       " lookup(s) of the table per step). Raise device_vocabulary_size "
+                       "to at least the unique IDs of one step.");
+  }
+  SwapPlan swaps;
+  for (size_t i = 0; i < need.size(); ++i) {
+    KeyRecord* rec = need[i];
+    int32_t row;
+    bool has_out = false;
+    int64_t out_key = 0;
+    bool refill = true;
+    if (!free_rows_.empty()) {
+      row = free_rows_.back();
+      free_rows_.pop_back();
+    } else if (next_row_ < device) {
+      row = static_cast<int32_t>(next_row_++);
+      // A never used row holds the variable initializer's value already, as in
+      // device-only mode.
+      refill = rec->in_host != 0;
+    } else {
+      row = PickVictim();
+      if (row < 0) {
+        return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                           "': no swap victim although the cache count said there was one");
+      }
+      KeyRecord* victim = FindRecord(row_key_[row]);
+      victim->row = -1;
+      victim->in_host = 1;
+      ++tier_ids_;
+      has_out = true;
+      out_key = victim->key;
+      LruUnlink(row);
+    }
+    rec->row = row;
+    row_key_[row] = rec->key;
+    row_stamp_[row] = stamp_;
+    LruPushTail(row);
+    const bool from_host = rec->in_host != 0;
+    if (from_host) {
+      rec->in_host = 0;
+      --tier_ids_;
+    } else {
+      ++plan->new_ids;
+      ++stats_.admitted;
+    }
+    plan->unique_rows[slots[i]] = row;
+    if (refill) {
+      plan->reused_rows.push_back(row);
+      swaps.rows.push_back(row);
+      swaps.out_keys.push_back(out_key);
+      swaps.has_out.push_back(has_out ? 1 : 0);
+      swaps.in_keys.push_back(rec->key);
+      swaps.from_host.push_back(from_host ? 1 : 0);
+    }
+  }
+  tier_->Enqueue(std::move(swaps));
+  return Status::Ok();
 }
 
 void HostTable::ConfigureAdmission(const AdmissionOptions& admission) {
@@ -80,6 +240,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   if (++stamp_ == 0) {
     // The batch stamp wrapped around: forget every stale stamp once.
     for (auto& shard : shards_) shard.ForEach([](KeyRecord& r) { r.stamp = 0; });
+    std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
     stamp_ = 1;
   }
   const bool parallel = pool != nullptr && pool->num_threads() > 1 && n >= kParallelMinIds;
@@ -173,6 +334,9 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   std::vector<std::pair<KeyRecord*, bool>> granted;  // (record, row came from free_rows_)
   int64_t non_padding = 0;
   int64_t defaults = 0;
+  const bool tiered = tier_ != nullptr;
+  std::vector<KeyRecord*> need;     // tiered: admitted IDs without a device row
+  std::vector<int32_t> need_slots;  // their indexes in unique_rows
   for (int64_t p = 0; p < n; ++p) {
     const int32_t l = local[p];
     if (l == kDefaultSlot) {
@@ -183,7 +347,26 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     int32_t& g = global[shard_of[p]][l];
     if (g == kUnassigned) {
       KeyRecord* rec = uniques[shard_of[p]][l];
-      if (rec->row < 0 && train && Admits(*rec)) {
+      if (tiered) {
+        if (rec->row >= 0) {
+          if (train) {
+            row_stamp_[rec->row] = stamp_;
+            LruUnlink(rec->row);
+            LruPushTail(rec->row);
+          }
+          g = static_cast<int32_t>(plan->unique_rows.size());
+          plan->unique_rows.push_back(rec->row);
+        } else if (train && (rec->in_host || Admits(*rec))) {
+          // The row is handed out once the whole batch is known, so that no ID
+          // of this batch becomes another one's victim.
+          g = static_cast<int32_t>(plan->unique_rows.size());
+          plan->unique_rows.push_back(-1);
+          need.push_back(rec);
+          need_slots.push_back(g);
+        } else {
+          g = kDefaultSlot;
+        }
+      } else if (rec->row < 0 && train && Admits(*rec)) {
         if (!free_rows_.empty()) {
           rec->row = free_rows_.back();
           free_rows_.pop_back();
@@ -200,11 +383,13 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
           ++stats_.admitted;
         }
       }
-      if (rec->row >= 0) {
-        g = static_cast<int32_t>(plan->unique_rows.size());
-        plan->unique_rows.push_back(rec->row);
-      } else {
-        g = kDefaultSlot;
+      if (!tiered) {
+        if (rec->row >= 0) {
+          g = static_cast<int32_t>(plan->unique_rows.size());
+          plan->unique_rows.push_back(rec->row);
+        } else {
+          g = kDefaultSlot;
+        }
       }
     }
     plan->restore[p] = g;
@@ -213,6 +398,14 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   if (train) {
     stats_.ids_seen += non_padding;
     stats_.rejected += defaults;
+  }
+  if (!need.empty()) {
+    const Status status = AssignTieredRows(need, need_slots, plan);
+    if (!status.ok()) {
+      plan->unique_rows.clear();
+      plan->reused_rows.clear();
+      return status;
+    }
   }
   if (shortfall > 0) {
     // The step will not run, so no row may keep an ID it was given here: a reused
@@ -261,6 +454,12 @@ int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred)
       if (rec.row >= 0) {
         free_rows_.push_back(rec.row);
         ++stats_.evicted_rows;
+        if (tier_) LruUnlink(rec.row);
+      }
+      if (rec.in_host) {
+        --tier_ids_;
+        ++stats_.evicted_rows;
+        tier_->Erase(rec.key);
       }
       if (shared_counts_) shared_counts_->Erase(rec.key, HashKey(rec.key));
       removed_log_.emplace_back(rec.key, epoch_);
@@ -301,6 +500,7 @@ TableStats HostTable::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   TableStats stats = stats_;
   stats.rows_in_use = next_row_ - static_cast<int64_t>(free_rows_.size());
+  stats.tier_ids = tier_ids_;
   stats.ids_tracked = 0;
   for (const auto& shard : shards_) stats.ids_tracked += shard.size();
   return stats;
@@ -350,6 +550,12 @@ void HostTable::PruneRemovedLog(uint32_t epoch) {
 }
 
 Status HostTable::ImportState(const TableState& state) {
+  if (tier_) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': restoring host state is not supported for tables with a host or SSD "
+                       "tier (host_vocabulary_size > 0) yet; a checkpoint of such a table lacks "
+                       "its host-tier rows");
+  }
   const size_t n = state.keys.size();
   if (state.rows.size() != n || state.counts.size() != n || state.last_seen.size() != n) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,

@@ -11,6 +11,7 @@
 
 #include <memory>
 
+#include "host_tier.h"
 #include "key_map.h"
 #include "shared_counts.h"
 #include "status.h"
@@ -27,6 +28,14 @@ struct TableOptions {
   int64_t device_capacity = 0;
   // IDs that always look up as the default value and are never counted.
   std::vector<int64_t> padding_keys;
+  // Rows kept in host memory for IDs outside the device cache
+  // (`host_vocabulary_size`). 0 = device-only mode; > 0 makes the device table
+  // a cache of device_capacity rows over the host tier.
+  int64_t host_capacity = 0;
+  // Rows kept on disk under ssd_path once host memory is full
+  // (`ssd_vocabulary_size`, `ssd_data_path`); needs host_capacity > 0.
+  int64_t ssd_capacity = 0;
+  std::string ssd_path;
 };
 
 // Feature admission; may change while training.
@@ -82,6 +91,7 @@ struct TableStats {
   int64_t evicted_rows = 0;   // of those, IDs that held a row (rows freed)
   int64_t train_batches = 0;
   int64_t eval_batches = 0;
+  int64_t tier_ids = 0;       // admitted IDs whose row is in the host (or SSD) tier
 };
 
 class HostTable {
@@ -141,7 +151,24 @@ class HostTable {
   // Copies out (key, row) of every admitted ID, ordered by row.
   void ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const;
 
+  // Whether the table has a host tier (host_capacity > 0).
+  bool tiered() const { return tier_ != nullptr; }
+  // The host tier, or null in device-only mode.
+  HostTier* tier() const { return tier_.get(); }
+  // Batches planned together in one training step (the table's lookups per
+  // step): their IDs are never chosen as swap victims of each other. Batches
+  // of later steps need no protection: their swaps run in plan order.
+  void SetSwapProtect(uint32_t batches);
+
  private:
+  // Tiered tables: hands device rows to `need` (in order), choosing victims
+  // among rows no batch of this step uses, and queues the swap plan.
+  Status AssignTieredRows(const std::vector<KeyRecord*>& need, const std::vector<int32_t>& slots,
+                          BatchPlan* plan);
+  KeyRecord* FindRecord(int64_t key);
+  void LruUnlink(int32_t row);
+  void LruPushTail(int32_t row);
+  int32_t PickVictim();
   int64_t EraseWhere(const std::function<bool(const KeyRecord&)>& pred);
   bool Admits(const KeyRecord& rec) const;
   bool InFlight(const KeyRecord& rec, uint32_t protect_batches) const;
@@ -160,6 +187,19 @@ class HostTable {
   std::vector<std::pair<int64_t, uint32_t>> removed_log_;
   int64_t newest_timestamp_ = -1;
   TableStats stats_;
+
+  // Tiered tables only (empty otherwise): the owner ID of each device row,
+  // the batch stamp that last used it, and a recency list of owned rows
+  // (head: least recently used), which is also ordered by stamp.
+  std::unique_ptr<HostTier> tier_;
+  std::vector<int64_t> row_key_;
+  std::vector<uint32_t> row_stamp_;
+  std::vector<int32_t> lru_prev_;
+  std::vector<int32_t> lru_next_;
+  int32_t lru_head_ = -1;
+  int32_t lru_tail_ = -1;
+  int64_t tier_ids_ = 0;
+  uint32_t swap_protect_ = 1;
 };
 
 }  // namespace mxrec

@@ -23,7 +23,10 @@ struct KeyRecord {
   uint8_t used = 0;
   uint16_t age = 0;         // shrink() calls since the ID was last seen, saturating
   uint8_t seen_recently = 0;  // seen in training since the last shrink()
+  // Admitted, with its row in the host tier (row == -1); tiered tables only.
+  uint8_t in_host = 0;
 };
+static_assert(sizeof(KeyRecord) == 48, "KeyRecord grew: the map's memory per ID changes");
 
 inline uint64_t HashKey(int64_t key) {
   // splitmix64 finalizer: IDs are often sequential or share low bits.

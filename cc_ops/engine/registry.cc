@@ -7,7 +7,8 @@ namespace mxrec {
 namespace {
 bool SameOptions(const TableOptions& a, const TableOptions& b) {
   return a.name == b.name && a.dim == b.dim && a.device_capacity == b.device_capacity &&
-         a.padding_keys == b.padding_keys;
+         a.padding_keys == b.padding_keys && a.host_capacity == b.host_capacity &&
+         a.ssd_capacity == b.ssd_capacity && a.ssd_path == b.ssd_path;
 }
 }  // namespace
 
@@ -29,6 +30,16 @@ Status Registry::CreateTable(const std::string& key, const TableOptions& options
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options.name,
                        "': device_vocabulary_size must be in [1, 2^31), got ",
                        options.device_capacity);
+  }
+  if (options.host_capacity < 0 || options.ssd_capacity < 0) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options.name,
+                       "': host_vocabulary_size and ssd_vocabulary_size must be >= 0, got ",
+                       options.host_capacity, " and ", options.ssd_capacity);
+  }
+  if (options.ssd_capacity > 0 && (options.host_capacity == 0 || options.ssd_path.empty())) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options.name,
+                       "': ssd_vocabulary_size > 0 needs host_vocabulary_size > 0 and an "
+                       "ssd_data_path");
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tables_.find(key);

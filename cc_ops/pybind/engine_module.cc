@@ -5,10 +5,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/dynamic_store.h"
 #include "engine/key_stage.h"
 #include "engine/registry.h"
 
@@ -72,6 +74,35 @@ py::list Process(const std::vector<std::string>& keys,
   return out;
 }
 
+void CreateTable(const std::string& key, const TableOptions& options, double access_threshold,
+                 double faae_coefficient) {
+  std::shared_ptr<HostTable> table;
+  bool created = false;
+  RaiseIfError(Registry::Global().CreateTable(key, options, &table, &created));
+  // An existing table (the same model built again in another graph) keeps
+  // the admission policy it has, which training may have changed.
+  if (created) {
+    AdmissionOptions admission;
+    admission.access_threshold = access_threshold;
+    admission.faae_coefficient = faae_coefficient;
+    table->ConfigureAdmission(admission);
+  }
+}
+
+HostTier* Tier(const std::shared_ptr<HostTable>& table) {
+  if (!table->tiered()) {
+    throw py::value_error("mxrec table '" + table->options().name +
+                          "' has no host tier (host_vocabulary_size is 0)");
+  }
+  return table->tier();
+}
+
+int Component(HostTier* tier, const std::string& name) {
+  int index = 0;
+  RaiseIfError(tier->RegisterComponent(name, &index));
+  return index;
+}
+
 }  // namespace
 }  // namespace mxrec
 
@@ -89,21 +120,97 @@ PYBIND11_MODULE(_mxrec_engine, m) {
         options.dim = dim;
         options.device_capacity = capacity;
         options.padding_keys = padding_keys;
-        std::shared_ptr<HostTable> table;
-        bool created = false;
-        RaiseIfError(Registry::Global().CreateTable(key, options, &table, &created));
-        // An existing table (the same model built again in another graph) keeps
-        // the admission policy it has, which training may have changed.
-        if (created) {
-          AdmissionOptions admission;
-          admission.access_threshold = access_threshold;
-          admission.faae_coefficient = faae_coefficient;
-          table->ConfigureAdmission(admission);
-        }
+        CreateTable(key, options, access_threshold, faae_coefficient);
       },
       py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
       py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
       py::arg("faae_coefficient") = 1.0);
+  m.def(
+      "create_tiered_table",
+      [](const std::string& key, const std::string& name, int64_t dim, int64_t capacity,
+         int64_t host_capacity, int64_t ssd_capacity, const std::string& ssd_path,
+         const std::vector<int64_t>& padding_keys, double access_threshold,
+         double faae_coefficient) {
+        TableOptions options;
+        options.name = name;
+        options.dim = dim;
+        options.device_capacity = capacity;
+        options.padding_keys = padding_keys;
+        options.host_capacity = host_capacity;
+        options.ssd_capacity = ssd_capacity;
+        options.ssd_path = ssd_path;
+        CreateTable(key, options, access_threshold, faae_coefficient);
+      },
+      py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
+      py::arg("host_capacity"), py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "",
+      py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
+      py::arg("faae_coefficient") = 1.0);
+  m.def("is_tiered", [](const std::string& key) { return Table(key)->tiered(); });
+  m.def("set_swap_protect", [](const std::string& key, uint32_t batches) {
+    Table(key)->SetSwapProtect(batches);
+  });
+  m.def("tier_register", [](const std::string& key, const std::string& component) {
+    return Component(Tier(Table(key)), component);
+  });
+  m.def(
+      "tier_swap",
+      [](const std::string& key, const std::string& component,
+         py::array_t<int32_t, py::array::c_style | py::array::forcecast> rows,
+         py::array_t<float, py::array::c_style | py::array::forcecast> current) {
+        std::shared_ptr<HostTable> table = Table(key);
+        HostTier* tier = Tier(table);
+        const int64_t n = rows.size();
+        const int64_t dim = table->options().dim;
+        if (current.size() != n * dim) throw py::value_error("current must be [len(rows), dim]");
+        py::array_t<float> incoming({n, dim});
+        std::vector<uint8_t> fresh_bytes(n);
+        const int index = Component(tier, component);
+        Status status;
+        {
+          py::gil_scoped_release release;
+          std::unique_ptr<bool[]> fresh(new bool[n > 0 ? n : 1]);
+          status = tier->Swap(index, rows.data(), n, current.data(), incoming.mutable_data(),
+                              fresh.get());
+          for (int64_t i = 0; i < n; ++i) fresh_bytes[i] = fresh[i] ? 1 : 0;
+        }
+        RaiseIfError(status);
+        py::array_t<bool> fresh_out(n);
+        for (int64_t i = 0; i < n; ++i) fresh_out.mutable_data()[i] = fresh_bytes[i] != 0;
+        return py::make_tuple(incoming, fresh_out);
+      },
+      py::arg("key"), py::arg("component"), py::arg("rows"), py::arg("current"));
+  m.def(
+      "tier_export",
+      [](const std::string& key, const std::string& component) {
+        std::shared_ptr<HostTable> table = Table(key);
+        HostTier* tier = Tier(table);
+        const int index = Component(tier, component);
+        std::vector<int64_t> keys;
+        std::vector<float> values;
+        RaiseIfError(tier->Export(index, &keys, &values));
+        const int64_t dim = table->options().dim;
+        py::array_t<float> out({static_cast<int64_t>(keys.size()), dim});
+        std::copy(values.begin(), values.end(), out.mutable_data());
+        return py::make_tuple(ToArray(keys), out);
+      },
+      py::arg("key"), py::arg("component") = std::string(HostTier::kEmbedding));
+  m.def("tier_stats", [](const std::string& key) {
+    std::shared_ptr<HostTable> table = Table(key);
+    const TierStats t = Tier(table)->Stats();
+    py::dict d;
+    d["host_rows"] = t.host_rows;
+    d["ssd_rows"] = t.ssd_rows;
+    d["host_bytes"] = t.host_bytes;
+    d["ssd_file_bytes"] = t.ssd_file_bytes;
+    d["ssd_compactions"] = t.ssd_compactions;
+    d["swap_in_total"] = t.swap_in_total;
+    d["swap_out_total"] = t.swap_out_total;
+    d["fresh_total"] = t.fresh_total;
+    d["swap_in_last"] = t.swap_in_last;
+    d["swap_out_last"] = t.swap_out_last;
+    d["pending_plans"] = t.pending_plans;
+    return d;
+  });
   m.def(
       "configure_admission",
       [](const std::string& key, double access_threshold, double faae_coefficient,
@@ -155,6 +262,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
     d["evicted_rows"] = s.evicted_rows;
     d["train_batches"] = s.train_batches;
     d["eval_batches"] = s.eval_batches;
+    if (Table(key)->tiered()) d["tier_ids"] = s.tier_ids;
     return d;
   });
   m.def("export_rows", [](const std::string& key) {
@@ -193,6 +301,12 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       "export_state",
       [](const std::string& key, uint32_t since_epoch, uint32_t protect_batches) {
         std::shared_ptr<HostTable> table = Table(key);
+        if (table->tiered()) {
+          throw py::value_error(
+              "mxrec table '" + table->options().name +
+              "': checkpoints of tables with a host or SSD tier are not supported yet (its "
+              "host-tier rows would be missing); save with host_vocabulary_size=0");
+        }
         TableState state;
         {
           py::gil_scoped_release release;
@@ -240,4 +354,85 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def("prune_removed_log", [](const std::string& key, uint32_t epoch) {
     Table(key)->PruneRemovedLog(epoch);
   });
+
+  // Dynamic expansion (init(use_dynamic_expansion=True)): the chunked row store
+  // of a table, keyed like its host table. See engine/dynamic_store.h.
+  m.def(
+      "create_dynamic_store",
+      [](const std::string& key, const std::string& name, int64_t dim, int64_t chunk_rows) {
+        DynamicStoreOptions options;
+        options.name = name;
+        options.dim = dim;
+        options.chunk_rows = chunk_rows;
+        std::shared_ptr<DynamicStore> store;
+        RaiseIfError(DynamicStoreRegistry::Global().Create(key, options, &store));
+      },
+      py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("chunk_rows"));
+  m.def("drop_dynamic_stores", [](const std::string& prefix) {
+    return DynamicStoreRegistry::Global().DropPrefix(prefix);
+  });
+  m.def("dynamic_store_stats", [](const std::string& key) {
+    std::shared_ptr<DynamicStore> store;
+    RaiseIfError(DynamicStoreRegistry::Global().Get(key, &store));
+    const DynamicStoreStats s = store->Stats();
+    py::dict d;
+    d["rows"] = s.rows;
+    d["capacity"] = s.capacity;
+    d["chunks"] = s.chunks;
+    d["slots"] = s.slots;
+    d["chunk_rows"] = store->options().chunk_rows;
+    d["slot_names"] = store->SlotNames();
+    return d;
+  });
+  // Reads rows of the embedding (slot "") or of the named optimizer slot.
+  m.def(
+      "dynamic_store_read",
+      [](const std::string& key,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> addresses,
+         const std::string& slot) {
+        std::shared_ptr<DynamicStore> store;
+        RaiseIfError(DynamicStoreRegistry::Global().Get(key, &store));
+        int index = -1;
+        if (!slot.empty()) {
+          const std::vector<std::string> names = store->SlotNames();
+          auto it = std::find(names.begin(), names.end(), slot);
+          if (it == names.end()) throw py::key_error("no optimizer slot named " + slot);
+          index = static_cast<int>(it - names.begin());
+        }
+        const int64_t n = addresses.size();
+        py::array_t<float> out({static_cast<py::ssize_t>(n),
+                                static_cast<py::ssize_t>(store->options().dim)});
+        Status status;
+        {
+          py::gil_scoped_release release;
+          status = store->Read(addresses.data(), n, index, out.mutable_data(),
+                               "dynamic_store_read");
+        }
+        RaiseIfError(status);
+        return out;
+      },
+      py::arg("key"), py::arg("addresses"), py::arg("slot") = "");
+  // Marks rows as in use and writes their values (embedding, or a slot added
+  // with `initial` if new): how a restore puts saved rows back.
+  m.def(
+      "dynamic_store_write",
+      [](const std::string& key,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> addresses,
+         py::array_t<float, py::array::c_style | py::array::forcecast> values,
+         const std::string& slot, float initial) {
+        std::shared_ptr<DynamicStore> store;
+        RaiseIfError(DynamicStoreRegistry::Global().Get(key, &store));
+        const int64_t n = addresses.size();
+        if (values.ndim() != 2 || values.shape(0) != n || values.shape(1) != store->options().dim) {
+          throw py::value_error("dynamic_store_write: values must be [len(addresses), dim]");
+        }
+        int index = -1;
+        if (!slot.empty()) RaiseIfError(store->AddSlot(slot, initial, &index));
+        std::vector<int64_t> fresh;
+        RaiseIfError(store->EnsureRows(addresses.data(), n, &fresh));
+        RaiseIfError(store->Write(addresses.data(), n, index, values.data(),
+                                  "dynamic_store_write"));
+      },
+      py::arg("key"), py::arg("addresses"), py::arg("values"), py::arg("slot") = "",
+      py::arg("initial") = 0.0f);
 }

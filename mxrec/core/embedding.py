@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.core import tiers
 from mxrec.saver import host_state, serving
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.device import accelerator_device
@@ -86,6 +87,7 @@ class SparseEmbedding:
         # they share admission counts, so that every table plans in lookup order.
         self._last_key_stage = {} if key_stage_chain is None else key_stage_chain
         self._reused_rows = {}
+        self._refills = {}
         self.can_reinitialize = True
         # With static shapes the planned rows are padded to send_count; the
         # padding points at one extra row that no ID ever gets.
@@ -152,6 +154,13 @@ class SparseEmbedding:
                 f"({type(self.initializer).__name__}) cannot make rows for a dynamic row count, "
                 "which re-initialising evicted rows needs; use a tf.compat.v1 initializer such "
                 "as truncated_normal_initializer or constant_initializer")
+
+    def register_refill(self, graph, op):
+        self._refills.setdefault(graph, []).append(op)
+
+    def refills(self, graph) -> List:
+        """This graph's ops so far that rewrite reused rows before a lookup reads them."""
+        return list(self._refills.get(graph, ()))
 
     def register_reused_rows(self, graph, reused: tf.Tensor):
         self._reused_rows.setdefault(graph, []).append(reused)
@@ -228,8 +237,11 @@ def create_table(
         name: table name, unique among this init()'s tables.
         emb_initializer: any TF initializer; initial value of every row.
         device_vocabulary_size: rows the device table holds.
-        host_vocabulary_size: rows of the host tier (not available yet: must be 0).
-        ssd_vocabulary_size: rows of the SSD tier (not available yet: must be 0).
+        host_vocabulary_size: rows kept in host memory for IDs outside the device table,
+            which becomes a cache ("DDR mode", see mxrec.core.tiers); 0 = device-only.
+        ssd_vocabulary_size: rows kept on disk once host memory is full ("SSD mode");
+            needs host_vocabulary_size > 0 and ssd_data_path.
+        ssd_data_path: a directory (or a one-element list of one) for the SSD tier's file.
         is_save: save and restore the table (device rows, slots and host state) with the
             graph's Saver.
         init_param: scale applied to the initializer's values.
@@ -262,10 +274,8 @@ def create_table(
             or not 0 < device_vocabulary_size < 2**31):
         raise ValueError(f"create_table {name!r}: device_vocabulary_size must be in [1, 2^31), "
                          f"got {device_vocabulary_size!r}")
-    if host_vocabulary_size or ssd_vocabulary_size:
-        raise ValueError(
-            f"create_table {name!r}: host_vocabulary_size and ssd_vocabulary_size must be 0; "
-            "the host and SSD tiers are not implemented yet (device-only mode)")
+    host_size, ssd_size, ssd_path = tiers.check_settings(name, host_vocabulary_size,
+                                                         ssd_vocabulary_size, ssd_data_path)
     value_dtype = tf.as_dtype(value_dtype)
     if value_dtype != tf.float32:
         raise TypeError(f"create_table {name!r}: value_dtype must be tf.float32, "
@@ -283,13 +293,25 @@ def create_table(
             del partition_info
             return emb_initializer(shape, dtype) * init_param
 
+    if runtime.config.use_dynamic_expansion:
+        from mxrec.core import dynamic  # deferred: dynamic imports this module
+
+        return dynamic.create_table(runtime, name, key_dtype, int(dim), initializer,
+                                    int(device_vocabulary_size), padding_keys, value_dtype,
+                                    is_save, tiers=(host_vocabulary_size, ssd_vocabulary_size))
     table_key = runtime.table_key(name)
     previous = runtime.tables.get(name)
     if previous is not None and previous.variable.graph is tf.compat.v1.get_default_graph():
         raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
-    loader.engine().create_table(
-        key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
-        padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0)
+    if host_size > 0:
+        loader.engine().create_tiered_table(
+            key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
+            host_capacity=host_size, ssd_capacity=ssd_size, ssd_path=ssd_path,
+            padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0)
+    else:
+        loader.engine().create_table(
+            key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
+            padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0)
     if runtime.config.use_combine_faae:
         # USE_COMBINE_FAAE: one admission count per ID over all tables.
         loader.engine().share_counts(table_key, runtime.table_key("__combined_faae__"))
@@ -298,6 +320,8 @@ def create_table(
                             static_shapes=not runtime.config.use_dynamic,
                             key_stage_chain=(runtime.shared_key_stage_chain
                                              if runtime.config.use_combine_faae else None))
+    table.host_vocabulary_size = host_size
+    table.ssd_vocabulary_size = ssd_size
     if is_save and not serving.in_serving_export():
         host_state.register(name, table_key)
     runtime.tables[name] = table
@@ -445,6 +469,10 @@ def sparse_lookup(
         previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
         if previous is not None:
             rows.op._add_control_input(previous)
+        if getattr(hashtable, "is_dynamic", False):
+            from mxrec.core import dynamic  # deferred: dynamic imports this module
+
+            return dynamic.lookup(hashtable, ids, rows, restore, is_train, modify_graph)
         out = _lookup_planned(hashtable, ids, rows, restore, reused, is_train)
     if modify_graph:
         _modify_graph_lookups(graph).append(
@@ -454,22 +482,33 @@ def sparse_lookup(
 
 def _lookup_planned(table: SparseEmbedding, ids, rows, restore, reused, is_train: bool):
     """The device side of a lookup, from the key stage's plan."""
+    deps = []
     if is_train:
-        # Rows freed by eviction and handed to new IDs start again from the
-        # initializer; the hash optimizers reset their slots.
         graph = tf.compat.v1.get_default_graph()
         table.register_reused_rows(graph, reused)
-        fresh = table.initial_rows(tf.size(reused))
-        if fresh is None:
-            table.can_reinitialize = False
-            deps = []
+        if tiers.is_tiered(table):
+            # The rows change owner: old owners go to the host tier, new ones come from it.
+            refill = tiers.swap_embedding(table, reused)
         else:
-            deps = [table.variable.scatter_update(tf.IndexedSlices(fresh, reused))]
-    else:
-        deps = []
+            # Rows freed by eviction and handed to new IDs start again from the
+            # initializer; the hash optimizers reset their slots.
+            fresh = table.initial_rows(tf.size(reused))
+            if fresh is None:
+                table.can_reinitialize = False
+                refill = None
+            else:
+                refill = table.variable.scatter_update(tf.IndexedSlices(fresh, reused))
+        # An earlier lookup of this table in the step may have refilled a row that
+        # holds one of this lookup's IDs too: read only after every such refill.
+        deps = table.refills(graph)
+        if refill is not None:
+            deps = deps + [refill]
+            table.register_refill(graph, refill)
     with tf.control_dependencies(deps):
         unique_emb = tf.gather(table.variable, rows)
     emb = _restore_rows(unique_emb, restore)
+    if not is_train and tiers.is_tiered(table):
+        emb = tiers.read_host_rows(table, ids, emb)
     out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [table.dim]], axis=0)
     out = tf.reshape(emb, out_shape)
     out.set_shape(ids.shape.concatenate([table.dim]))

@@ -2,6 +2,8 @@
 
 import tensorflow as tf
 
+from mxrec.core import tiers
+
 
 class HashOptimizerMixin:
     """Put before a tf.compat.v1.train.Optimizer subclass in the bases.
@@ -15,9 +17,14 @@ class HashOptimizerMixin:
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         table = handle._mxrec_table
-        reused = table.reused_rows(tf.compat.v1.get_default_graph())
+        graph = tf.compat.v1.get_default_graph()
+        reused = table.reused_rows(graph)
         resets = []
-        if reused is not None:
+        if reused is not None and tiers.is_tiered(table):
+            # Slot rows change owner with their rows: swap them with the host tier,
+            # lookup by lookup in plan order.
+            resets = tiers.swap_slots(self, table, handle, graph)
+        elif reused is not None:
             for slot_name, value in self._slot_initial_values().items():
                 slot = self.get_slot(handle, slot_name)
                 fresh = tf.fill(tf.stack([tf.size(reused), table.dim]),
@@ -30,6 +37,13 @@ class HashOptimizerMixin:
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)
         for grad, var in grads_and_vars:
+            dynamic_table = getattr(var, "_mxrec_dynamic_table", None)
+            if dynamic_table is not None:
+                raise TypeError(
+                    f"{type(self).__name__} updates table variables; table "
+                    f"{dynamic_table.table_name!r} uses init(use_dynamic_expansion=True), whose "
+                    "addresses need create_hash_optimizer_by_address (gradient_descent_by_addr, "
+                    "adagrad_by_addr, lazy_adam_by_addr)")
             table = getattr(var, "_mxrec_table", None)
             if table is None:
                 raise TypeError(

@@ -67,7 +67,9 @@ def _npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
 
 
 class _TableIO:
-    """The graph ops that read and write one table's rows and slot rows."""
+    """Reads and writes one table's rows and slot rows (device variables)."""
+
+    variables_in_graph = True
 
     def __init__(self, table):
         self.table = table
@@ -91,6 +93,52 @@ class _TableIO:
     def state_names(self) -> List[str]:
         return ["embedding", *self.slots]
 
+    def read_rows(self, session, rows: np.ndarray) -> Dict[str, np.ndarray]:
+        return session.run(self.read, {self.rows: rows})
+
+    def write_rows(self, session, rows: np.ndarray, values: Dict[str, np.ndarray]):
+        feed = {self.rows: rows}
+        feed.update({self.values[name]: value for name, value in values.items()})
+        session.run(self.write, feed)
+
+
+class _DynamicTableIO:
+    """The same for a table of init(use_dynamic_expansion=True), whose rows and slots
+    live in the engine's dynamic store at the rows' addresses."""
+
+    variables_in_graph = False
+
+    def __init__(self, table):
+        self.table = table
+        self.slots: Dict[str, float] = {}  # store slot -> initial value
+        for optimizer in table.optimizers:
+            for slot in optimizer.get_slot_names():
+                self.slots[optimizer.store_slot(slot)] = optimizer.slot_initial_value(slot)
+
+    def state_names(self) -> List[str]:
+        return ["embedding", *self.slots]
+
+    def read_rows(self, session, rows: np.ndarray) -> Dict[str, np.ndarray]:
+        del session
+        engine = loader.engine()
+        existing = set(engine.dynamic_store_stats(self.table.table_key)["slot_names"])
+        addresses = rows.astype(np.int64)
+        values = {"embedding": engine.dynamic_store_read(self.table.table_key, addresses, "")}
+        for slot, initial in self.slots.items():
+            if slot in existing:
+                values[slot] = engine.dynamic_store_read(self.table.table_key, addresses, slot)
+            else:  # the optimizer has not run yet: every row is at its initial value
+                values[slot] = np.full((len(rows), self.table.dim), initial, np.float32)
+        return values
+
+    def write_rows(self, session, rows: np.ndarray, values: Dict[str, np.ndarray]):
+        del session
+        from mxrec.core import dynamic
+
+        dynamic.write_rows(self.table, rows, values["embedding"])
+        for slot, initial in self.slots.items():
+            dynamic.write_rows(self.table, rows, values[slot], slot=slot, initial=initial)
+
 
 class Saver:
     """Writes and reads full and delta checkpoints of the tables of the current init().
@@ -113,10 +161,17 @@ class Saver:
         self.max_to_keep = max_to_keep
         self.protect_batches = (runtime.config.prefetch_batch_number + 2
                                 if protect_batches is None else protect_batches)
-        self._tables = [_TableIO(t) for _, t in sorted(runtime.tables.items())
-                        if t.variable.graph is tf.compat.v1.get_default_graph()]
-        sparse = {t.table.variable.ref() for t in self._tables}
-        sparse |= {slot.ref() for t in self._tables for slot in t.slots.values()}
+        graph = tf.compat.v1.get_default_graph()
+        self._tables = []
+        for _, table in sorted(runtime.tables.items()):
+            if getattr(table, "is_dynamic", False):
+                if table.graph is graph:
+                    self._tables.append(_DynamicTableIO(table))
+            elif table.variable.graph is graph:
+                self._tables.append(_TableIO(table))
+        graph_tables = [t for t in self._tables if t.variables_in_graph]
+        sparse = {t.table.variable.ref() for t in graph_tables}
+        sparse |= {slot.ref() for t in graph_tables for slot in t.slots.values()}
         self._dense = [v for v in tf.compat.v1.global_variables() if v.ref() not in sparse]
         with tf.name_scope("mxrec_checkpoint/dense"):
             self._dense_feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
@@ -151,7 +206,7 @@ class Saver:
             epochs[table.table_name] = int(host["epoch"])
             admitted = host["rows"] >= 0
             rows = host["rows"][admitted]
-            values = session.run(io_.read, {io_.rows: rows}) if len(rows) else {
+            values = io_.read_rows(session, rows) if len(rows) else {
                 name: np.zeros((0, table.dim), np.float32) for name in io_.state_names()}
             arrays = {f"host/{k}": host[k] for k in
                       ("keys", "rows", "counts", "last_seen", "free_rows", "removed")}
@@ -350,17 +405,13 @@ class Saver:
             values = table_state["values"]
             admitted = sorted(values)
             if admitted:
-                feed = {io_.rows: np.array(admitted, np.int32)}
-                for state_name in io_.state_names():
-                    if state_name not in table_state["state_names"]:
-                        continue  # a slot the checkpoint's optimizer did not have
-                    feed[io_.values[state_name]] = np.stack(
-                        [values[row][state_name] for row in admitted])
-                missing = [n for n in io_.state_names() if io_.values[n] not in feed]
+                missing = [n for n in io_.state_names() if n not in table_state["state_names"]]
                 if missing:
                     raise CheckpointError(f"table {name!r}: the checkpoint has no {missing}; "
                                           "was it saved with another optimizer?")
-                session.run(io_.write, feed)
+                io_.write_rows(session, np.array(admitted, np.int32), {
+                    state_name: np.stack([values[row][state_name] for row in admitted])
+                    for state_name in io_.state_names()})
         feed = {}
         for variable, placeholder in zip(self._dense, self._dense_feeds):
             key = variable.op.name

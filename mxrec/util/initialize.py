@@ -143,7 +143,9 @@ class ConfigInitializer:
         return f"{self.prefix}/{name}"
 
     def close(self):
-        loader.engine().drop_prefix(self.prefix + "/")
+        engine = loader.engine()
+        engine.drop_prefix(self.prefix + "/")
+        engine.drop_dynamic_stores(self.prefix + "/")
         self.tables.clear()
         self.admission_configs.clear()
         self.shared_key_stage_chain.clear()

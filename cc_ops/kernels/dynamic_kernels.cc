@@ -1,0 +1,203 @@
+// Kernels of the dynamic-expansion ops: thin adapters from tensors to the
+// engine's DynamicStore, which they find by table key at construction.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/dynamic_store.h"
+#include "kernels/status_util.h"
+#include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tensorflow {
+namespace {
+
+// Finds the store and checks the op's dim against it.
+class DynamicStoreKernel : public OpKernel {
+ public:
+  explicit DynamicStoreKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string key;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_key", &key));
+    OP_REQUIRES_OK(ctx,
+                   mxrec::ToTfStatus(mxrec::DynamicStoreRegistry::Global().Get(key, &store_)));
+    if (ctx->HasAttr("dim")) {
+      int64_t dim = 0;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim));
+      OP_REQUIRES(ctx, dim == store_->options().dim,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "mxrec table '", store_->options().name, "': ", type_string(),
+                      " was built for dim ", dim, " but the store has dim ",
+                      store_->options().dim)));
+    }
+  }
+
+ protected:
+  const std::string& table_name() const { return store_->options().name; }
+
+  // Checks addresses [N] and rows [N, dim].
+  absl::Status CheckRows(const Tensor& addresses, const Tensor& values) const {
+    const int64_t dim = store_->options().dim;
+    if (!TensorShapeUtils::IsVector(addresses.shape())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mxrec table '", table_name(), "': ", type_string(),
+                       " needs a vector of addresses, got shape ",
+                       addresses.shape().DebugString()));
+    }
+    if (!TensorShapeUtils::IsMatrix(values.shape()) ||
+        values.dim_size(0) != addresses.dim_size(0) || values.dim_size(1) != dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mxrec table '", table_name(), "': ", type_string(), " needs values of shape [",
+          addresses.dim_size(0), ", ", dim, "] for ", addresses.dim_size(0),
+          " addresses, got ", values.shape().DebugString()));
+    }
+    return absl::OkStatus();
+  }
+
+  float Scalar(OpKernelContext* ctx, int index) { return ctx->input(index).scalar<float>()(); }
+
+  std::shared_ptr<mxrec::DynamicStore> store_;
+};
+
+class MxrecDynamicEnsureRowsOp : public DynamicStoreKernel {
+ public:
+  using DynamicStoreKernel::DynamicStoreKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& addresses = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(addresses.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "mxrec table '", table_name(), "': MxrecDynamicEnsureRows needs a vector, got ",
+                    addresses.shape().DebugString())));
+    std::vector<int64_t> fresh;
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->EnsureRows(
+                            addresses.flat<int64_t>().data(), addresses.NumElements(), &fresh)));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({static_cast<int64_t>(fresh.size())}), &out));
+    std::copy(fresh.begin(), fresh.end(), out->flat<int64_t>().data());
+  }
+};
+
+class MxrecDynamicGatherOp : public DynamicStoreKernel {
+ public:
+  using DynamicStoreKernel::DynamicStoreKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& addresses = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(addresses.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "mxrec table '", table_name(), "': MxrecDynamicGather needs a vector, got ",
+                    addresses.shape().DebugString())));
+    const int64_t n = addresses.NumElements();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(0, TensorShape({n, store_->options().dim}), &out));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->Read(addresses.flat<int64_t>().data(), n, -1,
+                                                       out->flat<float>().data(),
+                                                       "MxrecDynamicGather")));
+  }
+};
+
+class MxrecDynamicAssignOp : public DynamicStoreKernel {
+ public:
+  using DynamicStoreKernel::DynamicStoreKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& addresses = ctx->input(0);
+    const Tensor& values = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, values));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->Write(
+                            addresses.flat<int64_t>().data(), addresses.NumElements(), -1,
+                            values.flat<float>().data(), "MxrecDynamicAssign")));
+  }
+};
+
+class MxrecDynamicApplySgdOp : public DynamicStoreKernel {
+ public:
+  using DynamicStoreKernel::DynamicStoreKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& addresses = ctx->input(0);
+    const Tensor& grads = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->ApplySgd(
+                            addresses.flat<int64_t>().data(), addresses.NumElements(),
+                            grads.flat<float>().data(), Scalar(ctx, 2))));
+  }
+};
+
+class MxrecDynamicApplyAdagradOp : public DynamicStoreKernel {
+ public:
+  explicit MxrecDynamicApplyAdagradOp(OpKernelConstruction* ctx) : DynamicStoreKernel(ctx) {
+    if (!store_) return;
+    std::string slot;
+    float initial = 0.0f;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator_slot", &slot));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->AddSlot(slot, initial, &slot_)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& addresses = ctx->input(0);
+    const Tensor& grads = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->ApplyAdagrad(
+                            addresses.flat<int64_t>().data(), addresses.NumElements(),
+                            grads.flat<float>().data(), Scalar(ctx, 2), slot_)));
+  }
+
+ private:
+  int slot_ = 0;
+};
+
+class MxrecDynamicApplyLazyAdamOp : public DynamicStoreKernel {
+ public:
+  explicit MxrecDynamicApplyLazyAdamOp(OpKernelConstruction* ctx) : DynamicStoreKernel(ctx) {
+    if (!store_) return;
+    std::string m_name;
+    std::string v_name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("m_slot", &m_name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("v_slot", &v_name));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->AddSlot(m_name, 0.0f, &m_slot_)));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->AddSlot(v_name, 0.0f, &v_slot_)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& addresses = ctx->input(0);
+    const Tensor& grads = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads));
+    mxrec::LazyAdamParams params;
+    params.lr = Scalar(ctx, 2);
+    params.beta1 = Scalar(ctx, 3);
+    params.beta2 = Scalar(ctx, 4);
+    params.epsilon = Scalar(ctx, 5);
+    params.beta1_power = Scalar(ctx, 6);
+    params.beta2_power = Scalar(ctx, 7);
+    OP_REQUIRES(ctx, params.beta1_power < 1.0f,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "mxrec table '", table_name(), "': LazyAdam's beta1_power must be < 1, got ",
+                    params.beta1_power)));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->ApplyLazyAdam(
+                            addresses.flat<int64_t>().data(), addresses.NumElements(),
+                            grads.flat<float>().data(), params, m_slot_, v_slot_)));
+  }
+
+ private:
+  int m_slot_ = 0;
+  int v_slot_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(Name("MxrecDynamicEnsureRows").Device(DEVICE_CPU),
+                        MxrecDynamicEnsureRowsOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecDynamicGather").Device(DEVICE_CPU), MxrecDynamicGatherOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecDynamicAssign").Device(DEVICE_CPU), MxrecDynamicAssignOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecDynamicApplySgd").Device(DEVICE_CPU),
+                        MxrecDynamicApplySgdOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecDynamicApplyAdagrad").Device(DEVICE_CPU),
+                        MxrecDynamicApplyAdagradOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecDynamicApplyLazyAdam").Device(DEVICE_CPU),
+                        MxrecDynamicApplyLazyAdamOp);
+
+}  // namespace
+}  // namespace tensorflow

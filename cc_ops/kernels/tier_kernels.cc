@@ -1,0 +1,87 @@
+// Kernels of MxrecTierSwap / MxrecTierRead: adapters from tensors to HostTier.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/registry.h"
+#include "kernels/status_util.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tensorflow {
+namespace {
+
+class TierOpBase : public OpKernel {
+ public:
+  explicit TierOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string key;
+    std::string component;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_key", &key));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("component", &component));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(key, &table_)));
+    OP_REQUIRES(ctx, table_->tiered(),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "mxrec table '", table_->options().name,
+                    "' has no host tier (host_vocabulary_size is 0)")));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->RegisterComponent(component,
+                                                                            &component_)));
+  }
+
+ protected:
+  std::shared_ptr<mxrec::HostTable> table_;
+  int component_ = 0;
+};
+
+class MxrecTierSwapOp : public TierOpBase {
+ public:
+  using TierOpBase::TierOpBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(0);
+    const Tensor& current = ctx->input(1);
+    const int64_t dim = table_->options().dim;
+    const int64_t n = rows.NumElements();
+    OP_REQUIRES(ctx, current.dims() == 2 && current.dim_size(0) == n && current.dim_size(1) == dim,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecTierSwap on table '", table_->options().name, "': current must be [",
+                    n, ", ", dim, "], got ", current.shape().DebugString())));
+    Tensor* incoming = nullptr;
+    Tensor* fresh = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &incoming));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &fresh));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->Swap(
+                            component_, rows.flat<int32_t>().data(), n,
+                            current.flat<float>().data(), incoming->flat<float>().data(),
+                            fresh->flat<bool>().data())));
+  }
+};
+
+template <typename Tids>
+class MxrecTierReadOp : public TierOpBase {
+ public:
+  using TierOpBase::TierOpBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    const auto ids = ctx->input(0).flat<Tids>();
+    const int64_t n = ids.size();
+    const int64_t dim = table_->options().dim;
+    std::vector<int64_t> keys(ids.data(), ids.data() + n);
+    Tensor* values = nullptr;
+    Tensor* found = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &found));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->Read(
+                            component_, keys.data(), n, values->flat<float>().data(),
+                            found->flat<bool>().data())));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("MxrecTierSwap").Device(DEVICE_CPU), MxrecTierSwapOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecTierRead").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tids"),
+                        MxrecTierReadOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("MxrecTierRead").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tids"),
+                        MxrecTierReadOp<int64_t>);
+
+}  // namespace
+}  // namespace tensorflow

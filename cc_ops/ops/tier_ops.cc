@@ -1,0 +1,61 @@
+// Registrations of the host-tier ops (DDR/SSD mode): the step applies the key
+// stage's swap plans with MxrecTierSwap and evaluation reads host-tier rows in
+// place with MxrecTierRead. Kernels live in ../kernels/tier_kernels.cc.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+REGISTER_OP("MxrecTierSwap")
+    .Input("rows: int32")
+    .Input("current: float")
+    .Output("incoming: float")
+    .Output("fresh: bool")
+    .Attr("table_key: string")
+    .Attr("component: string = 'embedding'")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle rows;
+      ShapeHandle current;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &rows));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &current));
+      DimensionHandle n;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(rows, 0), c->Dim(current, 0), &n));
+      c->set_output(0, c->Matrix(n, c->Dim(current, 1)));
+      c->set_output(1, c->Vector(n));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Applies the next swap plan of one component (the embedding or an optimizer
+slot) of a table with a host tier. `rows` are the batch's re-filled device rows
+(the key stage's reused_rows) and `current` their values before the step; the
+victims' values go to the host tier, and `incoming` holds the values of the rows'
+new IDs from the host tier, where `fresh` is false; where it is true, the row
+takes the initializer's value.
+)doc");
+
+REGISTER_OP("MxrecTierRead")
+    .Input("ids: Tids")
+    .Output("values: float")
+    .Output("found: bool")
+    .Attr("Tids: {int32, int64}")
+    .Attr("table_key: string")
+    .Attr("component: string = 'embedding'")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
+      c->set_output(0, c->Matrix(c->Dim(ids, 0), InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(c->Dim(ids, 0)));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Reads the host-tier values of `ids` without moving them (evaluation):
+values[i] is the ID's row where found[i], zeros otherwise.
+)doc");
+
+}  // namespace tensorflow

@@ -1,0 +1,239 @@
+"""Dynamic expansion: tables whose storage grows with them (init(use_dynamic_expansion=True)).
+
+A table of this mode has no fixed-size tf.Variable. Its rows live in an
+engine-side store that grows in chunks as IDs are admitted
+(`cc_ops/engine/dynamic_store.h`), addressed by int64 addresses: the row the
+host key stage gave each ID. A lookup returns the embeddings as usual and
+also publishes, per lookup, the unique rows it read and their addresses:
+
+    ids [*S] -> key stage -> unique_rows [U], restore [N]
+             -> addresses = int64(unique_rows)                         [U]
+             -> local_emb = MxrecDynamicGather(addresses)             [U, dim]
+             -> local_emb[restore] -> [*S, dim]
+
+`local_emb` goes to the collections ASCEND_SPARSE_LOOKUP_LOCAL_EMB and
+mxrec_sparse_lookup_local_emb, `addresses` to ASCEND_SPARSE_LOOKUP_ID_OFFSET
+and mxrec_sparse_lookup_id_offset. Training differentiates the loss with
+respect to `local_emb` and hands (gradient, address) pairs to a by-address
+optimizer (`mxrec.optimizers.{gradient_descent,adagrad,lazy_adam}_by_addr`),
+which updates the store's rows and its own slots there.
+
+Rows are never reused (eviction is refused in this mode, as in mx_rec), so
+the addresses a batch sees for the first time are exactly the new rows; the
+lookup writes the table's initializer values into them before reading.
+
+The store and its ops run on the CPU; there are no GPU kernels.
+
+Example:
+    >>> init(use_dynamic_expansion=True)
+    >>> table = create_table(tf.int64, 8, "user", tf.constant_initializer(0.1),
+    ...                      device_vocabulary_size=10_000)  # a chunk size hint only
+    >>> emb = sparse_lookup(table, ids)                       # ids [B, 3] -> [B, 3, 8]
+    >>> local_emb = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)  # [[U, 8]]
+    >>> addresses = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)  # [[U]]
+    >>> grads = tf.gradients(loss, local_emb)
+    >>> train = lazy_adam_by_addr.create_hash_optimizer_by_address(0.01).apply_gradients(
+    ...     list(zip(grads, addresses)))
+"""
+
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec._lib import loader
+from mxrec.core.embedding import SparseEmbedding, _restore_rows
+from mxrec.saver import host_state, serving
+
+ASCEND_SPARSE_LOOKUP_LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
+ASCEND_SPARSE_LOOKUP_ID_OFFSET = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
+LOCAL_EMB_COLLECTION = "mxrec_sparse_lookup_local_emb"
+ID_OFFSET_COLLECTION = "mxrec_sparse_lookup_id_offset"
+
+# The host table of a dynamic table never runs out of rows: its rows are the
+# store's addresses, and the store grows to hold them.
+HOST_CAPACITY = 2**31 - 1
+MIN_CHUNK_ROWS = 256
+# One chunk of the embedding (or of one slot) holds at most 2^24 floats (64 MiB).
+MAX_CHUNK_FLOATS = 2**24
+_CPU = "/device:CPU:0"
+
+for _op in ("MxrecDynamicEnsureRows", "MxrecDynamicGather", "MxrecDynamicAssign",
+            "MxrecDynamicApplySgd", "MxrecDynamicApplyAdagrad", "MxrecDynamicApplyLazyAdam"):
+    tf.no_gradient(_op)
+
+
+def chunk_rows_for(size_hint: int, dim: int) -> int:
+    """Rows per chunk: the size hint, within [256, 2^24 / dim] rows."""
+    return int(max(MIN_CHUNK_ROWS, min(size_hint, MAX_CHUNK_FLOATS // dim)))
+
+
+class DynamicTable(SparseEmbedding):
+    """A table of init(use_dynamic_expansion=True). Create it with `create_table`.
+
+    Everything of SparseEmbedding except the device variable: the rows live in
+    the engine's dynamic store under `table_key`. `device_vocabulary_size` is
+    only the size hint that sets the chunk size.
+
+    Attributes:
+        chunk_rows: rows the store adds each time it grows.
+    """
+
+    is_dynamic = True
+    host_vocabulary_size = 0
+    ssd_vocabulary_size = 0
+
+    def __init__(self, name, key_dtype, dim, initializer, size_hint, padding_keys, value_dtype,
+                 table_key, key_stage_chain=None):
+        # SparseEmbedding.__init__ would create the fixed-size variable this
+        # mode does without, so the shared attributes are set here.
+        self.table_name = name
+        self.key_dtype = key_dtype
+        self.dim = dim
+        self.initializer = initializer
+        self.device_vocabulary_size = size_hint
+        self.padding_keys = list(padding_keys)
+        self.value_dtype = value_dtype
+        self.table_key = table_key
+        self.access_and_evict_config: Optional[Dict] = None
+        self.eviction_threshold: Optional[int] = None
+        self.optimizers = []
+        self._last_key_stage = {} if key_stage_chain is None else key_stage_chain
+        self._reused_rows = {}
+        self._refills = {}
+        self.can_reinitialize = True
+        self.pad_row = None
+        self.graph = tf.compat.v1.get_default_graph()
+        self.chunk_rows = chunk_rows_for(size_hint, dim)
+
+    @property
+    def variable(self):
+        raise TypeError(
+            f"table {self.table_name!r} was created with init(use_dynamic_expansion=True): its "
+            "rows live in a dynamic store, not in a tf.Variable. Look it up with "
+            "sparse_lookup(table, ids) (FeatureSpec and modify_graph lookups are not available "
+            "in this mode), train it with create_hash_optimizer_by_address on the pairs of "
+            "ASCEND_SPARSE_LOOKUP_LOCAL_EMB gradients and ASCEND_SPARSE_LOOKUP_ID_OFFSET "
+            "addresses, and read it with mxrec.core.dynamic.export_values")
+
+    def check_can_evict(self):
+        raise ValueError(f"table {self.table_name!r}: eviction is not available with "
+                         "init(use_dynamic_expansion=True), as in mx_rec")
+
+    def store_stats(self) -> Dict[str, int]:
+        """The dynamic store: rows in use, rows allocated, chunks, chunk_rows, slots."""
+        return dict(loader.engine().dynamic_store_stats(self.table_key))
+
+
+def create_table(runtime, name: str, key_dtype, dim: int, initializer, size_hint: int,
+                 padding_keys: Sequence[int], value_dtype, is_save: bool,
+                 tiers: Tuple[int, int] = (0, 0)) -> DynamicTable:
+    """create_table's dynamic-expansion branch, after its argument checks.
+
+    tiers: (host_vocabulary_size, ssd_vocabulary_size); both must be 0.
+    """
+    if any(tiers):
+        raise ValueError(
+            f"create_table {name!r}: host_vocabulary_size and ssd_vocabulary_size must be 0 "
+            "with init(use_dynamic_expansion=True): the dynamic store grows in device memory "
+            "and has no host or SSD tier")
+    previous = runtime.tables.get(name)
+    if (isinstance(previous, DynamicTable)
+            and previous.graph is tf.compat.v1.get_default_graph()):
+        raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
+    table_key = runtime.table_key(name)
+    engine = loader.engine()
+    engine.create_table(key=table_key, name=name, dim=dim, capacity=HOST_CAPACITY,
+                        padding_keys=list(padding_keys), access_threshold=0.0,
+                        faae_coefficient=1.0)
+    if runtime.config.use_combine_faae:
+        engine.share_counts(table_key, runtime.table_key("__combined_faae__"))
+    table = DynamicTable(name, key_dtype, dim, initializer, size_hint, padding_keys,
+                         value_dtype, table_key,
+                         key_stage_chain=(runtime.shared_key_stage_chain
+                                          if runtime.config.use_combine_faae else None))
+    engine.create_dynamic_store(key=table_key, name=name, dim=dim, chunk_rows=table.chunk_rows)
+    if is_save and not serving.in_serving_export():
+        # The host state (ID -> address) saves like any table's; the rows
+        # themselves do not yet (see export_values).
+        host_state.register(name, table_key)
+    runtime.tables[name] = table
+    return table
+
+
+def _ops():
+    return loader.op_library()
+
+
+def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Tensor,
+           is_train: bool, modify_graph: bool = False) -> tf.Tensor:
+    """sparse_lookup's dynamic-expansion branch, from the key stage's plan."""
+    if modify_graph:
+        raise ValueError(f"sparse_lookup on table {table.table_name!r}: modify_graph=True is "
+                         "not available with init(use_dynamic_expansion=True)")
+    with tf.device(_CPU):
+        addresses = tf.cast(rows, tf.int64, name="addresses")
+        deps = []
+        if is_train:
+            fresh = _ops().mxrec_dynamic_ensure_rows(addresses, table_key=table.table_key)
+            values = table.initial_rows(tf.size(fresh))
+            if values is None:
+                raise ValueError(
+                    f"table {table.table_name!r}: with init(use_dynamic_expansion=True) new "
+                    "rows are initialised as they are admitted, and the initializer "
+                    f"({type(table.initializer).__name__}) cannot make rows for a dynamic row "
+                    "count; use a tf.compat.v1 initializer such as "
+                    "truncated_normal_initializer or constant_initializer")
+            deps.append(_ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
+                                                    table_key=table.table_key, dim=table.dim))
+        with tf.control_dependencies(deps):
+            local_emb = _ops().mxrec_dynamic_gather(addresses, table_key=table.table_key,
+                                                    dim=table.dim, name="local_emb")
+    emb = _restore_rows(local_emb, restore)
+    out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [table.dim]], axis=0)
+    out = tf.reshape(emb, out_shape)
+    out.set_shape(ids.shape.concatenate([table.dim]))
+    if is_train:
+        addresses._mxrec_dynamic_table = table  # lets the by-address optimizers find it
+        for collection in (ASCEND_SPARSE_LOOKUP_LOCAL_EMB, LOCAL_EMB_COLLECTION):
+            tf.compat.v1.add_to_collection(collection, local_emb)
+        for collection in (ASCEND_SPARSE_LOOKUP_ID_OFFSET, ID_OFFSET_COLLECTION):
+            tf.compat.v1.add_to_collection(collection, addresses)
+    return out
+
+
+def table_of_address(address, optimizer: str) -> DynamicTable:
+    """The table whose training lookup made `address`; TypeError for any other tensor."""
+    table = getattr(address, "_mxrec_dynamic_table", None)
+    if table is not None:
+        return table
+    if getattr(address, "_mxrec_table", None) is not None:
+        raise TypeError(
+            f"{optimizer} updates tables of init(use_dynamic_expansion=True) by address; got "
+            f"the variable of table {address._mxrec_table.table_name!r}. Train tables with a "
+            "variable with create_hash_optimizer")
+    label = getattr(address, "name", None) or type(address).__name__
+    raise TypeError(
+        f"{optimizer}: {label} is not an address tensor of a training lookup. Pass the tensors "
+        "of tf.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET) themselves (not copies, slices "
+        "or tf.identity of them)")
+
+
+def export_values(table: DynamicTable, slot: str = "") -> Tuple[np.ndarray, np.ndarray]:
+    """(ids [K] int64, values [K, dim] float32) of every admitted ID, ordered by address.
+
+    slot: "" for the embedding, or an optimizer slot as store_stats()["slot_names"]
+        lists them ("<optimizer name>/<slot>", e.g. "LazyAdamByAddress/m").
+    """
+    ids, rows = loader.engine().export_rows(table.table_key)
+    values = loader.engine().dynamic_store_read(table.table_key, rows.astype(np.int64), slot)
+    return ids, values
+
+
+def write_rows(table: DynamicTable, addresses, values, slot: str = "",
+               initial: float = 0.0) -> None:
+    """Writes rows at addresses (marking them in use), e.g. when restoring a checkpoint
+    after the host state: export_rows() gives each ID's address. A new slot starts
+    every row at `initial`."""
+    loader.engine().dynamic_store_write(table.table_key, np.asarray(addresses, np.int64),
+                                        np.asarray(values, np.float32), slot, float(initial))

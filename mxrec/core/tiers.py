@@ -1,0 +1,247 @@
+"""Host and SSD tiers: the device table as a cache over host memory and disk.
+
+With `create_table(..., device_vocabulary_size=D, host_vocabulary_size=H)`
+("DDR mode", and `ssd_vocabulary_size=S, ssd_data_path=...` for "SSD mode")
+the device variable holds D rows and the host keeps the rows, optimizer slots
+included, of up to H (+ S) more IDs. The host key stage decides per batch,
+ahead of the step, which device rows change owner (victims: least recently
+used, then least frequently counted, among rows no other lookup of the same
+step uses) and queues that swap plan in the engine. The step applies the
+plans in order, one component (the embedding, then each optimizer slot) at a
+time:
+
+    reused [R] (rows that change owner, the key stage's reused_rows)
+      current  = gather(variable, reused)                 old owners' values
+      incoming, fresh = MxrecTierSwap(reused, current)    current -> host tier,
+                                                          new owners' values <- host tier
+      variable[reused] = fresh ? initializer : incoming   before the lookup's gather
+
+The embedding swaps before the lookup's gather; the slots swap in the hash
+optimizer, before its update. Plans are applied at step time and in plan
+order, so a prefetched batch never needs its rows held back: a row that batch
+t uses and plan t+1 takes is swapped out by step t+1, after step t trained it.
+
+Example:
+    >>> table = create_table(tf.int64, 16, "user", init, device_vocabulary_size=50_000,
+    ...                      host_vocabulary_size=1_000_000)
+    >>> emb = sparse_lookup(table, ids)        # as in device-only mode
+    >>> values = export_values(sess, table)    # {"embedding": (ids [n], rows [n, 16]), ...}
+"""
+
+import os
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec._lib import loader
+
+EMBEDDING = "embedding"
+# graph -> {(table_key, component): the last swap's scatter}: swaps of one
+# table and component run one after another, in plan order, within a step.
+_SWAP_CHAINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# graph -> {table_key: training lookups of the table in the graph}.
+_LOOKUPS_PER_STEP: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _check_count(table_name: str, label: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"create_table {table_name!r}: {label} must be an int >= 0, "
+                         f"got {value!r}")
+    return int(value)
+
+
+def check_settings(table_name: str, host_vocabulary_size, ssd_vocabulary_size,
+                   ssd_data_path) -> Tuple[int, int, str]:
+    """Validates the tier settings of create_table; returns (host, ssd, ssd path).
+
+    Raises:
+        ValueError: a negative size, an SSD tier without a host tier, or an SSD tier
+            without an existing ssd_data_path directory.
+    """
+    host = _check_count(table_name, "host_vocabulary_size", host_vocabulary_size)
+    ssd = _check_count(table_name, "ssd_vocabulary_size", ssd_vocabulary_size)
+    if isinstance(ssd_data_path, (list, tuple)):
+        if len(ssd_data_path) > 1:
+            raise ValueError(f"create_table {table_name!r}: ssd_data_path takes one directory, "
+                             f"got {list(ssd_data_path)}")
+        ssd_data_path = ssd_data_path[0] if ssd_data_path else ""
+    path = os.fspath(ssd_data_path) if ssd_data_path else ""
+    if ssd > 0:
+        if host == 0:
+            raise ValueError(f"create_table {table_name!r}: ssd_vocabulary_size > 0 needs "
+                             "host_vocabulary_size > 0 (the SSD tier lies under the host tier)")
+        if not path:
+            raise ValueError(f"create_table {table_name!r}: ssd_vocabulary_size > 0 needs "
+                             "ssd_data_path, a directory for the SSD tier's files")
+        if not os.path.isdir(path):
+            raise ValueError(f"create_table {table_name!r}: ssd_data_path {path!r} is not an "
+                             "existing directory")
+    elif path and host == 0:
+        raise ValueError(f"create_table {table_name!r}: ssd_data_path is set but "
+                         "ssd_vocabulary_size is 0")
+    return host, ssd, path
+
+
+def is_tiered(table) -> bool:
+    return getattr(table, "host_vocabulary_size", 0) > 0
+
+
+def _previous_swap(graph, table_key: str, component: str) -> List[tf.Operation]:
+    previous = _SWAP_CHAINS.setdefault(graph, {}).get((table_key, component))
+    return [] if previous is None else [previous]
+
+
+def count_training_lookup(table) -> None:
+    """Records one more training lookup of `table` in this graph's step.
+
+    The batches of one step are planned one after another; none may take
+    another's rows as swap victims, so the engine protects that many batches.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    counts = _LOOKUPS_PER_STEP.setdefault(graph, {})
+    counts[table.table_key] = counts.get(table.table_key, 0) + 1
+    loader.engine().set_swap_protect(table.table_key, counts[table.table_key])
+
+
+def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
+          fresh_rows) -> tf.Operation:
+    """Swaps the rows `reused` of `variable` (one component of `table`), in plan order."""
+    graph = tf.compat.v1.get_default_graph()
+    current = tf.gather(variable, reused)
+    # After the previous lookup's whole swap, not only its MxrecTierSwap: this
+    # plan may take back an ID that one swapped out, and this lookup's gather
+    # may read a row that one refilled (an ID in both batches).
+    with tf.control_dependencies(_previous_swap(graph, table.table_key, component)), \
+            tf.device("/device:CPU:0"):
+        incoming, fresh = loader.op_library().mxrec_tier_swap(
+            rows=reused, current=current, table_key=table.table_key, component=component)
+    values = tf.where(tf.expand_dims(fresh, 1), fresh_rows(tf.size(reused)),
+                      tf.cast(incoming, variable.dtype.base_dtype))
+    update = variable.scatter_update(tf.IndexedSlices(values, reused))
+    _SWAP_CHAINS[graph][(table.table_key, component)] = update
+    return update
+
+
+def swap_embedding(table, reused: tf.Tensor) -> tf.Operation:
+    """The embedding's swap for one lookup; run it before the lookup's gather."""
+    count_training_lookup(table)
+
+    def fresh_rows(count):
+        rows = table.initial_rows(count)
+        if rows is None:
+            raise ValueError(
+                f"table {table.table_name!r} has a host tier, so rows of new IDs are filled "
+                f"from its initializer for a dynamic row count, which "
+                f"{type(table.initializer).__name__} cannot do; use a tf.compat.v1 initializer "
+                "such as truncated_normal_initializer or constant_initializer")
+        return rows
+
+    return _swap(table, table.variable, reused, EMBEDDING, fresh_rows)
+
+
+def swap_slots(optimizer, table, variable, graph) -> List[tf.Operation]:
+    """The optimizer slots' swaps of every lookup of `table` in `graph`, in order."""
+    reused_list = table._reused_rows.get(graph, [])  # pylint: disable=protected-access
+    initial = optimizer._slot_initial_values()  # pylint: disable=protected-access
+    ops = []
+    for slot_name in sorted(optimizer.get_slot_names()):
+        slot = optimizer.get_slot(variable, slot_name)
+        if slot is None:
+            continue
+        if slot_name not in initial:
+            raise ValueError(
+                f"{type(optimizer).__name__}: slot {slot_name!r} of table {table.table_name!r} "
+                "has no initial value (_slot_initial_values), which the host tier needs for "
+                "new IDs")
+        component = f"{optimizer.get_name()}/{slot_name}"
+        loader.engine().tier_register(table.table_key, component)
+        dtype = slot.dtype.base_dtype
+
+        def fresh_rows(count, value=initial[slot_name], dtype=dtype):
+            return tf.fill(tf.stack([count, table.dim]), tf.constant(value, dtype))
+
+        for reused in reused_list:
+            ops.append(_swap(table, slot, reused, component, fresh_rows))
+    return ops
+
+
+def read_host_rows(table, ids: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
+    """Evaluation: emb [N, dim] with the rows of IDs in the host tier read in place."""
+    with tf.device("/device:CPU:0"):
+        values, found = loader.op_library().mxrec_tier_read(
+            ids=tf.reshape(ids, [-1]), table_key=table.table_key, component=EMBEDDING)
+    return tf.where(tf.expand_dims(found, 1), tf.cast(values, emb.dtype), emb)
+
+
+def stats(table) -> Dict[str, int]:
+    """Rows per tier and swap traffic of a table with a host tier.
+
+    Keys: device_rows, tier_ids (IDs whose rows are off the device), host_rows and
+    ssd_rows (where those rows physically are now), host_bytes, ssd_file_bytes,
+    swap_in_total / swap_out_total / fresh_total (embedding rows moved in from the
+    tier, out to it, filled by the initializer), swap_in_last / swap_out_last (the
+    last applied plan: one step, or the last lookup of a step with several),
+    pending_plans, ssd_compactions.
+    """
+    engine = loader.engine()
+    out = dict(engine.tier_stats(table.table_key))
+    host = engine.stats(table.table_key)
+    out["device_rows"] = host["rows_in_use"]
+    out["tier_ids"] = host.get("tier_ids", 0)
+    return out
+
+
+def export_values(sess: tf.compat.v1.Session, table, slots: bool = True
+                  ) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
+    """Every admitted ID's row, and optimizer slot rows, wherever they live.
+
+    Call it at a step boundary with every planned batch trained (no batch
+    prefetched and not yet stepped): the host decides residency ahead of the
+    step, so with pending plans the rows are in motion.
+
+    Returns:
+        {"embedding": (ids [n] int64 sorted, values [n, dim]),
+         "<optimizer>/<slot>": (ids, values), ...}
+
+    Raises:
+        RuntimeError: planned batches are still waiting for their step.
+    """
+    engine = loader.engine()
+    key = table.table_key
+    if is_tiered(table):
+        pending = engine.tier_stats(key)["pending_plans"]
+        if pending:
+            raise RuntimeError(
+                f"export_values: table {table.table_name!r} has {pending} planned batches "
+                "whose swaps have not been applied by a training step yet; train them first")
+    ids, rows = engine.export_rows(key)
+    variables = {EMBEDDING: table.variable}
+    if slots:
+        for optimizer in table.optimizers:
+            for slot_name in sorted(optimizer.get_slot_names()):
+                slot = optimizer.get_slot(table.variable, slot_name)
+                if slot is not None:
+                    variables[f"{optimizer.get_name()}/{slot_name}"] = slot
+    dense = sess.run(variables)
+    out = {}
+    for component, full in dense.items():
+        all_ids = np.asarray(ids, np.int64)
+        values = full[np.asarray(rows, np.int64)]
+        if is_tiered(table):
+            host_ids, host_values = engine.tier_export(key, component)
+            all_ids = np.concatenate([all_ids, host_ids])
+            values = np.concatenate([values, host_values.astype(values.dtype)])
+        order = np.argsort(all_ids, kind="stable")
+        out[component] = (all_ids[order], values[order])
+    return out
+
+
+def tier_of(table, ids) -> Optional[np.ndarray]:
+    """0 for IDs with a device row, 1 for IDs in the host or SSD tier, -1 otherwise."""
+    engine = loader.engine()
+    device_ids, _ = engine.export_rows(table.table_key)
+    host_ids = engine.tier_export(table.table_key, EMBEDDING)[0] if is_tiered(table) else []
+    ids = np.asarray(ids, np.int64)
+    return np.where(np.isin(ids, device_ids), 0, np.where(np.isin(ids, host_ids), 1, -1))

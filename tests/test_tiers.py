@@ -1,0 +1,302 @@
+"""Host and SSD tiers: a small device cache over host memory (and disk) trains exactly like
+device-only mode, on the direct path and through the graph modifier with prefetch; rows spill
+to disk and read back; each misconfiguration has its error."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mxrec.core import tiers
+from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.graph.modifier import modify_graph_and_start_emb_cache
+from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
+from mxrec.util.initialize import get_initializer, init, terminate_config_initializer
+from mxrec.util.variable import get_dense_and_sparse_variable
+
+_v1 = tf.compat.v1
+BATCH = 8
+NUM_BATCHES = 30
+DIM = 4
+IDS_A = 400  # table "a": one lookup of [B, 2] per step
+IDS_B = 200  # table "b": two lookups of [B, 1] per step
+OPTIMIZERS = {
+    "sgd": lambda: gradient_descent.create_hash_optimizer(0.1),
+    "adagrad": lambda: adagrad.create_hash_optimizer(0.1),
+    "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.01),
+}
+
+
+@pytest.fixture(autouse=True)
+def _graph_mode():
+    with tf.Graph().as_default() as graph:
+        yield graph
+    terminate_config_initializer()
+
+
+def _data(seed=0, num_batches=NUM_BATCHES):
+    """Skewed IDs, so that rows leave the cache and come back."""
+    rng = np.random.default_rng(seed)
+    n = BATCH * num_batches
+    a = (rng.zipf(1.3, size=(n, 2)) % IDS_A).astype(np.int64)
+    b = (1000 + rng.zipf(1.2, size=(n, 2)) % IDS_B).astype(np.int64)
+    labels = rng.integers(0, 2, size=(n, 1)).astype(np.float32)
+    return {"a": a, "b": b}, labels
+
+
+def _dataset(data):
+    features, labels = data
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH)
+
+
+def _tables(device_a, device_b, host=0, ssd=0, ssd_path=()):
+    init_value = _v1.constant_initializer(0.05)
+    return (create_table(tf.int64, DIM, "a", init_value, device_vocabulary_size=device_a,
+                         host_vocabulary_size=host, ssd_vocabulary_size=ssd,
+                         ssd_data_path=ssd_path),
+            create_table(tf.int64, DIM, "b", init_value, device_vocabulary_size=device_b,
+                         host_vocabulary_size=host, ssd_vocabulary_size=ssd,
+                         ssd_data_path=ssd_path))
+
+
+def _model(features, labels, tables, modify_graph):
+    table_a, table_b = tables
+    emb = [sparse_lookup(table_a, features["a"], modify_graph=modify_graph, name="a_lookup"),
+           sparse_lookup(table_b, features["b"][:, :1], modify_graph=modify_graph,
+                         name="b_first"),
+           sparse_lookup(table_b, features["b"][:, 1:], modify_graph=modify_graph,
+                         name="b_second")]
+    flat = tf.concat([tf.reshape(e, [-1, e.shape[1] * DIM]) for e in emb], axis=1)
+    kernel = _v1.get_variable("dense/kernel", [flat.shape[-1], 1],
+                              initializer=_v1.glorot_uniform_initializer(seed=3))
+    logits = tf.matmul(flat, kernel)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    dense, sparse = get_dense_and_sparse_variable()
+    dense_op = _v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense)
+    return loss, dense_op, sparse
+
+
+def _train(optimizer, tiered, modify_graph=False, prefetch=1, seed=0, ssd_path=None,
+           host=1000, ssd=0):
+    """Trains on the same batches; returns {table: {component: {id: row}}}, the dense kernel
+    and the tier statistics."""
+    init(prefetch_batch_number=prefetch)
+    data = _data(seed)
+    iterator = _v1.data.make_initializable_iterator(_dataset(data))
+    features, labels = iterator.get_next()
+    if tiered:
+        tables = _tables(20, 20, host=host, ssd=ssd, ssd_path=ssd_path or ())  # 5% and 10%
+    else:
+        tables = _tables(IDS_A, IDS_B)
+    loss, dense_op, sparse = _model(features, labels, tables, modify_graph)
+    grads = tf.gradients(loss, sparse)
+    train_op = tf.group(dense_op, OPTIMIZERS[optimizer]().apply_gradients(zip(grads, sparse)))
+    if modify_graph:
+        modify_graph_and_start_emb_cache()
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(get_initializer(True) if modify_graph else iterator.initializer)
+        for _ in range(NUM_BATCHES):
+            sess.run(train_op)
+        rows = {}
+        for table in tables:
+            exported = tiers.export_values(sess, table)
+            rows[table.table_name] = {
+                component: dict(zip(ids.tolist(), values)) for component, (ids, values)
+                in exported.items()}
+        kernel = sess.run(_v1.trainable_variables()[0])
+    stats = {t.table_name: tiers.stats(t) for t in tables} if tiered else {}
+    return rows, kernel, stats
+
+
+def _assert_same(got, want):
+    rows, kernel, _ = got
+    want_rows, want_kernel, _ = want
+    for table, components in want_rows.items():
+        assert sorted(rows[table]) == sorted(components), table
+        for component, values in components.items():
+            got_values = rows[table][component]
+            assert sorted(got_values) == sorted(values), f"{table}/{component}: IDs differ"
+            for key, value in values.items():
+                np.testing.assert_allclose(got_values[key], value, atol=1e-5,
+                                           err_msg=f"{table}/{component}/{key}")
+    np.testing.assert_allclose(kernel, want_kernel, atol=1e-5)
+
+
+_REFERENCES = {}
+
+
+def _reference(optimizer, seed=0):
+    if (optimizer, seed) not in _REFERENCES:
+        with tf.Graph().as_default():
+            _REFERENCES[(optimizer, seed)] = _train(optimizer, tiered=False, seed=seed)
+        terminate_config_initializer()
+    return _REFERENCES[(optimizer, seed)]
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_host_tier_direct_path_equals_device_only(optimizer, seed):
+    got = _train(optimizer, tiered=True, seed=seed)
+    _assert_same(got, _reference(optimizer, seed))
+    stats = got[2]
+    # The cache is small: rows really went to the host tier and came back.
+    for name in ("a", "b"):
+        assert stats[name]["swap_out_total"] > 50, stats[name]
+        assert stats[name]["swap_in_total"] > 10, stats[name]
+        assert stats[name]["device_rows"] == 20
+        assert stats[name]["tier_ids"] == stats[name]["host_rows"] > 0
+        assert stats[name]["pending_plans"] == 0
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
+def test_host_tier_graph_modifier_prefetch_equals_device_only(optimizer, prefetch):
+    _assert_same(_train(optimizer, tiered=True, modify_graph=True, prefetch=prefetch),
+                 _reference(optimizer))
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("prefetch", [1, 4])
+def test_ssd_tier_equals_device_only(tmp_path, optimizer, prefetch):
+    got = _train(optimizer, tiered=True, modify_graph=True, prefetch=prefetch,
+                 ssd_path=str(tmp_path), host=30, ssd=1000)
+    _assert_same(got, _reference(optimizer))
+    for name in ("a", "b"):
+        assert got[2][name]["ssd_rows"] > 0, got[2][name]
+        assert got[2][name]["host_rows"] <= 30
+
+
+def test_eval_lookup_reads_host_rows():
+    """Evaluation (is_train=False) sees trained rows wherever they live, and moves nothing."""
+    init(prefetch_batch_number=0)
+    table = create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.0),
+                         device_vocabulary_size=4, host_vocabulary_size=100)
+    ids = _v1.placeholder(tf.int64, [None])
+    emb = sparse_lookup(table, ids)
+    loss = tf.reduce_sum(emb * tf.range(1.0, DIM + 1.0))
+    grads = tf.gradients(loss, [table.variable])
+    train_op = gradient_descent.create_hash_optimizer(1.0).apply_gradients(
+        zip(grads, [table.variable]))
+    eval_emb = sparse_lookup(table, ids, is_train=False, name="eval")
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        for batch in ([1, 2, 3, 4], [5, 6, 7, 8], [1, 9, 9, 10]):
+            sess.run(train_op, {ids: batch})
+        before = tiers.stats(table)
+        got = sess.run(eval_emb, {ids: [1, 2, 5, 9, 11]})
+        assert tiers.stats(table)["swap_in_total"] == before["swap_in_total"]
+    trained = -np.arange(1.0, DIM + 1.0)
+    np.testing.assert_allclose(got, [2 * trained, trained, trained, 2 * trained, 0 * trained])
+    assert list(tiers.tier_of(table, [1, 2, 5, 9, 11])) == [0, 1, 1, 0, -1]
+
+
+def test_ssd_stream_spills_and_reads_back(tmp_path, engine):
+    """IDs beyond host memory's share spill to the SSD file, compact, and read back exactly."""
+    init()
+    table = create_table(tf.int64, 2, "t", _v1.zeros_initializer(), device_vocabulary_size=8,
+                         host_vocabulary_size=16, ssd_vocabulary_size=4096,
+                         ssd_data_path=str(tmp_path))
+    key = table.table_key
+    truth = {}
+    rng = np.random.default_rng(0)
+    device = {}  # row -> ID as the engine planned it
+    for step in range(700):
+        if step < 200:  # new IDs, far more than host memory holds
+            batch = rng.choice(100_000, size=6, replace=False).astype(np.int64)
+        else:  # read back, swap out again: dead records, compaction
+            batch = rng.choice(sorted(truth), size=6, replace=False).astype(np.int64)
+        (rows, _, reused), = engine.process([key], [batch], True, step)
+        current = np.stack([truth.get(device.get(int(r)), np.zeros(2, np.float32))
+                            for r in reused]) if len(reused) else np.zeros((0, 2), np.float32)
+        incoming, fresh = engine.tier_swap(key, "embedding", reused, current)
+        for i, row in enumerate(reused):
+            new_id = int(batch[list(rows).index(row)])
+            if not fresh[i]:
+                np.testing.assert_array_equal(incoming[i], truth[new_id])
+            else:
+                assert new_id not in truth
+        for i, row in enumerate(rows):
+            device[int(row)] = int(batch[i])
+            truth[int(batch[i])] = np.array([batch[i], step], np.float32)
+    stats = tiers.stats(table)
+    assert stats["ssd_rows"] > 1000 and stats["host_rows"] <= 16, stats
+    assert stats["ssd_compactions"] > 0, stats
+    ids, values = engine.tier_export(key, "embedding")
+    for i, value in zip(ids, values):
+        np.testing.assert_array_equal(value, truth[int(i)])
+    assert len(ids) + 8 == len(truth)
+
+
+# --- misconfiguration -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"host_vocabulary_size": -1}, "host_vocabulary_size must be an int >= 0"),
+    ({"host_vocabulary_size": 1.5}, "host_vocabulary_size must be an int >= 0"),
+    ({"ssd_vocabulary_size": 10}, "needs host_vocabulary_size > 0"),
+    ({"host_vocabulary_size": 10, "ssd_vocabulary_size": 10}, "needs ssd_data_path"),
+    ({"host_vocabulary_size": 10, "ssd_vocabulary_size": 10, "ssd_data_path": "/no/such/dir"},
+     "not an existing directory"),
+])
+def test_bad_tier_settings(kwargs, match):
+    init()
+    with pytest.raises(ValueError, match=match):
+        create_table(tf.int64, DIM, "t", _v1.zeros_initializer(), device_vocabulary_size=4,
+                     **kwargs)
+
+
+def _one_table_step(device, host, lookups=1):
+    init(prefetch_batch_number=0)
+    table = create_table(tf.int64, DIM, "small", _v1.zeros_initializer(),
+                         device_vocabulary_size=device, host_vocabulary_size=host)
+    ids = _v1.placeholder(tf.int64, [None])
+    emb = [sparse_lookup(table, ids, name=f"l{i}") for i in range(lookups)]
+    loss = tf.add_n([tf.reduce_sum(e) for e in emb])
+    grads = tf.gradients(loss, [table.variable])
+    return ids, tf.group(gradient_descent.create_hash_optimizer(0.1).apply_gradients(
+        zip(grads, [table.variable])))
+
+
+def test_device_cache_smaller_than_a_step_is_an_error():
+    ids, train_op = _one_table_step(device=4, host=100, lookups=2)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(train_op, {ids: [1, 2]})
+        with pytest.raises(tf.errors.ResourceExhaustedError,
+                           match=r"'small'.*device cache.*device_vocabulary_size is 4"):
+            sess.run(train_op, {ids: [3, 4, 5]})
+
+
+def test_total_capacity_exhausted_is_an_error():
+    ids, train_op = _one_table_step(device=4, host=6)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(train_op, {ids: [1, 2, 3, 4]})
+        sess.run(train_op, {ids: [5, 6, 7, 8]})
+        with pytest.raises(tf.errors.ResourceExhaustedError,
+                           match=r"'small' is full.*4 device_vocabulary_size \+ 6 "
+                                 r"host_vocabulary_size"):
+            sess.run(train_op, {ids: [9, 10, 11]})
+        # Nothing trained is lost: the known IDs still train.
+        sess.run(train_op, {ids: [1, 2, 9, 10]})
+
+
+def test_eviction_removes_host_tier_rows():
+    ids, train_op = _one_table_step(device=2, host=10)
+    table = tf.compat.v1.get_default_graph().get_collection("mxrec_sparse_tables")[0]._mxrec_table
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        for batch in ([1, 2], [3, 4], [5, 6]):
+            sess.run(train_op, {ids: batch})
+        assert tiers.stats(table)["tier_ids"] == 4
+        table.shrink(1)  # every ID was seen since: all restart at age 0
+        assert table.shrink(1) == 6
+        stats = tiers.stats(table)
+        assert stats["tier_ids"] == 0 and stats["host_rows"] == 0 and stats["device_rows"] == 0
+
+
+def test_checkpoint_of_tiered_table_is_refused(engine):
+    init()
+    table = create_table(tf.int64, DIM, "t", _v1.zeros_initializer(), device_vocabulary_size=4,
+                         host_vocabulary_size=10)
+    with pytest.raises(ValueError, match="host or SSD tier are not supported"):
+        engine.export_state(table.table_key)
