@@ -1,0 +1,136 @@
+"""Training throughput with a device cache over the host tier, against device-only mode.
+
+Both variants train the same model on the same batches in one process (graph
+modifier, prefetch 2, Adagrad): one table addressed by Zipf-distributed IDs,
+26 features per sample. The device-only table holds every ID; the tiered table
+holds `--cache` of them on the device and the rest in host memory (and, with
+`--ssd_share`, part of those on disk). Prints a Markdown table with samples/s,
+the ratio to device-only measured in the same run, swap traffic per step and
+host memory per million IDs.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_tiers.py --cache 0.1
+"""
+
+import argparse
+import os
+import platform
+import shutil
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from mxrec.core import tiers  # noqa: E402
+from mxrec.core.embedding import create_table, sparse_lookup  # noqa: E402
+from mxrec.graph.modifier import modify_graph_and_start_emb_cache  # noqa: E402
+from mxrec.optimizers import adagrad  # noqa: E402
+from mxrec.util.initialize import get_initializer, init, terminate_config_initializer  # noqa: E402
+from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
+
+_v1 = tf.compat.v1
+FEATURES = 26
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ids", type=int, default=200_000, help="ID space of the Zipf draw")
+    parser.add_argument("--batch_size", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=60, help="steps per variant")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--zipf", type=float, default=1.15, help="Zipf exponent")
+    parser.add_argument("--cache", type=float, default=0.10,
+                        help="device rows as a share of the distinct IDs")
+    parser.add_argument("--ssd_share", type=float, default=0.0,
+                        help="share of the distinct IDs kept on SSD (0: no SSD tier)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def _run(args, ids, labels, device_rows, host_rows=0, ssd_rows=0, ssd_path=None):
+    with tf.Graph().as_default():
+        init(prefetch_batch_number=2)
+        dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(args.batch_size)
+        iterator = _v1.data.make_initializable_iterator(dataset)
+        x, y = iterator.get_next()
+        extra = {}
+        if ssd_rows:
+            extra = {"ssd_vocabulary_size": ssd_rows, "ssd_data_path": ssd_path}
+        table = create_table(tf.int64, args.dim, "t", _v1.constant_initializer(0.01),
+                             device_vocabulary_size=device_rows,
+                             host_vocabulary_size=host_rows, **extra)
+        emb = tf.reshape(sparse_lookup(table, x, modify_graph=True), [-1, FEATURES * args.dim])
+        weight = _v1.get_variable("w", [FEATURES * args.dim, 1],
+                                  initializer=_v1.glorot_uniform_initializer(seed=1))
+        loss = tf.reduce_mean(
+            tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=emb @ weight))
+        dense, sparse = get_dense_and_sparse_variable()
+        train = tf.group(
+            _v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
+            adagrad.create_hash_optimizer(0.1).apply_gradients(
+                zip(tf.gradients(loss, sparse), sparse)))
+        modify_graph_and_start_emb_cache()
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(get_initializer(True))
+            for _ in range(args.warmup):
+                sess.run(train)
+            start = time.perf_counter()
+            for _ in range(args.steps - args.warmup):
+                sess.run(train)
+            seconds = time.perf_counter() - start
+            stats = tiers.stats(table) if host_rows else {}
+        terminate_config_initializer()
+    return (args.steps - args.warmup) * args.batch_size / seconds, stats
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    samples = args.batch_size * args.steps
+    ids = (rng.zipf(args.zipf, size=(samples, FEATURES)) % args.ids).astype(np.int64)
+    labels = rng.integers(0, 2, size=(samples, 1)).astype(np.float32)
+    per_batch = [len(np.unique(ids[i * args.batch_size:(i + 1) * args.batch_size]))
+                 for i in range(args.steps)]
+    distinct = len(np.unique(ids))
+
+    device_only, _ = _run(args, ids, labels, distinct + 16)
+    cache = max(int(distinct * args.cache), max(per_batch) * 2 + 16)
+    ssd_rows = int(distinct * args.ssd_share)
+    host_rows = distinct - ssd_rows if ssd_rows else distinct
+    ssd_dir = tempfile.mkdtemp(prefix="mxrec_bench_ssd_") if ssd_rows else None
+    try:
+        tiered, stats = _run(args, ids, labels, cache, host_rows, ssd_rows, ssd_dir)
+    finally:
+        if ssd_dir:
+            shutil.rmtree(ssd_dir, ignore_errors=True)
+
+    steps = args.steps
+    print(f"machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+          f"TensorFlow {tf.__version__}")
+    print(f"data: {samples} samples x {FEATURES} features, Zipf({args.zipf}) over "
+          f"{args.ids} IDs: {distinct} distinct, {np.mean(per_batch):.0f} unique per batch "
+          f"(max {max(per_batch)}); batch {args.batch_size}, dim {args.dim}, Adagrad, "
+          f"prefetch 2, {steps - args.warmup} measured steps")
+    print()
+    print("| mode | device rows | samples/s | ratio to device-only |")
+    print("|---|---:|---:|---:|")
+    print(f"| device-only | {distinct + 16} | {device_only:,.0f} | 1.00 |")
+    label = "host tier" + (f" + SSD ({args.ssd_share:.0%})" if ssd_rows else "")
+    print(f"| {label} | {cache} ({cache / distinct:.0%}) | {tiered:,.0f} | "
+          f"{tiered / device_only:.2f} |")
+    print()
+    host_rows_now = max(1, stats.get("host_rows", 0))
+    print(f"swap traffic per step: {stats['swap_in_total'] / steps:,.0f} rows in from the "
+          f"host tier, {stats['swap_out_total'] / steps:,.0f} out, "
+          f"{stats['fresh_total'] / steps:,.0f} new rows from the initializer")
+    print(f"host tier: {stats.get('host_rows', 0)} rows, {stats.get('host_bytes', 0):,} bytes "
+          f"= {stats.get('host_bytes', 0) / host_rows_now * 1e6 / 2**20:,.0f} MiB per million "
+          "IDs")
+
+
+if __name__ == "__main__":
+    main()
