@@ -80,28 +80,13 @@ class DynamicTable(SparseEmbedding):
     """
 
     is_dynamic = True
-    host_vocabulary_size = 0
-    ssd_vocabulary_size = 0
 
     def __init__(self, name, key_dtype, dim, initializer, size_hint, padding_keys, value_dtype,
                  table_key, key_stage_chain=None):
         # SparseEmbedding.__init__ would create the fixed-size variable this
-        # mode does without, so the shared attributes are set here.
-        self.table_name = name
-        self.key_dtype = key_dtype
-        self.dim = dim
-        self.initializer = initializer
-        self.device_vocabulary_size = size_hint
-        self.padding_keys = list(padding_keys)
-        self.value_dtype = value_dtype
-        self.table_key = table_key
-        self.access_and_evict_config: Optional[Dict] = None
-        self.eviction_threshold: Optional[int] = None
-        self.optimizers = []
-        self._last_key_stage = {} if key_stage_chain is None else key_stage_chain
-        self._reused_rows = {}
-        self._refills = {}
-        self.can_reinitialize = True
+        # mode does without: only its host side is shared.
+        self._init_host_side(name, key_dtype, dim, initializer, size_hint, padding_keys,
+                             value_dtype, table_key, key_stage_chain)
         self.pad_row = None
         self.graph = tf.compat.v1.get_default_graph()
         self.chunk_rows = chunk_rows_for(size_hint, dim)

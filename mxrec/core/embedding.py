@@ -72,6 +72,27 @@ class SparseEmbedding:
         static_shapes: bool = False,
         key_stage_chain: Optional[Dict] = None,
     ):
+        self._init_host_side(name, key_dtype, dim, initializer, device_vocabulary_size,
+                             padding_keys, value_dtype, table_key, key_stage_chain)
+        # With static shapes the planned rows are padded to send_count; the
+        # padding points at one extra row that no ID ever gets.
+        self.pad_row = device_vocabulary_size if static_shapes else None
+        rows = device_vocabulary_size + (1 if static_shapes else 0)
+        with tf.device(accelerator_device()):
+            self.variable = tf.compat.v1.get_variable(
+                name,
+                shape=[rows, dim],
+                dtype=value_dtype,
+                initializer=initializer,
+                trainable=False,
+                use_resource=True,
+                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLE_COLLECTION],
+            )
+        self.variable._mxrec_table = self  # lets the optimizers find the table
+
+    def _init_host_side(self, name, key_dtype, dim, initializer, device_vocabulary_size,
+                        padding_keys, value_dtype, table_key, key_stage_chain):
+        """Everything but the device storage (which dynamic tables keep elsewhere)."""
         self.table_name = name
         self.key_dtype = key_dtype
         self.dim = dim
@@ -89,21 +110,8 @@ class SparseEmbedding:
         self._reused_rows = {}
         self._refills = {}
         self.can_reinitialize = True
-        # With static shapes the planned rows are padded to send_count; the
-        # padding points at one extra row that no ID ever gets.
-        self.pad_row = device_vocabulary_size if static_shapes else None
-        rows = device_vocabulary_size + (1 if static_shapes else 0)
-        with tf.device(accelerator_device()):
-            self.variable = tf.compat.v1.get_variable(
-                name,
-                shape=[rows, dim],
-                dtype=value_dtype,
-                initializer=initializer,
-                trainable=False,
-                use_resource=True,
-                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLE_COLLECTION],
-            )
-        self.variable._mxrec_table = self  # lets the optimizers find the table
+        self.host_vocabulary_size = 0
+        self.ssd_vocabulary_size = 0
 
     @property
     def name(self) -> str:
