@@ -36,7 +36,7 @@ Example:
     ...     list(zip(grads, addresses)))
 """
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
