@@ -118,6 +118,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                             "is the batch index, in seconds); needs --access_threshold")
     group.add_argument("--evict_every", type=int, default=100,
                        help="steps between evictions, with --eviction_threshold")
+    group = parser.add_argument_group("offload modes")
+    group.add_argument("--device_cache", type=float, default=1.0,
+                       help="share of each table's rows on the device; below 1 the rest is "
+                            "in the host tier (DDR mode)")
+    group.add_argument("--ssd_data_path", default=None,
+                       help="with --device_cache < 1: put half of the host tier on disk here "
+                            "(SSD mode)")
+    group.add_argument("--dynamic_expansion", action="store_true",
+                       help="init(use_dynamic_expansion=True): growing storage, by-address "
+                            "optimizers")
     group = parser.add_argument_group("checkpoints")
     group.add_argument("--checkpoint_dir", default=None,
                        help="save here; restore from here and continue if it has a checkpoint")
@@ -241,13 +251,22 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-    init(train_steps=args.steps, prefetch_batch_number=args.prefetch)
+    if args.dynamic_expansion and (args.modify_graph or args.device_cache < 1.0
+                                   or args.eviction_threshold is not None):
+        raise SystemExit("--dynamic_expansion goes without --modify_graph, --device_cache and "
+                         "eviction (as in mx_rec)")
+    init(train_steps=args.steps, prefetch_batch_number=args.prefetch,
+         use_dynamic_expansion=args.dynamic_expansion)
     # The vocabularies reach their final size at the last training step.
     stream = SyntheticCriteo(seed=args.seed, max_vocab=args.max_vocab, growth_batches=args.steps)
     capacities = stream.distinct_id_bound(args.steps)
     config = TrainConfig(sparse_optimizer=args.sparse_optimizer,
                          sparse_learning_rate=args.sparse_learning_rate,
-                         dense_learning_rate=args.dense_learning_rate, seed=args.seed)
+                         dense_learning_rate=args.dense_learning_rate, seed=args.seed,
+                         device_cache=args.device_cache,
+                         # a step's unique IDs and those of the prefetched batches
+                         min_device_rows=(args.prefetch + 3) * args.batch_size,
+                         ssd_data_path=args.ssd_data_path)
     admission = None
     if args.access_threshold is not None:
         admission = {"access_threshold": args.access_threshold, "faae_coefficient": 1}
@@ -289,11 +308,18 @@ def main(argv=None) -> int:
     checkpoints = (Checkpoints(args.checkpoint_dir, args.full_every, args.delta_every)
                    if args.checkpoint_dir else None)
 
+    device_rows = sum(int(t.device_vocabulary_size) for t in graph.tables)
     print(f"DLRM on {len(graph.tables)} mxrec tables, dim {config.dim}, "
-          f"{int(capacities.sum()):,} device rows; {args.steps} steps of {args.batch_size}, "
+          f"{device_rows:,} device rows; {args.steps} steps of {args.batch_size}, "
           f"sparse {config.sparse_optimizer} (lr {config.sparse_learning_rate}), dense Adam")
     if args.modify_graph:
         print(f"key stage: in the input pipeline (graph modifier), prefetch {args.prefetch}")
+    if args.device_cache < 1.0:
+        print(f"offload: device cache of {args.device_cache:.0%} of each table over the host "
+              f"tier" + (f" and an SSD tier in {args.ssd_data_path}" if args.ssd_data_path
+                          else ""))
+    if args.dynamic_expansion:
+        print("offload: dynamic expansion (growing storage, by-address optimizers)")
     if admission:
         line = f"admission: access_threshold {args.access_threshold}"
         if args.eviction_threshold is not None:
@@ -375,6 +401,15 @@ def main(argv=None) -> int:
             print(f"\nevictions (every {args.evict_every} steps) removed {evicted_ids:,} IDs")
     else:
         print_table_stats(graph.tables)
+    if args.device_cache < 1.0:
+        from mxrec.core import tiers
+
+        totals = {}
+        for table in graph.tables:
+            for key, value in tiers.stats(table).items():
+                if isinstance(value, (int, float)):
+                    totals[key] = totals.get(key, 0) + value
+        print("\ntiers, all tables: " + ", ".join(f"{k} {v:,}" for k, v in sorted(totals.items())))
     terminate_config_initializer()
     return 0
 

@@ -39,6 +39,11 @@ class TrainConfig:
         top: hidden widths of the top MLP (interactions -> logit).
         init_stddev: standard deviation of the embeddings' truncated normal initialiser.
         seed: seeds every initialiser.
+        device_cache: share of each table's rows on the device; below 1 the rest lives in
+            the host tier (and, with ssd_data_path, half of it on disk).
+        min_device_rows: the device cache never gets fewer rows than this (it must hold a
+            step's unique IDs and those of the prefetched batches).
+        ssd_data_path: folder of the SSD tier's files.
     """
 
     dim: int = EMBEDDING_DIM
@@ -49,6 +54,9 @@ class TrainConfig:
     top: Tuple[int, ...] = (128, 64)
     init_stddev: float = 0.05
     seed: int = 0
+    device_cache: float = 1.0
+    min_device_rows: int = 0
+    ssd_data_path: Optional[str] = None
 
     def __post_init__(self):
         if self.sparse_optimizer not in _SPARSE_OPTIMIZERS:
@@ -139,13 +147,24 @@ def create_mxrec_tables(capacities: Sequence[int], config: TrainConfig) -> List:
     """One mxrec table per sparse feature, named c1..c26; call after `init()`."""
     from mxrec.core.embedding import create_table
 
-    return [
-        create_table(tf.int64, config.dim, f"c{i + 1}",
-                     tf.compat.v1.truncated_normal_initializer(
-                         stddev=config.init_stddev, seed=config.seed + i),
-                     device_vocabulary_size=int(capacity))
-        for i, capacity in enumerate(capacities)
-    ]
+    tables = []
+    for i, capacity in enumerate(capacities):
+        tiers = {}
+        device_rows = int(capacity)
+        if config.device_cache < 1.0:
+            device_rows = min(device_rows, max(int(capacity * config.device_cache),
+                                               config.min_device_rows))
+            tiers["host_vocabulary_size"] = int(capacity)
+            if config.ssd_data_path:
+                tiers["host_vocabulary_size"] = max(int(capacity) // 2, 1)
+                tiers["ssd_vocabulary_size"] = int(capacity)
+                tiers["ssd_data_path"] = config.ssd_data_path
+        tables.append(create_table(
+            tf.int64, config.dim, f"c{i + 1}",
+            tf.compat.v1.truncated_normal_initializer(stddev=config.init_stddev,
+                                                      seed=config.seed + i),
+            device_vocabulary_size=device_rows, **tiers))
+    return tables
 
 
 def mxrec_embeddings(
@@ -216,9 +235,24 @@ def build_mxrec_training(
     logits = dlrm_logits(dense, embeddings, config)
     loss = _log_loss(logits, labels)
     dense_vars, sparse_vars = get_dense_and_sparse_variable()
-    hash_optimizer = _SPARSE_OPTIMIZERS[config.sparse_optimizer][0](config.sparse_learning_rate)
-    train_sparse = hash_optimizer.apply_gradients(
-        zip(tf.gradients(loss, sparse_vars), sparse_vars))
+    if getattr(tables[0], "is_dynamic", False):
+        # Dynamic expansion: gradients of the looked-up rows, applied by address (the
+        # mx_rec five-step flow).
+        from mxrec.core.dynamic import (
+            ASCEND_SPARSE_LOOKUP_ID_OFFSET,
+            ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
+        )
+
+        local_embs = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
+        addresses = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)
+        by_address = _BY_ADDRESS_OPTIMIZERS[config.sparse_optimizer](config.sparse_learning_rate)
+        train_sparse = by_address.apply_gradients(
+            list(zip(tf.gradients(loss, local_embs), addresses)))
+    else:
+        hash_optimizer = _SPARSE_OPTIMIZERS[config.sparse_optimizer][0](
+            config.sparse_learning_rate)
+        train_sparse = hash_optimizer.apply_gradients(
+            zip(tf.gradients(loss, sparse_vars), sparse_vars))
     train_dense = tf.compat.v1.train.AdamOptimizer(config.dense_learning_rate).minimize(
         loss, var_list=dense_vars)
     return TrainGraph(tf.group(train_sparse, train_dense), loss, logits, labels, tables)
@@ -297,6 +331,23 @@ def _plain_lazy_adam(learning_rate):
 
     return PlainLazyAdam(learning_rate)
 
+
+def _by_address_adagrad(learning_rate):
+    from mxrec.optimizers import adagrad_by_addr
+
+    return adagrad_by_addr.create_hash_optimizer_by_address(learning_rate)
+
+
+def _by_address_lazy_adam(learning_rate):
+    from mxrec.optimizers import lazy_adam_by_addr
+
+    return lazy_adam_by_addr.create_hash_optimizer_by_address(learning_rate)
+
+
+_BY_ADDRESS_OPTIMIZERS: Dict[str, Callable] = {
+    "adagrad": _by_address_adagrad,
+    "lazy_adam": _by_address_lazy_adam,
+}
 
 _SPARSE_OPTIMIZERS: Dict[str, Tuple[Callable, Callable]] = {
     "adagrad": (_mxrec_adagrad, _plain_adagrad),
