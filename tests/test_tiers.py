@@ -294,9 +294,10 @@ def test_eviction_removes_host_tier_rows():
         assert stats["tier_ids"] == 0 and stats["host_rows"] == 0 and stats["device_rows"] == 0
 
 
-def test_checkpoint_of_tiered_table_is_refused(engine):
+def test_export_state_of_tiered_table_has_tier_fields(engine):
+    # Checkpoints of tiered tables: tests/test_tier_checkpoint.py.
     init()
     table = create_table(tf.int64, DIM, "t", _v1.zeros_initializer(), device_vocabulary_size=4,
                          host_vocabulary_size=10)
-    with pytest.raises(ValueError, match="host or SSD tier are not supported"):
-        engine.export_state(table.table_key)
+    state = engine.export_state(table.table_key)
+    assert len(state["in_host"]) == 0 and state["tier_values"].shape[0] == 0

@@ -149,6 +149,7 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
       KeyRecord* victim = FindRecord(row_key_[row]);
       victim->row = -1;
       victim->in_host = 1;
+      victim->epoch = epoch_;  // its tier changed: the next delta holds it
       ++tier_ids_;
       has_out = true;
       out_key = victim->key;
@@ -506,8 +507,20 @@ TableStats HostTable::Stats() const {
   return stats;
 }
 
-void HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches, TableState* state) {
+Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
+                              TableState* state) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (tier_) {
+    const int64_t pending = tier_->pending_plans();
+    if (pending > 0) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': cannot checkpoint a table with a host tier while ", pending,
+                         " planned batch(es) have not been trained: their swaps leave rows in "
+                         "motion between the device cache and the host tier. Save at a step "
+                         "boundary with no batch prefetched ahead of its step (the direct "
+                         "path, or prefetch drained).");
+    }
+  }
   std::vector<KeyRecord*> records;
   for (auto& shard : shards_) {
     shard.ForEach([&](KeyRecord& rec) {
@@ -534,12 +547,27 @@ void HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches, Tabl
       if (epoch > since_epoch) state->removed.push_back(key);
     }
   }
+  if (tier_) {
+    std::vector<int64_t> host_keys;
+    state->in_host.reserve(records.size());
+    for (const KeyRecord* rec : records) {
+      state->in_host.push_back(rec->in_host);
+      if (rec->in_host) host_keys.push_back(rec->key);
+    }
+    for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
+      state->lru_rows.push_back(row);
+      state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
+    }
+    MXREC_RETURN_IF_ERROR(tier_->Gather(host_keys, &state->tier_components,
+                                        &state->tier_present, &state->tier_values));
+  }
   state->epoch = epoch_++;
   for (auto& shard : shards_) {
     shard.ForEach([&](KeyRecord& rec) {
       if (InFlight(rec, protect_batches)) rec.epoch = epoch_;
     });
   }
+  return Status::Ok();
 }
 
 void HostTable::PruneRemovedLog(uint32_t epoch) {
@@ -550,13 +578,22 @@ void HostTable::PruneRemovedLog(uint32_t epoch) {
 }
 
 Status HostTable::ImportState(const TableState& state) {
-  if (tier_) {
-    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                       "': restoring host state is not supported for tables with a host or SSD "
-                       "tier (host_vocabulary_size > 0) yet; a checkpoint of such a table lacks "
-                       "its host-tier rows");
-  }
   const size_t n = state.keys.size();
+  int64_t host_ids = 0;
+  if (!state.in_host.empty()) {
+    if (!tier_) {
+      for (uint8_t flag : state.in_host) host_ids += flag ? 1 : 0;
+      if (host_ids > 0) {
+        return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                           "': the checkpoint holds ", host_ids,
+                           " IDs in a host tier, but this table has none "
+                           "(host_vocabulary_size is 0)");
+      }
+    } else if (state.in_host.size() != n) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': checkpointed host-tier flags do not match the IDs");
+    }
+  }
   if (state.rows.size() != n || state.counts.size() != n || state.last_seen.size() != n) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                        "': checkpointed host state has arrays of different lengths");
@@ -585,6 +622,56 @@ Status HostTable::ImportState(const TableState& state) {
                          "': checkpointed free row ", row, " is out of range or in use");
     }
   }
+  // Tiered tables: which IDs are in the host tier, and the cache's recency order.
+  std::vector<int64_t> host_keys;
+  if (tier_) {
+    const int64_t pending = tier_->pending_plans();
+    if (pending > 0) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': cannot restore a table with a host tier while ", pending,
+                         " planned batch(es) wait for their step: they were planned against "
+                         "the state being replaced. Restore before the first batch is planned "
+                         "(before the iterator initializer of the graph modifier runs).");
+    }
+    for (size_t i = 0; i < n && !state.in_host.empty(); ++i) {
+      if (!state.in_host[i]) continue;
+      if (state.rows[i] >= 0) {
+        return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                           "': checkpointed ID ", state.keys[i],
+                           " has both a device row and a host-tier row");
+      }
+      host_keys.push_back(state.keys[i]);
+    }
+    host_ids = static_cast<int64_t>(host_keys.size());
+    if (host_ids > options_.host_capacity + options_.ssd_capacity) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': the checkpoint holds ", host_ids,
+                         " IDs in the host tier but host_vocabulary_size + ssd_vocabulary_size "
+                         "is ", options_.host_capacity + options_.ssd_capacity);
+    }
+    int64_t owned = 0;
+    for (int32_t row : state.rows) owned += row >= 0 ? 1 : 0;
+    if (!state.lru_rows.empty()) {
+      if (state.lru_rows.size() != static_cast<size_t>(owned) ||
+          state.lru_ages.size() != state.lru_rows.size()) {
+        return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                           "': the checkpoint's device-cache order lists ", state.lru_rows.size(),
+                           " rows but ", owned, " rows have an ID");
+      }
+      std::vector<uint8_t> listed(state.next_row, 0);
+      for (int32_t row : state.rows) {
+        if (row >= 0) listed[row] = 1;
+      }
+      for (int32_t row : state.lru_rows) {
+        if (row < 0 || row >= state.next_row || listed[row] != 1) {
+          return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                             "': the checkpoint's device-cache order names row ", row,
+                             ", which has no ID or is listed twice");
+        }
+        listed[row] = 2;
+      }
+    }
+  }
   // Build the new maps aside, so that a bad checkpoint leaves the table as it was.
   std::vector<KeyMap> fresh(kNumShards);
   std::array<int64_t, kNumShards> per_shard{};
@@ -601,15 +688,52 @@ Status HostTable::ImportState(const TableState& state) {
     rec->row = state.rows[i];
     rec->count = state.counts[i];
     rec->last_seen = state.last_seen[i];
+    if (tier_ && !state.in_host.empty()) rec->in_host = state.in_host[i];
   }
   std::lock_guard<std::mutex> lock(mu_);
+  uint32_t stamp = 0;
+  if (tier_) {
+    MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
+                                         state.tier_values));
+    // Recency: rows keep their order and their ages in batches.
+    uint32_t max_age = 0;
+    for (uint32_t age : state.lru_ages) max_age = std::max(max_age, age);
+    stamp = max_age + 1;
+    std::fill(row_key_.begin(), row_key_.end(), 0);
+    std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
+    std::fill(lru_prev_.begin(), lru_prev_.end(), -1);
+    std::fill(lru_next_.begin(), lru_next_.end(), -1);
+    lru_head_ = lru_tail_ = -1;
+    for (size_t i = 0; i < n; ++i) {
+      if (state.rows[i] >= 0) row_key_[state.rows[i]] = state.keys[i];
+    }
+    for (size_t i = 0; i < state.lru_rows.size(); ++i) {
+      const int32_t row = state.lru_rows[i];
+      row_stamp_[row] = stamp - state.lru_ages[i];
+      LruPushTail(row);
+    }
+    if (state.lru_rows.empty()) {
+      // A snapshot without the cache order (a device-only table's, a warm
+      // start): owned rows in row order, all equally old.
+      std::vector<int32_t> owned_rows;
+      for (int32_t row : state.rows) {
+        if (row >= 0) owned_rows.push_back(row);
+      }
+      std::sort(owned_rows.begin(), owned_rows.end());
+      for (int32_t row : owned_rows) {
+        row_stamp_[row] = stamp;
+        LruPushTail(row);
+      }
+    }
+    tier_ids_ = host_ids;
+  }
   for (int s = 0; s < kNumShards; ++s) shards_[s] = std::move(fresh[s]);
   free_rows_ = state.free_rows;
   next_row_ = state.next_row;
   newest_timestamp_ = state.newest_timestamp;
   counting_frozen_ = state.counting_frozen;
   admission_.access_threshold = state.access_threshold;
-  stamp_ = 0;
+  stamp_ = stamp;
   removed_log_.clear();
   return Status::Ok();
 }

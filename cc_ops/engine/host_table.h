@@ -78,6 +78,20 @@ struct TableState {
   std::vector<int64_t> removed;
   // The save epoch this export closed; pass it as since_epoch of the next delta.
   uint32_t epoch = 0;
+
+  // Tables with a host tier only (empty otherwise).
+  // Per key: 1 = the ID's row lives in the host (or SSD) tier; rows[i] is -1 then.
+  std::vector<uint8_t> in_host;
+  // The device rows that have an owner, least recently used first, and the
+  // batches since each was last used (the swap victims' order).
+  std::vector<int32_t> lru_rows;
+  std::vector<uint32_t> lru_ages;
+  // Values of the in_host IDs (in their order in `keys`): for each, a mask of
+  // the components it holds (bit k: tier_components[k]) and
+  // tier_components.size() * dim floats (zeros where the bit is clear).
+  std::vector<std::string> tier_components;
+  std::vector<uint32_t> tier_present;
+  std::vector<float> tier_values;
 };
 
 struct TableStats {
@@ -141,11 +155,17 @@ class HostTable {
   // every ID; otherwise only IDs changed after that epoch and the IDs removed
   // since (a delta). IDs of the last `protect_batches` planned batches stay
   // marked as changed for the next delta too: their rows may be updated by
-  // a step that has not run yet.
-  void ExportState(uint32_t since_epoch, uint32_t protect_batches, TableState* state);
+  // a step that has not run yet. Tiered tables also export the host-tier
+  // values of the exported IDs and the device cache's recency order; they
+  // refuse (InvalidArgument, nothing closed) while swap plans are pending:
+  // planned batches not trained yet leave rows in motion.
+  Status ExportState(uint32_t since_epoch, uint32_t protect_batches, TableState* state);
   // Forgets removals logged up to `epoch` (after a full save at that epoch).
   void PruneRemovedLog(uint32_t epoch);
   // Replaces the whole host state; checks that rows are unique and in range.
+  // Tiered tables: also replaces the host tier's rows with the state's
+  // tier values; refused while swap plans are pending (restore before the
+  // first batch is planned).
   Status ImportState(const TableState& state);
 
   // Copies out (key, row) of every admitted ID, ordered by row.

@@ -18,6 +18,10 @@ HostTier::HostTier(TierOptions options) : options_(std::move(options)) {
 
 Status HostTier::RegisterComponent(const std::string& name, int* index) {
   std::lock_guard<std::mutex> lock(mu_);
+  return RegisterLocked(name, index);
+}
+
+Status HostTier::RegisterLocked(const std::string& name, int* index) {
   auto it = std::find(components_.begin(), components_.end(), name);
   if (it != components_.end()) {
     *index = static_cast<int>(it - components_.begin());
@@ -270,6 +274,78 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
     values->insert(values->end(), row, row + dim);
   }
   return Status::Ok();
+}
+
+Status HostTier::Gather(const std::vector<int64_t>& keys, std::vector<std::string>* components,
+                        std::vector<uint32_t>* present, std::vector<float>* values) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t dim = options_.dim;
+  const size_t width = components_.size() * static_cast<size_t>(dim);
+  *components = components_;
+  present->assign(keys.size(), 0);
+  values->assign(keys.size() * width, 0.0f);
+  SsdRecord record;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const Entry* entry = nullptr;
+    auto it = memory_.find(keys[i]);
+    if (it != memory_.end()) {
+      entry = &it->second;
+      record.present = entry->present;
+    } else {
+      bool on_disk = false;
+      if (ssd_) MXREC_RETURN_IF_ERROR(ssd_->Peek(keys[i], &on_disk, &record));
+      if (!on_disk) continue;  // no values: the ID restarts from the initializer
+    }
+    const std::vector<float>& src = entry ? entry->values : record.values;
+    const uint32_t mask = entry ? entry->present : record.present;
+    present->at(i) = mask;
+    const size_t copy = std::min(src.size(), width);
+    std::copy(src.begin(), src.begin() + copy, values->begin() + i * width);
+    for (size_t c = 0; c < components_.size(); ++c) {
+      if (!(mask & (1u << c))) {
+        std::fill(values->begin() + i * width + c * dim, values->begin() + i * width + (c + 1) * dim,
+                  0.0f);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status HostTier::Replace(const std::vector<int64_t>& keys,
+                         const std::vector<std::string>& components,
+                         const std::vector<uint32_t>& present, const std::vector<float>& values) {
+  const int64_t dim = options_.dim;
+  const size_t width = components.size() * static_cast<size_t>(dim);
+  if (present.size() != keys.size() || values.size() != keys.size() * width) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': checkpointed host-tier values do not match their IDs (",
+                       keys.size(), " IDs, ", present.size(), " masks, ", values.size(),
+                       " floats for ", components.size(), " components of dim ", dim, ")");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> index(components.size());
+  for (size_t c = 0; c < components.size(); ++c) {
+    MXREC_RETURN_IF_ERROR(RegisterLocked(components[c], &index[c]));
+  }
+  plans_.clear();
+  for (auto& cursor : cursor_) cursor = next_seq_;
+  memory_.clear();
+  arrival_.clear();
+  ssd_.reset();  // removes the old file; a new one is opened on the next spill
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Entry& entry = memory_[keys[i]];
+    if (options_.ssd_capacity > 0) arrival_.push_back(keys[i]);
+    for (size_t c = 0; c < components.size(); ++c) {
+      if (!(present[i] & (1u << c))) continue;
+      const size_t need = static_cast<size_t>(index[c] + 1) * dim;
+      if (entry.values.size() < need) entry.values.resize(need, 0.0f);
+      std::copy(values.begin() + i * width + c * dim, values.begin() + i * width + (c + 1) * dim,
+                entry.values.begin() + index[c] * dim);
+      entry.present |= 1u << index[c];
+    }
+    if (entry.present == 0) memory_.erase(keys[i]);
+  }
+  return SpillLocked();
 }
 
 TierStats HostTier::Stats() const {

@@ -105,6 +105,16 @@ class HostTier {
   // Every key the tier holds for `component`, with its values, ordered by key.
   Status Export(int component, std::vector<int64_t>* keys, std::vector<float>* values);
 
+  // Checkpoints. Values of `keys` (each must be in the tier): the registered
+  // component names, a mask of the components each key holds, and
+  // components.size() * dim floats per key (zeros where the bit is clear).
+  Status Gather(const std::vector<int64_t>& keys, std::vector<std::string>* components,
+                std::vector<uint32_t>* present, std::vector<float>* values) const;
+  // Replaces every row of the tier with `keys` (layout of Gather; components
+  // named as in the checkpoint, registered when new) and drops pending plans.
+  Status Replace(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
+                 const std::vector<uint32_t>& present, const std::vector<float>& values);
+
   TierStats Stats() const;
   int64_t pending_plans() const;
 
@@ -120,6 +130,7 @@ class HostTier {
   // The entry of key, in memory (loaded from disk if it was spilled), or null.
   Entry* FindLocked(int64_t key, Status* status);
   Status StoreLocked(int64_t key, int component, const float* value);
+  Status RegisterLocked(const std::string& name, int* index);
   Status SpillLocked();
   void DropIfDoneLocked(int64_t key, Entry* entry);
 

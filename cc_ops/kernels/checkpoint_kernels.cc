@@ -46,7 +46,8 @@ class MxrecExportTableOp : public TableOpBase {
 
   void Compute(OpKernelContext* ctx) override {
     mxrec::TableState state;
-    table_->ExportState(/*since_epoch=*/0, /*protect_batches=*/0, &state);
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ExportState(/*since_epoch=*/0,
+                                                              /*protect_batches=*/0, &state)));
     OP_REQUIRES_OK(ctx, Emit(ctx, 0, state.keys));
     OP_REQUIRES_OK(ctx, Emit(ctx, 1, state.rows));
     OP_REQUIRES_OK(ctx, Emit(ctx, 2, state.counts));
@@ -58,6 +59,29 @@ class MxrecExportTableOp : public TableOpBase {
     Tensor* threshold = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({}), &threshold));
     threshold->scalar<double>()() = state.access_threshold;
+    OP_REQUIRES_OK(ctx, Emit(ctx, 7, std::vector<int32_t>(state.in_host.begin(),
+                                                          state.in_host.end())));
+    OP_REQUIRES_OK(ctx, Emit(ctx, 8, state.lru_rows));
+    OP_REQUIRES_OK(ctx, Emit(ctx, 9, std::vector<int64_t>(state.lru_ages.begin(),
+                                                          state.lru_ages.end())));
+    Tensor* names = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            10, TensorShape({static_cast<int64_t>(state.tier_components.size())}),
+                            &names));
+    for (size_t i = 0; i < state.tier_components.size(); ++i) {
+      names->flat<tstring>()(i) = state.tier_components[i];
+    }
+    OP_REQUIRES_OK(ctx, Emit(ctx, 11, std::vector<int64_t>(state.tier_present.begin(),
+                                                           state.tier_present.end())));
+    const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
+    const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            12, TensorShape({n_host, n_comp, table_->options().dim}), &values));
+    if (!state.tier_values.empty()) {
+      std::memcpy(values->flat<float>().data(), state.tier_values.data(),
+                  state.tier_values.size() * sizeof(float));
+    }
   }
 };
 
@@ -82,12 +106,30 @@ class MxrecImportTableOp : public TableOpBase {
     state.newest_timestamp = m(1);
     state.counting_frozen = m(2) != 0;
     state.access_threshold = ctx->input(6).scalar<double>()();
+    if (ctx->num_inputs() > 7) ReadTierFields(ctx, &state);
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ImportState(state)));
+  }
+
+ private:
+  // MxrecImportTableTiered: the host-tier fields of MxrecExportTable.
+  static void ReadTierFields(OpKernelContext* ctx, mxrec::TableState* state_ptr) {
+    mxrec::TableState& state = *state_ptr;
+    const std::vector<int32_t> in_host = Read<int32_t>(ctx->input(7));
+    state.in_host.assign(in_host.begin(), in_host.end());
+    state.lru_rows = Read<int32_t>(ctx->input(8));
+    const std::vector<int64_t> ages = Read<int64_t>(ctx->input(9));
+    state.lru_ages.assign(ages.begin(), ages.end());
+    const auto names = ctx->input(10).flat<tstring>();
+    for (int64_t i = 0; i < names.size(); ++i) state.tier_components.emplace_back(names(i));
+    const std::vector<int64_t> present = Read<int64_t>(ctx->input(11));
+    state.tier_present.assign(present.begin(), present.end());
+    state.tier_values = Read<float>(ctx->input(12));
   }
 };
 
 REGISTER_KERNEL_BUILDER(Name("MxrecExportTable").Device(DEVICE_CPU), MxrecExportTableOp);
 REGISTER_KERNEL_BUILDER(Name("MxrecImportTable").Device(DEVICE_CPU), MxrecImportTableOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecImportTableTiered").Device(DEVICE_CPU), MxrecImportTableOp);
 
 }  // namespace
 }  // namespace tensorflow

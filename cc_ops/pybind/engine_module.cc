@@ -301,17 +301,13 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       "export_state",
       [](const std::string& key, uint32_t since_epoch, uint32_t protect_batches) {
         std::shared_ptr<HostTable> table = Table(key);
-        if (table->tiered()) {
-          throw py::value_error(
-              "mxrec table '" + table->options().name +
-              "': checkpoints of tables with a host or SSD tier are not supported yet (its "
-              "host-tier rows would be missing); save with host_vocabulary_size=0");
-        }
         TableState state;
+        Status status;
         {
           py::gil_scoped_release release;
-          table->ExportState(since_epoch, protect_batches, &state);
+          status = table->ExportState(since_epoch, protect_batches, &state);
         }
+        RaiseIfError(status);
         py::dict d;
         d["keys"] = ToArray(state.keys);
         d["rows"] = ToArray(state.rows);
@@ -323,6 +319,19 @@ PYBIND11_MODULE(_mxrec_engine, m) {
         d["newest_timestamp"] = state.newest_timestamp;
         d["counting_frozen"] = state.counting_frozen;
         d["access_threshold"] = state.access_threshold;
+        if (table->tiered()) {
+          const int64_t dim = table->options().dim;
+          const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
+          const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
+          d["in_host"] = ToArray(state.in_host);
+          d["lru_rows"] = ToArray(state.lru_rows);
+          d["lru_ages"] = ToArray(state.lru_ages);
+          d["tier_components"] = state.tier_components;
+          d["tier_present"] = ToArray(state.tier_present);
+          py::array_t<float> values({n_host, n_comp, dim});
+          std::copy(state.tier_values.begin(), state.tier_values.end(), values.mutable_data());
+          d["tier_values"] = values;
+        }
         d["epoch"] = state.epoch;
         return d;
       },
@@ -335,8 +344,20 @@ PYBIND11_MODULE(_mxrec_engine, m) {
          py::array_t<int64_t, py::array::c_style | py::array::forcecast> last_seen,
          py::array_t<int32_t, py::array::c_style | py::array::forcecast> free_rows,
          int64_t next_row, int64_t newest_timestamp, bool counting_frozen,
-         double access_threshold) {
+         double access_threshold,
+         py::array_t<uint8_t, py::array::c_style | py::array::forcecast> in_host,
+         py::array_t<int32_t, py::array::c_style | py::array::forcecast> lru_rows,
+         py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lru_ages,
+         const std::vector<std::string>& tier_components,
+         py::array_t<uint32_t, py::array::c_style | py::array::forcecast> tier_present,
+         py::array_t<float, py::array::c_style | py::array::forcecast> tier_values) {
         TableState state;
+        state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
+        state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
+        state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
+        state.tier_components = tier_components;
+        state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
+        state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
         state.keys.assign(keys.data(), keys.data() + keys.size());
         state.rows.assign(rows.data(), rows.data() + rows.size());
         state.counts.assign(counts.data(), counts.data() + counts.size());
@@ -350,7 +371,12 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       },
       py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
       py::arg("free_rows"), py::arg("next_row"), py::arg("newest_timestamp"),
-      py::arg("counting_frozen"), py::arg("access_threshold"));
+      py::arg("counting_frozen"), py::arg("access_threshold"),
+      py::arg("in_host") = py::array_t<uint8_t>(0), py::arg("lru_rows") = py::array_t<int32_t>(0),
+      py::arg("lru_ages") = py::array_t<uint32_t>(0),
+      py::arg("tier_components") = std::vector<std::string>(),
+      py::arg("tier_present") = py::array_t<uint32_t>(0),
+      py::arg("tier_values") = py::array_t<float>(0));
   m.def("prune_removed_log", [](const std::string& key, uint32_t epoch) {
     Table(key)->PruneRemovedLog(epoch);
   });

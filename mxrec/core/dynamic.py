@@ -160,7 +160,12 @@ def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Ten
         addresses = tf.cast(rows, tf.int64, name="addresses")
         deps = []
         if is_train:
-            fresh = _ops().mxrec_dynamic_ensure_rows(addresses, table_key=table.table_key)
+            graph = tf.compat.v1.get_default_graph()
+            # Training lookups of one table in a step share rows: a row an earlier
+            # lookup made is initialised before a later lookup claims or reads it.
+            deps = table.refills(graph)
+            with tf.control_dependencies(deps):
+                fresh = _ops().mxrec_dynamic_ensure_rows(addresses, table_key=table.table_key)
             values = table.initial_rows(tf.size(fresh))
             if values is None:
                 raise ValueError(
@@ -169,8 +174,10 @@ def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Ten
                     f"({type(table.initializer).__name__}) cannot make rows for a dynamic row "
                     "count; use a tf.compat.v1 initializer such as "
                     "truncated_normal_initializer or constant_initializer")
-            deps.append(_ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
-                                                    table_key=table.table_key, dim=table.dim))
+            assign = _ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
+                                                 table_key=table.table_key, dim=table.dim)
+            table.register_refill(graph, assign)
+            deps = deps + [assign]
         with tf.control_dependencies(deps):
             local_emb = _ops().mxrec_dynamic_gather(addresses, table_key=table.table_key,
                                                     dim=table.dim, name="local_emb")

@@ -20,6 +20,24 @@ were. Restore loads a full save and applies its deltas in order, after
 checking every file's size and SHA-256 against the manifest and that each
 delta's predecessor exists.
 
+Tables with a host (and SSD) tier (host_vocabulary_size > 0): every ID's row is
+saved wherever it lives. A table file then also holds `host/in_host` (1 where
+the ID's row is in host memory or on disk; its `host/rows` entry is -1),
+`host/lru_rows` / `host/lru_ages` (the device cache's rows, least recently used
+first, and their ages in batches, so that swap victims are chosen as if training
+never stopped), and per state (embedding, each optimizer slot) `tier/<state>`
+(values of the in_host IDs, in their order in `host/keys`) with `tier_mask/<state>`
+(0 where the tier held no value: it restarts from the initializer). `state/<state>`
+still holds the device rows only. A delta holds the IDs trained or moved between
+tiers since the previous save. Restore puts every ID back in the tier it was
+saved in (the host tier's rows into host memory, spilling to a fresh SSD file
+beyond host_vocabulary_size), with the same device rows and cache order.
+Pending swap plans are not saved: saving a tiered table while batches planned
+by the key stage have not been trained (the graph modifier's prefetched
+batches) raises a ValueError naming the table; save on the direct path or with
+no batch prefetched. Restoring one is refused the same way while batches are
+planned: restore before the iterator initializer runs.
+
 Example:
     >>> saver = Saver("/data/ckpt")
     >>> saver.save(sess, step=100)                  # full
@@ -215,6 +233,8 @@ class Saver:
                 np.int64)
             arrays["host/access_threshold"] = np.array(host["access_threshold"], np.float64)
             arrays.update({f"state/{name}": value for name, value in values.items()})
+            if "in_host" in host:  # a table with a host tier: its host-tier rows too
+                arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
             file_name = f"table-{index:03d}.npz"
             files[file_name] = _npz_bytes(arrays)
             tables_meta[table.table_name] = {"file": file_name, "dim": table.dim,
@@ -377,10 +397,14 @@ class Saver:
             table_arrays = arrays[meta["file"]]
             admitted = table_arrays["host/rows"] >= 0
             ids = table_arrays["host/keys"][admitted]
+            embeddings = table_arrays["state/embedding"]
+            if "host/in_host" in table_arrays:  # rows in the host tier are rows too
+                in_host = table_arrays["host/in_host"].astype(bool)
+                ids = np.concatenate([ids, table_arrays["host/keys"][in_host]])
+                embeddings = np.concatenate([embeddings, table_arrays["tier/embedding"]])
             # An ID removed and admitted again since the last save is a change.
             removed = np.setdiff1d(table_arrays["host/removed"], ids)
-            delta[name] = {"ids": ids, "embeddings": table_arrays["state/embedding"],
-                           "removed": removed}
+            delta[name] = {"ids": ids, "embeddings": embeddings, "removed": removed}
         return delta
 
     def _load_into_graph(self, session, state, dense):
@@ -393,24 +417,44 @@ class Saver:
             table_state = state[name]
             records = table_state["records"]
             keys = np.fromiter(records.keys(), np.int64, len(records))
-            fields = np.array(list(records.values()), dtype=np.float64).reshape(-1, 3)
+            fields = np.array(list(records.values()), dtype=np.float64).reshape(-1, 4)
             rows = fields[:, 0].astype(np.int32)
+            in_host = fields[:, 3].astype(bool)
             scalars = table_state["scalars"]
+            tier_args = {}
+            if in_host.any() or "lru_rows" in table_state:
+                tier_keys = keys[in_host]
+                tier_values = table_state["tier_values"]
+                names = sorted({n for key in tier_keys.tolist() for n in tier_values[key]})
+                present = np.zeros(len(tier_keys), np.uint32)
+                packed = np.zeros((len(tier_keys), len(names), io_.table.dim), np.float32)
+                for i, key in enumerate(tier_keys.tolist()):
+                    for c, state_name in enumerate(names):
+                        value = tier_values[key].get(state_name)
+                        if value is not None:
+                            present[i] |= np.uint32(1 << c)
+                            packed[i, c] = value
+                tier_args = dict(
+                    in_host=in_host.astype(np.uint8),
+                    lru_rows=table_state.get("lru_rows", np.zeros(0, np.int32)),
+                    lru_ages=table_state.get("lru_ages", np.zeros(0, np.uint32)),
+                    tier_components=names, tier_present=present, tier_values=packed)
             engine.import_state(
                 io_.table.table_key, keys=keys, rows=rows,
                 counts=fields[:, 1].astype(np.float32), last_seen=fields[:, 2].astype(np.int64),
                 free_rows=table_state["free_rows"], next_row=int(scalars[0]),
                 newest_timestamp=int(scalars[1]), counting_frozen=bool(scalars[2]),
-                access_threshold=float(table_state["access_threshold"]))
+                access_threshold=float(table_state["access_threshold"]), **tier_args)
             values = table_state["values"]
-            admitted = sorted(values)
-            if admitted:
+            device = rows >= 0
+            if device.any():
                 missing = [n for n in io_.state_names() if n not in table_state["state_names"]]
                 if missing:
                     raise CheckpointError(f"table {name!r}: the checkpoint has no {missing}; "
                                           "was it saved with another optimizer?")
-                io_.write_rows(session, np.array(admitted, np.int32), {
-                    state_name: np.stack([values[row][state_name] for row in admitted])
+                device_keys = keys[device].tolist()
+                io_.write_rows(session, rows[device], {
+                    state_name: np.stack([values[key][state_name] for key in device_keys])
                     for state_name in io_.state_names()})
         feed = {}
         for variable, placeholder in zip(self._dense, self._dense_feeds):
@@ -422,38 +466,74 @@ class Saver:
         session.run(self._dense_assign, feed)
 
 
+def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.ndarray]:
+    """The host-tier part of a tiered table's file: where rows live, the cache order, and
+    the host-tier values of each state (embedding, slots) with a mask of those it holds."""
+    components = list(host["tier_components"])
+    values = host["tier_values"]
+    present = host["tier_present"]
+    arrays = {"host/in_host": host["in_host"].astype(np.uint8),
+              "host/lru_rows": host["lru_rows"], "host/lru_ages": host["lru_ages"]}
+    for name in state_names:
+        if name in components:
+            c = components.index(name)
+            arrays[f"tier/{name}"] = values[:, c, :]
+            arrays[f"tier_mask/{name}"] = ((present >> np.uint32(c)) & 1).astype(np.uint8)
+        else:  # a slot never swapped out: every host-tier ID restarts it from its initial value
+            arrays[f"tier/{name}"] = np.zeros((len(present), dim), np.float32)
+            arrays[f"tier_mask/{name}"] = np.zeros(len(present), np.uint8)
+    return arrays
+
+
 def _merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, name: str):
-    """Folds one version's arrays of a table into the state being restored."""
+    """Folds one version's arrays of a table into the state being restored.
+
+    records: ID -> (device row or -1, count, last seen, in host tier); values: ID ->
+    {state: row} of IDs with a device row; tier_values: the same for IDs in the host tier
+    (a state absent where the tier held no value for it).
+    """
     if kind == "full":
         table_state.clear()
         table_state["records"] = {}
         table_state["values"] = {}
+        table_state["tier_values"] = {}
     elif "records" not in table_state:
         raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
     records = table_state["records"]
     values = table_state["values"]
+    tier_values = table_state["tier_values"]
     for key in arrays["host/removed"].tolist():
-        record = records.pop(key, None)
-        if record is not None and record[0] >= 0:
-            values.pop(record[0], None)
+        records.pop(key, None)
+        values.pop(key, None)
+        tier_values.pop(key, None)
     state_names = [k[len("state/"):] for k in arrays if k.startswith("state/")]
     keys = arrays["host/keys"].tolist()
     rows = arrays["host/rows"].tolist()
     counts = arrays["host/counts"].tolist()
     last_seen = arrays["host/last_seen"].tolist()
-    admitted_index = 0
-    for key, row, count, seen in zip(keys, rows, counts, last_seen):
-        old = records.get(key)
-        if old is not None and old[0] >= 0 and old[0] != row:
-            values.pop(old[0], None)
-        records[key] = (row, count, seen)
+    in_host = (arrays["host/in_host"].tolist() if "host/in_host" in arrays
+               else [0] * len(keys))
+    tier_names = [k[len("tier/"):] for k in arrays if k.startswith("tier/")]
+    device_index = 0
+    tier_index = 0
+    for key, row, count, seen, host in zip(keys, rows, counts, last_seen, in_host):
+        records[key] = (row, count, seen, int(host))
+        values.pop(key, None)
+        tier_values.pop(key, None)
         if row >= 0:
-            values[row] = {n: arrays[f"state/{n}"][admitted_index] for n in state_names}
-            admitted_index += 1
+            values[key] = {n: arrays[f"state/{n}"][device_index] for n in state_names}
+            device_index += 1
+        elif host:
+            tier_values[key] = {n: arrays[f"tier/{n}"][tier_index] for n in tier_names
+                                if arrays[f"tier_mask/{n}"][tier_index]}
+            tier_index += 1
     table_state["free_rows"] = arrays["host/free_rows"]
     table_state["scalars"] = arrays["host/scalars"]
     table_state["access_threshold"] = arrays["host/access_threshold"]
     table_state["state_names"] = state_names
+    for field in ("lru_rows", "lru_ages"):
+        if f"host/{field}" in arrays:
+            table_state[field] = arrays[f"host/{field}"]
 
 
 def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] = None,

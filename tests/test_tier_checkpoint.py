@@ -1,0 +1,297 @@
+"""Checkpoints of tables with a host (and SSD) tier: every ID's row is saved wherever it lives
+(device cache, host memory, disk) with its optimizer slots, and a restore trains on exactly as
+if training never stopped; eviction removes rows from every tier."""
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mxrec._lib import loader
+from mxrec.core import tiers
+from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.graph.modifier import modify_graph_and_start_emb_cache
+from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
+from mxrec.saver.checkpoint import Saver
+from mxrec.util.initialize import get_initializer, init, terminate_config_initializer
+from mxrec.util.variable import get_dense_and_sparse_variable
+
+_v1 = tf.compat.v1
+BATCH = 8
+STEPS = 24
+SPLIT = 12
+DIM = 4
+IDS = 300
+OPTIMIZERS = {
+    "sgd": lambda: gradient_descent.create_hash_optimizer(0.1),
+    "adagrad": lambda: adagrad.create_hash_optimizer(0.1),
+    "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.01),
+}
+
+
+@pytest.fixture(autouse=True)
+def _graph_mode():
+    with tf.Graph().as_default() as graph:
+        yield graph
+    terminate_config_initializer()
+
+
+def _data():
+    rng = np.random.default_rng(5)
+    n = BATCH * STEPS
+    ids = (rng.zipf(1.3, size=(n, 3)) % IDS).astype(np.int64)
+    labels = rng.integers(0, 2, size=(n, 1)).astype(np.float32)
+    return ids, labels
+
+
+def _build(optimizer, skip=0, ssd_path=None, modify_graph=False, prefetch=1):
+    """The model on batches [skip:]; a device cache of 20 rows (about 7% of the IDs)."""
+    init(prefetch_batch_number=prefetch)
+    ids, labels = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH).skip(skip)
+    iterator = _v1.data.make_initializable_iterator(dataset)
+    features, label = iterator.get_next()
+    kwargs = dict(host_vocabulary_size=1000)
+    if ssd_path is not None:  # host memory holds 40 rows, the rest spills to disk
+        kwargs = dict(host_vocabulary_size=40, ssd_vocabulary_size=1000, ssd_data_path=ssd_path)
+    table = create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.05),
+                         device_vocabulary_size=20, **kwargs)
+    emb = sparse_lookup(table, features, modify_graph=modify_graph, name="lookup")
+    flat = tf.reshape(emb, [-1, 3 * DIM])
+    kernel = _v1.get_variable("dense/kernel", [3 * DIM, 1],
+                              initializer=_v1.glorot_uniform_initializer(seed=3))
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=label, logits=tf.matmul(flat, kernel)))
+    dense, sparse = get_dense_and_sparse_variable()
+    train_op = tf.group(
+        _v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
+        OPTIMIZERS[optimizer]().apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+    if modify_graph:
+        modify_graph_and_start_emb_cache()
+    start = get_initializer(True) if modify_graph else iterator.initializer
+    return table, train_op, start, kernel
+
+
+def _state(sess, table, kernel):
+    exported = tiers.export_values(sess, table)
+    ids = exported["embedding"][0]
+    return ({c: dict(zip(ids.tolist(), values)) for c, (ids, values) in exported.items()},
+            sess.run(kernel), dict(zip(ids.tolist(), tiers.tier_of(table, ids).tolist())))
+
+
+def _residency(table):
+    """IDs with a device row: with the cache order restored, the step after a restore
+    swaps out the same victims as the straight run."""
+    return sorted(loader.engine().export_rows(table.table_key)[0].tolist())
+
+
+def _assert_same(got, want):
+    rows, kernel, residency = got[:3]
+    want_rows, want_kernel, want_residency = want[:3]
+    assert residency == want_residency
+    if len(got) > 3 and len(want) > 3:
+        assert got[3] == want[3], "the step after the restore chose other swap victims"
+    assert sorted(rows) == sorted(want_rows)
+    for component, values in want_rows.items():
+        assert sorted(rows[component]) == sorted(values), component
+        for key, value in values.items():
+            np.testing.assert_allclose(rows[component][key], value, atol=1e-6,
+                                       err_msg=f"{component}/{key}")
+    np.testing.assert_allclose(kernel, want_kernel, atol=1e-6)
+
+
+_STRAIGHT = {}
+
+
+def _straight(optimizer, ssd_path):
+    key = (optimizer, ssd_path is not None)
+    if key not in _STRAIGHT:
+        with tf.Graph().as_default():
+            table, train_op, start, kernel = _build(optimizer, ssd_path=ssd_path)
+            with _v1.Session() as sess:
+                sess.run(_v1.global_variables_initializer())
+                sess.run(start)
+                for step in range(1, STEPS + 1):
+                    sess.run(train_op)
+                    if step == SPLIT + 1:
+                        after_one = _residency(table)
+                _STRAIGHT[key] = _state(sess, table, kernel) + (after_one,)
+        terminate_config_initializer()
+    return _STRAIGHT[key]
+
+
+def _save_then_resume(optimizer, kind, ckpt, ssd_path):
+    with tf.Graph().as_default():
+        table, train_op, start, _ = _build(optimizer, ssd_path=ssd_path)
+        saver = Saver(str(ckpt))
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            for step in range(1, SPLIT + 1):
+                sess.run(train_op)
+                if kind == "delta" and step in (4, 8):
+                    saver.save(sess, step, kind="full" if step == 4 else "delta")
+            saver.save(sess, SPLIT, kind=kind)
+            stats = tiers.stats(table)
+    terminate_config_initializer()
+    assert stats["tier_ids"] > 0
+    if ssd_path is not None:
+        assert stats["ssd_rows"] > 0
+    with tf.Graph().as_default():
+        table, train_op, start, kernel = _build(optimizer, skip=SPLIT, ssd_path=ssd_path)
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            assert Saver(str(ckpt)).restore(sess) == SPLIT
+            restored = tiers.stats(table)
+            assert restored["tier_ids"] == stats["tier_ids"]
+            assert restored["device_rows"] == stats["device_rows"]
+            for step in range(1, STEPS - SPLIT + 1):
+                sess.run(train_op)
+                if step == 1:
+                    after_one = _residency(table)
+            state = _state(sess, table, kernel) + (after_one,)
+    terminate_config_initializer()
+    return state
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("kind", ["full", "delta"])
+@pytest.mark.parametrize("ssd", [False, True])
+def test_save_restore_continue_equals_straight_run(tmp_path, optimizer, kind, ssd):
+    ssd_path = None
+    if ssd:
+        ssd_path = str(tmp_path / "ssd")
+        (tmp_path / "ssd").mkdir()
+    got = _save_then_resume(optimizer, kind, tmp_path / "ckpt", ssd_path)
+    _assert_same(got, _straight(optimizer, ssd_path))
+
+
+def test_delta_holds_ids_whose_tier_changed(tmp_path):
+    table, train_op, start, _ = _build("sgd")
+    saver = Saver(str(tmp_path))
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(start)
+        sess.run(train_op)
+        saver.save(sess, 1)
+        for _ in range(5):
+            sess.run(train_op)
+        saver.save(sess, 6, kind="delta")
+    delta = saver.serving_delta(6)["t"]
+    _, arrays = saver._read_version("delta", 6)  # pylint: disable=protected-access
+    in_host = arrays["table-000.npz"]["host/in_host"].astype(bool)
+    assert in_host.any()  # IDs swapped out since step 1 are in the delta, with their values
+    assert len(delta["ids"]) == len(delta["embeddings"])
+
+
+def test_tf_saver_round_trip_continues_exactly(tmp_path):
+    optimizer = "adagrad"
+    with tf.Graph().as_default():
+        _, train_op, start, _ = _build(optimizer)
+        saver = _v1.train.Saver()
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            for _ in range(SPLIT):
+                sess.run(train_op)
+            path = saver.save(sess, str(tmp_path / "model"))
+    terminate_config_initializer()
+    reader = tf.train.load_checkpoint(path)
+    assert reader.get_tensor("t/mxrec_host/in_host").sum() > 0
+    assert reader.get_tensor("t/mxrec_host/tier_values").shape[1] == 2  # embedding + accumulator
+    table, train_op, start, kernel = _build(optimizer, skip=SPLIT)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(start)
+        _v1.train.Saver().restore(sess, path)
+        for _ in range(STEPS - SPLIT):
+            sess.run(train_op)
+        got = _state(sess, table, kernel)
+    _assert_same(got, _straight(optimizer, None))
+
+
+def test_save_with_planned_batches_pending_is_refused(tmp_path):
+    table, train_op, start, _ = _build("sgd", modify_graph=True, prefetch=2)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(start)
+        for _ in range(4):
+            sess.run(train_op)
+        deadline = time.time() + 10
+        while tiers.stats(table)["pending_plans"] == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert tiers.stats(table)["pending_plans"] > 0
+        with pytest.raises(ValueError, match=r"'t'.*planned batch"):
+            Saver(str(tmp_path)).save(sess, 4)
+        with pytest.raises(tf.errors.OpError, match="planned batch"):
+            _v1.train.Saver().save(sess, str(tmp_path / "tf"))
+
+
+def test_eviction_removes_rows_from_every_tier(tmp_path):
+    table, train_op, start, _ = _build("adagrad", ssd_path=str(tmp_path))
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(start)
+        for _ in range(STEPS):
+            sess.run(train_op)
+        before = tiers.stats(table)
+        assert before["ssd_rows"] > 0 and before["host_rows"] > 0 and before["device_rows"] > 0
+        table.shrink(1)  # every ID was seen since: all restart at age 0
+        removed = table.shrink(1)
+        after = tiers.stats(table)
+        assert removed == before["device_rows"] + before["tier_ids"]
+        assert after["tier_ids"] == 0 and after["host_rows"] == 0 and after["ssd_rows"] == 0
+        assert after["device_rows"] == 0
+        assert all(len(ids) == 0 for ids, _ in tiers.export_values(sess, table).values())
+
+
+def test_restore_into_graph_modifier_with_prefetch_continues_exactly(tmp_path):
+    """Saved on the direct path, restored before the prefetching iterator starts, trained on
+    through the graph modifier with prefetch 2: the same as never stopping."""
+    optimizer = "lazy_adam"
+    with tf.Graph().as_default():
+        _, train_op, start, _ = _build(optimizer)
+        saver = Saver(str(tmp_path))
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            for _ in range(SPLIT):
+                sess.run(train_op)
+            saver.save(sess, SPLIT)
+    terminate_config_initializer()
+    table, train_op, start, kernel = _build(optimizer, skip=SPLIT, modify_graph=True,
+                                            prefetch=2)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        Saver(str(tmp_path)).restore(sess)
+        sess.run(start)
+        for _ in range(STEPS - SPLIT):
+            sess.run(train_op)
+        got = _state(sess, table, kernel)
+    _assert_same(got, _straight(optimizer, None))
+
+
+def test_restore_with_planned_batches_pending_is_refused(tmp_path):
+    with tf.Graph().as_default():
+        _, train_op, start, _ = _build("sgd")
+        saver = Saver(str(tmp_path))
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            sess.run(train_op)
+            saver.save(sess, 1)
+    terminate_config_initializer()
+    table, train_op, start, _ = _build("sgd", modify_graph=True, prefetch=2)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(start)
+        for _ in range(4):  # the cache fills: the prefetched batches' plans swap rows
+            sess.run(train_op)
+        deadline = time.time() + 10
+        while tiers.stats(table)["pending_plans"] == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert tiers.stats(table)["pending_plans"] > 0
+        with pytest.raises(ValueError, match=r"'t'.*restore.*planned batch"):
+            Saver(str(tmp_path)).restore(sess)
