@@ -20,6 +20,8 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.core import tiers
+from mxrec.core.asc.feature_spec import FeatureSpec
+from mxrec.core.asc.helper import planned_tensors
 from mxrec.saver import host_state, serving
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.device import accelerator_device
@@ -459,8 +461,6 @@ def sparse_lookup(
     if not isinstance(hashtable, SparseEmbedding):
         raise TypeError(f"sparse_lookup: hashtable must come from create_table, "
                         f"got {type(hashtable).__name__}")
-    from mxrec.core.asc.feature_spec import FeatureSpec
-
     if isinstance(ids, FeatureSpec):
         return _feature_spec_lookup(hashtable, ids, batch, is_train, name)
     if access_and_evict_config:
@@ -525,8 +525,6 @@ def _lookup_planned(table: SparseEmbedding, ids, rows, restore, reused, is_train
 
 def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, name):
     """Lookup of IDs that get_asc_insert_func already planned in the dataset."""
-    from mxrec.core.asc.helper import planned_tensors
-
     if batch is None:
         raise ValueError(f"sparse_lookup on table {table.table_name!r} with FeatureSpec "
                          f"{spec.name!r}: pass batch=iterator.get_next() of the dataset mapped "
