@@ -4,13 +4,17 @@ from typing import Optional
 
 import tensorflow as tf
 
+from mxrec.core import tiers
 from mxrec.util.initialize import get_config_initializer
 
 STAT_NAMES = ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected", "evicted")
+# Tables with a host tier add rows per tier and the last step's swap traffic.
+TIER_STAT_NAMES = ("host_rows", "ssd_rows", "swap_in_last", "swap_out_last")
 
 
 class TableStatsHook(tf.compat.v1.train.SessionRunHook):
-    """Writes `mxrec/<table>/<stat>` scalars every `every_n_steps` steps.
+    """Writes `mxrec/<table>/<stat>` scalars every `every_n_steps` steps (STAT_NAMES, and
+    TIER_STAT_NAMES for tables with a host tier).
 
     Args:
         output_dir: event file folder (the Estimator's model_dir, say).
@@ -47,7 +51,11 @@ class TableStatsHook(tf.compat.v1.train.SessionRunHook):
         values = []
         for table in get_config_initializer().tables.values():
             stats = table.stats()
-            for name in STAT_NAMES:
+            names = STAT_NAMES
+            if tiers.is_tiered(table):
+                stats = dict(stats, **tiers.stats(table))
+                names = STAT_NAMES + TIER_STAT_NAMES
+            for name in names:
                 values.append(tf.compat.v1.Summary.Value(
                     tag=f"mxrec/{table.table_name}/{name}", simple_value=float(stats[name])))
         self._writer.add_summary(tf.compat.v1.Summary(value=values), step)
