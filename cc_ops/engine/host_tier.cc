@@ -4,16 +4,99 @@
 #include <cstring>
 #include <utility>
 
-namespace mxrec {
+#include "key_map.h"
 
-namespace {
-// Bytes of bookkeeping per stored row besides its values (hash node, index).
-constexpr int64_t kEntryOverhead = 64;
-}  // namespace
+namespace mxrec {
 
 HostTier::HostTier(TierOptions options) : options_(std::move(options)) {
   components_.push_back(kEmbedding);
   cursor_.push_back(0);
+  chunks_.resize(1);
+  index_.assign(16, IndexEntry());
+  index_mask_ = 15;
+}
+
+int32_t HostTier::LookupSlot(int64_t key) const {
+  for (uint64_t i = HashKey(key) & index_mask_;; i = (i + 1) & index_mask_) {
+    const IndexEntry& e = index_[i];
+    if (e.slot < 0) return -1;
+    if (e.key == key) return e.slot;
+  }
+}
+
+void HostTier::GrowIndex() {
+  std::vector<IndexEntry> old;
+  old.swap(index_);
+  index_.assign(old.size() * 2, IndexEntry());
+  index_mask_ = index_.size() - 1;
+  for (const IndexEntry& e : old) {
+    if (e.slot < 0) continue;
+    uint64_t i = HashKey(e.key) & index_mask_;
+    while (index_[i].slot >= 0) i = (i + 1) & index_mask_;
+    index_[i] = e;
+  }
+}
+
+int32_t HostTier::InsertSlot(int64_t key) {
+  // Load factor at most 1/2: probes stay short.
+  if (static_cast<uint64_t>(live_ + 1) * 2 > index_.size()) GrowIndex();
+  int32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = static_cast<int32_t>(slot_key_.size());
+    slot_key_.push_back(0);
+    slot_present_.push_back(0);
+  }
+  slot_key_[slot] = key;
+  slot_present_[slot] = 0;
+  uint64_t i = HashKey(key) & index_mask_;
+  while (index_[i].slot >= 0) i = (i + 1) & index_mask_;
+  index_[i].key = key;
+  index_[i].slot = slot;
+  ++live_;
+  return slot;
+}
+
+void HostTier::DropSlot(int32_t slot) {
+  const int64_t key = slot_key_[slot];
+  uint64_t hole = HashKey(key) & index_mask_;
+  while (index_[hole].slot != slot) hole = (hole + 1) & index_mask_;
+  index_[hole].slot = -1;
+  // Backward-shift deletion, as in KeyMap.
+  for (uint64_t i = (hole + 1) & index_mask_; index_[i].slot >= 0; i = (i + 1) & index_mask_) {
+    const uint64_t home = HashKey(index_[i].key) & index_mask_;
+    const bool movable = (i > hole) ? (home <= hole || home > i) : (home <= hole && home > i);
+    if (movable) {
+      index_[hole] = index_[i];
+      index_[i].slot = -1;
+      hole = i;
+    }
+  }
+  slot_present_[slot] = 0;
+  free_slots_.push_back(slot);
+  --live_;
+}
+
+void HostTier::ClearStoreLocked() {
+  index_.assign(16, IndexEntry());
+  index_mask_ = 15;
+  live_ = 0;
+  slot_key_.clear();
+  slot_present_.clear();
+  free_slots_.clear();
+  for (auto& chunks : chunks_) chunks.clear();
+}
+
+float* HostTier::ValueLocked(int component, int32_t slot) {
+  auto& chunks = chunks_[component];
+  const size_t chunk = static_cast<size_t>(slot >> kChunkShift);
+  if (chunk >= chunks.size()) chunks.resize(chunk + 1);
+  if (!chunks[chunk]) {
+    chunks[chunk].reset(new float[static_cast<size_t>(kChunkRows * options_.dim)]());
+  }
+  return chunks[chunk].get() + (slot & (kChunkRows - 1)) * options_.dim;
 }
 
 Status HostTier::RegisterComponent(const std::string& name, int* index) {
@@ -34,6 +117,7 @@ Status HostTier::RegisterLocked(const std::string& name, int* index) {
   }
   components_.push_back(name);
   cursor_.push_back(next_seq_);
+  chunks_.resize(components_.size());
   // Plans queued before this component existed are complete without it.
   for (auto& plan : plans_) plan.applied |= 1u << (components_.size() - 1);
   *index = static_cast<int>(components_.size()) - 1;
@@ -54,24 +138,30 @@ int64_t HostTier::pending_plans() const {
   return static_cast<int64_t>(plans_.size());
 }
 
-HostTier::Entry* HostTier::FindLocked(int64_t key, Status* status) {
-  auto it = memory_.find(key);
-  if (it != memory_.end()) return &it->second;
-  if (!ssd_) return nullptr;
+int32_t HostTier::FindLocked(int64_t key, Status* status) {
+  const int32_t slot = LookupSlot(key);
+  if (slot >= 0 || !ssd_) return slot;
   bool found = false;
   SsdRecord record;
   *status = ssd_->Take(key, &found, &record);
-  if (!status->ok() || !found) return nullptr;
-  Entry& entry = memory_[key];
-  entry.values = std::move(record.values);
-  entry.present = record.present;
+  if (!status->ok() || !found) return -1;
+  const int32_t loaded = InsertSlot(key);
+  const int64_t dim = options_.dim;
+  for (size_t c = 0; c < components_.size(); ++c) {
+    if (!(record.present & (1u << c))) continue;
+    if (record.values.size() < (c + 1) * static_cast<size_t>(dim)) continue;
+    std::memcpy(ValueLocked(static_cast<int>(c), loaded), record.values.data() + c * dim,
+                dim * sizeof(float));
+    slot_present_[loaded] |= 1u << c;
+  }
   arrival_.push_back(key);
-  return &entry;
+  return loaded;
 }
 
 Status HostTier::SpillLocked() {
   if (options_.ssd_capacity <= 0) return Status::Ok();
-  while (static_cast<int64_t>(memory_.size()) > options_.host_capacity && !arrival_.empty()) {
+  const int64_t dim = options_.dim;
+  while (live_ > options_.host_capacity && !arrival_.empty()) {
     if (!ssd_) {
       MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name,
                                           options_.ssd_capacity, &ssd_));
@@ -81,19 +171,28 @@ Status HostTier::SpillLocked() {
     if (ssd_->size() >= options_.ssd_capacity) return Status::Ok();
     const int64_t key = arrival_.front();
     arrival_.pop_front();
-    auto it = memory_.find(key);
-    if (it == memory_.end()) continue;
+    const int32_t slot = LookupSlot(key);
+    if (slot < 0) continue;
     SsdRecord record;
-    record.present = it->second.present;
-    record.values = std::move(it->second.values);
-    memory_.erase(it);
+    record.present = slot_present_[slot];
+    int top = 0;
+    for (size_t c = 0; c < components_.size(); ++c) {
+      if (record.present & (1u << c)) top = static_cast<int>(c) + 1;
+    }
+    record.values.assign(static_cast<size_t>(top * dim), 0.0f);
+    for (int c = 0; c < top; ++c) {
+      if (record.present & (1u << c)) {
+        std::memcpy(record.values.data() + c * dim, ValueAt(c, slot), dim * sizeof(float));
+      }
+    }
+    DropSlot(slot);
     MXREC_RETURN_IF_ERROR(ssd_->Put(key, record));
   }
   // Keep the arrival queue from growing without bound with keys long gone.
-  if (arrival_.size() > 2 * memory_.size() + 1024) {
+  if (static_cast<int64_t>(arrival_.size()) > 2 * live_ + 1024) {
     std::deque<int64_t> kept;
     for (int64_t key : arrival_) {
-      if (memory_.count(key)) kept.push_back(key);
+      if (LookupSlot(key) >= 0) kept.push_back(key);
     }
     arrival_.swap(kept);
   }
@@ -101,32 +200,23 @@ Status HostTier::SpillLocked() {
 }
 
 Status HostTier::StoreLocked(int64_t key, int component, const float* value) {
-  const int64_t dim = options_.dim;
   Status status;
-  Entry* entry = FindLocked(key, &status);
+  int32_t slot = FindLocked(key, &status);
   MXREC_RETURN_IF_ERROR(status);
-  if (entry == nullptr) {
-    entry = &memory_[key];
+  if (slot < 0) {
+    slot = InsertSlot(key);
     if (options_.ssd_capacity > 0) arrival_.push_back(key);
   }
-  if (entry->present & (1u << component)) {
+  if (slot_present_[slot] & (1u << component)) {
     // Each component alternates out, in, out, ... for an ID; two outs in a row
     // mean plans applied out of order.
     return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name, "': ID ", key,
                        " is swapped out to the host tier twice without being swapped in (",
                        components_[component], ")");
   }
-  const size_t need = static_cast<size_t>((component + 1) * dim);
-  if (entry->values.size() < need) entry->values.resize(need, 0.0f);
-  std::memcpy(entry->values.data() + component * dim, value, dim * sizeof(float));
-  entry->present |= 1u << component;
+  std::memcpy(ValueLocked(component, slot), value, options_.dim * sizeof(float));
+  slot_present_[slot] |= 1u << component;
   return Status::Ok();
-}
-
-void HostTier::DropIfDoneLocked(int64_t key, Entry* entry) {
-  // Components move independently (the embedding may be a plan ahead of the
-  // slots within a step): an entry goes once no component holds a value in it.
-  if (entry->present == 0) memory_.erase(key);
 }
 
 Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float* current,
@@ -162,27 +252,38 @@ Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float
   int64_t ins = 0;
   // All victims first: a row's new owner never is another row's victim in one
   // plan, but storing first keeps the rule simple to check.
+  // The index is far larger than the caches: fetch the home buckets of the
+  // keys a few rows ahead of their use.
+  constexpr int64_t kAhead = 8;
+  const auto prefetch = [this](int64_t key) {
+    __builtin_prefetch(&index_[HashKey(key) & index_mask_]);
+  };
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.out_keys[i]);
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch(plan.out_keys[i + kAhead]);
     if (!plan.has_out[i]) continue;
     MXREC_RETURN_IF_ERROR(StoreLocked(plan.out_keys[i], component, current + i * dim));
     ++outs;
   }
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.in_keys[i]);
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch(plan.in_keys[i + kAhead]);
     fresh[i] = true;
     if (!plan.from_host[i]) continue;
     Status status;
-    Entry* entry = FindLocked(plan.in_keys[i], &status);
+    const int32_t slot = FindLocked(plan.in_keys[i], &status);
     MXREC_RETURN_IF_ERROR(status);
     // Absent: the ID was evicted while its batch was in flight; it restarts.
-    if (entry == nullptr) continue;
-    if (entry->present & bit) {
-      std::memcpy(incoming + i * dim, entry->values.data() + component * dim,
-                  dim * sizeof(float));
+    if (slot < 0) continue;
+    if (slot_present_[slot] & bit) {
+      std::memcpy(incoming + i * dim, ValueAt(component, slot), dim * sizeof(float));
       fresh[i] = false;
       ++ins;
     }
-    entry->present &= ~bit;
-    DropIfDoneLocked(plan.in_keys[i], entry);
+    slot_present_[slot] &= ~bit;
+    // Components move independently (the embedding may be a plan ahead of the
+    // slots within a step): a slot is freed once no component holds a value in it.
+    if (slot_present_[slot] == 0) DropSlot(slot);
   }
   for (int64_t i = 0; i < n; ++i) {
     if (fresh[i]) std::memset(incoming + i * dim, 0, dim * sizeof(float));
@@ -210,15 +311,14 @@ Status HostTier::Read(int component, const int64_t* keys, int64_t n, float* valu
   for (int64_t i = 0; i < n; ++i) {
     found[i] = false;
     const float* src = nullptr;
-    auto it = memory_.find(keys[i]);
-    if (it != memory_.end()) {
-      if (it->second.present & bit) {
-        src = it->second.values.data() + component * dim;
-      }
+    const int32_t slot = LookupSlot(keys[i]);
+    if (slot >= 0) {
+      if (slot_present_[slot] & bit) src = ValueAt(component, slot);
     } else if (ssd_) {
       bool on_disk = false;
       MXREC_RETURN_IF_ERROR(ssd_->Peek(keys[i], &on_disk, &record));
-      if (on_disk && (record.present & bit)) {
+      if (on_disk && (record.present & bit) &&
+          record.values.size() >= static_cast<size_t>((component + 1) * dim)) {
         src = record.values.data() + component * dim;
       }
     }
@@ -234,7 +334,8 @@ Status HostTier::Read(int component, const int64_t* keys, int64_t n, float* valu
 
 void HostTier::Erase(int64_t key) {
   std::lock_guard<std::mutex> lock(mu_);
-  memory_.erase(key);
+  const int32_t slot = LookupSlot(key);
+  if (slot >= 0) DropSlot(slot);
   if (ssd_) ssd_->Erase(key);
   // A pending plan must not write the evicted ID's values back afterwards.
   for (auto& plan : plans_) {
@@ -250,9 +351,9 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
   const uint32_t bit = 1u << component;
   std::vector<std::pair<int64_t, const float*>> found;
   std::vector<std::pair<int64_t, std::vector<float>>> from_disk;
-  for (const auto& [key, entry] : memory_) {
-    if (entry.present & bit) {
-      found.emplace_back(key, entry.values.data() + component * dim);
+  for (size_t slot = 0; slot < slot_key_.size(); ++slot) {
+    if (slot_present_[slot] & bit) {
+      found.emplace_back(slot_key_[slot], ValueAt(component, static_cast<int32_t>(slot)));
     }
   }
   if (ssd_) {
@@ -286,25 +387,26 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, std::vector<std::strin
   values->assign(keys.size() * width, 0.0f);
   SsdRecord record;
   for (size_t i = 0; i < keys.size(); ++i) {
-    const Entry* entry = nullptr;
-    auto it = memory_.find(keys[i]);
-    if (it != memory_.end()) {
-      entry = &it->second;
-      record.present = entry->present;
-    } else {
-      bool on_disk = false;
-      if (ssd_) MXREC_RETURN_IF_ERROR(ssd_->Peek(keys[i], &on_disk, &record));
-      if (!on_disk) continue;  // no values: the ID restarts from the initializer
+    float* out = values->data() + i * width;
+    const int32_t slot = LookupSlot(keys[i]);
+    if (slot >= 0) {
+      const uint32_t mask = slot_present_[slot];
+      (*present)[i] = mask;
+      for (size_t c = 0; c < components_.size(); ++c) {
+        if (mask & (1u << c)) {
+          std::memcpy(out + c * dim, ValueAt(static_cast<int>(c), slot), dim * sizeof(float));
+        }
+      }
+      continue;
     }
-    const std::vector<float>& src = entry ? entry->values : record.values;
-    const uint32_t mask = entry ? entry->present : record.present;
-    present->at(i) = mask;
-    const size_t copy = std::min(src.size(), width);
-    std::copy(src.begin(), src.begin() + copy, values->begin() + i * width);
+    bool on_disk = false;
+    if (ssd_) MXREC_RETURN_IF_ERROR(ssd_->Peek(keys[i], &on_disk, &record));
+    if (!on_disk) continue;  // no values: the ID restarts from the initializer
+    (*present)[i] = record.present;
     for (size_t c = 0; c < components_.size(); ++c) {
-      if (!(mask & (1u << c))) {
-        std::fill(values->begin() + i * width + c * dim, values->begin() + i * width + (c + 1) * dim,
-                  0.0f);
+      if ((record.present & (1u << c)) && record.values.size() >= (c + 1) * dim) {
+        std::copy(record.values.begin() + c * dim, record.values.begin() + (c + 1) * dim,
+                  out + c * dim);
       }
     }
   }
@@ -329,21 +431,24 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
   }
   plans_.clear();
   for (auto& cursor : cursor_) cursor = next_seq_;
-  memory_.clear();
+  ClearStoreLocked();
   arrival_.clear();
   ssd_.reset();  // removes the old file; a new one is opened on the next spill
   for (size_t i = 0; i < keys.size(); ++i) {
-    Entry& entry = memory_[keys[i]];
-    if (options_.ssd_capacity > 0) arrival_.push_back(keys[i]);
+    if ((present[i] & ((components.size() >= 32) ? ~0u : (1u << components.size()) - 1)) == 0) {
+      continue;
+    }
+    int32_t slot = LookupSlot(keys[i]);
+    if (slot < 0) {
+      slot = InsertSlot(keys[i]);
+      if (options_.ssd_capacity > 0) arrival_.push_back(keys[i]);
+    }
     for (size_t c = 0; c < components.size(); ++c) {
       if (!(present[i] & (1u << c))) continue;
-      const size_t need = static_cast<size_t>(index[c] + 1) * dim;
-      if (entry.values.size() < need) entry.values.resize(need, 0.0f);
-      std::copy(values.begin() + i * width + c * dim, values.begin() + i * width + (c + 1) * dim,
-                entry.values.begin() + index[c] * dim);
-      entry.present |= 1u << index[c];
+      std::memcpy(ValueLocked(index[c], slot), values.data() + i * width + c * dim,
+                  dim * sizeof(float));
+      slot_present_[slot] |= 1u << index[c];
     }
-    if (entry.present == 0) memory_.erase(keys[i]);
   }
   return SpillLocked();
 }
@@ -351,12 +456,17 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
 TierStats HostTier::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   TierStats stats = stats_;
-  stats.host_rows = static_cast<int64_t>(memory_.size());
-  stats.host_bytes = 0;
-  for (const auto& [key, entry] : memory_) {
-    stats.host_bytes += static_cast<int64_t>(entry.values.capacity() * sizeof(float)) +
-                        kEntryOverhead;
+  stats.host_rows = live_;
+  int64_t bytes = static_cast<int64_t>(index_.capacity() * sizeof(IndexEntry) +
+                                       slot_key_.capacity() * sizeof(int64_t) +
+                                       slot_present_.capacity() * sizeof(uint32_t) +
+                                       free_slots_.capacity() * sizeof(int32_t));
+  for (const auto& chunks : chunks_) {
+    for (const auto& chunk : chunks) {
+      if (chunk) bytes += kChunkRows * options_.dim * static_cast<int64_t>(sizeof(float));
+    }
   }
+  stats.host_bytes = bytes;
   stats.ssd_rows = ssd_ ? ssd_->size() : 0;
   stats.ssd_file_bytes = ssd_ ? ssd_->file_bytes() : 0;
   stats.ssd_compactions = ssd_ ? ssd_->compactions() : 0;

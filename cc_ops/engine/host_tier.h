@@ -119,20 +119,38 @@ class HostTier {
   int64_t pending_plans() const;
 
  private:
-  struct Entry {
-    std::vector<float> values;  // dim floats per component, grown on demand
-    uint32_t present = 0;       // bit k: component k holds a value here
+  // Host rows live in a slab store: each stored ID owns a slot, found through
+  // an open-addressing index (key -> slot); each component keeps its values
+  // in fixed-size chunks of kChunkRows slots * dim floats, allocated on first
+  // use and reused through a free list of slots, so a swap allocates nothing
+  // per row.
+  static constexpr int kChunkShift = 12;
+  static constexpr int64_t kChunkRows = int64_t{1} << kChunkShift;
+  struct IndexEntry {
+    int64_t key = 0;
+    int32_t slot = -1;  // -1: empty
   };
 
   uint32_t AllMask() const {
     return components_.size() >= 32 ? ~0u : (1u << components_.size()) - 1;
   }
-  // The entry of key, in memory (loaded from disk if it was spilled), or null.
-  Entry* FindLocked(int64_t key, Status* status);
+  int32_t LookupSlot(int64_t key) const;
+  // A new slot for `key` (absent from the index), with no component present.
+  int32_t InsertSlot(int64_t key);
+  // Removes the slot's key from the index and frees the slot.
+  void DropSlot(int32_t slot);
+  void GrowIndex();
+  void ClearStoreLocked();
+  float* ValueLocked(int component, int32_t slot);
+  const float* ValueAt(int component, int32_t slot) const {
+    return chunks_[component][slot >> kChunkShift].get() +
+           (slot & (kChunkRows - 1)) * options_.dim;
+  }
+  // The slot of key, in memory (loaded from disk if it was spilled), or -1.
+  int32_t FindLocked(int64_t key, Status* status);
   Status StoreLocked(int64_t key, int component, const float* value);
   Status RegisterLocked(const std::string& name, int* index);
   Status SpillLocked();
-  void DropIfDoneLocked(int64_t key, Entry* entry);
 
   const TierOptions options_;
   mutable std::mutex mu_;
@@ -140,9 +158,16 @@ class HostTier {
   std::vector<uint64_t> cursor_;  // next plan seq per component
   std::deque<SwapPlan> plans_;
   uint64_t next_seq_ = 0;
-  std::unordered_map<int64_t, Entry> memory_;
+  // The slab store.
+  std::vector<IndexEntry> index_;
+  uint64_t index_mask_ = 0;
+  int64_t live_ = 0;                   // stored IDs (slots in use)
+  std::vector<int64_t> slot_key_;      // per slot: its ID
+  std::vector<uint32_t> slot_present_; // per slot: bit k = component k holds a value
+  std::vector<int32_t> free_slots_;
+  std::vector<std::vector<std::unique_ptr<float[]>>> chunks_;  // [component][chunk]
   // Memory entries in order of arrival, for spilling the oldest to disk;
-  // may hold keys already gone from memory_ (skipped lazily).
+  // may hold keys already gone from memory (skipped lazily).
   std::deque<int64_t> arrival_;
   std::unique_ptr<SsdTier> ssd_;
   TierStats stats_;
