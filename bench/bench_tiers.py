@@ -98,7 +98,8 @@ def main(argv=None):
     distinct = len(np.unique(ids))
 
     device_only, _ = _run(args, ids, labels, distinct + 16)
-    cache = max(int(distinct * args.cache), max(per_batch) * 2 + 16)
+    # The cache must hold one step's unique IDs (the step being trained is protected).
+    cache = max(int(distinct * args.cache), max(per_batch) + 16)
     ssd_rows = int(distinct * args.ssd_share)
     host_rows = distinct - ssd_rows if ssd_rows else distinct
     ssd_dir = tempfile.mkdtemp(prefix="mxrec_bench_ssd_") if ssd_rows else None
