@@ -29,6 +29,7 @@ HostTable::HostTable(TableOptions options) : options_(std::move(options)) {
     const size_t rows = static_cast<size_t>(options_.device_capacity);
     row_key_.assign(rows, 0);
     row_stamp_.assign(rows, 0);
+    row_count_.assign(rows, 0.0f);
     lru_prev_.assign(rows, -1);
     lru_next_.assign(rows, -1);
   }
@@ -77,11 +78,13 @@ int32_t HostTable::PickVictim() {
   constexpr int kFrequencyWindow = 8;
   const int32_t head = lru_head_;
   if (head < 0 || stamp_ - row_stamp_[head] < swap_protect_) return -1;
+  // row_count_ mirrors the owners' counts, so no record lookups are needed.
+  const uint32_t head_stamp = row_stamp_[head];
   int32_t best = head;
-  float best_count = FindRecord(row_key_[head])->count;
+  float best_count = row_count_[head];
   int32_t row = lru_next_[head];
-  for (int i = 1; i < kFrequencyWindow && row >= 0 && row_stamp_[row] == row_stamp_[head]; ++i) {
-    const float count = FindRecord(row_key_[row])->count;
+  for (int i = 1; i < kFrequencyWindow && row >= 0 && row_stamp_[row] == head_stamp; ++i) {
+    const float count = row_count_[row];
     if (count < best_count) {
       best = row;
       best_count = count;
@@ -158,6 +161,7 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
     rec->row = row;
     row_key_[row] = rec->key;
     row_stamp_[row] = stamp_;
+    row_count_[row] = rec->count;
     LruPushTail(row);
     const bool from_host = rec->in_host != 0;
     if (from_host) {
@@ -275,6 +279,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   // number the shard's distinct IDs. Shards are disjoint, so they run apart.
   const bool has_padding = !options_.padding_keys.empty();
   const bool count = train && !counting_frozen_;
+  const bool tiered_rows = tier_ != nullptr;
   const float weight = static_cast<float>(admission_.faae_coefficient);
   if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
   std::vector<std::vector<KeyRecord*>> uniques(kNumShards);
@@ -315,6 +320,9 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
       if (count) {
         rec->count = shared_counts_ ? shared_counts_->Add(key, hashes[p], weight)
                                     : rec->count + weight;
+        // Tiered: keep the row's copy of its owner's count (rows are disjoint
+        // across shards, so the shards write apart).
+        if (tiered_rows && rec->row >= 0) row_count_[rec->row] = rec->count;
       }
       local[p] = rec->local;
     }
@@ -701,11 +709,15 @@ Status HostTable::ImportState(const TableState& state) {
     stamp = max_age + 1;
     std::fill(row_key_.begin(), row_key_.end(), 0);
     std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
+    std::fill(row_count_.begin(), row_count_.end(), 0.0f);
     std::fill(lru_prev_.begin(), lru_prev_.end(), -1);
     std::fill(lru_next_.begin(), lru_next_.end(), -1);
     lru_head_ = lru_tail_ = -1;
     for (size_t i = 0; i < n; ++i) {
-      if (state.rows[i] >= 0) row_key_[state.rows[i]] = state.keys[i];
+      if (state.rows[i] >= 0) {
+        row_key_[state.rows[i]] = state.keys[i];
+        row_count_[state.rows[i]] = state.counts[i];
+      }
     }
     for (size_t i = 0; i < state.lru_rows.size(); ++i) {
       const int32_t row = state.lru_rows[i];

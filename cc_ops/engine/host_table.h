@@ -214,6 +214,7 @@ class HostTable {
   std::unique_ptr<HostTier> tier_;
   std::vector<int64_t> row_key_;
   std::vector<uint32_t> row_stamp_;
+  std::vector<float> row_count_;  // the owner's admission count (victim choice)
   std::vector<int32_t> lru_prev_;
   std::vector<int32_t> lru_next_;
   int32_t lru_head_ = -1;

@@ -199,7 +199,8 @@ Status HostTier::SpillLocked() {
   return Status::Ok();
 }
 
-Status HostTier::StoreLocked(int64_t key, int component, const float* value) {
+Status HostTier::StoreLocked(int64_t key, int component, const float* value,
+                             int32_t* slot_out) {
   Status status;
   int32_t slot = FindLocked(key, &status);
   MXREC_RETURN_IF_ERROR(status);
@@ -216,6 +217,7 @@ Status HostTier::StoreLocked(int64_t key, int component, const float* value) {
   }
   std::memcpy(ValueLocked(component, slot), value, options_.dim * sizeof(float));
   slot_present_[slot] |= 1u << component;
+  if (slot_out != nullptr) *slot_out = slot;
   return Status::Ok();
 }
 
@@ -258,20 +260,76 @@ Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float
   const auto prefetch = [this](int64_t key) {
     __builtin_prefetch(&index_[HashKey(key) & index_mask_]);
   };
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.out_keys[i]);
+  // The first component to apply the plan records the slots it finds; the
+  // others use them where they still hold the key (else look up as usual).
+  const bool first = plan.out_slots.empty();
+  if (first) {
+    plan.out_slots.assign(static_cast<size_t>(n), -1);
+    plan.in_slots.assign(static_cast<size_t>(n), -1);
+  }
+  if (first) {
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.out_keys[i]);
+  }
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch(plan.out_keys[i + kAhead]);
+    if (first && i + kAhead < n) prefetch(plan.out_keys[i + kAhead]);
     if (!plan.has_out[i]) continue;
-    MXREC_RETURN_IF_ERROR(StoreLocked(plan.out_keys[i], component, current + i * dim));
+    if (first && free_slots_.size() > static_cast<size_t>(kAhead)) {
+      // Victims mostly take new slots, from the free list's end: warm the
+      // one a few inserts ahead.
+      const int32_t s = free_slots_[free_slots_.size() - 1 - kAhead];
+      __builtin_prefetch(&slot_key_[s], 1);
+      __builtin_prefetch(&slot_present_[s], 1);
+      const auto& chunks = chunks_[component];
+      const size_t chunk = static_cast<size_t>(s >> kChunkShift);
+      if (chunk < chunks.size() && chunks[chunk]) {
+        __builtin_prefetch(chunks[chunk].get() + (s & (kChunkRows - 1)) * dim, 1);
+      }
+    }
+    const int64_t key = plan.out_keys[i];
+    const int32_t hint = first ? -1 : CheckHint(plan.out_slots, i, key);
+    if (hint >= 0 && !(slot_present_[hint] & bit)) {
+      std::memcpy(ValueLocked(component, hint), current + i * dim, dim * sizeof(float));
+      slot_present_[hint] |= bit;
+    } else {
+      MXREC_RETURN_IF_ERROR(StoreLocked(key, component, current + i * dim, &plan.out_slots[i]));
+    }
     ++outs;
   }
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.in_keys[i]);
+  if (first) {
+    // Resolve the incoming IDs' slots up front (index buckets prefetched ahead),
+    // so that the copy loop below can prefetch the slots' values. Slots are
+    // stable identities: the loop checks each still holds its key.
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.in_keys[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) prefetch(plan.in_keys[i + kAhead]);
+      if (plan.from_host[i]) plan.in_slots[i] = LookupSlot(plan.in_keys[i]);
+    }
+  }
+  const auto prefetch_slot = [this, component, &plan](int64_t i) {
+    if (!plan.from_host[i]) return;
+    const int32_t s = plan.in_slots[i];
+    if (s < 0 || static_cast<size_t>(s) >= slot_key_.size()) return;
+    __builtin_prefetch(&slot_key_[s]);
+    __builtin_prefetch(&slot_present_[s]);
+    const auto& chunks = chunks_[component];
+    const size_t chunk = static_cast<size_t>(s >> kChunkShift);
+    if (chunk < chunks.size() && chunks[chunk]) {
+      __builtin_prefetch(chunks[chunk].get() + (s & (kChunkRows - 1)) * options_.dim);
+    }
+    // The index bucket, for DropSlot.
+    __builtin_prefetch(&index_[HashKey(plan.in_keys[i]) & index_mask_]);
+  };
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_slot(i);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch(plan.in_keys[i + kAhead]);
+    if (i + kAhead < n) prefetch_slot(i + kAhead);
     fresh[i] = true;
     if (!plan.from_host[i]) continue;
     Status status;
-    const int32_t slot = FindLocked(plan.in_keys[i], &status);
+    int32_t slot = CheckHint(plan.in_slots, i, plan.in_keys[i]);
+    if (slot < 0) {
+      slot = FindLocked(plan.in_keys[i], &status);
+      plan.in_slots[i] = slot;
+    }
     MXREC_RETURN_IF_ERROR(status);
     // Absent: the ID was evicted while its batch was in flight; it restarts.
     if (slot < 0) continue;

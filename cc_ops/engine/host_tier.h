@@ -54,6 +54,11 @@ struct SwapPlan {
   std::vector<int64_t> in_keys;
   std::vector<uint8_t> from_host;
   uint32_t applied = 0;  // bit k: component k applied this plan
+  // Host slots of out_keys / in_keys as the first component to apply the plan
+  // found them (-1: none), so that later components skip the index lookups.
+  // Hints only: checked against the slot's key and liveness before use.
+  std::vector<int32_t> out_slots;
+  std::vector<int32_t> in_slots;
 };
 
 struct TierStats {
@@ -148,7 +153,16 @@ class HostTier {
   }
   // The slot of key, in memory (loaded from disk if it was spilled), or -1.
   int32_t FindLocked(int64_t key, Status* status);
-  Status StoreLocked(int64_t key, int component, const float* value);
+  // Stores `value` as `key`'s row of `component`; *slot_out (if given) gets its slot.
+  Status StoreLocked(int64_t key, int component, const float* value,
+                     int32_t* slot_out = nullptr);
+  // `hint` when it still is key's live slot in memory, else -1.
+  int32_t CheckHint(const std::vector<int32_t>& hints, int64_t i, int64_t key) const {
+    if (hints.empty()) return -1;
+    const int32_t slot = hints[static_cast<size_t>(i)];
+    if (slot < 0 || static_cast<size_t>(slot) >= slot_key_.size()) return -1;
+    return slot_key_[slot] == key && slot_present_[slot] != 0 ? slot : -1;
+  }
   Status RegisterLocked(const std::string& name, int* index);
   Status SpillLocked();
 

@@ -1,4 +1,6 @@
 // Kernels of MxrecTierSwap / MxrecTierRead: adapters from tensors to HostTier.
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,20 +42,40 @@ class MxrecTierSwapOp : public TierOpBase {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(0);
     const Tensor& current = ctx->input(1);
+    const Tensor& fresh_values = ctx->input(2);
     const int64_t dim = table_->options().dim;
     const int64_t n = rows.NumElements();
     OP_REQUIRES(ctx, current.dims() == 2 && current.dim_size(0) == n && current.dim_size(1) == dim,
                 absl::InvalidArgumentError(absl::StrCat(
                     "MxrecTierSwap on table '", table_->options().name, "': current must be [",
                     n, ", ", dim, "], got ", current.shape().DebugString())));
-    Tensor* incoming = nullptr;
-    Tensor* fresh = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &incoming));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &fresh));
+    const bool fill = fresh_values.dims() == 0;
+    OP_REQUIRES(ctx,
+                fill || (fresh_values.dims() == 2 && fresh_values.dim_size(0) == n &&
+                         fresh_values.dim_size(1) == dim),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecTierSwap on table '", table_->options().name,
+                    "': fresh_values must be a scalar or [", n, ", ", dim, "], got ",
+                    fresh_values.shape().DebugString())));
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
+    std::unique_ptr<bool[]> fresh(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+    float* out = values->flat<float>().data();
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->Swap(
                             component_, rows.flat<int32_t>().data(), n,
-                            current.flat<float>().data(), incoming->flat<float>().data(),
-                            fresh->flat<bool>().data())));
+                            current.flat<float>().data(), out, fresh.get())));
+    // New IDs take the initializer's value (rows the tier did not hold).
+    if (fill) {
+      const float value = fresh_values.scalar<float>()();
+      for (int64_t i = 0; i < n; ++i) {
+        if (fresh[i]) std::fill(out + i * dim, out + (i + 1) * dim, value);
+      }
+    } else {
+      const float* init = fresh_values.flat<float>().data();
+      for (int64_t i = 0; i < n; ++i) {
+        if (fresh[i]) std::memcpy(out + i * dim, init + i * dim, dim * sizeof(float));
+      }
+    }
   }
 };
 

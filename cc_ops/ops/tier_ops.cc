@@ -13,29 +13,31 @@ using shape_inference::ShapeHandle;
 REGISTER_OP("MxrecTierSwap")
     .Input("rows: int32")
     .Input("current: float")
-    .Output("incoming: float")
-    .Output("fresh: bool")
+    .Input("fresh_values: float")
+    .Output("values: float")
     .Attr("table_key: string")
     .Attr("component: string = 'embedding'")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle rows;
       ShapeHandle current;
+      ShapeHandle fresh_values;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &rows));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &current));
+      TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(2), 2, &fresh_values));
       DimensionHandle n;
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(rows, 0), c->Dim(current, 0), &n));
       c->set_output(0, c->Matrix(n, c->Dim(current, 1)));
-      c->set_output(1, c->Vector(n));
       return absl::OkStatus();
     })
     .Doc(R"doc(
 Applies the next swap plan of one component (the embedding or an optimizer
 slot) of a table with a host tier. `rows` are the batch's re-filled device rows
 (the key stage's reused_rows) and `current` their values before the step; the
-victims' values go to the host tier, and `incoming` holds the values of the rows'
-new IDs from the host tier, where `fresh` is false; where it is true, the row
-takes the initializer's value.
+victims' values go to the host tier, and `values` holds the rows' new values:
+their new IDs' values from the host tier, or, for IDs the tier does not hold
+(new IDs), the row of `fresh_values` ([n, dim]: the initializer's rows) or
+`fresh_values` itself (a scalar: the slot's initial value).
 )doc");
 
 REGISTER_OP("MxrecTierRead")

@@ -12,9 +12,10 @@ time:
 
     reused [R] (rows that change owner, the key stage's reused_rows)
       current  = gather(variable, reused)                 old owners' values
-      incoming, fresh = MxrecTierSwap(reused, current)    current -> host tier,
-                                                          new owners' values <- host tier
-      variable[reused] = fresh ? initializer : incoming   before the lookup's gather
+      values = MxrecTierSwap(reused, current, initial)    current -> host tier, new
+                                                          owners' values <- host tier
+                                                          (initial where it has none)
+      variable[reused] = values                           before the lookup's gather
 
 The embedding swaps before the lookup's gather; the slots swap in the hash
 optimizer, before its update. Plans are applied at step time and in plan
@@ -110,15 +111,23 @@ def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
     """Swaps the rows `reused` of `variable` (one component of `table`), in plan order."""
     graph = tf.compat.v1.get_default_graph()
     current = tf.gather(variable, reused)
+    # New IDs' rows (the initializer's rows, or a slot's scalar initial value);
+    # the swap takes them where the host tier holds no value.
+    fresh = fresh_rows(tf.size(reused))
     # After the previous lookup's whole swap, not only its MxrecTierSwap: this
     # plan may take back an ID that one swapped out, and this lookup's gather
     # may read a row that one refilled (an ID in both batches).
-    with tf.control_dependencies(_previous_swap(graph, table.table_key, component)), \
-            tf.device("/device:CPU:0"):
-        incoming, fresh = loader.op_library().mxrec_tier_swap(
-            rows=reused, current=current, table_key=table.table_key, component=component)
-    values = tf.where(tf.expand_dims(fresh, 1), fresh_rows(tf.size(reused)),
-                      tf.cast(incoming, variable.dtype.base_dtype))
+    after = _previous_swap(graph, table.table_key, component)
+    if component != EMBEDDING:
+        # Slots after the embedding's swaps of the step: the engine applies one
+        # swap at a time per table, and the embedding's is on the way to the
+        # lookup, the slots' only on the way to the optimizer's update.
+        after = after + _previous_swap(graph, table.table_key, EMBEDDING)
+    with tf.control_dependencies(after), tf.device("/device:CPU:0"):
+        values = loader.op_library().mxrec_tier_swap(
+            rows=reused, current=current, fresh_values=fresh,
+            table_key=table.table_key, component=component)
+    values = tf.cast(values, variable.dtype.base_dtype)
     update = variable.scatter_update(tf.IndexedSlices(values, reused))
     _SWAP_CHAINS[graph][(table.table_key, component)] = update
     return update
@@ -157,10 +166,10 @@ def swap_slots(optimizer, table, variable, graph) -> List[tf.Operation]:
                 "new IDs")
         component = f"{optimizer.get_name()}/{slot_name}"
         loader.engine().tier_register(table.table_key, component)
-        dtype = slot.dtype.base_dtype
 
-        def fresh_rows(count, value=initial[slot_name], dtype=dtype):
-            return tf.fill(tf.stack([count, table.dim]), tf.constant(value, dtype))
+        def fresh_rows(count, value=initial[slot_name]):
+            del count  # the swap fills new IDs' rows with the scalar
+            return tf.constant(value, tf.float32)
 
         for reused in reused_list:
             ops.append(_swap(table, slot, reused, component, fresh_rows))
