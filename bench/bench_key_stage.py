@@ -21,7 +21,6 @@ Run from the repository root:
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import List
 
 import numpy as np
 
+from bench.machine import cpu_name  # noqa: E402
 from examples.synthetic_criteo import NUM_SPARSE, SyntheticCriteo
 from mxrec._lib import loader
 
@@ -67,17 +67,6 @@ class Workload:
         seconds = time.perf_counter() - started
         engine.drop_prefix(f"{_PREFIX}{run_id}/")
         return seconds
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def criteo_workload(stream: SyntheticCriteo, num_batches: int, batch_size: int) -> Workload:

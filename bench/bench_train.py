@@ -31,7 +31,6 @@ import collections
 import contextlib
 import dataclasses
 import os
-import platform
 import sys
 import time
 
@@ -40,6 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from bench.machine import cpu_name  # noqa: E402
 from examples.model import (  # noqa: E402
     TrainConfig,
     build_hashed_training,
@@ -174,17 +174,6 @@ class Variant:
 
     def close(self) -> None:
         self.session.close()
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:

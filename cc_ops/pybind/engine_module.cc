@@ -114,23 +114,8 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       "create_table",
       [](const std::string& key, const std::string& name, int64_t dim, int64_t capacity,
          const std::vector<int64_t>& padding_keys, double access_threshold,
-         double faae_coefficient) {
-        TableOptions options;
-        options.name = name;
-        options.dim = dim;
-        options.device_capacity = capacity;
-        options.padding_keys = padding_keys;
-        CreateTable(key, options, access_threshold, faae_coefficient);
-      },
-      py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
-      py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
-      py::arg("faae_coefficient") = 1.0);
-  m.def(
-      "create_tiered_table",
-      [](const std::string& key, const std::string& name, int64_t dim, int64_t capacity,
-         int64_t host_capacity, int64_t ssd_capacity, const std::string& ssd_path,
-         const std::vector<int64_t>& padding_keys, double access_threshold,
-         double faae_coefficient) {
+         double faae_coefficient, int64_t host_capacity, int64_t ssd_capacity,
+         const std::string& ssd_path) {
         TableOptions options;
         options.name = name;
         options.dim = dim;
@@ -142,9 +127,9 @@ PYBIND11_MODULE(_mxrec_engine, m) {
         CreateTable(key, options, access_threshold, faae_coefficient);
       },
       py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
-      py::arg("host_capacity"), py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "",
       py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
-      py::arg("faae_coefficient") = 1.0);
+      py::arg("faae_coefficient") = 1.0, py::arg("host_capacity") = 0,
+      py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "");
   m.def("is_tiered", [](const std::string& key) { return Table(key)->tiered(); });
   m.def("set_swap_protect", [](const std::string& key, uint32_t batches) {
     Table(key)->SetSwapProtect(batches);

@@ -313,15 +313,10 @@ def create_table(
     previous = runtime.tables.get(name)
     if previous is not None and previous.variable.graph is tf.compat.v1.get_default_graph():
         raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
-    if host_size > 0:
-        loader.engine().create_tiered_table(
-            key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
-            host_capacity=host_size, ssd_capacity=ssd_size, ssd_path=ssd_path,
-            padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0)
-    else:
-        loader.engine().create_table(
-            key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
-            padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0)
+    loader.engine().create_table(
+        key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
+        padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0,
+        host_capacity=host_size, ssd_capacity=ssd_size, ssd_path=ssd_path)
     if runtime.config.use_combine_faae:
         # USE_COMBINE_FAAE: one admission count per ID over all tables.
         loader.engine().share_counts(table_key, runtime.table_key("__combined_faae__"))
