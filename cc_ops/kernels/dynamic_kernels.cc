@@ -35,15 +35,21 @@ class DynamicStoreKernel : public OpKernel {
  protected:
   const std::string& table_name() const { return store_->options().name; }
 
-  // Checks addresses [N] and rows [N, dim].
-  absl::Status CheckRows(const Tensor& addresses, const Tensor& values) const {
-    const int64_t dim = store_->options().dim;
+  // Checks that addresses is a vector [N].
+  absl::Status CheckAddresses(const Tensor& addresses) const {
     if (!TensorShapeUtils::IsVector(addresses.shape())) {
       return absl::InvalidArgumentError(
           absl::StrCat("mxrec table '", table_name(), "': ", type_string(),
                        " needs a vector of addresses, got shape ",
                        addresses.shape().DebugString()));
     }
+    return absl::OkStatus();
+  }
+
+  // Checks addresses [N] and rows [N, dim].
+  absl::Status CheckRows(const Tensor& addresses, const Tensor& values) const {
+    const int64_t dim = store_->options().dim;
+    TF_RETURN_IF_ERROR(CheckAddresses(addresses));
     if (!TensorShapeUtils::IsMatrix(values.shape()) ||
         values.dim_size(0) != addresses.dim_size(0) || values.dim_size(1) != dim) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -65,10 +71,7 @@ class MxrecDynamicEnsureRowsOp : public DynamicStoreKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& addresses = ctx->input(0);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(addresses.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "mxrec table '", table_name(), "': MxrecDynamicEnsureRows needs a vector, got ",
-                    addresses.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckAddresses(addresses));
     std::vector<int64_t> fresh;
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->EnsureRows(
                             addresses.flat<int64_t>().data(), addresses.NumElements(), &fresh)));
@@ -85,10 +88,7 @@ class MxrecDynamicGatherOp : public DynamicStoreKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& addresses = ctx->input(0);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(addresses.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "mxrec table '", table_name(), "': MxrecDynamicGather needs a vector, got ",
-                    addresses.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckAddresses(addresses));
     const int64_t n = addresses.NumElements();
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx,
