@@ -4,9 +4,11 @@ Both variants train the same model on the same batches in one process (graph
 modifier, prefetch 2, Adagrad): one table addressed by Zipf-distributed IDs,
 26 features per sample. The device-only table holds every ID; the tiered table
 holds `--cache` of them on the device and the rest in host memory (and, with
-`--ssd_share`, part of those on disk). Prints a Markdown table with samples/s,
-the ratio to device-only measured in the same run, swap traffic per step and
-host memory per million IDs.
+`--ssd_share`, part of those on disk). The two alternate for `--rounds` rounds
+(each a fresh graph, `--passes` passes over the data), so that a change in the
+machine's load falls on both; the ratio is the median of the rounds' ratios.
+Prints a Markdown table with samples/s, the ratio to device-only, swap traffic
+per step and host memory per million IDs.
 
     PYTHONPATH=. .venv/bin/python bench/bench_tiers.py --cache 0.1
 """
@@ -38,7 +40,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=int, default=200_000, help="ID space of the Zipf draw")
     parser.add_argument("--batch_size", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=60, help="steps per variant")
+    parser.add_argument("--steps", type=int, default=60, help="batches in the data")
+    parser.add_argument("--passes", type=int, default=3, help="passes over the data per run")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each variant")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--zipf", type=float, default=1.15, help="Zipf exponent")
@@ -47,6 +51,8 @@ def parse_args(argv=None):
     parser.add_argument("--ssd_share", type=float, default=0.0,
                         help="share of the distinct IDs kept on SSD (0: no SSD tier)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gather_swap", action="store_true",
+                        help="swap through gather/scatter as a GPU table does, not in place")
     return parser.parse_args(argv)
 
 
@@ -54,6 +60,7 @@ def _run(args, ids, labels, device_rows, host_rows=0, ssd_rows=0, ssd_path=None)
     with tf.Graph().as_default():
         init(prefetch_batch_number=2)
         dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(args.batch_size)
+        dataset = dataset.repeat(args.passes)
         iterator = _v1.data.make_initializable_iterator(dataset)
         x, y = iterator.get_next()
         extra = {}
@@ -78,17 +85,19 @@ def _run(args, ids, labels, device_rows, host_rows=0, ssd_rows=0, ssd_path=None)
             sess.run(get_initializer(True))
             for _ in range(args.warmup):
                 sess.run(train)
+            measured = args.steps * args.passes - args.warmup
             start = time.perf_counter()
-            for _ in range(args.steps - args.warmup):
+            for _ in range(measured):
                 sess.run(train)
             seconds = time.perf_counter() - start
             stats = tiers.stats(table) if host_rows else {}
         terminate_config_initializer()
-    return (args.steps - args.warmup) * args.batch_size / seconds, stats
+    return measured * args.batch_size / seconds, stats
 
 
 def main(argv=None):
     args = parse_args(argv)
+    tiers.SWAP_IN_PLACE = not args.gather_swap
     rng = np.random.default_rng(args.seed)
     samples = args.batch_size * args.steps
     ids = (rng.zipf(args.zipf, size=(samples, FEATURES)) % args.ids).astype(np.int64)
@@ -97,32 +106,45 @@ def main(argv=None):
                  for i in range(args.steps)]
     distinct = len(np.unique(ids))
 
-    device_only, _ = _run(args, ids, labels, distinct + 16)
     # The cache must hold one step's unique IDs (the step being trained is protected).
     cache = max(int(distinct * args.cache), max(per_batch) + 16)
     ssd_rows = int(distinct * args.ssd_share)
     host_rows = distinct - ssd_rows if ssd_rows else distinct
-    ssd_dir = tempfile.mkdtemp(prefix="mxrec_bench_ssd_") if ssd_rows else None
-    try:
-        tiered, stats = _run(args, ids, labels, cache, host_rows, ssd_rows, ssd_dir)
-    finally:
-        if ssd_dir:
-            shutil.rmtree(ssd_dir, ignore_errors=True)
+    device_runs, tiered_runs = [], []
+    for round_index in range(args.rounds):
+        # Alternate which variant goes first, so that neither always runs warmer.
+        for variant in ((0, 1) if round_index % 2 == 0 else (1, 0)):
+            if variant == 0:
+                device_runs.append(_run(args, ids, labels, distinct + 16)[0])
+                continue
+            ssd_dir = tempfile.mkdtemp(prefix="mxrec_bench_ssd_") if ssd_rows else None
+            try:
+                speed, stats = _run(args, ids, labels, cache, host_rows, ssd_rows, ssd_dir)
+            finally:
+                if ssd_dir:
+                    shutil.rmtree(ssd_dir, ignore_errors=True)
+            tiered_runs.append(speed)
+    ratios = [t / d for t, d in zip(tiered_runs, device_runs)]
+    device_only = float(np.median(device_runs))
+    tiered = float(np.median(tiered_runs))
 
-    steps = args.steps
+    steps = args.steps * args.passes
     print(f"machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
           f"TensorFlow {tf.__version__}")
     print(f"data: {samples} samples x {FEATURES} features, Zipf({args.zipf}) over "
           f"{args.ids} IDs: {distinct} distinct, {np.mean(per_batch):.0f} unique per batch "
           f"(max {max(per_batch)}); batch {args.batch_size}, dim {args.dim}, Adagrad, "
-          f"prefetch 2, {steps - args.warmup} measured steps")
+          f"prefetch 2, {steps - args.warmup} measured steps per run, {args.rounds} rounds")
     print()
     print("| mode | device rows | samples/s | ratio to device-only |")
     print("|---|---:|---:|---:|")
     print(f"| device-only | {distinct + 16} | {device_only:,.0f} | 1.00 |")
     label = "host tier" + (f" + SSD ({args.ssd_share:.0%})" if ssd_rows else "")
+    label += ", gather/scatter swaps" if args.gather_swap else ""
     print(f"| {label} | {cache} ({cache / distinct:.0%}) | {tiered:,.0f} | "
-          f"{tiered / device_only:.2f} |")
+          f"{np.median(ratios):.2f} |")
+    print()
+    print("ratio per round: " + ", ".join(f"{r:.2f}" for r in ratios))
     print()
     host_rows_now = max(1, stats.get("host_rows", 0))
     print(f"swap traffic per step: {stats['swap_in_total'] / steps:,.0f} rows in from the "

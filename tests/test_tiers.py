@@ -166,6 +166,33 @@ def test_ssd_tier_equals_device_only(tmp_path, optimizer, prefetch):
         assert got[2][name]["host_rows"] <= 30
 
 
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_gather_scatter_swaps_equal_device_only(tmp_path, monkeypatch, optimizer):
+    """The swap path of a GPU table (gather, swap on the host, scatter), run on the CPU."""
+    monkeypatch.setattr(tiers, "SWAP_IN_PLACE", False)
+    got = _train(optimizer, tiered=True, modify_graph=True, prefetch=2, ssd_path=str(tmp_path),
+                 host=30, ssd=1000)
+    types = {op.type for op in _v1.get_default_graph().get_operations()}
+    assert "MxrecTierSwap" in types and "MxrecTierSwapInPlace" not in types
+    _assert_same(got, _reference(optimizer))
+
+
+@pytest.mark.parametrize("device, in_place", [("/device:CPU:0", True), ("/device:GPU:0", False)])
+def test_swap_op_follows_the_table_device(monkeypatch, device, in_place):
+    """CPU tables swap in place; tables on a GPU gather, swap on the host and scatter."""
+    from mxrec.core import embedding  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(embedding, "accelerator_device", lambda: device)
+    init(prefetch_batch_number=0)
+    table = create_table(tf.int64, DIM, "t", _v1.zeros_initializer(), device_vocabulary_size=4,
+                         host_vocabulary_size=100)
+    assert tiers.swaps_in_place(table) == in_place
+    sparse_lookup(table, _v1.placeholder(tf.int64, [None]))  # graph only: no GPU needed
+    types = {op.type for op in _v1.get_default_graph().get_operations()}
+    assert ("MxrecTierSwapInPlace" in types) == in_place
+    assert ("MxrecTierSwap" in types) == (not in_place)
+
+
 def test_eval_lookup_reads_host_rows():
     """Evaluation (is_train=False) sees trained rows wherever they live, and moves nothing."""
     init(prefetch_batch_number=0)
@@ -225,6 +252,87 @@ def test_ssd_stream_spills_and_reads_back(tmp_path, engine):
     for i, value in zip(ids, values):
         np.testing.assert_array_equal(value, truth[int(i)])
     assert len(ids) + 8 == len(truth)
+
+
+def _apply_swap(engine, key, component, plan, truth, device):
+    """Applies `plan` for one component: checks the values that come back against `truth`
+    (ID -> last trained value), then "trains" the batch: its IDs get new values."""
+    applied_step, batch, rows, reused = plan
+    current = np.stack([truth.get(device.get(int(r)), np.zeros(2, np.float32))
+                        for r in reused]) if len(reused) else np.zeros((0, 2), np.float32)
+    incoming, fresh = engine.tier_swap(key, component, reused, current)
+    checked = 0
+    for i, row in enumerate(reused):
+        new_id = int(batch[list(rows).index(row)])
+        if fresh[i]:
+            assert new_id not in truth, (component, applied_step, new_id)
+        else:
+            np.testing.assert_array_equal(incoming[i], truth[new_id], err_msg=component)
+            checked += 1
+    sign = 1.0 if component == "embedding" else -1.0
+    for i, row in enumerate(rows):
+        device[int(row)] = int(batch[i])
+        truth[int(batch[i])] = np.array([batch[i], sign * applied_step], np.float32)
+    return checked
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_plans_applied_behind_the_key_stage(tmp_path, engine, ahead):
+    """As with prefetch: the key stage plans `ahead` batches before the step applies their
+    swaps, and the optimizer slot applies each plan one batch after the embedding (as with
+    two lookups of a table in one step). Host slots spill to disk while the plans that chose
+    them are pending, later plans read them back, IDs evicted meanwhile restart from the
+    initializer, and every value that comes back is the one last trained."""
+    init()
+    table = create_table(tf.int64, 2, "t", _v1.zeros_initializer(), device_vocabulary_size=8,
+                         host_vocabulary_size=2, ssd_vocabulary_size=4096,
+                         ssd_data_path=str(tmp_path))
+    key = table.table_key
+    engine.tier_register(key, "opt/slot")
+    rng = np.random.default_rng(ahead)
+    pool = np.arange(300, dtype=np.int64)
+    weights = 1.0 / (pool + 1.0)
+    truth = {"embedding": {}, "opt/slot": {}}   # ID -> last trained value
+    device = {"embedding": {}, "opt/slot": {}}  # row -> ID whose value the row holds now
+    last_planned = {}  # ID -> step of the last batch that held it
+    planned, slot_lag = [], []
+    steps, max_age = 400, 40
+    checked = 0
+    for step in range(steps + ahead + 1):
+        if step < steps:
+            batch = rng.choice(pool, size=4, replace=False, p=weights / weights.sum())
+            (rows, _, reused), = engine.process([key], [batch], True, step)
+            planned.append((step, batch, rows, reused))
+            for i in batch:
+                last_planned[int(i)] = step
+            if step % 50 == 49:
+                # The IDs of pending batches are younger than max_age: none is in flight.
+                removed = engine.evict(key, max_age, ahead + 2)
+                old = {i for i, seen in last_planned.items() if seen < step - max_age}
+                assert removed == len(old)
+                for i in old:
+                    truth["embedding"].pop(i, None)
+                    truth["opt/slot"].pop(i, None)
+                    del last_planned[i]
+        if step >= ahead and planned:
+            plan = planned.pop(0)
+            checked += _apply_swap(engine, key, "embedding", plan, truth["embedding"],
+                                   device["embedding"])
+            slot_lag.append(plan)
+        if len(slot_lag) > 1 or (slot_lag and not planned):
+            checked += _apply_swap(engine, key, "opt/slot", slot_lag.pop(0), truth["opt/slot"],
+                                   device["opt/slot"])
+    assert not planned and not slot_lag
+    stats = tiers.stats(table)
+    assert checked > 400 and stats["ssd_rows"] > 0 and stats["pending_plans"] == 0, stats
+    device_ids, device_rows = engine.export_rows(key)
+    for component in ("embedding", "opt/slot"):
+        ids, values = engine.tier_export(key, component)
+        assert sorted(ids.tolist() + device_ids.tolist()) == sorted(truth[component])
+        for i, value in zip(ids, values):
+            np.testing.assert_array_equal(value, truth[component][int(i)])
+        for i, row in zip(device_ids, device_rows):
+            assert device[component][int(row)] == int(i)
 
 
 # --- misconfiguration -----------------------------------------------------------------------

@@ -72,6 +72,53 @@ void HostTable::LruPushTail(int32_t row) {
   lru_tail_ = row;
 }
 
+int32_t HostTable::AllocHostSlot() {
+  if (!free_host_slots_.empty()) {
+    const int32_t slot = free_host_slots_.back();
+    free_host_slots_.pop_back();
+    return slot;
+  }
+  return next_host_slot_++;
+}
+
+void HostTable::PlanSpills(SwapPlan* plan) {
+  if (options_.ssd_capacity <= 0) return;
+  // IDs on disk (or with no values yet) are the tier's IDs without a host slot.
+  // With the SSD tier full, host memory holds the rest beyond its size for a
+  // while (the tier's total size is checked when rows are handed out).
+  while (host_resident_ > options_.host_capacity && !host_arrival_.empty() &&
+         tier_ids_ - host_resident_ < options_.ssd_capacity) {
+    const auto [key, slot] = host_arrival_.front();
+    host_arrival_.pop_front();
+    KeyRecord* rec = FindRecord(key);
+    if (rec == nullptr || !rec->in_host || rec->host_slot != slot) continue;  // moved since
+    rec->host_slot = -1;
+    --host_resident_;
+    plan->spill_keys.push_back(key);
+    plan->spill_slots.push_back(slot);
+  }
+  // Keep the arrival queue from growing without bound with entries long stale.
+  if (static_cast<int64_t>(host_arrival_.size()) > 2 * host_resident_ + 1024) {
+    std::deque<std::pair<int64_t, int32_t>> kept;
+    for (const auto& entry : host_arrival_) {
+      const KeyRecord* rec = FindRecord(entry.first);
+      if (rec != nullptr && rec->in_host && rec->host_slot == entry.second) kept.push_back(entry);
+    }
+    host_arrival_.swap(kept);
+  }
+}
+
+void HostTable::LruPushHead(int32_t row) {
+  lru_prev_[row] = -1;
+  lru_next_[row] = lru_head_;
+  if (lru_head_ >= 0) {
+    lru_prev_[lru_head_] = row;
+  } else {
+    lru_tail_ = row;
+  }
+  lru_head_ = row;
+}
+
 int32_t HostTable::PickVictim() {
   // Least recently used first; among rows last used by the same batch, the
   // least frequently counted of the first few goes.
@@ -128,6 +175,32 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
                        " lookup(s) of the table per step). Raise device_vocabulary_size "
                        "to at least the unique IDs of one step.");
   }
+  tier_->TakeReleased(&free_host_slots_);
+  // Victims, in the order the loop below hands out rows: free rows first, then
+  // never used ones, then victims. Picking them all up front picks the same
+  // rows (the rows handed out meanwhile join the recency list's tail as
+  // protected), and lets the victims' records load ahead of their use.
+  const int64_t spare = static_cast<int64_t>(free_rows_.size()) + (device - next_row_);
+  const int64_t victim_count = std::max<int64_t>(0, static_cast<int64_t>(need.size()) - spare);
+  std::vector<int32_t> victims(static_cast<size_t>(victim_count));
+  std::vector<uint64_t> victim_hash(static_cast<size_t>(victim_count));
+  for (int64_t v = 0; v < victim_count; ++v) {
+    const int32_t row = PickVictim();
+    if (row < 0) {
+      // Put the rows back at the head, least recent first, as they were.
+      for (int64_t u = v - 1; u >= 0; --u) LruPushHead(victims[u]);
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                         "': no swap victim although the cache count said there was one");
+    }
+    LruUnlink(row);
+    victims[v] = row;
+    victim_hash[v] = HashKey(row_key_[row]);
+  }
+  constexpr int64_t kAhead = 8;
+  for (int64_t v = 0; v < std::min(victim_count, kAhead); ++v) {
+    shards_[victim_hash[v] >> kShardShift].Prefetch(victim_hash[v]);
+  }
+  int64_t next_victim = 0;
   SwapPlan swaps;
   for (size_t i = 0; i < need.size(); ++i) {
     KeyRecord* rec = need[i];
@@ -135,6 +208,7 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
     bool has_out = false;
     int64_t out_key = 0;
     bool refill = true;
+    int32_t out_slot = -1;
     if (!free_rows_.empty()) {
       row = free_rows_.back();
       free_rows_.pop_back();
@@ -144,19 +218,23 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
       // device-only mode.
       refill = rec->in_host != 0;
     } else {
-      row = PickVictim();
-      if (row < 0) {
-        return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
-                           "': no swap victim although the cache count said there was one");
+      const int64_t ahead = next_victim + kAhead;
+      if (ahead < victim_count) {
+        shards_[victim_hash[ahead] >> kShardShift].Prefetch(victim_hash[ahead]);
       }
-      KeyRecord* victim = FindRecord(row_key_[row]);
+      const uint64_t hash = victim_hash[next_victim];
+      row = victims[next_victim++];
+      KeyRecord* victim = shards_[hash >> kShardShift].Find(row_key_[row], hash);
       victim->row = -1;
       victim->in_host = 1;
+      victim->host_slot = AllocHostSlot();
       victim->epoch = epoch_;  // its tier changed: the next delta holds it
       ++tier_ids_;
+      ++host_resident_;
+      if (options_.ssd_capacity > 0) host_arrival_.emplace_back(victim->key, victim->host_slot);
       has_out = true;
       out_key = victim->key;
-      LruUnlink(row);
+      out_slot = victim->host_slot;
     }
     rec->row = row;
     row_key_[row] = rec->key;
@@ -164,9 +242,12 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
     row_count_[row] = rec->count;
     LruPushTail(row);
     const bool from_host = rec->in_host != 0;
+    const int32_t in_slot = from_host ? rec->host_slot : -1;
     if (from_host) {
       rec->in_host = 0;
+      rec->host_slot = -1;
       --tier_ids_;
+      if (in_slot >= 0) --host_resident_;
     } else {
       ++plan->new_ids;
       ++stats_.admitted;
@@ -177,12 +258,28 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
       swaps.rows.push_back(row);
       swaps.out_keys.push_back(out_key);
       swaps.has_out.push_back(has_out ? 1 : 0);
+      swaps.out_slots.push_back(out_slot);
       swaps.in_keys.push_back(rec->key);
       swaps.from_host.push_back(from_host ? 1 : 0);
+      swaps.in_slots.push_back(in_slot);
     }
   }
+  PlanSpills(&swaps);
   tier_->Enqueue(std::move(swaps));
   return Status::Ok();
+}
+
+Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float* values,
+                           bool* found) {
+  std::vector<int32_t> slots(static_cast<size_t>(n), -2);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t i = 0; i < n; ++i) {
+      const KeyRecord* rec = FindRecord(keys[i]);
+      if (rec != nullptr && rec->in_host) slots[i] = rec->host_slot;
+    }
+  }
+  return tier_->Read(component, keys, slots.data(), n, values, found);
 }
 
 void HostTable::ConfigureAdmission(const AdmissionOptions& admission) {
@@ -468,7 +565,8 @@ int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred)
       if (rec.in_host) {
         --tier_ids_;
         ++stats_.evicted_rows;
-        tier_->Erase(rec.key);
+        if (rec.host_slot >= 0) --host_resident_;
+        tier_->Erase(rec.key, rec.host_slot);
       }
       if (shared_counts_) shared_counts_->Erase(rec.key, HashKey(rec.key));
       removed_log_.emplace_back(rec.key, epoch_);
@@ -557,16 +655,20 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
   }
   if (tier_) {
     std::vector<int64_t> host_keys;
+    std::vector<int32_t> host_slots;
     state->in_host.reserve(records.size());
     for (const KeyRecord* rec : records) {
       state->in_host.push_back(rec->in_host);
-      if (rec->in_host) host_keys.push_back(rec->key);
+      if (rec->in_host) {
+        host_keys.push_back(rec->key);
+        host_slots.push_back(rec->host_slot);
+      }
     }
     for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
       state->lru_rows.push_back(row);
       state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
     }
-    MXREC_RETURN_IF_ERROR(tier_->Gather(host_keys, &state->tier_components,
+    MXREC_RETURN_IF_ERROR(tier_->Gather(host_keys, host_slots, &state->tier_components,
                                         &state->tier_present, &state->tier_values));
   }
   state->epoch = epoch_++;
@@ -698,11 +800,30 @@ Status HostTable::ImportState(const TableState& state) {
     rec->last_seen = state.last_seen[i];
     if (tier_ && !state.in_host.empty()) rec->in_host = state.in_host[i];
   }
+  // The new records of host_keys, in order (pointers hold: the maps are full).
+  std::vector<KeyRecord*> host_records;
+  host_records.reserve(host_keys.size());
+  for (int64_t key : host_keys) {
+    const uint64_t hash = HashKey(key);
+    host_records.push_back(fresh[hash >> kShardShift].Find(key, hash));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t stamp = 0;
   if (tier_) {
+    std::vector<int32_t> host_slots;
     MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
-                                         state.tier_values));
+                                         state.tier_values, &host_slots));
+    free_host_slots_.clear();
+    host_arrival_.clear();
+    next_host_slot_ = 0;
+    host_resident_ = 0;
+    for (size_t i = 0; i < host_records.size(); ++i) {
+      host_records[i]->host_slot = host_slots[i];
+      if (host_slots[i] < 0) continue;
+      next_host_slot_ = std::max(next_host_slot_, host_slots[i] + 1);
+      ++host_resident_;
+      if (options_.ssd_capacity > 0) host_arrival_.emplace_back(host_keys[i], host_slots[i]);
+    }
     // Recency: rows keep their order and their ages in batches.
     uint32_t max_age = 0;
     for (uint32_t age : state.lru_ages) max_age = std::max(max_age, age);

@@ -4,6 +4,7 @@
 #define MXREC_ENGINE_HOST_TABLE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -171,6 +172,11 @@ class HostTable {
   // Copies out (key, row) of every admitted ID, ordered by row.
   void ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const;
 
+  // Tiered tables: the host-tier values of `keys` for tier component
+  // `component` (evaluation reads rows off the device in place); found[i] is
+  // false, and the row zeros, where the tier holds none.
+  Status ReadTier(int component, const int64_t* keys, int64_t n, float* values, bool* found);
+
   // Whether the table has a host tier (host_capacity > 0).
   bool tiered() const { return tier_ != nullptr; }
   // The host tier, or null in device-only mode.
@@ -188,6 +194,11 @@ class HostTable {
   KeyRecord* FindRecord(int64_t key);
   void LruUnlink(int32_t row);
   void LruPushTail(int32_t row);
+  void LruPushHead(int32_t row);
+  int32_t AllocHostSlot();
+  // Chooses the oldest host-resident IDs to go to disk while host memory is
+  // over host_vocabulary_size (SSD tier only), adding them to `plan`.
+  void PlanSpills(SwapPlan* plan);
   int32_t PickVictim();
   int64_t EraseWhere(const std::function<bool(const KeyRecord&)>& pred);
   bool Admits(const KeyRecord& rec) const;
@@ -220,6 +231,14 @@ class HostTable {
   int32_t lru_head_ = -1;
   int32_t lru_tail_ = -1;
   int64_t tier_ids_ = 0;
+  // Host slots, numbered by this planner (HostTier stores the values): free
+  // ones, the next never used one, IDs holding one, and (SSD tier) the order
+  // in which IDs took theirs, oldest first, for spilling; entries whose ID
+  // no longer holds that slot are skipped.
+  std::vector<int32_t> free_host_slots_;
+  int32_t next_host_slot_ = 0;
+  int64_t host_resident_ = 0;
+  std::deque<std::pair<int64_t, int32_t>> host_arrival_;
   uint32_t swap_protect_ = 1;
 };
 

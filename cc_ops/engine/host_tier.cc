@@ -4,89 +4,18 @@
 #include <cstring>
 #include <utility>
 
-#include "key_map.h"
-
 namespace mxrec {
+
+namespace {
+// Rows ahead of their use whose memory is prefetched in the swap loops: each
+// row costs a few cache misses (its slot's value, its metadata) and little work.
+constexpr int64_t kAhead = 16;
+}  // namespace
 
 HostTier::HostTier(TierOptions options) : options_(std::move(options)) {
   components_.push_back(kEmbedding);
   cursor_.push_back(0);
   chunks_.resize(1);
-  index_.assign(16, IndexEntry());
-  index_mask_ = 15;
-}
-
-int32_t HostTier::LookupSlot(int64_t key) const {
-  for (uint64_t i = HashKey(key) & index_mask_;; i = (i + 1) & index_mask_) {
-    const IndexEntry& e = index_[i];
-    if (e.slot < 0) return -1;
-    if (e.key == key) return e.slot;
-  }
-}
-
-void HostTier::GrowIndex() {
-  std::vector<IndexEntry> old;
-  old.swap(index_);
-  index_.assign(old.size() * 2, IndexEntry());
-  index_mask_ = index_.size() - 1;
-  for (const IndexEntry& e : old) {
-    if (e.slot < 0) continue;
-    uint64_t i = HashKey(e.key) & index_mask_;
-    while (index_[i].slot >= 0) i = (i + 1) & index_mask_;
-    index_[i] = e;
-  }
-}
-
-int32_t HostTier::InsertSlot(int64_t key) {
-  // Load factor at most 1/2: probes stay short.
-  if (static_cast<uint64_t>(live_ + 1) * 2 > index_.size()) GrowIndex();
-  int32_t slot;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-  } else {
-    slot = static_cast<int32_t>(slot_key_.size());
-    slot_key_.push_back(0);
-    slot_present_.push_back(0);
-  }
-  slot_key_[slot] = key;
-  slot_present_[slot] = 0;
-  uint64_t i = HashKey(key) & index_mask_;
-  while (index_[i].slot >= 0) i = (i + 1) & index_mask_;
-  index_[i].key = key;
-  index_[i].slot = slot;
-  ++live_;
-  return slot;
-}
-
-void HostTier::DropSlot(int32_t slot) {
-  const int64_t key = slot_key_[slot];
-  uint64_t hole = HashKey(key) & index_mask_;
-  while (index_[hole].slot != slot) hole = (hole + 1) & index_mask_;
-  index_[hole].slot = -1;
-  // Backward-shift deletion, as in KeyMap.
-  for (uint64_t i = (hole + 1) & index_mask_; index_[i].slot >= 0; i = (i + 1) & index_mask_) {
-    const uint64_t home = HashKey(index_[i].key) & index_mask_;
-    const bool movable = (i > hole) ? (home <= hole || home > i) : (home <= hole && home > i);
-    if (movable) {
-      index_[hole] = index_[i];
-      index_[i].slot = -1;
-      hole = i;
-    }
-  }
-  slot_present_[slot] = 0;
-  free_slots_.push_back(slot);
-  --live_;
-}
-
-void HostTier::ClearStoreLocked() {
-  index_.assign(16, IndexEntry());
-  index_mask_ = 15;
-  live_ = 0;
-  slot_key_.clear();
-  slot_present_.clear();
-  free_slots_.clear();
-  for (auto& chunks : chunks_) chunks.clear();
 }
 
 float* HostTier::ValueLocked(int component, int32_t slot) {
@@ -97,6 +26,18 @@ float* HostTier::ValueLocked(int component, int32_t slot) {
     chunks[chunk].reset(new float[static_cast<size_t>(kChunkRows * options_.dim)]());
   }
   return chunks[chunk].get() + (slot & (kChunkRows - 1)) * options_.dim;
+}
+
+void HostTier::EnsureSlotsLocked(int64_t count) {
+  if (count > static_cast<int64_t>(meta_.size())) meta_.resize(static_cast<size_t>(count));
+}
+
+void HostTier::ReleaseLocked(int32_t slot) {
+  if (slot < 0) return;
+  EnsureSlotsLocked(int64_t{slot} + 1);
+  if (meta_[slot].present != 0) --live_;
+  meta_[slot].present = 0;
+  released_.push_back(slot);
 }
 
 Status HostTier::RegisterComponent(const std::string& name, int* index) {
@@ -121,16 +62,31 @@ Status HostTier::RegisterLocked(const std::string& name, int* index) {
   // Plans queued before this component existed are complete without it.
   for (auto& plan : plans_) plan.applied |= 1u << (components_.size() - 1);
   *index = static_cast<int>(components_.size()) - 1;
-  while (!plans_.empty() && plans_.front().applied == AllMask()) plans_.pop_front();
+  while (!plans_.empty() && plans_.front().applied == AllMask()) {
+    MXREC_RETURN_IF_ERROR(FinishPlanLocked(plans_.front()));
+    plans_.pop_front();
+  }
   return Status::Ok();
 }
 
 void HostTier::Enqueue(SwapPlan plan) {
-  if (plan.rows.empty()) return;
+  if (plan.rows.empty() && plan.spill_keys.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   plan.seq = next_seq_++;
   plan.applied = 0;
+  int32_t top = -1;
+  for (int32_t slot : plan.out_slots) top = std::max(top, slot);
+  EnsureSlotsLocked(int64_t{top} + 1);
+  for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
+    pending_spills_[plan.spill_keys[i]].emplace_back(plan.seq, plan.spill_slots[i]);
+  }
   plans_.push_back(std::move(plan));
+}
+
+void HostTier::TakeReleased(std::vector<int32_t>* free_slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_slots->insert(free_slots->end(), released_.begin(), released_.end());
+  released_.clear();
 }
 
 int64_t HostTier::pending_plans() const {
@@ -138,96 +94,134 @@ int64_t HostTier::pending_plans() const {
   return static_cast<int64_t>(plans_.size());
 }
 
-int32_t HostTier::FindLocked(int64_t key, Status* status) {
-  const int32_t slot = LookupSlot(key);
-  if (slot >= 0 || !ssd_) return slot;
-  bool found = false;
-  SsdRecord record;
-  *status = ssd_->Take(key, &found, &record);
-  if (!status->ok() || !found) return -1;
-  const int32_t loaded = InsertSlot(key);
-  const int64_t dim = options_.dim;
-  for (size_t c = 0; c < components_.size(); ++c) {
-    if (!(record.present & (1u << c))) continue;
-    if (record.values.size() < (c + 1) * static_cast<size_t>(dim)) continue;
-    std::memcpy(ValueLocked(static_cast<int>(c), loaded), record.values.data() + c * dim,
-                dim * sizeof(float));
-    slot_present_[loaded] |= 1u << c;
-  }
-  arrival_.push_back(key);
-  return loaded;
+Status HostTier::OpenSsdLocked() {
+  if (ssd_) return Status::Ok();
+  return SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &ssd_);
 }
 
-Status HostTier::SpillLocked() {
-  if (options_.ssd_capacity <= 0) return Status::Ok();
+Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out,
+                                   bool* found) {
+  *found = false;
   const int64_t dim = options_.dim;
-  while (live_ > options_.host_capacity && !arrival_.empty()) {
-    if (!ssd_) {
-      MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name,
-                                          options_.ssd_capacity, &ssd_));
+  auto it = pending_spills_.find(key);
+  if (it != pending_spills_.end()) {
+    // The newest spill queued before plan `seq` holds the key's values.
+    int32_t slot = -1;
+    for (const auto& [spill_seq, spill_slot] : it->second) {
+      if (spill_seq < seq) slot = spill_slot;
     }
-    // The SSD tier full here is a transient overshoot within a step (a row
-    // swapped in is freed only once every slot took it): keep it in memory.
-    if (ssd_->size() >= options_.ssd_capacity) return Status::Ok();
-    const int64_t key = arrival_.front();
-    arrival_.pop_front();
-    const int32_t slot = LookupSlot(key);
-    if (slot < 0) continue;
-    SsdRecord record;
-    record.present = slot_present_[slot];
-    int top = 0;
-    for (size_t c = 0; c < components_.size(); ++c) {
-      if (record.present & (1u << c)) top = static_cast<int>(c) + 1;
-    }
-    record.values.assign(static_cast<size_t>(top * dim), 0.0f);
-    for (int c = 0; c < top; ++c) {
-      if (record.present & (1u << c)) {
-        std::memcpy(record.values.data() + c * dim, ValueAt(c, slot), dim * sizeof(float));
+    if (slot >= 0) {
+      if (HasValue(component, slot)) {
+        std::memcpy(out, ValueAt(component, slot), dim * sizeof(float));
+        *found = true;
       }
+      return Status::Ok();
     }
-    DropSlot(slot);
-    MXREC_RETURN_IF_ERROR(ssd_->Put(key, record));
   }
-  // Keep the arrival queue from growing without bound with keys long gone.
-  if (static_cast<int64_t>(arrival_.size()) > 2 * live_ + 1024) {
-    std::deque<int64_t> kept;
-    for (int64_t key : arrival_) {
-      if (LookupSlot(key) >= 0) kept.push_back(key);
-    }
-    arrival_.swap(kept);
+  if (!ssd_) return Status::Ok();
+  bool on_disk = false;
+  SsdRecord record;
+  MXREC_RETURN_IF_ERROR(ssd_->Peek(key, &on_disk, &record));
+  if (on_disk && (record.present & (1u << component)) &&
+      record.values.size() >= static_cast<size_t>((component + 1) * dim)) {
+    std::memcpy(out, record.values.data() + component * dim, dim * sizeof(float));
+    *found = true;
   }
   return Status::Ok();
 }
 
-Status HostTier::StoreLocked(int64_t key, int component, const float* value,
-                             int32_t* slot_out) {
-  Status status;
-  int32_t slot = FindLocked(key, &status);
-  MXREC_RETURN_IF_ERROR(status);
-  if (slot < 0) {
-    slot = InsertSlot(key);
-    if (options_.ssd_capacity > 0) arrival_.push_back(key);
+Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
+  const int64_t dim = options_.dim;
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    if (!plan.from_host[i]) continue;
+    if (plan.in_slots[i] >= 0) {
+      ReleaseLocked(plan.in_slots[i]);
+    } else if (ssd_) {
+      ssd_->Erase(plan.in_keys[i]);  // read back from disk by every component
+    }
   }
-  if (slot_present_[slot] & (1u << component)) {
-    // Each component alternates out, in, out, ... for an ID; two outs in a row
-    // mean plans applied out of order.
-    return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name, "': ID ", key,
-                       " is swapped out to the host tier twice without being swapped in (",
-                       components_[component], ")");
+  for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
+    const int64_t key = plan.spill_keys[i];
+    const int32_t slot = plan.spill_slots[i];
+    auto it = pending_spills_.find(key);
+    bool live = false;
+    if (it != pending_spills_.end()) {
+      auto& entries = it->second;
+      auto entry = std::find(entries.begin(), entries.end(), std::make_pair(plan.seq, slot));
+      if (entry != entries.end()) {
+        live = true;
+        entries.erase(entry);
+      }
+      if (entries.empty()) pending_spills_.erase(it);
+    }
+    if (live) {  // not erased (evicted) meanwhile
+      SsdRecord record;
+      record.present = meta_[slot].present;
+      int top = 0;
+      for (size_t c = 0; c < components_.size(); ++c) {
+        if (record.present & (1u << c)) top = static_cast<int>(c) + 1;
+      }
+      record.values.assign(static_cast<size_t>(top * dim), 0.0f);
+      for (int c = 0; c < top; ++c) {
+        if (record.present & (1u << c)) {
+          std::memcpy(record.values.data() + c * dim, ValueAt(c, slot), dim * sizeof(float));
+        }
+      }
+      MXREC_RETURN_IF_ERROR(OpenSsdLocked());
+      MXREC_RETURN_IF_ERROR(ssd_->Put(key, record));
+    }
+    ReleaseLocked(slot);
   }
-  std::memcpy(ValueLocked(component, slot), value, options_.dim * sizeof(float));
-  slot_present_[slot] |= 1u << component;
-  if (slot_out != nullptr) *slot_out = slot;
   return Status::Ok();
 }
 
 Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float* current,
                       float* incoming, bool* fresh) {
+  const int64_t dim = options_.dim;
+  MXREC_RETURN_IF_ERROR(SwapRows(
+      component, rows, n, [current, dim](int64_t i) { return current + i * dim; },
+      [incoming, dim](int64_t i) { return incoming + i * dim; }, fresh));
+  for (int64_t i = 0; i < n; ++i) {
+    if (fresh[i]) std::memset(incoming + i * dim, 0, dim * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+Status HostTier::SwapInPlace(int component, const int32_t* rows, int64_t n, float* table,
+                             int64_t table_rows, bool* fresh) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= table_rows) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': swap row ", rows[i], " is outside the device table's ", table_rows,
+                         " rows");
+    }
+  }
+  const int64_t dim = options_.dim;
+  // Every victim's value is stored before any new owner's value is written, and
+  // a plan's rows are distinct, so reading and writing the same rows is safe.
+  const auto row = [table, rows, dim](int64_t i) { return table + rows[i] * dim; };
+  return SwapRows(component, rows, n, row, row, fresh);
+}
+
+template <typename CurrentRow, typename IncomingRow>
+Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
+                          IncomingRow incoming, bool* fresh) {
   if (n == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
   if (component < 0 || component >= static_cast<int>(components_.size())) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                        "': unknown swap component ", component);
+  }
+  // Plans with spills only (no rows) are applied on the way to this step's.
+  const uint32_t bit = 1u << component;
+  for (;;) {
+    const uint64_t seq = cursor_[component];
+    const uint64_t front = plans_.empty() ? next_seq_ : plans_.front().seq;
+    if (seq < front || seq >= next_seq_) break;
+    SwapPlan& plan = plans_[seq - front];
+    if (!plan.rows.empty()) break;
+    plan.applied |= bit;
+    cursor_[component] = seq + 1;
   }
   const uint64_t seq = cursor_[component];
   const uint64_t front = plans_.empty() ? next_seq_ : plans_.front().seq;
@@ -249,102 +243,75 @@ Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float
                        "step. Host-tier tables need every planned training batch to be trained.");
   }
   const int64_t dim = options_.dim;
-  const uint32_t bit = 1u << component;
   int64_t outs = 0;
   int64_t ins = 0;
-  // All victims first: a row's new owner never is another row's victim in one
-  // plan, but storing first keeps the rule simple to check.
-  // The index is far larger than the caches: fetch the home buckets of the
-  // keys a few rows ahead of their use.
-  constexpr int64_t kAhead = 8;
-  const auto prefetch = [this](int64_t key) {
-    __builtin_prefetch(&index_[HashKey(key) & index_mask_]);
+  // Victims first: their values go to the slots the planner gave them.
+  const auto prefetch_out = [&](int64_t i) {
+    __builtin_prefetch(current(i));
+    const int32_t slot = plan.out_slots[i];
+    if (!plan.has_out[i] || slot < 0) return;
+    __builtin_prefetch(&meta_[slot], 1);
+    const auto& chunks = chunks_[component];
+    const size_t chunk = static_cast<size_t>(slot >> kChunkShift);
+    if (chunk < chunks.size() && chunks[chunk]) {
+      __builtin_prefetch(chunks[chunk].get() + (slot & (kChunkRows - 1)) * dim, 1);
+    }
   };
-  // The first component to apply the plan records the slots it finds; the
-  // others use them where they still hold the key (else look up as usual).
-  const bool first = plan.out_slots.empty();
-  if (first) {
-    plan.out_slots.assign(static_cast<size_t>(n), -1);
-    plan.in_slots.assign(static_cast<size_t>(n), -1);
-  }
-  if (first) {
-    for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.out_keys[i]);
-  }
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_out(i);
   for (int64_t i = 0; i < n; ++i) {
-    if (first && i + kAhead < n) prefetch(plan.out_keys[i + kAhead]);
-    if (!plan.has_out[i]) continue;
-    if (first && free_slots_.size() > static_cast<size_t>(kAhead)) {
-      // Victims mostly take new slots, from the free list's end: warm the
-      // one a few inserts ahead.
-      const int32_t s = free_slots_[free_slots_.size() - 1 - kAhead];
-      __builtin_prefetch(&slot_key_[s], 1);
-      __builtin_prefetch(&slot_present_[s], 1);
-      const auto& chunks = chunks_[component];
-      const size_t chunk = static_cast<size_t>(s >> kChunkShift);
-      if (chunk < chunks.size() && chunks[chunk]) {
-        __builtin_prefetch(chunks[chunk].get() + (s & (kChunkRows - 1)) * dim, 1);
-      }
+    if (i + kAhead < n) prefetch_out(i + kAhead);
+    if (!plan.has_out[i]) continue;  // no old owner, or evicted since planning
+    const int32_t slot = plan.out_slots[i];
+    SlotMeta& meta = meta_[slot];
+    if (meta.present & bit) {
+      // Each component alternates out, in, out, ... for a slot; two outs in a
+      // row mean plans applied out of order.
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name, "': host slot ",
+                         slot, " of ID ", plan.out_keys[i],
+                         " is written twice without being read (", components_[component], ")");
     }
-    const int64_t key = plan.out_keys[i];
-    const int32_t hint = first ? -1 : CheckHint(plan.out_slots, i, key);
-    if (hint >= 0 && !(slot_present_[hint] & bit)) {
-      std::memcpy(ValueLocked(component, hint), current + i * dim, dim * sizeof(float));
-      slot_present_[hint] |= bit;
-    } else {
-      MXREC_RETURN_IF_ERROR(StoreLocked(key, component, current + i * dim, &plan.out_slots[i]));
-    }
+    if (meta.present == 0) ++live_;
+    meta.key = plan.out_keys[i];
+    meta.present |= bit;
+    std::memcpy(ValueLocked(component, slot), current(i), dim * sizeof(float));
     ++outs;
   }
-  if (first) {
-    // Resolve the incoming IDs' slots up front (index buckets prefetched ahead),
-    // so that the copy loop below can prefetch the slots' values. Slots are
-    // stable identities: the loop checks each still holds its key.
-    for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch(plan.in_keys[i]);
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) prefetch(plan.in_keys[i + kAhead]);
-      if (plan.from_host[i]) plan.in_slots[i] = LookupSlot(plan.in_keys[i]);
-    }
-  }
-  const auto prefetch_slot = [this, component, &plan](int64_t i) {
-    if (!plan.from_host[i]) return;
-    const int32_t s = plan.in_slots[i];
-    if (s < 0 || static_cast<size_t>(s) >= slot_key_.size()) return;
-    __builtin_prefetch(&slot_key_[s]);
-    __builtin_prefetch(&slot_present_[s]);
+  // Then the new owners' values: from their host slots, or from disk.
+  const auto prefetch_in = [&](int64_t i) {
+    const int32_t slot = plan.in_slots[i];
+    if (!plan.from_host[i] || slot < 0 || static_cast<size_t>(slot) >= meta_.size()) return;
+    __builtin_prefetch(&meta_[slot]);
     const auto& chunks = chunks_[component];
-    const size_t chunk = static_cast<size_t>(s >> kChunkShift);
+    const size_t chunk = static_cast<size_t>(slot >> kChunkShift);
     if (chunk < chunks.size() && chunks[chunk]) {
-      __builtin_prefetch(chunks[chunk].get() + (s & (kChunkRows - 1)) * options_.dim);
+      __builtin_prefetch(chunks[chunk].get() + (slot & (kChunkRows - 1)) * dim);
     }
-    // The index bucket, for DropSlot.
-    __builtin_prefetch(&index_[HashKey(plan.in_keys[i]) & index_mask_]);
   };
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_slot(i);
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_in(i);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch_slot(i + kAhead);
+    if (i + kAhead < n) prefetch_in(i + kAhead);
     fresh[i] = true;
     if (!plan.from_host[i]) continue;
-    Status status;
-    int32_t slot = CheckHint(plan.in_slots, i, plan.in_keys[i]);
-    if (slot < 0) {
-      slot = FindLocked(plan.in_keys[i], &status);
-      plan.in_slots[i] = slot;
+    const int32_t slot = plan.in_slots[i];
+    if (slot >= 0) {
+      if (static_cast<size_t>(slot) < meta_.size() && meta_[slot].present != 0 &&
+          meta_[slot].key != plan.in_keys[i]) {
+        return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                           "': host slot ", slot, " holds ID ", meta_[slot].key, ", not ID ",
+                           plan.in_keys[i], " that the plan reads from it");
+      }
+      // No value: a component registered after the ID left (it starts afresh).
+      if (HasValue(component, slot)) {
+        std::memcpy(incoming(i), ValueAt(component, slot), dim * sizeof(float));
+        fresh[i] = false;
+      }
+    } else {
+      bool found = false;
+      MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, plan.in_keys[i], plan.seq,
+                                              incoming(i), &found));
+      fresh[i] = !found;
     }
-    MXREC_RETURN_IF_ERROR(status);
-    // Absent: the ID was evicted while its batch was in flight; it restarts.
-    if (slot < 0) continue;
-    if (slot_present_[slot] & bit) {
-      std::memcpy(incoming + i * dim, ValueAt(component, slot), dim * sizeof(float));
-      fresh[i] = false;
-      ++ins;
-    }
-    slot_present_[slot] &= ~bit;
-    // Components move independently (the embedding may be a plan ahead of the
-    // slots within a step): a slot is freed once no component holds a value in it.
-    if (slot_present_[slot] == 0) DropSlot(slot);
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (fresh[i]) std::memset(incoming + i * dim, 0, dim * sizeof(float));
+    ins += fresh[i] ? 0 : 1;
   }
   if (component == 0) {
     // With several lookups of the table in one step, "last" is the last plan.
@@ -356,51 +323,48 @@ Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float
   }
   plan.applied |= bit;
   cursor_[component] = seq + 1;
-  while (!plans_.empty() && plans_.front().applied == AllMask()) plans_.pop_front();
-  return SpillLocked();
-}
-
-Status HostTier::Read(int component, const int64_t* keys, int64_t n, float* values,
-                      bool* found) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t dim = options_.dim;
-  const uint32_t bit = 1u << component;
-  SsdRecord record;
-  for (int64_t i = 0; i < n; ++i) {
-    found[i] = false;
-    const float* src = nullptr;
-    const int32_t slot = LookupSlot(keys[i]);
-    if (slot >= 0) {
-      if (slot_present_[slot] & bit) src = ValueAt(component, slot);
-    } else if (ssd_) {
-      bool on_disk = false;
-      MXREC_RETURN_IF_ERROR(ssd_->Peek(keys[i], &on_disk, &record));
-      if (on_disk && (record.present & bit) &&
-          record.values.size() >= static_cast<size_t>((component + 1) * dim)) {
-        src = record.values.data() + component * dim;
-      }
-    }
-    if (src != nullptr) {
-      std::memcpy(values + i * dim, src, dim * sizeof(float));
-      found[i] = true;
-    } else {
-      std::memset(values + i * dim, 0, dim * sizeof(float));
-    }
+  while (!plans_.empty() && plans_.front().applied == AllMask()) {
+    MXREC_RETURN_IF_ERROR(FinishPlanLocked(plans_.front()));
+    plans_.pop_front();
   }
   return Status::Ok();
 }
 
-void HostTier::Erase(int64_t key) {
+Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, int64_t n,
+                      float* values, bool* found) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int32_t slot = LookupSlot(key);
-  if (slot >= 0) DropSlot(slot);
-  if (ssd_) ssd_->Erase(key);
-  // A pending plan must not write the evicted ID's values back afterwards.
+  const int64_t dim = options_.dim;
+  for (int64_t i = 0; i < n; ++i) {
+    found[i] = false;
+    float* out = values + i * dim;
+    const int32_t slot = slots[i];
+    if (slot >= 0) {
+      // The planner may be ahead of the values: trust the slot only if it
+      // holds the key already.
+      if (HasValue(component, slot) && meta_[slot].key == keys[i]) {
+        std::memcpy(out, ValueAt(component, slot), dim * sizeof(float));
+        found[i] = true;
+      }
+    } else if (slot == -1) {
+      MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, keys[i], next_seq_, out, &found[i]));
+    }
+    if (!found[i]) std::memset(out, 0, dim * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+void HostTier::Erase(int64_t key, int32_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A pending plan must not write the evicted ID's values to its slot afterwards.
   for (auto& plan : plans_) {
     for (size_t i = 0; i < plan.rows.size(); ++i) {
       if (plan.has_out[i] && plan.out_keys[i] == key) plan.has_out[i] = 0;
     }
   }
+  if (slot >= 0) ReleaseLocked(slot);
+  // Spills still pending skip the key (their slots are freed with their plan).
+  pending_spills_.erase(key);
+  if (ssd_) ssd_->Erase(key);
 }
 
 Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<float>* values) {
@@ -409,9 +373,9 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
   const uint32_t bit = 1u << component;
   std::vector<std::pair<int64_t, const float*>> found;
   std::vector<std::pair<int64_t, std::vector<float>>> from_disk;
-  for (size_t slot = 0; slot < slot_key_.size(); ++slot) {
-    if (slot_present_[slot] & bit) {
-      found.emplace_back(slot_key_[slot], ValueAt(component, static_cast<int32_t>(slot)));
+  for (size_t slot = 0; slot < meta_.size(); ++slot) {
+    if (meta_[slot].present & bit) {
+      found.emplace_back(meta_[slot].key, ValueAt(component, static_cast<int32_t>(slot)));
     }
   }
   if (ssd_) {
@@ -435,8 +399,9 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
   return Status::Ok();
 }
 
-Status HostTier::Gather(const std::vector<int64_t>& keys, std::vector<std::string>* components,
-                        std::vector<uint32_t>* present, std::vector<float>* values) const {
+Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
+                        std::vector<std::string>* components, std::vector<uint32_t>* present,
+                        std::vector<float>* values) const {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t dim = options_.dim;
   const size_t width = components_.size() * static_cast<size_t>(dim);
@@ -446,9 +411,10 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, std::vector<std::strin
   SsdRecord record;
   for (size_t i = 0; i < keys.size(); ++i) {
     float* out = values->data() + i * width;
-    const int32_t slot = LookupSlot(keys[i]);
+    const int32_t slot = slots[i];
     if (slot >= 0) {
-      const uint32_t mask = slot_present_[slot];
+      if (static_cast<size_t>(slot) >= meta_.size() || meta_[slot].key != keys[i]) continue;
+      const uint32_t mask = meta_[slot].present;
       (*present)[i] = mask;
       for (size_t c = 0; c < components_.size(); ++c) {
         if (mask & (1u << c)) {
@@ -471,9 +437,21 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, std::vector<std::strin
   return Status::Ok();
 }
 
+void HostTier::ClearLocked() {
+  plans_.clear();
+  for (auto& cursor : cursor_) cursor = next_seq_;
+  meta_.clear();
+  live_ = 0;
+  released_.clear();
+  for (auto& chunks : chunks_) chunks.clear();
+  pending_spills_.clear();
+  ssd_.reset();  // removes the old file; a new one is opened on the next spill
+}
+
 Status HostTier::Replace(const std::vector<int64_t>& keys,
                          const std::vector<std::string>& components,
-                         const std::vector<uint32_t>& present, const std::vector<float>& values) {
+                         const std::vector<uint32_t>& present, const std::vector<float>& values,
+                         std::vector<int32_t>* slots) {
   const int64_t dim = options_.dim;
   const size_t width = components.size() * static_cast<size_t>(dim);
   if (present.size() != keys.size() || values.size() != keys.size() * width) {
@@ -487,38 +465,58 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
   for (size_t c = 0; c < components.size(); ++c) {
     MXREC_RETURN_IF_ERROR(RegisterLocked(components[c], &index[c]));
   }
-  plans_.clear();
-  for (auto& cursor : cursor_) cursor = next_seq_;
-  ClearStoreLocked();
-  arrival_.clear();
-  ssd_.reset();  // removes the old file; a new one is opened on the next spill
+  ClearLocked();
+  const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
+  slots->assign(keys.size(), -1);
+  int32_t next_slot = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if ((present[i] & ((components.size() >= 32) ? ~0u : (1u << components.size()) - 1)) == 0) {
+    if ((present[i] & mask) == 0) continue;  // no values: restarts from the initializer
+    const float* row = values.data() + i * width;
+    if (next_slot < options_.host_capacity) {
+      const int32_t slot = next_slot++;
+      EnsureSlotsLocked(int64_t{slot} + 1);
+      meta_[slot].key = keys[i];
+      for (size_t c = 0; c < components.size(); ++c) {
+        if (!(present[i] & (1u << c))) continue;
+        std::memcpy(ValueLocked(index[c], slot), row + c * dim, dim * sizeof(float));
+        meta_[slot].present |= 1u << index[c];
+      }
+      ++live_;
+      (*slots)[i] = slot;
       continue;
     }
-    int32_t slot = LookupSlot(keys[i]);
-    if (slot < 0) {
-      slot = InsertSlot(keys[i]);
-      if (options_.ssd_capacity > 0) arrival_.push_back(keys[i]);
+    if (options_.ssd_capacity <= 0) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': the checkpoint holds more host-tier IDs than "
+                         "host_vocabulary_size (", options_.host_capacity,
+                         ") and the table has no SSD tier");
     }
+    SsdRecord record;
+    int top = 0;
     for (size_t c = 0; c < components.size(); ++c) {
-      if (!(present[i] & (1u << c))) continue;
-      std::memcpy(ValueLocked(index[c], slot), values.data() + i * width + c * dim,
-                  dim * sizeof(float));
-      slot_present_[slot] |= 1u << index[c];
+      if (present[i] & (1u << c)) {
+        record.present |= 1u << index[c];
+        top = std::max(top, index[c] + 1);
+      }
     }
+    record.values.assign(static_cast<size_t>(top * dim), 0.0f);
+    for (size_t c = 0; c < components.size(); ++c) {
+      if (present[i] & (1u << c)) {
+        std::memcpy(record.values.data() + index[c] * dim, row + c * dim, dim * sizeof(float));
+      }
+    }
+    MXREC_RETURN_IF_ERROR(OpenSsdLocked());
+    MXREC_RETURN_IF_ERROR(ssd_->Put(keys[i], record));
   }
-  return SpillLocked();
+  return Status::Ok();
 }
 
 TierStats HostTier::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   TierStats stats = stats_;
   stats.host_rows = live_;
-  int64_t bytes = static_cast<int64_t>(index_.capacity() * sizeof(IndexEntry) +
-                                       slot_key_.capacity() * sizeof(int64_t) +
-                                       slot_present_.capacity() * sizeof(uint32_t) +
-                                       free_slots_.capacity() * sizeof(int32_t));
+  int64_t bytes = static_cast<int64_t>(meta_.capacity() * sizeof(SlotMeta) +
+                                       released_.capacity() * sizeof(int32_t));
   for (const auto& chunks : chunks_) {
     for (const auto& chunk : chunks) {
       if (chunk) bytes += kChunkRows * options_.dim * static_cast<int64_t>(sizeof(float));

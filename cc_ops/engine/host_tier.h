@@ -5,11 +5,16 @@
 // The key stage decides residency ahead of the step (logical state, kept in
 // HostTable); the values move at step time, in plan order, through Swap():
 //
-//   plan t (key stage):  row r: owner X -> Y   (X to the host tier, Y from it)
+//   plan t (key stage):  row r: owner X -> Y   (X to host slot s, Y from slot s')
 //   step t, per component (embedding, then each slot in the optimizer):
-//       current = gather(var, rows)             the victims' trained values
-//       Swap(rows, current) -> incoming, fresh  X's values stored, Y's returned
-//       var[rows] = fresh ? initializer : incoming
+//       Swap: var[r] -> slot s;  slot s' (or disk) -> var[r]  (initializer for new IDs)
+//
+// Host slots are numbered by the planner (HostTable keeps each ID's slot in its
+// record), so a swap needs no lookup by ID: it copies rows between the device
+// table and the slots the plan names. A slot read back by plan t is handed
+// back to the planner (TakeReleased) once every component applied plan t.
+// With an SSD tier the planner also names, per plan, the oldest host slots to
+// spill; they are written to disk once every component applied the plan.
 //
 // Each component keeps its own cursor into the plan queue, so the embedding
 // (swapped before the lookup's gather) and the slots (swapped in the
@@ -24,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ssd_tier.h"
@@ -44,21 +50,23 @@ struct TierOptions {
 };
 
 // One batch's cache decisions for one table: device row rows[i] passes from
-// out_keys[i] (when has_out[i]) to in_keys[i], whose values come from the host
-// tier when from_host[i] and from the initializer otherwise.
+// out_keys[i] (when has_out[i]; its values go to host slot out_slots[i]) to
+// in_keys[i], whose values come from host slot in_slots[i] when from_host[i]
+// (in_slots[i] == -1: from the SSD tier) and from the initializer otherwise.
+// spill_keys / spill_slots: IDs whose host slots go to the SSD tier once the
+// plan is applied.
 struct SwapPlan {
   uint64_t seq = 0;
   std::vector<int32_t> rows;
   std::vector<int64_t> out_keys;
   std::vector<uint8_t> has_out;
+  std::vector<int32_t> out_slots;
   std::vector<int64_t> in_keys;
   std::vector<uint8_t> from_host;
-  uint32_t applied = 0;  // bit k: component k applied this plan
-  // Host slots of out_keys / in_keys as the first component to apply the plan
-  // found them (-1: none), so that later components skip the index lookups.
-  // Hints only: checked against the slot's key and liveness before use.
-  std::vector<int32_t> out_slots;
   std::vector<int32_t> in_slots;
+  std::vector<int64_t> spill_keys;
+  std::vector<int32_t> spill_slots;
+  uint32_t applied = 0;  // bit k: component k applied this plan
 };
 
 struct TierStats {
@@ -88,83 +96,98 @@ class HostTier {
   // registered after plans were queued start at the next plan.
   Status RegisterComponent(const std::string& name, int* index);
 
-  // Queues a plan (the key stage, in batch order). Plans with no rows are not
-  // queued: they move nothing.
+  // Queues a plan (the key stage, in batch order). Plans with no rows and no
+  // spills are not queued: they move nothing.
   void Enqueue(SwapPlan plan);
+
+  // Moves the host slots freed since the last call (read back by applied
+  // plans, spilled, or erased) onto *free_slots, for the planner to reuse.
+  void TakeReleased(std::vector<int32_t>* free_slots);
 
   // Applies the next plan of `component` to `n` rows: stores current[i]
   // (dim floats) as the value of the row's old owner and fills incoming[i]
-  // with the new owner's value, or sets fresh[i] when the initializer must
-  // give it. `rows` must be the plan's rows: anything else means the step is
-  // out of step with the key stage (a planned batch was dropped).
+  // with the new owner's value, or sets fresh[i] (and zeros) when the
+  // initializer must give it. `rows` must be the plan's rows: anything else
+  // means the step is out of step with the key stage (a planned batch was
+  // dropped).
   Status Swap(int component, const int32_t* rows, int64_t n, const float* current,
               float* incoming, bool* fresh);
 
-  // Values of `keys` still held by the tier for `component` (evaluation reads
-  // host rows in place); found[i] is false where the tier has none.
-  Status Read(int component, const int64_t* keys, int64_t n, float* values, bool* found);
+  // Swap() on the device table itself, for a table whose buffer the host can
+  // reach (a CPU variable of `table_rows` rows): the victims' values are read
+  // at table[rows[i]] and their new owners' values written there; rows of new
+  // IDs (fresh[i]) are left for the caller to fill.
+  Status SwapInPlace(int component, const int32_t* rows, int64_t n, float* table,
+                     int64_t table_rows, bool* fresh);
 
-  // Forgets `key` (eviction): its stored values, and a pending write of them.
-  void Erase(int64_t key);
+  // Values of `keys` still held by the tier for `component` (evaluation reads
+  // host rows in place); slots[i] is the key's host slot (-1: on disk, or no
+  // values; -2: not in the tier). found[i] is false where the tier has none.
+  Status Read(int component, const int64_t* keys, const int32_t* slots, int64_t n,
+              float* values, bool* found);
+
+  // Forgets `key` (eviction), whose host slot is `slot` (-1: on disk): its
+  // stored values, and a pending write of them.
+  void Erase(int64_t key, int32_t slot);
 
   // Every key the tier holds for `component`, with its values, ordered by key.
   Status Export(int component, std::vector<int64_t>* keys, std::vector<float>* values);
 
-  // Checkpoints. Values of `keys` (each must be in the tier): the registered
-  // component names, a mask of the components each key holds, and
+  // Checkpoints. Values of `keys` (host slots `slots`, -1: on disk): the
+  // registered component names, a mask of the components each key holds, and
   // components.size() * dim floats per key (zeros where the bit is clear).
-  Status Gather(const std::vector<int64_t>& keys, std::vector<std::string>* components,
-                std::vector<uint32_t>* present, std::vector<float>* values) const;
+  Status Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
+                std::vector<std::string>* components, std::vector<uint32_t>* present,
+                std::vector<float>* values) const;
   // Replaces every row of the tier with `keys` (layout of Gather; components
   // named as in the checkpoint, registered when new) and drops pending plans.
+  // The first host_capacity keys with values get host slots 0, 1, ...; the
+  // rest go to disk. (*slots)[i] is key i's slot (-1: on disk or no values).
   Status Replace(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
-                 const std::vector<uint32_t>& present, const std::vector<float>& values);
+                 const std::vector<uint32_t>& present, const std::vector<float>& values,
+                 std::vector<int32_t>* slots);
 
   TierStats Stats() const;
   int64_t pending_plans() const;
 
  private:
-  // Host rows live in a slab store: each stored ID owns a slot, found through
-  // an open-addressing index (key -> slot); each component keeps its values
-  // in fixed-size chunks of kChunkRows slots * dim floats, allocated on first
-  // use and reused through a free list of slots, so a swap allocates nothing
-  // per row.
+  // Host rows live in a slab store: each component keeps its values in
+  // fixed-size chunks of kChunkRows slots * dim floats, allocated on first use.
   static constexpr int kChunkShift = 12;
   static constexpr int64_t kChunkRows = int64_t{1} << kChunkShift;
-  struct IndexEntry {
+  struct SlotMeta {
     int64_t key = 0;
-    int32_t slot = -1;  // -1: empty
+    uint32_t present = 0;  // bit k: component k holds a value in the slot
   };
 
   uint32_t AllMask() const {
     return components_.size() >= 32 ? ~0u : (1u << components_.size()) - 1;
   }
-  int32_t LookupSlot(int64_t key) const;
-  // A new slot for `key` (absent from the index), with no component present.
-  int32_t InsertSlot(int64_t key);
-  // Removes the slot's key from the index and frees the slot.
-  void DropSlot(int32_t slot);
-  void GrowIndex();
-  void ClearStoreLocked();
+  // Swap and SwapInPlace: current(i) / incoming(i) point at row i's dim floats
+  // before and after the swap (they may be the same row).
+  template <typename CurrentRow, typename IncomingRow>
+  Status SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
+                  IncomingRow incoming, bool* fresh);
+  // The value of `key` for `component` kept for a plan of sequence `seq`:
+  // from a slot whose spill to disk is still pending, else from disk.
+  Status ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out, bool* found);
+  // Every component applied `plan`: free the slots it read back, write its
+  // spills to disk.
+  Status FinishPlanLocked(const SwapPlan& plan);
+  void ReleaseLocked(int32_t slot);
+  void EnsureSlotsLocked(int64_t count);
   float* ValueLocked(int component, int32_t slot);
   const float* ValueAt(int component, int32_t slot) const {
     return chunks_[component][slot >> kChunkShift].get() +
            (slot & (kChunkRows - 1)) * options_.dim;
   }
-  // The slot of key, in memory (loaded from disk if it was spilled), or -1.
-  int32_t FindLocked(int64_t key, Status* status);
-  // Stores `value` as `key`'s row of `component`; *slot_out (if given) gets its slot.
-  Status StoreLocked(int64_t key, int component, const float* value,
-                     int32_t* slot_out = nullptr);
-  // `hint` when it still is key's live slot in memory, else -1.
-  int32_t CheckHint(const std::vector<int32_t>& hints, int64_t i, int64_t key) const {
-    if (hints.empty()) return -1;
-    const int32_t slot = hints[static_cast<size_t>(i)];
-    if (slot < 0 || static_cast<size_t>(slot) >= slot_key_.size()) return -1;
-    return slot_key_[slot] == key && slot_present_[slot] != 0 ? slot : -1;
+  bool HasValue(int component, int32_t slot) const {
+    return static_cast<size_t>(slot) < meta_.size() &&
+           (meta_[slot].present & (1u << component)) != 0;
   }
+  Status OpenSsdLocked();
+  void ClearLocked();
   Status RegisterLocked(const std::string& name, int* index);
-  Status SpillLocked();
 
   const TierOptions options_;
   mutable std::mutex mu_;
@@ -172,17 +195,12 @@ class HostTier {
   std::vector<uint64_t> cursor_;  // next plan seq per component
   std::deque<SwapPlan> plans_;
   uint64_t next_seq_ = 0;
-  // The slab store.
-  std::vector<IndexEntry> index_;
-  uint64_t index_mask_ = 0;
-  int64_t live_ = 0;                   // stored IDs (slots in use)
-  std::vector<int64_t> slot_key_;      // per slot: its ID
-  std::vector<uint32_t> slot_present_; // per slot: bit k = component k holds a value
-  std::vector<int32_t> free_slots_;
+  std::vector<SlotMeta> meta_;
+  int64_t live_ = 0;  // slots holding a value of some component
+  std::vector<int32_t> released_;
   std::vector<std::vector<std::unique_ptr<float[]>>> chunks_;  // [component][chunk]
-  // Memory entries in order of arrival, for spilling the oldest to disk;
-  // may hold keys already gone from memory (skipped lazily).
-  std::deque<int64_t> arrival_;
+  // Spills queued by plans not yet applied: key -> (plan seq, slot), oldest first.
+  std::unordered_map<int64_t, std::vector<std::pair<uint64_t, int32_t>>> pending_spills_;
   std::unique_ptr<SsdTier> ssd_;
   TierStats stats_;
 };

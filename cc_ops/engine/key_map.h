@@ -25,6 +25,9 @@ struct KeyRecord {
   uint8_t seen_recently = 0;  // seen in training since the last shrink()
   // Admitted, with its row in the host tier (row == -1); tiered tables only.
   uint8_t in_host = 0;
+  // in_host: the ID's host slot, or -1 when its values are on disk (or it has
+  // none yet).
+  int32_t host_slot = -1;
 };
 static_assert(sizeof(KeyRecord) == 48, "KeyRecord grew: the map's memory per ID changes");
 
@@ -52,6 +55,9 @@ class KeyMap {
       if (slot.key == key) return &slot;
     }
   }
+
+  // Starts loading the home bucket of `hash` into the cache.
+  void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
 
   // Returns the record of key, inserting an empty one if absent. Pointers stay
   // valid until the next Reserve that grows the map or the next Erase.

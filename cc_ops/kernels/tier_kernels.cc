@@ -1,6 +1,9 @@
 // Kernels of MxrecTierSwap / MxrecTierRead: adapters from tensors to HostTier.
+#define EIGEN_USE_THREADS
+
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,7 +12,10 @@
 #include "engine/registry.h"
 #include "kernels/status_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/kernels/training_op_helpers.h"
 
 namespace tensorflow {
 namespace {
@@ -35,6 +41,34 @@ class TierOpBase : public OpKernel {
   int component_ = 0;
 };
 
+// Fills the rows of new IDs (fresh[i]) of `out` (n x dim) from fresh_values:
+// a scalar (a slot's initial value) or n x dim (the initializer's rows).
+void FillFresh(const Tensor& fresh_values, const bool* fresh, int64_t n, int64_t dim,
+               const std::function<float*(int64_t)>& out) {
+  if (fresh_values.dims() == 0) {
+    const float value = fresh_values.scalar<float>()();
+    for (int64_t i = 0; i < n; ++i) {
+      if (fresh[i]) std::fill(out(i), out(i) + dim, value);
+    }
+  } else {
+    const float* init = fresh_values.flat<float>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      if (fresh[i]) std::memcpy(out(i), init + i * dim, dim * sizeof(float));
+    }
+  }
+}
+
+absl::Status CheckFresh(const std::string& table, const Tensor& fresh_values, int64_t n,
+                        int64_t dim) {
+  if (fresh_values.dims() == 0 || (fresh_values.dims() == 2 && fresh_values.dim_size(0) == n &&
+                                   fresh_values.dim_size(1) == dim)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "swap on table '", table, "': fresh_values must be a scalar or [", n, ", ", dim,
+      "], got ", fresh_values.shape().DebugString()));
+}
+
 class MxrecTierSwapOp : public TierOpBase {
  public:
   using TierOpBase::TierOpBase;
@@ -49,14 +83,7 @@ class MxrecTierSwapOp : public TierOpBase {
                 absl::InvalidArgumentError(absl::StrCat(
                     "MxrecTierSwap on table '", table_->options().name, "': current must be [",
                     n, ", ", dim, "], got ", current.shape().DebugString())));
-    const bool fill = fresh_values.dims() == 0;
-    OP_REQUIRES(ctx,
-                fill || (fresh_values.dims() == 2 && fresh_values.dim_size(0) == n &&
-                         fresh_values.dim_size(1) == dim),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "MxrecTierSwap on table '", table_->options().name,
-                    "': fresh_values must be a scalar or [", n, ", ", dim, "], got ",
-                    fresh_values.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckFresh(table_->options().name, fresh_values, n, dim));
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
     std::unique_ptr<bool[]> fresh(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
@@ -65,17 +92,42 @@ class MxrecTierSwapOp : public TierOpBase {
                             component_, rows.flat<int32_t>().data(), n,
                             current.flat<float>().data(), out, fresh.get())));
     // New IDs take the initializer's value (rows the tier did not hold).
-    if (fill) {
-      const float value = fresh_values.scalar<float>()();
-      for (int64_t i = 0; i < n; ++i) {
-        if (fresh[i]) std::fill(out + i * dim, out + (i + 1) * dim, value);
-      }
-    } else {
-      const float* init = fresh_values.flat<float>().data();
-      for (int64_t i = 0; i < n; ++i) {
-        if (fresh[i]) std::memcpy(out + i * dim, init + i * dim, dim * sizeof(float));
-      }
-    }
+    FillFresh(fresh_values, fresh.get(), n, dim, [out, dim](int64_t i) { return out + i * dim; });
+  }
+};
+
+// The swap applied to the variable's own buffer (a variable on the CPU): no
+// gather of the victims' rows, no scatter of the new values.
+class MxrecTierSwapInPlaceOp : public TierOpBase {
+ public:
+  using TierOpBase::TierOpBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(1);
+    const Tensor& fresh_values = ctx->input(2);
+    const int64_t dim = table_->options().dim;
+    const int64_t n = rows.NumElements();
+    OP_REQUIRES_OK(ctx, CheckFresh(table_->options().name, fresh_values, n, dim));
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &var));
+    mutex_lock lock(*var->mu());
+    // A read of the variable may still share its buffer: copy before writing.
+    OP_REQUIRES_OK(ctx, EnsureSparseVariableAccess<Eigen::ThreadPoolDevice, float>(
+                            ctx, var.get(), /*lock_held=*/true));
+    Tensor* params = var->tensor();
+    OP_REQUIRES(ctx,
+                params->dtype() == DT_FLOAT && params->dims() == 2 && params->dim_size(1) == dim,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecTierSwapInPlace on table '", table_->options().name,
+                    "': the variable must be float32 [rows, ", dim, "], got ",
+                    DataTypeString(params->dtype()), " ", params->shape().DebugString())));
+    std::unique_ptr<bool[]> fresh(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+    float* base = params->flat<float>().data();
+    const int32_t* row = rows.flat<int32_t>().data();
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->SwapInPlace(
+                            component_, row, n, base, params->dim_size(0), fresh.get())));
+    FillFresh(fresh_values, fresh.get(), n, dim,
+              [base, row, dim](int64_t i) { return base + row[i] * dim; });
   }
 };
 
@@ -93,13 +145,14 @@ class MxrecTierReadOp : public TierOpBase {
     Tensor* found = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &found));
-    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->Read(
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ReadTier(
                             component_, keys.data(), n, values->flat<float>().data(),
                             found->flat<bool>().data())));
   }
 };
 
 REGISTER_KERNEL_BUILDER(Name("MxrecTierSwap").Device(DEVICE_CPU), MxrecTierSwapOp);
+REGISTER_KERNEL_BUILDER(Name("MxrecTierSwapInPlace").Device(DEVICE_CPU), MxrecTierSwapInPlaceOp);
 REGISTER_KERNEL_BUILDER(Name("MxrecTierRead").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tids"),
                         MxrecTierReadOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("MxrecTierRead").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tids"),

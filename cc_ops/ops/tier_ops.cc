@@ -1,5 +1,6 @@
 // Registrations of the host-tier ops (DDR/SSD mode): the step applies the key
-// stage's swap plans with MxrecTierSwap and evaluation reads host-tier rows in
+// stage's swap plans with MxrecTierSwap (MxrecTierSwapInPlace on a CPU
+// variable) and evaluation reads host-tier rows in
 // place with MxrecTierRead. Kernels live in ../kernels/tier_kernels.cc.
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -38,6 +39,27 @@ victims' values go to the host tier, and `values` holds the rows' new values:
 their new IDs' values from the host tier, or, for IDs the tier does not hold
 (new IDs), the row of `fresh_values` ([n, dim]: the initializer's rows) or
 `fresh_values` itself (a scalar: the slot's initial value).
+)doc");
+
+REGISTER_OP("MxrecTierSwapInPlace")
+    .Input("variable: resource")
+    .Input("rows: int32")
+    .Input("fresh_values: float")
+    .Attr("table_key: string")
+    .Attr("component: string = 'embedding'")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle rows;
+      ShapeHandle fresh_values;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &rows));
+      TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(2), 2, &fresh_values));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+MxrecTierSwap applied to the variable itself, for a float32 variable in host
+memory (a table on the CPU). The victims' values are read from
+`variable[rows]` and the rows get their new IDs' values there (from the host
+tier, else from `fresh_values`), with no gather and scatter around the swap.
 )doc");
 
 REGISTER_OP("MxrecTierRead")

@@ -17,6 +17,9 @@ time:
                                                           (initial where it has none)
       variable[reused] = values                           before the lookup's gather
 
+A table on the CPU runs the three as one kernel on the variable's buffer
+(MxrecTierSwapInPlace); a GPU table runs them as shown.
+
 The embedding swaps before the lookup's gather; the slots swap in the hash
 optimizer, before its update. Plans are applied at step time and in plan
 order, so a prefetched batch never needs its rows held back: a row that batch
@@ -106,11 +109,26 @@ def count_training_lookup(table) -> None:
     loader.engine().set_swap_protect(table.table_key, counts[table.table_key])
 
 
+def swaps_in_place(table) -> bool:
+    """Whether the swaps of `table` write its variables in place (a CPU table).
+
+    A table on the CPU is swapped by one kernel on the variable's own buffer; a
+    table on a GPU gathers the victims' rows, swaps them on the host and
+    scatters the new values back (the rows cross the bus once each way).
+    """
+    if not SWAP_IN_PLACE:
+        return False
+    return tf.DeviceSpec.from_string(table.variable.device or "").device_type in (None, "CPU")
+
+
+# Tests set this to False to run the gather/swap/scatter path of GPU tables on the CPU.
+SWAP_IN_PLACE = True
+
+
 def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
           fresh_rows) -> tf.Operation:
     """Swaps the rows `reused` of `variable` (one component of `table`), in plan order."""
     graph = tf.compat.v1.get_default_graph()
-    current = tf.gather(variable, reused)
     # New IDs' rows (the initializer's rows, or a slot's scalar initial value);
     # the swap takes them where the host tier holds no value.
     fresh = fresh_rows(tf.size(reused))
@@ -123,12 +141,20 @@ def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
         # swap at a time per table, and the embedding's is on the way to the
         # lookup, the slots' only on the way to the optimizer's update.
         after = after + _previous_swap(graph, table.table_key, EMBEDDING)
-    with tf.control_dependencies(after), tf.device("/device:CPU:0"):
-        values = loader.op_library().mxrec_tier_swap(
-            rows=reused, current=current, fresh_values=fresh,
-            table_key=table.table_key, component=component)
-    values = tf.cast(values, variable.dtype.base_dtype)
-    update = variable.scatter_update(tf.IndexedSlices(values, reused))
+    if swaps_in_place(table):
+        with tf.control_dependencies(after), tf.device("/device:CPU:0"):
+            update = loader.op_library().mxrec_tier_swap_in_place(
+                variable=variable.handle, rows=reused, fresh_values=fresh,
+                table_key=table.table_key, component=component)
+    else:
+        with tf.control_dependencies(after):
+            current = tf.gather(variable, reused)
+        with tf.device("/device:CPU:0"):
+            values = loader.op_library().mxrec_tier_swap(
+                rows=reused, current=current, fresh_values=fresh,
+                table_key=table.table_key, component=component)
+        values = tf.cast(values, variable.dtype.base_dtype)
+        update = variable.scatter_update(tf.IndexedSlices(values, reused))
     _SWAP_CHAINS[graph][(table.table_key, component)] = update
     return update
 
