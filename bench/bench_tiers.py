@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from mxrec._lib import loader  # noqa: E402
 from mxrec.core import tiers  # noqa: E402
 from mxrec.core.embedding import create_table, sparse_lookup  # noqa: E402
 from mxrec.graph.modifier import modify_graph_and_start_emb_cache  # noqa: E402
@@ -51,6 +52,8 @@ def parse_args(argv=None):
     parser.add_argument("--ssd_share", type=float, default=0.0,
                         help="share of the distinct IDs kept on SSD (0: no SSD tier)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory_ids", type=int, default=1_000_000,
+                        help="IDs streamed through a tiered table to measure host memory")
     parser.add_argument("--gather_swap", action="store_true",
                         help="swap through gather/scatter as a GPU table does, not in place")
     return parser.parse_args(argv)
@@ -95,9 +98,42 @@ def _run(args, ids, labels, device_rows, host_rows=0, ssd_rows=0, ssd_path=None)
     return measured * args.batch_size / seconds, stats
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def host_bytes_per_id(dim: int, total_ids: int, device_rows: int, batch: int) -> tuple:
+    """Growth of the process's resident memory per ID held by a tiered table: a stream of
+    `total_ids` new IDs through the key stage and the swaps of the embedding and one optimizer
+    slot (Adagrad's), straight on the engine. Returns (RSS bytes per ID, tier store bytes per
+    ID, IDs in the host tier)."""
+    engine = loader.engine()
+    key = "bench_tiers/memory"
+    engine.create_table(key=key, name="memory", dim=dim, capacity=device_rows,
+                        host_capacity=total_ids)
+    engine.tier_register(key, "optimizer/slot")
+    device = np.zeros((device_rows, dim), np.float32)
+    before = _rss_bytes()
+    for start in range(0, total_ids, batch):
+        ids = np.arange(start, min(start + batch, total_ids), dtype=np.int64)
+        (_, _, reused), = engine.process([key], [ids], True, start)
+        for component in ("embedding", "optimizer/slot"):
+            engine.tier_swap(key, component, reused, device[reused])
+    grown = _rss_bytes() - before
+    stats = engine.tier_stats(key)
+    engine.drop_prefix(key)
+    return grown / total_ids, stats["host_bytes"] / max(1, stats["host_rows"]), stats["host_rows"]
+
+
 def main(argv=None):
     args = parse_args(argv)
     tiers.SWAP_IN_PLACE = not args.gather_swap
+    if args.memory_ids:  # first, while the heap holds nothing TensorFlow freed
+        rss, store, held = host_bytes_per_id(args.dim, args.memory_ids, 100_000, 50_000)
     rng = np.random.default_rng(args.seed)
     samples = args.batch_size * args.steps
     ids = (rng.zipf(args.zipf, size=(samples, FEATURES)) % args.ids).astype(np.int64)
@@ -146,13 +182,15 @@ def main(argv=None):
     print()
     print("ratio per round: " + ", ".join(f"{r:.2f}" for r in ratios))
     print()
-    host_rows_now = max(1, stats.get("host_rows", 0))
     print(f"swap traffic per step: {stats['swap_in_total'] / steps:,.0f} rows in from the "
           f"host tier, {stats['swap_out_total'] / steps:,.0f} out, "
           f"{stats['fresh_total'] / steps:,.0f} new rows from the initializer")
-    print(f"host tier: {stats.get('host_rows', 0)} rows, {stats.get('host_bytes', 0):,} bytes "
-          f"= {stats.get('host_bytes', 0) / host_rows_now * 1e6 / 2**20:,.0f} MiB per million "
-          "IDs")
+    if args.memory_ids:
+        print(f"host memory, {args.memory_ids:,} new IDs streamed through a tiered table "
+              f"(dim {args.dim}, embedding + one optimizer slot, {held:,} IDs in the host "
+              f"tier): resident memory grew {rss * 1e6 / 2**20:,.0f} MiB per million IDs, "
+              f"of which the tier's value store {store * 1e6 / 2**20:,.0f} MiB (the rest: "
+              "the ID map and its records)")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.graph.modifier import modify_graph_and_start_emb_cache
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
 from mxrec.saver.checkpoint import Saver
+from mxrec.saver.warm_start import WarmStart
 from mxrec.util.initialize import get_initializer, init, terminate_config_initializer
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -210,6 +211,54 @@ def test_tf_saver_round_trip_continues_exactly(tmp_path):
             sess.run(train_op)
         got = _state(sess, table, kernel)
     _assert_same(got, _straight(optimizer, None))
+
+
+@pytest.mark.parametrize("ssd", [False, True])
+def test_warm_start_loads_host_tier_rows(tmp_path, ssd):
+    """WarmStart of a tiered table from a tiered checkpoint brings the host-tier (and disk)
+    rows and slots along: training on equals the straight run."""
+    optimizer = "adagrad"
+    ssd_path = None
+    if ssd:
+        ssd_path = str(tmp_path / "ssd")
+        (tmp_path / "ssd").mkdir()
+    with tf.Graph().as_default():
+        _, train_op, start, _ = _build(optimizer, ssd_path=ssd_path)
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            for _ in range(SPLIT):
+                sess.run(train_op)
+            path = _v1.train.Saver().save(sess, str(tmp_path / "model"))
+    terminate_config_initializer()
+    table, train_op, start, kernel = _build(optimizer, skip=SPLIT, ssd_path=ssd_path)
+    warm = WarmStart(path)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        warm.run(sess)
+        assert tiers.stats(table)["tier_ids"] > 0
+        sess.run(start)
+        for _ in range(STEPS - SPLIT):
+            sess.run(train_op)
+        got = _state(sess, table, kernel)
+    _assert_same(got, _straight(optimizer, ssd_path))
+
+
+def test_warm_start_of_host_tier_rows_into_a_table_without_tier_is_refused(tmp_path):
+    with tf.Graph().as_default():
+        _, train_op, start, _ = _build("sgd")
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            for _ in range(SPLIT):
+                sess.run(train_op)
+            path = _v1.train.Saver().save(sess, str(tmp_path / "model"))
+    terminate_config_initializer()
+    init()
+    create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.05), device_vocabulary_size=20)
+    with pytest.raises(ValueError, match=r"'t' holds \d+ IDs in the host tier.*"
+                                         r"host_vocabulary_size"):
+        WarmStart(path, "t")
 
 
 def test_save_with_planned_batches_pending_is_refused(tmp_path):

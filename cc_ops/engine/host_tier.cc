@@ -245,21 +245,26 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
   const int64_t dim = options_.dim;
   int64_t outs = 0;
   int64_t ins = 0;
-  // Victims first: their values go to the slots the planner gave them.
-  const auto prefetch_out = [&](int64_t i) {
-    __builtin_prefetch(current(i));
-    const int32_t slot = plan.out_slots[i];
-    if (!plan.has_out[i] || slot < 0) return;
-    __builtin_prefetch(&meta_[slot], 1);
-    const auto& chunks = chunks_[component];
+  // Victims first: their values go to the slots the planner gave them. Rows
+  // kAhead ahead are prefetched in the loops' bodies: GCC drops a prefetch
+  // made in a lambda of its own (it sees a call without effects).
+  auto& chunks = chunks_[component];
+  const auto value_address = [&chunks, dim](int32_t slot) -> const float* {
     const size_t chunk = static_cast<size_t>(slot >> kChunkShift);
-    if (chunk < chunks.size() && chunks[chunk]) {
-      __builtin_prefetch(chunks[chunk].get() + (slot & (kChunkRows - 1)) * dim, 1);
-    }
+    if (chunk >= chunks.size() || !chunks[chunk]) return nullptr;
+    return chunks[chunk].get() + (slot & (kChunkRows - 1)) * dim;
   };
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_out(i);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch_out(i + kAhead);
+    const int64_t j = i + kAhead;
+    if (j < n) {
+      __builtin_prefetch(current(j));
+      const int32_t slot = plan.out_slots[j];
+      if (plan.has_out[j] && slot >= 0) {
+        __builtin_prefetch(&meta_[slot], 1);
+        const float* value = value_address(slot);
+        if (value != nullptr) __builtin_prefetch(value, 1);
+      }
+    }
     if (!plan.has_out[i]) continue;  // no old owner, or evicted since planning
     const int32_t slot = plan.out_slots[i];
     SlotMeta& meta = meta_[slot];
@@ -277,19 +282,16 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
     ++outs;
   }
   // Then the new owners' values: from their host slots, or from disk.
-  const auto prefetch_in = [&](int64_t i) {
-    const int32_t slot = plan.in_slots[i];
-    if (!plan.from_host[i] || slot < 0 || static_cast<size_t>(slot) >= meta_.size()) return;
-    __builtin_prefetch(&meta_[slot]);
-    const auto& chunks = chunks_[component];
-    const size_t chunk = static_cast<size_t>(slot >> kChunkShift);
-    if (chunk < chunks.size() && chunks[chunk]) {
-      __builtin_prefetch(chunks[chunk].get() + (slot & (kChunkRows - 1)) * dim);
-    }
-  };
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) prefetch_in(i);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch_in(i + kAhead);
+    const int64_t j = i + kAhead;
+    if (j < n) {
+      const int32_t slot = plan.in_slots[j];
+      if (plan.from_host[j] && slot >= 0 && static_cast<size_t>(slot) < meta_.size()) {
+        __builtin_prefetch(&meta_[slot]);
+        const float* value = value_address(slot);
+        if (value != nullptr) __builtin_prefetch(value);
+      }
+    }
     fresh[i] = true;
     if (!plan.from_host[i]) continue;
     const int32_t slot = plan.in_slots[i];

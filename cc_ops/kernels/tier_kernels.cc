@@ -110,10 +110,13 @@ class MxrecTierSwapInPlaceOp : public TierOpBase {
     OP_REQUIRES_OK(ctx, CheckFresh(table_->options().name, fresh_values, n, dim));
     core::RefCountPtr<Var> var;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &var));
+    // As TensorFlow's sparse updates do: dense reads of the variable copy from
+    // now on (copy-on-read mode), and a buffer still shared with an earlier
+    // read is copied before it is written.
+    OP_REQUIRES_OK(ctx, EnsureSparseVariableAccess<Eigen::ThreadPoolDevice, float>(ctx, var.get()));
     mutex_lock lock(*var->mu());
-    // A read of the variable may still share its buffer: copy before writing.
-    OP_REQUIRES_OK(ctx, EnsureSparseVariableAccess<Eigen::ThreadPoolDevice, float>(
-                            ctx, var.get(), /*lock_held=*/true));
+    OP_REQUIRES_OK(ctx, PrepareToUpdateVariable<Eigen::ThreadPoolDevice, float>(
+                            ctx, var->tensor(), /*copy_on_read_mode=*/false));
     Tensor* params = var->tensor();
     OP_REQUIRES(ctx,
                 params->dtype() == DT_FLOAT && params->dims() == 2 && params->dim_size(1) == dim,

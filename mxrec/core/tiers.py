@@ -6,9 +6,9 @@ the device variable holds D rows and the host keeps the rows, optimizer slots
 included, of up to H (+ S) more IDs. The host key stage decides per batch,
 ahead of the step, which device rows change owner (victims: least recently
 used, then least frequently counted, among rows no other lookup of the same
-step uses) and queues that swap plan in the engine. The step applies the
-plans in order, one component (the embedding, then each optimizer slot) at a
-time:
+step uses) and which host slots the leaving and arriving IDs' values occupy,
+and queues that swap plan in the engine. The step applies the plans in order,
+one component (the embedding, then each optimizer slot) at a time:
 
     reused [R] (rows that change owner, the key stage's reused_rows)
       current  = gather(variable, reused)                 old owners' values

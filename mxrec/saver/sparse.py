@@ -25,20 +25,30 @@ import tensorflow as tf
 
 HOST_SUFFIX = "/mxrec_host"
 _HOST_FIELDS = ("keys", "rows", "counts", "last_seen", "free_rows", "meta", "threshold")
+# Tables with a host (and SSD) tier save these after _HOST_FIELDS.
+_TIER_FIELDS = ("in_host", "lru_rows", "lru_ages", "tier_components", "tier_present",
+                "tier_values")
 
 TableArrays = Dict[str, np.ndarray]
 
 
 def host_tensor_name(table_name: str, field: str) -> str:
     """Checkpoint key of one host array of a table, e.g. `user_table/mxrec_host/keys`."""
-    if field not in _HOST_FIELDS:
-        raise ValueError(f"unknown host field {field!r}; known: {list(_HOST_FIELDS)}")
+    if field not in _HOST_FIELDS + _TIER_FIELDS:
+        raise ValueError(f"unknown host field {field!r}; known: "
+                         f"{list(_HOST_FIELDS + _TIER_FIELDS)}")
     return f"{table_name}{HOST_SUFFIX}/{field}"
 
 
 def host_fields() -> tuple:
     """Names of the host arrays of a table in a checkpoint, in MxrecImportTable's order."""
     return _HOST_FIELDS
+
+
+def tier_fields() -> tuple:
+    """Names of the host-tier arrays of a tiered table, in MxrecImportTableTiered's order
+    after host_fields()."""
+    return _TIER_FIELDS
 
 
 def resolve_checkpoint(checkpoint: str) -> str:

@@ -3,8 +3,11 @@
 What a warm start of a table loads, from a checkpoint of any mxrec graph: its device
 rows (the variable `<table>`), its host state (`<table>/mxrec_host/*`: the ID map,
 admission counts, last-seen times, free rows, threshold) and the slots of the hash
-optimizers applied to it that the checkpoint holds (e.g. `<table>/LazyAdam`). The
-table is replaced as a whole; tables not chosen are not touched.
+optimizers applied to it that the checkpoint holds (e.g. `<table>/LazyAdam`), and,
+from a table with a host (or SSD) tier into a table with one, the host-tier rows of the
+embedding and its slots. The table is replaced as a whole; tables not chosen are not
+touched. A checkpoint with IDs in a host tier cannot warm-start a table without one (an
+error says so).
 
 Choosing what to load follows `tf.estimator.WarmStartSettings` (as in mx_rec):
 
@@ -49,14 +52,18 @@ import inspect
 import re
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.core import tiers
 from mxrec.saver import sparse
 
 _HOST_DTYPES = {
     "keys": tf.int64, "rows": tf.int32, "counts": tf.float32, "last_seen": tf.int64,
     "free_rows": tf.int32, "meta": tf.int64, "threshold": tf.float64,
+    "in_host": tf.int32, "lru_rows": tf.int32, "lru_ages": tf.int64,
+    "tier_components": tf.string, "tier_present": tf.int64, "tier_values": tf.float32,
 }
 
 
@@ -199,8 +206,7 @@ class _Entry:
             source = self.prev_names.get(variable.op.name, variable.op.name)
             self._check(source, variable.shape.as_list(), f"variable {source!r}")
             loads.append((source, variable))
-        host = [(t, [sparse.host_tensor_name(t.table_name, f) for f in sparse.host_fields()])
-                for t in self.tables]
+        host = [(t, self._host_fields(reader, t)) for t in self.tables]
         names = [n for n, _ in loads] + [n for _, fields in host for n in fields]
         with tf.name_scope("mxrec_warm_start"), tf.device("/device:CPU:0"):
             restored = tf.raw_ops.RestoreV2(
@@ -211,11 +217,34 @@ class _Entry:
         for table, fields in host:
             values = restored[position:position + len(fields)]
             position += len(fields)
+            fields = sparse.host_fields() + sparse.tier_fields()
+            inputs = [v if _HOST_DTYPES[f] == tf.string else tf.cast(v, _HOST_DTYPES[f])
+                      for v, f in zip(values, fields)]
+            # A tiered checkpoint into a tiered table: the host-tier rows come along.
+            import_op = (loader.op_library().mxrec_import_table_tiered
+                         if len(inputs) > len(sparse.host_fields())
+                         else loader.op_library().mxrec_import_table)
             with tf.device("/device:CPU:0"):
-                ops.append(loader.op_library().mxrec_import_table(
-                    *[tf.cast(v, _HOST_DTYPES[f]) for v, f in zip(values, sparse.host_fields())],
-                    table_key=table.table_key, name=f"mxrec_warm_start/{table.table_name}_host"))
+                ops.append(import_op(*inputs, table_key=table.table_key,
+                                     name=f"mxrec_warm_start/{table.table_name}_host"))
         return tf.group(*ops, name="mxrec_warm_start/load")
+
+    def _host_fields(self, reader, table) -> List[str]:
+        """Checkpoint names of the host arrays to load into `table`."""
+        name = table.table_name
+        names = [sparse.host_tensor_name(name, f) for f in sparse.host_fields()]
+        in_host = sparse.host_tensor_name(name, "in_host")
+        if in_host not in self._shapes:
+            return names  # a device-only table's checkpoint
+        if tiers.is_tiered(table):
+            return names + [sparse.host_tensor_name(name, f) for f in sparse.tier_fields()]
+        host_ids = int(np.count_nonzero(reader.get_tensor(in_host)))
+        if host_ids:
+            raise ValueError(
+                f"warm start: table {name!r} holds {host_ids} IDs in the host tier of checkpoint "
+                f"{self.path!r}, but the table has no host tier now; give it "
+                "host_vocabulary_size (create_table) to load them")
+        return names
 
 
 class WarmStart:
