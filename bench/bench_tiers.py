@@ -4,11 +4,11 @@ Both variants train the same model on the same batches in one process (graph
 modifier, prefetch 2, Adagrad): one table addressed by Zipf-distributed IDs,
 26 features per sample. The device-only table holds every ID; the tiered table
 holds `--cache` of them on the device and the rest in host memory (and, with
-`--ssd_share`, part of those on disk). The two alternate for `--rounds` rounds
-(each a fresh graph, `--passes` passes over the data), so that a change in the
-machine's load falls on both; the ratio is the median of the rounds' ratios.
-Prints a Markdown table with samples/s, the ratio to device-only, swap traffic
-per step and host memory per million IDs.
+`--ssd_share`, part of those on disk). Both stay loaded (one graph and session
+each) and take turns of `--block_steps` steps, `--blocks` turns each, so that a
+change in the machine's speed falls on both alike. Prints a Markdown table with
+samples/s, the ratio to device-only over all turns and the spread of the
+per-turn ratios, swap traffic per step and host memory per million IDs.
 
     PYTHONPATH=. .venv/bin/python bench/bench_tiers.py --cache 0.1
 """
@@ -41,10 +41,10 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=int, default=200_000, help="ID space of the Zipf draw")
     parser.add_argument("--batch_size", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=60, help="batches in the data")
-    parser.add_argument("--passes", type=int, default=3, help="passes over the data per run")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each variant")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=60, help="batches in the data (repeated)")
+    parser.add_argument("--blocks", type=int, default=20, help="turns of each variant")
+    parser.add_argument("--block_steps", type=int, default=25, help="timed steps per turn")
+    parser.add_argument("--warmup", type=int, default=60, help="untimed steps first")
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--zipf", type=float, default=1.15, help="Zipf exponent")
     parser.add_argument("--cache", type=float, default=0.10,
@@ -59,17 +59,17 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def _run(args, ids, labels, device_rows, host_rows=0, ssd_rows=0, ssd_path=None):
-    with tf.Graph().as_default():
-        init(prefetch_batch_number=2)
+def _build(args, ids, labels, name, device_rows, host_rows=0, ssd_rows=0, ssd_path=None):
+    """One variant in a graph and session of its own: (session, train op, table)."""
+    graph = tf.Graph()
+    with graph.as_default():
         dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(args.batch_size)
-        dataset = dataset.repeat(args.passes)
-        iterator = _v1.data.make_initializable_iterator(dataset)
+        iterator = _v1.data.make_initializable_iterator(dataset.repeat())
         x, y = iterator.get_next()
         extra = {}
         if ssd_rows:
             extra = {"ssd_vocabulary_size": ssd_rows, "ssd_data_path": ssd_path}
-        table = create_table(tf.int64, args.dim, "t", _v1.constant_initializer(0.01),
+        table = create_table(tf.int64, args.dim, name, _v1.constant_initializer(0.01),
                              device_vocabulary_size=device_rows,
                              host_vocabulary_size=host_rows, **extra)
         emb = tf.reshape(sparse_lookup(table, x, modify_graph=True), [-1, FEATURES * args.dim])
@@ -83,19 +83,19 @@ def _run(args, ids, labels, device_rows, host_rows=0, ssd_rows=0, ssd_path=None)
             adagrad.create_hash_optimizer(0.1).apply_gradients(
                 zip(tf.gradients(loss, sparse), sparse)))
         modify_graph_and_start_emb_cache()
-        with _v1.Session() as sess:
-            sess.run(_v1.global_variables_initializer())
-            sess.run(get_initializer(True))
-            for _ in range(args.warmup):
-                sess.run(train)
-            measured = args.steps * args.passes - args.warmup
-            start = time.perf_counter()
-            for _ in range(measured):
-                sess.run(train)
-            seconds = time.perf_counter() - start
-            stats = tiers.stats(table) if host_rows else {}
-        terminate_config_initializer()
-    return measured * args.batch_size / seconds, stats
+        sess = _v1.Session(graph=graph)
+        sess.run(_v1.global_variables_initializer())
+        sess.run(get_initializer(True))
+        for _ in range(args.warmup):
+            sess.run(train)
+    return sess, train, table
+
+
+def _time_steps(sess, train, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        sess.run(train)
+    return time.perf_counter() - start
 
 
 def _rss_bytes() -> int:
@@ -146,31 +146,44 @@ def main(argv=None):
     cache = max(int(distinct * args.cache), max(per_batch) + 16)
     ssd_rows = int(distinct * args.ssd_share)
     host_rows = distinct - ssd_rows if ssd_rows else distinct
-    device_runs, tiered_runs = [], []
-    for round_index in range(args.rounds):
-        # Alternate which variant goes first, so that neither always runs warmer.
-        for variant in ((0, 1) if round_index % 2 == 0 else (1, 0)):
-            if variant == 0:
-                device_runs.append(_run(args, ids, labels, distinct + 16)[0])
-                continue
-            ssd_dir = tempfile.mkdtemp(prefix="mxrec_bench_ssd_") if ssd_rows else None
-            try:
-                speed, stats = _run(args, ids, labels, cache, host_rows, ssd_rows, ssd_dir)
-            finally:
-                if ssd_dir:
-                    shutil.rmtree(ssd_dir, ignore_errors=True)
-            tiered_runs.append(speed)
-    ratios = [t / d for t, d in zip(tiered_runs, device_runs)]
-    device_only = float(np.median(device_runs))
-    tiered = float(np.median(tiered_runs))
+    ssd_dir = tempfile.mkdtemp(prefix="mxrec_bench_ssd_") if ssd_rows else None
+    init(prefetch_batch_number=2)
+    sessions = []
+    try:
+        device_variant = _build(args, ids, labels, "device_only", distinct + 16)
+        sessions.append(device_variant[0])
+        tiered_variant = _build(args, ids, labels, "tiered", cache, host_rows, ssd_rows,
+                                ssd_dir)
+        sessions.append(tiered_variant[0])
+        # Both models stay loaded and take turns, a block of steps each, the order
+        # alternating: a change in the machine's speed falls on both alike.
+        seconds = {"device": 0.0, "tiered": 0.0}
+        ratios = []
+        for block in range(args.blocks):
+            turns = [("device", device_variant), ("tiered", tiered_variant)]
+            timed = {}
+            for label, (sess, train, _) in (turns if block % 2 == 0 else turns[::-1]):
+                timed[label] = _time_steps(sess, train, args.block_steps)
+                seconds[label] += timed[label]
+            ratios.append(timed["device"] / timed["tiered"])
+        stats = tiers.stats(tiered_variant[2])
+    finally:
+        for sess in sessions:
+            sess.close()
+        terminate_config_initializer()
+        if ssd_dir:
+            shutil.rmtree(ssd_dir, ignore_errors=True)
+    measured = args.blocks * args.block_steps * args.batch_size
+    device_only = measured / seconds["device"]
+    tiered = measured / seconds["tiered"]
 
-    steps = args.steps * args.passes
+    steps = args.warmup + args.blocks * args.block_steps  # steps each variant trained
     print(f"machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
           f"TensorFlow {tf.__version__}")
     print(f"data: {samples} samples x {FEATURES} features, Zipf({args.zipf}) over "
           f"{args.ids} IDs: {distinct} distinct, {np.mean(per_batch):.0f} unique per batch "
           f"(max {max(per_batch)}); batch {args.batch_size}, dim {args.dim}, Adagrad, "
-          f"prefetch 2, {steps - args.warmup} measured steps per run, {args.rounds} rounds")
+          f"prefetch 2, {args.blocks} blocks of {args.block_steps} measured steps each")
     print()
     print("| mode | device rows | samples/s | ratio to device-only |")
     print("|---|---:|---:|---:|")
@@ -178,9 +191,10 @@ def main(argv=None):
     label = "host tier" + (f" + SSD ({args.ssd_share:.0%})" if ssd_rows else "")
     label += ", gather/scatter swaps" if args.gather_swap else ""
     print(f"| {label} | {cache} ({cache / distinct:.0%}) | {tiered:,.0f} | "
-          f"{np.median(ratios):.2f} |")
+          f"{tiered / device_only:.2f} |")
     print()
-    print("ratio per round: " + ", ".join(f"{r:.2f}" for r in ratios))
+    print(f"ratio per block: median {np.median(ratios):.2f}, quartiles "
+          f"{np.percentile(ratios, 25):.2f}-{np.percentile(ratios, 75):.2f}")
     print()
     print(f"swap traffic per step: {stats['swap_in_total'] / steps:,.0f} rows in from the "
           f"host tier, {stats['swap_out_total'] / steps:,.0f} out, "

@@ -276,14 +276,23 @@ def _apply_swap(engine, key, component, plan, truth, device):
     return checked
 
 
+@pytest.fixture(params=["serial", "parallel"])
+def swap_threads(request, engine):
+    """Swaps copied on the calling thread, or split over two pool threads at any size."""
+    if request.param == "parallel":  # the test's init() gives the pool two threads
+        engine.set_tier_parallel_min_rows(1)
+    yield request.param
+    engine.set_tier_parallel_min_rows(1 << 15)
+
+
 @pytest.mark.parametrize("ahead", [1, 3])
-def test_plans_applied_behind_the_key_stage(tmp_path, engine, ahead):
+def test_plans_applied_behind_the_key_stage(tmp_path, engine, ahead, swap_threads):
     """As with prefetch: the key stage plans `ahead` batches before the step applies their
     swaps, and the optimizer slot applies each plan one batch after the embedding (as with
     two lookups of a table in one step). Host slots spill to disk while the plans that chose
     them are pending, later plans read them back, IDs evicted meanwhile restart from the
     initializer, and every value that comes back is the one last trained."""
-    init()
+    init(key_process_thread_num=2 if swap_threads == "parallel" else 1)
     table = create_table(tf.int64, 2, "t", _v1.zeros_initializer(), device_vocabulary_size=8,
                          host_vocabulary_size=2, ssd_vocabulary_size=4096,
                          ssd_data_path=str(tmp_path))

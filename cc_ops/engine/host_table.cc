@@ -203,6 +203,7 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
   int64_t next_victim = 0;
   SwapPlan swaps;
   for (size_t i = 0; i < need.size(); ++i) {
+    if (i + kAhead < need.size()) __builtin_prefetch(need[i + kAhead], 1);
     KeyRecord* rec = need[i];
     int32_t row;
     bool has_out = false;

@@ -1,8 +1,11 @@
 #include "host_tier.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <utility>
+#include <vector>
 
 namespace mxrec {
 
@@ -10,22 +13,37 @@ namespace {
 // Rows ahead of their use whose memory is prefetched in the swap loops: each
 // row costs a few cache misses (its slot's value, its metadata) and little work.
 constexpr int64_t kAhead = 16;
+// Plans with fewer rows are copied on the calling thread.
+std::atomic<int64_t> parallel_min_rows{1 << 15};
 }  // namespace
 
+void HostTier::SetParallelMinRows(int64_t rows) { parallel_min_rows.store(std::max<int64_t>(1, rows)); }
+
 HostTier::HostTier(TierOptions options) : options_(std::move(options)) {
+  // Rows per chunk: a power of two, at most 2 MiB of values, at least 64 rows.
+  const int64_t row_bytes = std::max<int64_t>(1, options_.dim) * sizeof(float);
+  chunk_shift_ = 6;
+  while (chunk_shift_ < 24 &&
+         (int64_t{2} << chunk_shift_) * row_bytes <= static_cast<int64_t>(kHugePageBytes)) {
+    ++chunk_shift_;
+  }
+  chunk_rows_ = int64_t{1} << chunk_shift_;
   components_.push_back(kEmbedding);
   cursor_.push_back(0);
   chunks_.resize(1);
 }
 
+HostTier::Chunk HostTier::AllocateChunk() const {
+  const size_t bytes = static_cast<size_t>(chunk_rows_ * options_.dim) * sizeof(float);
+  return Chunk(static_cast<float*>(AllocateLarge(bytes)));
+}
+
 float* HostTier::ValueLocked(int component, int32_t slot) {
   auto& chunks = chunks_[component];
-  const size_t chunk = static_cast<size_t>(slot >> kChunkShift);
+  const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
   if (chunk >= chunks.size()) chunks.resize(chunk + 1);
-  if (!chunks[chunk]) {
-    chunks[chunk].reset(new float[static_cast<size_t>(kChunkRows * options_.dim)]());
-  }
-  return chunks[chunk].get() + (slot & (kChunkRows - 1)) * options_.dim;
+  if (!chunks[chunk]) chunks[chunk] = AllocateChunk();
+  return chunks[chunk].get() + (slot & (chunk_rows_ - 1)) * options_.dim;
 }
 
 void HostTier::EnsureSlotsLocked(int64_t count) {
@@ -176,11 +194,11 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
 }
 
 Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float* current,
-                      float* incoming, bool* fresh) {
+                      float* incoming, bool* fresh, ThreadPool* pool) {
   const int64_t dim = options_.dim;
   MXREC_RETURN_IF_ERROR(SwapRows(
       component, rows, n, [current, dim](int64_t i) { return current + i * dim; },
-      [incoming, dim](int64_t i) { return incoming + i * dim; }, fresh));
+      [incoming, dim](int64_t i) { return incoming + i * dim; }, fresh, pool));
   for (int64_t i = 0; i < n; ++i) {
     if (fresh[i]) std::memset(incoming + i * dim, 0, dim * sizeof(float));
   }
@@ -188,7 +206,7 @@ Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float
 }
 
 Status HostTier::SwapInPlace(int component, const int32_t* rows, int64_t n, float* table,
-                             int64_t table_rows, bool* fresh) {
+                             int64_t table_rows, bool* fresh, ThreadPool* pool) {
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0 || rows[i] >= table_rows) {
       return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
@@ -200,12 +218,12 @@ Status HostTier::SwapInPlace(int component, const int32_t* rows, int64_t n, floa
   // Every victim's value is stored before any new owner's value is written, and
   // a plan's rows are distinct, so reading and writing the same rows is safe.
   const auto row = [table, rows, dim](int64_t i) { return table + rows[i] * dim; };
-  return SwapRows(component, rows, n, row, row, fresh);
+  return SwapRows(component, rows, n, row, row, fresh, pool);
 }
 
 template <typename CurrentRow, typename IncomingRow>
 Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
-                          IncomingRow incoming, bool* fresh) {
+                          IncomingRow incoming, bool* fresh, ThreadPool* pool) {
   if (n == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
   if (component < 0 || component >= static_cast<int>(components_.size())) {
@@ -243,77 +261,125 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
                        "step. Host-tier tables need every planned training batch to be trained.");
   }
   const int64_t dim = options_.dim;
-  int64_t outs = 0;
-  int64_t ins = 0;
+  // Every value block a victim is written to exists before the copies start,
+  // so that the copy loops allocate nothing and may run on several threads.
+  auto& chunks = chunks_[component];
+  for (int64_t i = 0; i < n; ++i) {
+    if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
+  }
+  const int64_t parts =
+      (pool != nullptr && pool->num_threads() > 1 && n >= parallel_min_rows.load())
+          ? std::min<int64_t>(pool->num_threads(), n)
+          : 1;
+  const auto for_parts = [&](const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+    const auto part = [&](int64_t p) { fn(p, n * p / parts, n * (p + 1) / parts); };
+    if (parts > 1) {
+      pool->ParallelFor(parts, part);
+    } else {
+      part(0);
+    }
+  };
+  const int shift = chunk_shift_;
+  const int64_t mask = chunk_rows_ - 1;
+  const auto value_at = [&chunks, dim, shift, mask](int32_t slot) -> float* {
+    return chunks[static_cast<size_t>(slot >> shift)].get() + (slot & mask) * dim;
+  };
+  // A plan's out slots are distinct, and so are its rows: the parts write apart.
+  std::vector<int64_t> part_outs(parts, 0);
+  std::vector<int64_t> part_live(parts, 0);
+  std::vector<int64_t> bad_out(parts, -1);
   // Victims first: their values go to the slots the planner gave them. Rows
   // kAhead ahead are prefetched in the loops' bodies: GCC drops a prefetch
   // made in a lambda of its own (it sees a call without effects).
-  auto& chunks = chunks_[component];
-  const auto value_address = [&chunks, dim](int32_t slot) -> const float* {
-    const size_t chunk = static_cast<size_t>(slot >> kChunkShift);
-    if (chunk >= chunks.size() || !chunks[chunk]) return nullptr;
-    return chunks[chunk].get() + (slot & (kChunkRows - 1)) * dim;
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t j = i + kAhead;
-    if (j < n) {
-      __builtin_prefetch(current(j));
-      const int32_t slot = plan.out_slots[j];
-      if (plan.has_out[j] && slot >= 0) {
-        __builtin_prefetch(&meta_[slot], 1);
-        const float* value = value_address(slot);
-        if (value != nullptr) __builtin_prefetch(value, 1);
+  for_parts([&](int64_t p, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t j = i + kAhead;
+      if (j < end) {
+        __builtin_prefetch(current(j));
+        if (plan.has_out[j]) {
+          __builtin_prefetch(&meta_[plan.out_slots[j]], 1);
+          __builtin_prefetch(value_at(plan.out_slots[j]), 1);
+        }
       }
+      if (!plan.has_out[i]) continue;  // no old owner, or evicted since planning
+      const int32_t slot = plan.out_slots[i];
+      SlotMeta& meta = meta_[slot];
+      if (meta.present & bit) {
+        bad_out[p] = i;
+        return;
+      }
+      if (meta.present == 0) ++part_live[p];
+      meta.key = plan.out_keys[i];
+      meta.present |= bit;
+      std::memcpy(value_at(slot), current(i), dim * sizeof(float));
+      ++part_outs[p];
     }
-    if (!plan.has_out[i]) continue;  // no old owner, or evicted since planning
-    const int32_t slot = plan.out_slots[i];
-    SlotMeta& meta = meta_[slot];
-    if (meta.present & bit) {
+  });
+  int64_t outs = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    if (bad_out[p] >= 0) {
       // Each component alternates out, in, out, ... for a slot; two outs in a
       // row mean plans applied out of order.
+      const int64_t i = bad_out[p];
       return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name, "': host slot ",
-                         slot, " of ID ", plan.out_keys[i],
+                         plan.out_slots[i], " of ID ", plan.out_keys[i],
                          " is written twice without being read (", components_[component], ")");
     }
-    if (meta.present == 0) ++live_;
-    meta.key = plan.out_keys[i];
-    meta.present |= bit;
-    std::memcpy(ValueLocked(component, slot), current(i), dim * sizeof(float));
-    ++outs;
+    outs += part_outs[p];
+    live_ += part_live[p];
   }
-  // Then the new owners' values: from their host slots, or from disk.
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t j = i + kAhead;
-    if (j < n) {
-      const int32_t slot = plan.in_slots[j];
-      if (plan.from_host[j] && slot >= 0 && static_cast<size_t>(slot) < meta_.size()) {
-        __builtin_prefetch(&meta_[slot]);
-        const float* value = value_address(slot);
-        if (value != nullptr) __builtin_prefetch(value);
+  // Then the new owners' values: from their host slots here, from disk below.
+  std::vector<int64_t> part_ins(parts, 0);
+  std::vector<int64_t> bad_in(parts, -1);
+  std::vector<std::vector<int64_t>> spilled(parts);
+  for_parts([&](int64_t p, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t j = i + kAhead;
+      if (j < end && plan.from_host[j]) {
+        const int32_t slot = plan.in_slots[j];
+        const size_t chunk = static_cast<size_t>(slot >> shift);
+        if (slot >= 0 && static_cast<size_t>(slot) < meta_.size()) {
+          __builtin_prefetch(&meta_[slot]);
+          if (chunk < chunks.size() && chunks[chunk]) __builtin_prefetch(value_at(slot));
+        }
       }
-    }
-    fresh[i] = true;
-    if (!plan.from_host[i]) continue;
-    const int32_t slot = plan.in_slots[i];
-    if (slot >= 0) {
+      fresh[i] = true;
+      if (!plan.from_host[i]) continue;
+      const int32_t slot = plan.in_slots[i];
+      if (slot < 0) {
+        spilled[p].push_back(i);
+        continue;
+      }
       if (static_cast<size_t>(slot) < meta_.size() && meta_[slot].present != 0 &&
           meta_[slot].key != plan.in_keys[i]) {
-        return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
-                           "': host slot ", slot, " holds ID ", meta_[slot].key, ", not ID ",
-                           plan.in_keys[i], " that the plan reads from it");
+        bad_in[p] = i;
+        return;
       }
       // No value: a component registered after the ID left (it starts afresh).
       if (HasValue(component, slot)) {
-        std::memcpy(incoming(i), ValueAt(component, slot), dim * sizeof(float));
+        std::memcpy(incoming(i), value_at(slot), dim * sizeof(float));
         fresh[i] = false;
+        ++part_ins[p];
       }
-    } else {
+    }
+  });
+  int64_t ins = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    if (bad_in[p] >= 0) {
+      const int64_t i = bad_in[p];
+      const int32_t slot = plan.in_slots[i];
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                         "': host slot ", slot, " holds ID ", meta_[slot].key, ", not ID ",
+                         plan.in_keys[i], " that the plan reads from it");
+    }
+    ins += part_ins[p];
+    for (int64_t i : spilled[p]) {
       bool found = false;
       MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, plan.in_keys[i], plan.seq,
                                               incoming(i), &found));
       fresh[i] = !found;
+      ins += found ? 1 : 0;
     }
-    ins += fresh[i] ? 0 : 1;
   }
   if (component == 0) {
     // With several lookups of the table in one step, "last" is the last plan.
@@ -521,7 +587,7 @@ TierStats HostTier::Stats() const {
                                        released_.capacity() * sizeof(int32_t));
   for (const auto& chunks : chunks_) {
     for (const auto& chunk : chunks) {
-      if (chunk) bytes += kChunkRows * options_.dim * static_cast<int64_t>(sizeof(float));
+      if (chunk) bytes += chunk_rows_ * options_.dim * static_cast<int64_t>(sizeof(float));
     }
   }
   stats.host_bytes = bytes;

@@ -24,6 +24,7 @@
 #define MXREC_ENGINE_HOST_TIER_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -32,8 +33,10 @@
 #include <utility>
 #include <vector>
 
+#include "huge_pages.h"
 #include "ssd_tier.h"
 #include "status.h"
+#include "thread_pool.h"
 
 namespace mxrec {
 
@@ -110,15 +113,20 @@ class HostTier {
   // initializer must give it. `rows` must be the plan's rows: anything else
   // means the step is out of step with the key stage (a planned batch was
   // dropped).
+  // With `pool`, a large plan's rows are copied on its threads.
   Status Swap(int component, const int32_t* rows, int64_t n, const float* current,
-              float* incoming, bool* fresh);
+              float* incoming, bool* fresh, ThreadPool* pool = nullptr);
 
   // Swap() on the device table itself, for a table whose buffer the host can
   // reach (a CPU variable of `table_rows` rows): the victims' values are read
   // at table[rows[i]] and their new owners' values written there; rows of new
   // IDs (fresh[i]) are left for the caller to fill.
   Status SwapInPlace(int component, const int32_t* rows, int64_t n, float* table,
-                     int64_t table_rows, bool* fresh);
+                     int64_t table_rows, bool* fresh, ThreadPool* pool = nullptr);
+
+  // Plans of at least this many rows are split over the pool's threads
+  // (tests lower it to run the parallel path on small tables).
+  static void SetParallelMinRows(int64_t rows);
 
   // Values of `keys` still held by the tier for `component` (evaluation reads
   // host rows in place); slots[i] is the key's host slot (-1: on disk, or no
@@ -152,9 +160,15 @@ class HostTier {
 
  private:
   // Host rows live in a slab store: each component keeps its values in
-  // fixed-size chunks of kChunkRows slots * dim floats, allocated on first use.
-  static constexpr int kChunkShift = 12;
-  static constexpr int64_t kChunkRows = int64_t{1} << kChunkShift;
+  // chunks of chunk_rows_ slots * dim floats (about 2 MiB, aligned so that the
+  // kernel may back them with huge pages: a swap touches thousands of random
+  // slots, and small pages would make most of those touches TLB misses),
+  // allocated on first use.
+  struct ChunkFree {
+    void operator()(float* chunk) const { std::free(chunk); }
+  };
+  using Chunk = std::unique_ptr<float, ChunkFree>;
+  Chunk AllocateChunk() const;
   struct SlotMeta {
     int64_t key = 0;
     uint32_t present = 0;  // bit k: component k holds a value in the slot
@@ -167,7 +181,7 @@ class HostTier {
   // before and after the swap (they may be the same row).
   template <typename CurrentRow, typename IncomingRow>
   Status SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
-                  IncomingRow incoming, bool* fresh);
+                  IncomingRow incoming, bool* fresh, ThreadPool* pool);
   // The value of `key` for `component` kept for a plan of sequence `seq`:
   // from a slot whose spill to disk is still pending, else from disk.
   Status ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out, bool* found);
@@ -178,8 +192,8 @@ class HostTier {
   void EnsureSlotsLocked(int64_t count);
   float* ValueLocked(int component, int32_t slot);
   const float* ValueAt(int component, int32_t slot) const {
-    return chunks_[component][slot >> kChunkShift].get() +
-           (slot & (kChunkRows - 1)) * options_.dim;
+    return chunks_[component][slot >> chunk_shift_].get() +
+           (slot & (chunk_rows_ - 1)) * options_.dim;
   }
   bool HasValue(int component, int32_t slot) const {
     return static_cast<size_t>(slot) < meta_.size() &&
@@ -195,10 +209,12 @@ class HostTier {
   std::vector<uint64_t> cursor_;  // next plan seq per component
   std::deque<SwapPlan> plans_;
   uint64_t next_seq_ = 0;
-  std::vector<SlotMeta> meta_;
+  std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta_;
   int64_t live_ = 0;  // slots holding a value of some component
   std::vector<int32_t> released_;
-  std::vector<std::vector<std::unique_ptr<float[]>>> chunks_;  // [component][chunk]
+  int chunk_shift_ = 0;
+  int64_t chunk_rows_ = 0;
+  std::vector<std::vector<Chunk>> chunks_;  // [component][chunk]
   // Spills queued by plans not yet applied: key -> (plan seq, slot), oldest first.
   std::unordered_map<int64_t, std::vector<std::pair<uint64_t, int32_t>>> pending_spills_;
   std::unique_ptr<SsdTier> ssd_;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "huge_pages.h"
+
 namespace mxrec {
 
 // What the host knows of one ID.
@@ -132,7 +134,7 @@ class KeyMap {
 
  private:
   void Rehash(uint64_t capacity) {
-    std::vector<KeyRecord> old;
+    std::vector<KeyRecord, HugePageAllocator<KeyRecord>> old;
     old.swap(slots_);
     slots_.assign(capacity, KeyRecord());
     mask_ = capacity - 1;
@@ -149,7 +151,7 @@ class KeyMap {
     }
   }
 
-  std::vector<KeyRecord> slots_;
+  std::vector<KeyRecord, HugePageAllocator<KeyRecord>> slots_;
   uint64_t mask_ = 0;
   int64_t size_ = 0;
 };

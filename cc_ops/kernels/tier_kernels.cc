@@ -88,9 +88,10 @@ class MxrecTierSwapOp : public TierOpBase {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
     std::unique_ptr<bool[]> fresh(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
     float* out = values->flat<float>().data();
+    auto pool = mxrec::Registry::Global().pool();
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->Swap(
                             component_, rows.flat<int32_t>().data(), n,
-                            current.flat<float>().data(), out, fresh.get())));
+                            current.flat<float>().data(), out, fresh.get(), pool.get())));
     // New IDs take the initializer's value (rows the tier did not hold).
     FillFresh(fresh_values, fresh.get(), n, dim, [out, dim](int64_t i) { return out + i * dim; });
   }
@@ -127,8 +128,11 @@ class MxrecTierSwapInPlaceOp : public TierOpBase {
     std::unique_ptr<bool[]> fresh(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
     float* base = params->flat<float>().data();
     const int32_t* row = rows.flat<int32_t>().data();
+    // The engine's pool (KEY_PROCESS_THREAD_NUM threads) copies a large plan's rows.
+    auto pool = mxrec::Registry::Global().pool();
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->tier()->SwapInPlace(
-                            component_, row, n, base, params->dim_size(0), fresh.get())));
+                            component_, row, n, base, params->dim_size(0), fresh.get(),
+                            pool.get())));
     FillFresh(fresh_values, fresh.get(), n, dim,
               [base, row, dim](int64_t i) { return base + row[i] * dim; });
   }

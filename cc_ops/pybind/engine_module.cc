@@ -155,7 +155,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
           py::gil_scoped_release release;
           std::unique_ptr<bool[]> fresh(new bool[n > 0 ? n : 1]);
           status = tier->Swap(index, rows.data(), n, current.data(), incoming.mutable_data(),
-                              fresh.get());
+                              fresh.get(), Registry::Global().pool().get());
           for (int64_t i = 0; i < n; ++i) fresh_bytes[i] = fresh[i] ? 1 : 0;
         }
         RaiseIfError(status);
@@ -232,6 +232,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
     Registry::Global().SetNumThreads(n);
   });
   m.def("num_threads", [] { return Registry::Global().pool()->num_threads(); });
+  m.def("set_tier_parallel_min_rows", [](int64_t rows) { HostTier::SetParallelMinRows(rows); });
   m.def("process", &Process, py::arg("keys"), py::arg("ids"), py::arg("train"),
         py::arg("timestamp") = -1);
   m.def("stats", [](const std::string& key) {
