@@ -122,6 +122,24 @@ def _straight(optimizer, ssd_path):
     return _STRAIGHT[key]
 
 
+def _train_until_split(optimizer, save, ssd_path=None):
+    """Trains the first SPLIT steps in a graph of their own; returns save(sess)."""
+    with tf.Graph().as_default():
+        _, train_op, start, _ = _build(optimizer, ssd_path=ssd_path)
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            for _ in range(SPLIT):
+                sess.run(train_op)
+            result = save(sess)
+    terminate_config_initializer()
+    return result
+
+
+def _tf_save(tmp_path):
+    return lambda sess: _v1.train.Saver().save(sess, str(tmp_path / "model"))
+
+
 def _save_then_resume(optimizer, kind, ckpt, ssd_path):
     with tf.Graph().as_default():
         table, train_op, start, _ = _build(optimizer, ssd_path=ssd_path)
@@ -189,16 +207,7 @@ def test_delta_holds_ids_whose_tier_changed(tmp_path):
 
 def test_tf_saver_round_trip_continues_exactly(tmp_path):
     optimizer = "adagrad"
-    with tf.Graph().as_default():
-        _, train_op, start, _ = _build(optimizer)
-        saver = _v1.train.Saver()
-        with _v1.Session() as sess:
-            sess.run(_v1.global_variables_initializer())
-            sess.run(start)
-            for _ in range(SPLIT):
-                sess.run(train_op)
-            path = saver.save(sess, str(tmp_path / "model"))
-    terminate_config_initializer()
+    path = _train_until_split(optimizer, _tf_save(tmp_path))
     reader = tf.train.load_checkpoint(path)
     assert reader.get_tensor("t/mxrec_host/in_host").sum() > 0
     assert reader.get_tensor("t/mxrec_host/tier_values").shape[1] == 2  # embedding + accumulator
@@ -222,15 +231,7 @@ def test_warm_start_loads_host_tier_rows(tmp_path, ssd):
     if ssd:
         ssd_path = str(tmp_path / "ssd")
         (tmp_path / "ssd").mkdir()
-    with tf.Graph().as_default():
-        _, train_op, start, _ = _build(optimizer, ssd_path=ssd_path)
-        with _v1.Session() as sess:
-            sess.run(_v1.global_variables_initializer())
-            sess.run(start)
-            for _ in range(SPLIT):
-                sess.run(train_op)
-            path = _v1.train.Saver().save(sess, str(tmp_path / "model"))
-    terminate_config_initializer()
+    path = _train_until_split(optimizer, _tf_save(tmp_path), ssd_path)
     table, train_op, start, kernel = _build(optimizer, skip=SPLIT, ssd_path=ssd_path)
     warm = WarmStart(path)
     with _v1.Session() as sess:
@@ -245,15 +246,7 @@ def test_warm_start_loads_host_tier_rows(tmp_path, ssd):
 
 
 def test_warm_start_of_host_tier_rows_into_a_table_without_tier_is_refused(tmp_path):
-    with tf.Graph().as_default():
-        _, train_op, start, _ = _build("sgd")
-        with _v1.Session() as sess:
-            sess.run(_v1.global_variables_initializer())
-            sess.run(start)
-            for _ in range(SPLIT):
-                sess.run(train_op)
-            path = _v1.train.Saver().save(sess, str(tmp_path / "model"))
-    terminate_config_initializer()
+    path = _train_until_split("sgd", _tf_save(tmp_path))
     init()
     create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.05), device_vocabulary_size=20)
     with pytest.raises(ValueError, match=r"'t' holds \d+ IDs in the host tier.*"
@@ -300,16 +293,7 @@ def test_restore_into_graph_modifier_with_prefetch_continues_exactly(tmp_path):
     """Saved on the direct path, restored before the prefetching iterator starts, trained on
     through the graph modifier with prefetch 2: the same as never stopping."""
     optimizer = "lazy_adam"
-    with tf.Graph().as_default():
-        _, train_op, start, _ = _build(optimizer)
-        saver = Saver(str(tmp_path))
-        with _v1.Session() as sess:
-            sess.run(_v1.global_variables_initializer())
-            sess.run(start)
-            for _ in range(SPLIT):
-                sess.run(train_op)
-            saver.save(sess, SPLIT)
-    terminate_config_initializer()
+    _train_until_split(optimizer, lambda sess: Saver(str(tmp_path)).save(sess, SPLIT))
     table, train_op, start, kernel = _build(optimizer, skip=SPLIT, modify_graph=True,
                                             prefetch=2)
     with _v1.Session() as sess:
