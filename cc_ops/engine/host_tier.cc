@@ -55,7 +55,27 @@ void HostTier::ReleaseLocked(int32_t slot) {
   EnsureSlotsLocked(int64_t{slot} + 1);
   if (meta_[slot].present != 0) --live_;
   meta_[slot].present = 0;
+  std::lock_guard<std::mutex> queue_lock(queue_mu_);
   released_.push_back(slot);
+}
+
+void HostTier::DrainLocked() {
+  std::vector<SwapPlan> incoming;
+  {
+    std::lock_guard<std::mutex> queue_lock(queue_mu_);
+    incoming.swap(incoming_);
+  }
+  for (SwapPlan& plan : incoming) {
+    plan.seq = next_seq_++;
+    plan.applied = 0;
+    int32_t top = -1;
+    for (int32_t slot : plan.out_slots) top = std::max(top, slot);
+    EnsureSlotsLocked(int64_t{top} + 1);
+    for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
+      pending_spills_[plan.spill_keys[i]].emplace_back(plan.seq, plan.spill_slots[i]);
+    }
+    plans_.push_back(std::move(plan));
+  }
 }
 
 Status HostTier::RegisterComponent(const std::string& name, int* index) {
@@ -64,6 +84,7 @@ Status HostTier::RegisterComponent(const std::string& name, int* index) {
 }
 
 Status HostTier::RegisterLocked(const std::string& name, int* index) {
+  DrainLocked();
   auto it = std::find(components_.begin(), components_.end(), name);
   if (it != components_.end()) {
     *index = static_cast<int>(it - components_.begin());
@@ -89,27 +110,20 @@ Status HostTier::RegisterLocked(const std::string& name, int* index) {
 
 void HostTier::Enqueue(SwapPlan plan) {
   if (plan.rows.empty() && plan.spill_keys.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  plan.seq = next_seq_++;
-  plan.applied = 0;
-  int32_t top = -1;
-  for (int32_t slot : plan.out_slots) top = std::max(top, slot);
-  EnsureSlotsLocked(int64_t{top} + 1);
-  for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
-    pending_spills_[plan.spill_keys[i]].emplace_back(plan.seq, plan.spill_slots[i]);
-  }
-  plans_.push_back(std::move(plan));
+  std::lock_guard<std::mutex> queue_lock(queue_mu_);
+  incoming_.push_back(std::move(plan));
 }
 
 void HostTier::TakeReleased(std::vector<int32_t>* free_slots) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> queue_lock(queue_mu_);
   free_slots->insert(free_slots->end(), released_.begin(), released_.end());
   released_.clear();
 }
 
 int64_t HostTier::pending_plans() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(plans_.size());
+  std::lock_guard<std::mutex> queue_lock(queue_mu_);
+  return static_cast<int64_t>(plans_.size() + incoming_.size());
 }
 
 Status HostTier::OpenSsdLocked() {
@@ -118,7 +132,7 @@ Status HostTier::OpenSsdLocked() {
 }
 
 Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out,
-                                   bool* found) {
+                                   bool* found, bool stage) {
   *found = false;
   const int64_t dim = options_.dim;
   auto it = pending_spills_.find(key);
@@ -137,12 +151,26 @@ Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, flo
     }
   }
   if (!ssd_) return Status::Ok();
-  bool on_disk = false;
-  SsdRecord record;
-  MXREC_RETURN_IF_ERROR(ssd_->Peek(key, &on_disk, &record));
-  if (on_disk && (record.present & (1u << component)) &&
-      record.values.size() >= static_cast<size_t>((component + 1) * dim)) {
-    std::memcpy(out, record.values.data() + component * dim, dim * sizeof(float));
+  const SsdRecord* record = nullptr;
+  SsdRecord read;
+  auto staged = staged_.find(key);
+  if (staged != staged_.end() && staged->second.first == seq) {
+    record = &staged->second.second;
+  } else {
+    bool on_disk = false;
+    MXREC_RETURN_IF_ERROR(ssd_->Peek(key, &on_disk, &read));
+    if (!on_disk) return Status::Ok();
+    if (stage && components_.size() > 1) {
+      auto& entry = staged_[key];
+      entry = {seq, std::move(read)};
+      record = &entry.second;
+    } else {
+      record = &read;
+    }
+  }
+  if ((record->present & (1u << component)) &&
+      record->values.size() >= static_cast<size_t>((component + 1) * dim)) {
+    std::memcpy(out, record->values.data() + component * dim, dim * sizeof(float));
     *found = true;
   }
   return Status::Ok();
@@ -156,8 +184,12 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
       ReleaseLocked(plan.in_slots[i]);
     } else if (ssd_) {
       ssd_->Erase(plan.in_keys[i]);  // read back from disk by every component
+      auto staged = staged_.find(plan.in_keys[i]);
+      if (staged != staged_.end() && staged->second.first == plan.seq) staged_.erase(staged);
     }
   }
+  std::vector<int64_t> spill_keys;
+  std::vector<SsdRecord> spill_records;
   for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
     const int64_t key = plan.spill_keys[i];
     const int32_t slot = plan.spill_slots[i];
@@ -185,10 +217,14 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
           std::memcpy(record.values.data() + c * dim, ValueAt(c, slot), dim * sizeof(float));
         }
       }
-      MXREC_RETURN_IF_ERROR(OpenSsdLocked());
-      MXREC_RETURN_IF_ERROR(ssd_->Put(key, record));
+      spill_keys.push_back(key);
+      spill_records.push_back(std::move(record));
     }
     ReleaseLocked(slot);
+  }
+  if (!spill_keys.empty()) {
+    MXREC_RETURN_IF_ERROR(OpenSsdLocked());
+    MXREC_RETURN_IF_ERROR(ssd_->PutBatch(spill_keys, spill_records));
   }
   return Status::Ok();
 }
@@ -226,6 +262,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
                           IncomingRow incoming, bool* fresh, ThreadPool* pool) {
   if (n == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
+  DrainLocked();
   if (component < 0 || component >= static_cast<int>(components_.size())) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                        "': unknown swap component ", component);
@@ -376,7 +413,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
     for (int64_t i : spilled[p]) {
       bool found = false;
       MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, plan.in_keys[i], plan.seq,
-                                              incoming(i), &found));
+                                              incoming(i), &found, /*stage=*/true));
       fresh[i] = !found;
       ins += found ? 1 : 0;
     }
@@ -401,6 +438,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
 Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, int64_t n,
                       float* values, bool* found) {
   std::lock_guard<std::mutex> lock(mu_);
+  DrainLocked();
   const int64_t dim = options_.dim;
   for (int64_t i = 0; i < n; ++i) {
     found[i] = false;
@@ -414,7 +452,8 @@ Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, 
         found[i] = true;
       }
     } else if (slot == -1) {
-      MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, keys[i], next_seq_, out, &found[i]));
+      MXREC_RETURN_IF_ERROR(
+          ReadSpilledLocked(component, keys[i], next_seq_, out, &found[i], /*stage=*/false));
     }
     if (!found[i]) std::memset(out, 0, dim * sizeof(float));
   }
@@ -423,6 +462,7 @@ Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, 
 
 void HostTier::Erase(int64_t key, int32_t slot) {
   std::lock_guard<std::mutex> lock(mu_);
+  DrainLocked();
   // A pending plan must not write the evicted ID's values to its slot afterwards.
   for (auto& plan : plans_) {
     for (size_t i = 0; i < plan.rows.size(); ++i) {
@@ -432,6 +472,7 @@ void HostTier::Erase(int64_t key, int32_t slot) {
   if (slot >= 0) ReleaseLocked(slot);
   // Spills still pending skip the key (their slots are freed with their plan).
   pending_spills_.erase(key);
+  staged_.erase(key);
   if (ssd_) ssd_->Erase(key);
 }
 
@@ -506,13 +547,18 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
 }
 
 void HostTier::ClearLocked() {
+  DrainLocked();
   plans_.clear();
   for (auto& cursor : cursor_) cursor = next_seq_;
   meta_.clear();
   live_ = 0;
-  released_.clear();
+  {
+    std::lock_guard<std::mutex> queue_lock(queue_mu_);
+    released_.clear();
+  }
   for (auto& chunks : chunks_) chunks.clear();
   pending_spills_.clear();
+  staged_.clear();
   ssd_.reset();  // removes the old file; a new one is opened on the next spill
 }
 
@@ -537,6 +583,8 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
   const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
   slots->assign(keys.size(), -1);
   int32_t next_slot = 0;
+  std::vector<int64_t> disk_keys;
+  std::vector<SsdRecord> disk_records;
   for (size_t i = 0; i < keys.size(); ++i) {
     if ((present[i] & mask) == 0) continue;  // no values: restarts from the initializer
     const float* row = values.data() + i * width;
@@ -573,14 +621,19 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
         std::memcpy(record.values.data() + index[c] * dim, row + c * dim, dim * sizeof(float));
       }
     }
+    disk_keys.push_back(keys[i]);
+    disk_records.push_back(std::move(record));
+  }
+  if (!disk_keys.empty()) {
     MXREC_RETURN_IF_ERROR(OpenSsdLocked());
-    MXREC_RETURN_IF_ERROR(ssd_->Put(keys[i], record));
+    MXREC_RETURN_IF_ERROR(ssd_->PutBatch(disk_keys, disk_records));
   }
   return Status::Ok();
 }
 
 TierStats HostTier::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> queue_lock(queue_mu_);
   TierStats stats = stats_;
   stats.host_rows = live_;
   int64_t bytes = static_cast<int64_t>(meta_.capacity() * sizeof(SlotMeta) +
@@ -594,7 +647,7 @@ TierStats HostTier::Stats() const {
   stats.ssd_rows = ssd_ ? ssd_->size() : 0;
   stats.ssd_file_bytes = ssd_ ? ssd_->file_bytes() : 0;
   stats.ssd_compactions = ssd_ ? ssd_->compactions() : 0;
-  stats.pending_plans = static_cast<int64_t>(plans_.size());
+  stats.pending_plans = static_cast<int64_t>(plans_.size() + incoming_.size());
   return stats;
 }
 

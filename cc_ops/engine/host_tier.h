@@ -184,7 +184,10 @@ class HostTier {
                   IncomingRow incoming, bool* fresh, ThreadPool* pool);
   // The value of `key` for `component` kept for a plan of sequence `seq`:
   // from a slot whose spill to disk is still pending, else from disk.
-  Status ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out, bool* found);
+  // `stage`: keep a record read from disk for the plan's other components
+  // (dropped when the plan completes).
+  Status ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out, bool* found,
+                           bool stage);
   // Every component applied `plan`: free the slots it read back, write its
   // spills to disk.
   Status FinishPlanLocked(const SwapPlan& plan);
@@ -201,23 +204,34 @@ class HostTier {
   }
   Status OpenSsdLocked();
   void ClearLocked();
+  // Moves the plans queued by Enqueue into plans_ (numbering them), so that
+  // the key stage never waits for a swap in progress to queue its plan.
+  void DrainLocked();
   Status RegisterLocked(const std::string& name, int* index);
 
   const TierOptions options_;
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // everything below but what queue_mu_ guards
+  // The hand-over between the key stage and the step: plans queued and not
+  // yet drained, and slots freed and not yet taken. Taken inside mu_ when
+  // both are held.
+  mutable std::mutex queue_mu_;
+  std::vector<SwapPlan> incoming_;
+  std::vector<int32_t> released_;
   std::vector<std::string> components_;
   std::vector<uint64_t> cursor_;  // next plan seq per component
   std::deque<SwapPlan> plans_;
   uint64_t next_seq_ = 0;
   std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta_;
   int64_t live_ = 0;  // slots holding a value of some component
-  std::vector<int32_t> released_;
   int chunk_shift_ = 0;
   int64_t chunk_rows_ = 0;
   std::vector<std::vector<Chunk>> chunks_;  // [component][chunk]
   // Spills queued by plans not yet applied: key -> (plan seq, slot), oldest first.
   std::unordered_map<int64_t, std::vector<std::pair<uint64_t, int32_t>>> pending_spills_;
   std::unique_ptr<SsdTier> ssd_;
+  // Records read from disk by the first component of a pending plan: key ->
+  // (plan seq, record), so that the plan's other components do not read again.
+  std::unordered_map<int64_t, std::pair<uint64_t, SsdRecord>> staged_;
   TierStats stats_;
 };
 

@@ -2,7 +2,10 @@
 // owns, with an in-memory index key -> (offset, length). A row read back or
 // erased leaves a dead record; the file is compacted (live records copied to
 // a new file that replaces it) once dead bytes outweigh live ones. The file is
-// removed when the table is dropped. Plain C++ and POSIX I/O.
+// removed when the table is dropped. Plain C++ and POSIX I/O: records are
+// appended in batches (one write per batch), read through a read-only shared
+// mapping of the file (no system call per record; pread where the mapping
+// cannot be made), and compaction streams the file in large blocks.
 #ifndef MXREC_ENGINE_SSD_TIER_H_
 #define MXREC_ENGINE_SSD_TIER_H_
 
@@ -36,6 +39,9 @@ class SsdTier {
   // Appends the record of `key` (replacing an older one). Fails when the tier
   // already holds `capacity` other IDs (ssd_vocabulary_size).
   Status Put(int64_t key, const SsdRecord& record);
+  // Appends several records with one write; the capacity check covers them all
+  // before anything is written.
+  Status PutBatch(const std::vector<int64_t>& keys, const std::vector<SsdRecord>& records);
   // Reads the record of `key` into *record and forgets it; *found = false if absent.
   Status Take(int64_t key, bool* found, SsdRecord* record);
   // Reads without forgetting.
@@ -57,6 +63,10 @@ class SsdTier {
   SsdTier(std::string path, std::string name, int64_t capacity, int fd);
   Status ReadAt(const Location& loc, int64_t key, SsdRecord* record) const;
   Status MaybeCompact();
+  // (Re)maps fd_ read-only over map_bytes_ of address space (the file grows
+  // into it); on failure reads fall back to pread.
+  void Map();
+  void Unmap();
 
   std::string path_;
   std::string name_;
@@ -66,6 +76,8 @@ class SsdTier {
   int64_t live_bytes_ = 0;
   int64_t compactions_ = 0;
   std::unordered_map<int64_t, Location> index_;
+  const char* map_ = nullptr;
+  size_t map_bytes_ = 0;
 };
 
 }  // namespace mxrec
