@@ -397,6 +397,31 @@ def test_total_capacity_exhausted_is_an_error():
         sess.run(train_op, {ids: [1, 2, 9, 10]})
 
 
+def test_full_ssd_tier_is_an_error_and_loses_nothing(tmp_path):
+    """With host memory and disk full, a batch of new IDs is refused with the numbers; every
+    value already trained still reads back (from the device, host memory and disk)."""
+    init(prefetch_batch_number=0)
+    table = create_table(tf.int64, DIM, "small", _v1.zeros_initializer(),
+                         device_vocabulary_size=2, host_vocabulary_size=2,
+                         ssd_vocabulary_size=3, ssd_data_path=str(tmp_path))
+    ids = _v1.placeholder(tf.int64, [None])
+    loss = tf.reduce_sum(sparse_lookup(table, ids) * tf.range(1.0, DIM + 1.0))
+    train_op = gradient_descent.create_hash_optimizer(1.0).apply_gradients(
+        zip(tf.gradients(loss, [table.variable]), [table.variable]))
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        for batch in ([1, 2], [3, 4], [5, 6], [7]):
+            sess.run(train_op, {ids: batch})
+        assert tiers.stats(table)["ssd_rows"] > 0
+        with pytest.raises(tf.errors.ResourceExhaustedError,
+                           match=r"'small' is full: 7 IDs.*2 device_vocabulary_size \+ 2 "
+                                 r"host_vocabulary_size \+ 3 ssd_vocabulary_size = 7"):
+            sess.run(train_op, {ids: [8]})
+        exported = tiers.export_values(sess, table, slots=False)["embedding"]
+    assert exported[0].tolist() == [1, 2, 3, 4, 5, 6, 7]
+    np.testing.assert_allclose(exported[1], np.tile(-np.arange(1.0, DIM + 1.0), (7, 1)))
+
+
 def test_eviction_removes_host_tier_rows():
     ids, train_op = _one_table_step(device=2, host=10)
     table = tf.compat.v1.get_default_graph().get_collection("mxrec_sparse_tables")[0]._mxrec_table
