@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
+#include <unordered_map>
 #include <utility>
 
 namespace mxrec {
@@ -617,15 +619,46 @@ TableStats HostTable::Stats() const {
 Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
                               TableState* state) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Tiered: batches planned ahead of their step (prefetch) have moved IDs
+  // between the device rows and the host tier in the records, but not yet
+  // their values. The snapshot describes where the values are: residency as
+  // before those plans (counts and new IDs of the planned batches included).
+  struct Physical {
+    int32_t row = -1;
+    uint8_t in_host = 0;
+    int32_t host_slot = -1;
+  };
+  std::unordered_map<int64_t, Physical> physical;  // IDs a pending plan moved
+  std::unordered_map<int32_t, int64_t> row_owner;  // rows a pending plan refilled
+  constexpr int64_t kFreeRow = INT64_MIN;
   if (tier_) {
-    const int64_t pending = tier_->pending_plans();
-    if (pending > 0) {
+    std::vector<SwapPlan> pending;
+    bool partly_applied = false;
+    tier_->PendingPlans(&pending, &partly_applied);
+    if (partly_applied) {
       return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                         "': cannot checkpoint a table with a host tier while ", pending,
-                         " planned batch(es) have not been trained: their swaps leave rows in "
-                         "motion between the device cache and the host tier. Save at a step "
-                         "boundary with no batch prefetched ahead of its step (the direct "
-                         "path, or prefetch drained).");
+                         "': cannot checkpoint a table with a host tier in the middle of a "
+                         "training step (a swap plan is applied in part); save between steps");
+    }
+    // Undo the plans newest first: what is left is the state before the oldest.
+    for (auto plan = pending.rbegin(); plan != pending.rend(); ++plan) {
+      for (size_t i = plan->rows.size(); i-- > 0;) {
+        const int32_t row = plan->rows[i];
+        Physical in;
+        if (plan->from_host[i]) {
+          in.in_host = 1;
+          in.host_slot = plan->in_slots[i];
+        }
+        physical[plan->in_keys[i]] = in;  // a new ID: not admitted yet
+        if (plan->has_out[i]) {
+          Physical out;
+          out.row = row;
+          physical[plan->out_keys[i]] = out;
+          row_owner[row] = plan->out_keys[i];
+        } else {
+          row_owner[row] = kFreeRow;
+        }
+      }
     }
   }
   std::vector<KeyRecord*> records;
@@ -638,13 +671,25 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
     return a->row != b->row ? a->row < b->row : a->key < b->key;
   });
   *state = TableState();
+  const auto physical_of = [&physical](const KeyRecord* rec) {
+    auto it = physical.find(rec->key);
+    if (it != physical.end()) return it->second;
+    Physical now;
+    now.row = rec->row;
+    now.in_host = rec->in_host;
+    now.host_slot = rec->host_slot;
+    return now;
+  };
   for (const KeyRecord* rec : records) {
     state->keys.push_back(rec->key);
-    state->rows.push_back(rec->row);
+    state->rows.push_back(physical_of(rec).row);
     state->counts.push_back(rec->count);
     state->last_seen.push_back(rec->last_seen);
   }
   state->free_rows = free_rows_;
+  for (const auto& [row, owner] : row_owner) {
+    if (owner == kFreeRow) state->free_rows.push_back(row);
+  }
   state->next_row = next_row_;
   state->newest_timestamp = newest_timestamp_;
   state->counting_frozen = counting_frozen_;
@@ -659,13 +704,16 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
     std::vector<int32_t> host_slots;
     state->in_host.reserve(records.size());
     for (const KeyRecord* rec : records) {
-      state->in_host.push_back(rec->in_host);
-      if (rec->in_host) {
+      const Physical where = physical_of(rec);
+      state->in_host.push_back(where.in_host);
+      if (where.in_host) {
         host_keys.push_back(rec->key);
-        host_slots.push_back(rec->host_slot);
+        host_slots.push_back(where.host_slot);
       }
     }
     for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
+      auto owner = row_owner.find(row);
+      if (owner != row_owner.end() && owner->second == kFreeRow) continue;
       state->lru_rows.push_back(row);
       state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
     }
@@ -677,6 +725,12 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
     shard.ForEach([&](KeyRecord& rec) {
       if (InFlight(rec, protect_batches)) rec.epoch = epoch_;
     });
+  }
+  // IDs saved where a pending plan moves them from: the next delta holds them
+  // where they are then.
+  for (const auto& entry : physical) {
+    KeyRecord* rec = FindRecord(entry.first);
+    if (rec != nullptr) rec->epoch = epoch_;
   }
   return Status::Ok();
 }

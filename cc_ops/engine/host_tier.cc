@@ -120,6 +120,14 @@ void HostTier::TakeReleased(std::vector<int32_t>* free_slots) {
   released_.clear();
 }
 
+void HostTier::PendingPlans(std::vector<SwapPlan>* plans, bool* partly_applied) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DrainLocked();
+  plans->assign(plans_.begin(), plans_.end());
+  *partly_applied = false;
+  for (const SwapPlan& plan : plans_) *partly_applied |= plan.applied != 0;
+}
+
 int64_t HostTier::pending_plans() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::lock_guard<std::mutex> queue_lock(queue_mu_);
@@ -528,6 +536,19 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
       for (size_t c = 0; c < components_.size(); ++c) {
         if (mask & (1u << c)) {
           std::memcpy(out + c * dim, ValueAt(static_cast<int>(c), slot), dim * sizeof(float));
+        }
+      }
+      continue;
+    }
+    // On its way to disk (a pending plan spills it): still in its slot.
+    auto spill = pending_spills_.find(keys[i]);
+    if (spill != pending_spills_.end() && !spill->second.empty()) {
+      const int32_t from = spill->second.back().second;
+      const uint32_t mask = from < static_cast<int32_t>(meta_.size()) ? meta_[from].present : 0;
+      (*present)[i] = mask;
+      for (size_t c = 0; c < components_.size(); ++c) {
+        if (mask & (1u << c)) {
+          std::memcpy(out + c * dim, ValueAt(static_cast<int>(c), from), dim * sizeof(float));
         }
       }
       continue;

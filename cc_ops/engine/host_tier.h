@@ -158,6 +158,11 @@ class HostTier {
   TierStats Stats() const;
   int64_t pending_plans() const;
 
+  // Copies of the plans queued and not yet applied by every component, oldest
+  // first; *partly_applied is set when some component applied one already (a
+  // step in progress).
+  void PendingPlans(std::vector<SwapPlan>* plans, bool* partly_applied);
+
  private:
   // Host rows live in a slab store: each component keeps its values in
   // chunks of chunk_rows_ slots * dim floats (about 2 MiB, aligned so that the

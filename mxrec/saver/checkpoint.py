@@ -32,10 +32,11 @@ still holds the device rows only. A delta holds the IDs trained or moved between
 tiers since the previous save. Restore puts every ID back in the tier it was
 saved in (the host tier's rows into host memory, spilling to a fresh SSD file
 beyond host_vocabulary_size), with the same device rows and cache order.
-Pending swap plans are not saved: saving a tiered table while batches planned
-by the key stage have not been trained (the graph modifier's prefetched
-batches) raises a ValueError naming the table; save on the direct path or with
-no batch prefetched. Restoring one is refused the same way while batches are
+Batches planned by the key stage and not yet trained (the graph modifier's
+prefetched batches) have moved IDs between the device cache and the host tier
+in the host state but not yet their values: a save then records where the
+values are (residency as before those plans; their counts and new IDs are
+included, as for device-only tables). Restoring is refused while batches are
 planned: restore before the iterator initializer runs.
 
 Example:

@@ -32,8 +32,8 @@ class HostStateSaveable(saveable_object.SaveableObject):
     A table with a host (or SSD) tier also saves `in_host`, `lru_rows`, `lru_ages`,
     `tier_components`, `tier_present` and `tier_values` (the host-tier rows of the
     embedding and of each optimizer slot); device rows are in the variables as usual.
-    Saving such a table fails while planned batches have not been trained (the
-    graph modifier's prefetched batches): rows are in motion then.
+    With batches planned but not yet trained (the graph modifier's prefetched
+    batches), the saved residency is where the values are: as before those plans.
 
     Restoring replaces the host state; a snapshot that does not fit the table
     (rows beyond device_vocabulary_size, an ID twice, a row used twice) is
