@@ -299,6 +299,32 @@ def test_save_with_planned_batches_pending_continues_exactly(tmp_path, kind):
     _assert_same(got[:2] + (None,), want[:2] + (None,))
 
 
+def test_delta_after_a_save_with_pending_plans_holds_the_ids_they_moved(engine):
+    """A save with a plan pending records its victim at the victim's device row; once the
+    plan has run, the next delta must hold the victim again (now in the host tier), or full +
+    delta would give its row to two IDs."""
+    init()
+    table = create_table(tf.int64, DIM, "t", _v1.zeros_initializer(), device_vocabulary_size=4,
+                         host_vocabulary_size=100)
+    key = table.table_key
+    engine.process([key], [np.array([1, 2, 3, 4], np.int64)], True, 1)  # fills the cache
+    (rows, _, reused), = engine.process([key], [np.array([5, 6], np.int64)], True, 2)
+    assert len(reused) == 2  # two victims among 1..4: the plan is pending
+    full = engine.export_state(key, 0, 1)
+    before = dict(zip(full["keys"].tolist(), full["rows"].tolist()))
+    assert before[5] == before[6] == -1 and sorted(r for r in before.values() if r >= 0) == \
+        [0, 1, 2, 3]
+    engine.tier_swap(key, "embedding", reused, np.zeros((2, DIM), np.float32))  # the step
+    delta = engine.export_state(key, full["epoch"], 1)
+    merged = dict(before)
+    merged.update(zip(delta["keys"].tolist(), delta["rows"].tolist()))
+    in_host = dict(zip(delta["keys"].tolist(), delta["in_host"].tolist()))
+    owned = [r for r in merged.values() if r >= 0]
+    assert sorted(owned) == [0, 1, 2, 3], merged  # no row given to two IDs
+    victims = [k for k, r in before.items() if r in set(rows.tolist())]
+    assert len(victims) == 2 and all(in_host[v] == 1 for v in victims), (victims, in_host)
+
+
 def test_eviction_removes_rows_from_every_tier(tmp_path):
     table, train_op, start, _ = _build("adagrad", ssd_path=str(tmp_path))
     with _v1.Session() as sess:
