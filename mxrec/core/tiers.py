@@ -109,6 +109,10 @@ def count_training_lookup(table) -> None:
     loader.engine().set_swap_protect(table.table_key, counts[table.table_key])
 
 
+# Tests set this to False to run the gather/swap/scatter path of GPU tables on the CPU.
+SWAP_IN_PLACE = True
+
+
 def swaps_in_place(table) -> bool:
     """Whether the swaps of `table` write its variables in place (a CPU table).
 
@@ -119,10 +123,6 @@ def swaps_in_place(table) -> bool:
     if not SWAP_IN_PLACE:
         return False
     return tf.DeviceSpec.from_string(table.variable.device or "").device_type in (None, "CPU")
-
-
-# Tests set this to False to run the gather/swap/scatter path of GPU tables on the CPU.
-SWAP_IN_PLACE = True
 
 
 def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
