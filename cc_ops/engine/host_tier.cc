@@ -39,11 +39,13 @@ HostTier::Chunk HostTier::AllocateChunk() const {
 }
 
 float* HostTier::ValueLocked(int component, int32_t slot) {
-  auto& chunks = chunks_[component];
-  const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
-  if (chunk >= chunks.size()) chunks.resize(chunk + 1);
-  if (!chunks[chunk]) chunks[chunk] = AllocateChunk();
-  return chunks[chunk].get() + (slot & (chunk_rows_ - 1)) * options_.dim;
+  if (!HasChunk(component, slot)) {
+    auto& chunks = chunks_[component];
+    const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
+    if (chunk >= chunks.size()) chunks.resize(chunk + 1);
+    chunks[chunk] = AllocateChunk();
+  }
+  return ValueAt(component, slot);
 }
 
 void HostTier::EnsureSlotsLocked(int64_t count) {
@@ -308,7 +310,6 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
   const int64_t dim = options_.dim;
   // Every value block a victim is written to exists before the copies start,
   // so that the copy loops allocate nothing and may run on several threads.
-  auto& chunks = chunks_[component];
   for (int64_t i = 0; i < n; ++i) {
     if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
   }
@@ -324,11 +325,6 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
       part(0);
     }
   };
-  const int shift = chunk_shift_;
-  const int64_t mask = chunk_rows_ - 1;
-  const auto value_at = [&chunks, dim, shift, mask](int32_t slot) -> float* {
-    return chunks[static_cast<size_t>(slot >> shift)].get() + (slot & mask) * dim;
-  };
   // A plan's out slots are distinct, and so are its rows: the parts write apart.
   std::vector<int64_t> part_outs(parts, 0);
   std::vector<int64_t> part_live(parts, 0);
@@ -343,7 +339,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
         __builtin_prefetch(current(j));
         if (plan.has_out[j]) {
           __builtin_prefetch(&meta_[plan.out_slots[j]], 1);
-          __builtin_prefetch(value_at(plan.out_slots[j]), 1);
+          __builtin_prefetch(ValueAt(component, plan.out_slots[j]), 1);
         }
       }
       if (!plan.has_out[i]) continue;  // no old owner, or evicted since planning
@@ -356,7 +352,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
       if (meta.present == 0) ++part_live[p];
       meta.key = plan.out_keys[i];
       meta.present |= bit;
-      std::memcpy(value_at(slot), current(i), dim * sizeof(float));
+      std::memcpy(ValueAt(component, slot), current(i), dim * sizeof(float));
       ++part_outs[p];
     }
   });
@@ -382,10 +378,9 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
       const int64_t j = i + kAhead;
       if (j < end && plan.from_host[j]) {
         const int32_t slot = plan.in_slots[j];
-        const size_t chunk = static_cast<size_t>(slot >> shift);
         if (slot >= 0 && static_cast<size_t>(slot) < meta_.size()) {
           __builtin_prefetch(&meta_[slot]);
-          if (chunk < chunks.size() && chunks[chunk]) __builtin_prefetch(value_at(slot));
+          if (HasChunk(component, slot)) __builtin_prefetch(ValueAt(component, slot));
         }
       }
       fresh[i] = true;
@@ -402,7 +397,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
       }
       // No value: a component registered after the ID left (it starts afresh).
       if (HasValue(component, slot)) {
-        std::memcpy(incoming(i), value_at(slot), dim * sizeof(float));
+        std::memcpy(incoming(i), ValueAt(component, slot), dim * sizeof(float));
         fresh[i] = false;
         ++part_ins[p];
       }
@@ -528,23 +523,22 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
   SsdRecord record;
   for (size_t i = 0; i < keys.size(); ++i) {
     float* out = values->data() + i * width;
-    const int32_t slot = slots[i];
-    if (slot >= 0) {
-      if (static_cast<size_t>(slot) >= meta_.size() || meta_[slot].key != keys[i]) continue;
-      const uint32_t mask = meta_[slot].present;
-      (*present)[i] = mask;
-      for (size_t c = 0; c < components_.size(); ++c) {
-        if (mask & (1u << c)) {
-          std::memcpy(out + c * dim, ValueAt(static_cast<int>(c), slot), dim * sizeof(float));
-        }
+    // In host memory: its slot, or, on its way to disk (a pending plan spills
+    // it), the slot it is spilled from.
+    int32_t from = -1;
+    if (slots[i] >= 0) {
+      if (static_cast<size_t>(slots[i]) >= meta_.size() || meta_[slots[i]].key != keys[i]) {
+        continue;
       }
-      continue;
+      from = slots[i];
+    } else {
+      auto spill = pending_spills_.find(keys[i]);
+      if (spill != pending_spills_.end() && !spill->second.empty()) {
+        from = spill->second.back().second;
+      }
     }
-    // On its way to disk (a pending plan spills it): still in its slot.
-    auto spill = pending_spills_.find(keys[i]);
-    if (spill != pending_spills_.end() && !spill->second.empty()) {
-      const int32_t from = spill->second.back().second;
-      const uint32_t mask = from < static_cast<int32_t>(meta_.size()) ? meta_[from].present : 0;
+    if (from >= 0) {
+      const uint32_t mask = static_cast<size_t>(from) < meta_.size() ? meta_[from].present : 0;
       (*present)[i] = mask;
       for (size_t c = 0; c < components_.size(); ++c) {
         if (mask & (1u << c)) {

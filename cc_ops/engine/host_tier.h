@@ -198,8 +198,15 @@ class HostTier {
   Status FinishPlanLocked(const SwapPlan& plan);
   void ReleaseLocked(int32_t slot);
   void EnsureSlotsLocked(int64_t count);
+  // The dim floats of `slot` for `component`, allocating its chunk if needed.
   float* ValueLocked(int component, int32_t slot);
-  const float* ValueAt(int component, int32_t slot) const {
+  // Whether the chunk holding `slot` exists for `component`.
+  bool HasChunk(int component, int32_t slot) const {
+    const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
+    return chunk < chunks_[component].size() && chunks_[component][chunk] != nullptr;
+  }
+  // The dim floats of `slot` for `component`, whose chunk exists.
+  float* ValueAt(int component, int32_t slot) const {
     return chunks_[component][slot >> chunk_shift_].get() +
            (slot & (chunk_rows_ - 1)) * options_.dim;
   }
