@@ -7,7 +7,6 @@ reduce_sum(emb), so every occurrence of an admitted ID contributes a gradient of
 and the expected values follow by hand (SGD: row -= lr * occurrences in the batch).
 """
 
-import glob
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from support import read_scalars
 
 from mxrec._lib import loader
 from mxrec.core import entry as paddle_entry
@@ -836,12 +836,7 @@ def test_table_stats_hook_writes_scalars(mx, tmp_path):
         for step, ids in enumerate([[1, 1, 2], [2, 3], [4], [5, 5, 5, 1]], start=1):
             sess.run(net.train_op, net.feed(ids, step))
             seen[step] = net.stats()
-    _v1.summary.FileWriterCache.clear()
-    values = {}
-    for path in glob.glob(os.path.join(str(tmp_path), "events.out.tfevents.*")):
-        for event in _v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                values.setdefault(value.tag, {})[event.step] = value.simple_value
+    values = read_scalars(tmp_path)
     stat_names = ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected", "evicted")
     assert set(values) == {f"mxrec/t/{name}" for name in stat_names}
     for name in stat_names:

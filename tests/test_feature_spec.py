@@ -11,13 +11,6 @@ from mxrec.optimizers import adagrad
 from mxrec.util.initialize import init, terminate_config_initializer
 
 
-@pytest.fixture(autouse=True)
-def _graph_mode():
-    with tf.Graph().as_default():
-        yield
-    terminate_config_initializer()
-
-
 def test_feature_spec_checks():
     assert FeatureSpec("user", table_name="t").ids_key == "user"
     assert FeatureSpec("u", table_name="t", index_key="user").ids_key == "user"

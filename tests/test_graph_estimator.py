@@ -6,23 +6,12 @@ import pathlib
 import numpy as np
 import pytest
 import tensorflow as tf
+from support import needs_estimator
 
 from mxrec.graph.modifier import GraphModifierHook
-from mxrec.util.initialize import get_config_initializer, init, terminate_config_initializer
+from mxrec.util.initialize import get_config_initializer, init
 
 _EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-
-
-def _has_estimator() -> bool:
-    try:
-        return hasattr(tf, "estimator") and hasattr(tf.estimator, "Estimator")
-    except ImportError:
-        return False
-
-
-needs_estimator = pytest.mark.skipif(
-    not _has_estimator(), reason="tf.estimator (tensorflow_estimator) is not available; it "
-    "ships with TensorFlow <= 2.15 only")
 
 
 def _load(relative: str, name: str):
@@ -30,12 +19,6 @@ def _load(relative: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(autouse=True)
-def _cleanup():
-    yield
-    terminate_config_initializer()
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,6 @@ NUM_BATCHES = 12
 DIM = 4
 
 
-@pytest.fixture(autouse=True)
-def _graph_mode():
-    with tf.Graph().as_default() as graph:
-        yield graph
-    terminate_config_initializer()
-
-
 def _data(seed=0, num_batches=NUM_BATCHES):
     rng = np.random.default_rng(seed)
     n = BATCH * num_batches

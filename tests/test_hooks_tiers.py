@@ -1,10 +1,9 @@
 """TableStatsHook on a table with a host tier: rows per tier and swap traffic."""
 
-import glob
-import os
 
 import numpy as np
 import tensorflow as tf
+from support import read_scalars
 
 from mxrec.core import tiers
 from mxrec.core.embedding import create_table, sparse_lookup
@@ -33,12 +32,7 @@ def test_stats_hook_writes_tier_scalars(tmp_path):
                 sess.run(train, {ids: np.arange(4) + 4 * step})  # 4 new IDs a step
                 seen[step] = tiers.stats(table)
         terminate_config_initializer()
-    _v1.summary.FileWriterCache.clear()
-    values = {}
-    for path in glob.glob(os.path.join(str(tmp_path), "events.out.tfevents.*")):
-        for event in _v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                values.setdefault(value.tag, {})[event.step] = value.simple_value
+    values = read_scalars(tmp_path)
     for name in ("host_rows", "ssd_rows", "swap_in_last", "swap_out_last"):
         assert {s: values[f"mxrec/t/{name}"][s] for s in seen} == \
             {s: seen[s][name] for s in seen}, name

@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from support import TIER_OPTIMIZERS
 
 from mxrec._lib import loader
 from mxrec.core import tiers
 from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.graph.modifier import modify_graph_and_start_emb_cache
-from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
 from mxrec.saver.checkpoint import Saver
 from mxrec.saver.warm_start import WarmStart
 from mxrec.util.initialize import get_initializer, init, terminate_config_initializer
@@ -24,18 +24,7 @@ STEPS = 24
 SPLIT = 12
 DIM = 4
 IDS = 300
-OPTIMIZERS = {
-    "sgd": lambda: gradient_descent.create_hash_optimizer(0.1),
-    "adagrad": lambda: adagrad.create_hash_optimizer(0.1),
-    "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.01),
-}
-
-
-@pytest.fixture(autouse=True)
-def _graph_mode():
-    with tf.Graph().as_default() as graph:
-        yield graph
-    terminate_config_initializer()
+OPTIMIZERS = TIER_OPTIMIZERS
 
 
 def _data():

@@ -5,11 +5,12 @@ to disk and read back; each misconfiguration has its error."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from support import TIER_OPTIMIZERS
 
 from mxrec.core import tiers
 from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.graph.modifier import modify_graph_and_start_emb_cache
-from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
+from mxrec.optimizers import gradient_descent
 from mxrec.util.initialize import get_initializer, init, terminate_config_initializer
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -19,18 +20,7 @@ NUM_BATCHES = 30
 DIM = 4
 IDS_A = 400  # table "a": one lookup of [B, 2] per step
 IDS_B = 200  # table "b": two lookups of [B, 1] per step
-OPTIMIZERS = {
-    "sgd": lambda: gradient_descent.create_hash_optimizer(0.1),
-    "adagrad": lambda: adagrad.create_hash_optimizer(0.1),
-    "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.01),
-}
-
-
-@pytest.fixture(autouse=True)
-def _graph_mode():
-    with tf.Graph().as_default() as graph:
-        yield graph
-    terminate_config_initializer()
+OPTIMIZERS = TIER_OPTIMIZERS
 
 
 def _data(seed=0, num_batches=NUM_BATCHES):

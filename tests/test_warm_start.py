@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from support import needs_estimator
 
 from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.optimizers.lazy_adam import create_hash_optimizer
@@ -14,18 +15,6 @@ from mxrec.util.variable import get_dense_and_sparse_variable
 TABLES = {"user_table": 4, "item_table": 3, "ctx_table": 2}
 VOCAB = 48
 DENSE = ("mlp_layer_w", "mlp_layer_b", "other_w")
-
-
-def _has_estimator() -> bool:
-    try:
-        return hasattr(tf, "estimator") and hasattr(tf.estimator, "Estimator")
-    except ImportError:
-        return False
-
-
-needs_estimator = pytest.mark.skipif(
-    not _has_estimator(), reason="tf.estimator (tensorflow_estimator) is not available; it "
-    "ships with TensorFlow <= 2.15 only")
 
 
 def _model(features):
