@@ -125,6 +125,19 @@ def _train_until_split(optimizer, save, ssd_path=None):
     return result
 
 
+def _train_from_split(optimizer, load, ssd_path=None, **build):
+    """Builds the model on batches [SPLIT:], runs load(sess, table) before its first batch,
+    trains the rest; returns _state()."""
+    table, train_op, start, kernel = _build(optimizer, skip=SPLIT, ssd_path=ssd_path, **build)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        load(sess, table)
+        sess.run(start)
+        for _ in range(STEPS - SPLIT):
+            sess.run(train_op)
+        return _state(sess, table, kernel)
+
+
 def _tf_save(tmp_path):
     return lambda sess: _v1.train.Saver().save(sess, str(tmp_path / "model"))
 
@@ -200,14 +213,7 @@ def test_tf_saver_round_trip_continues_exactly(tmp_path):
     reader = tf.train.load_checkpoint(path)
     assert reader.get_tensor("t/mxrec_host/in_host").sum() > 0
     assert reader.get_tensor("t/mxrec_host/tier_values").shape[1] == 2  # embedding + accumulator
-    table, train_op, start, kernel = _build(optimizer, skip=SPLIT)
-    with _v1.Session() as sess:
-        sess.run(_v1.global_variables_initializer())
-        sess.run(start)
-        _v1.train.Saver().restore(sess, path)
-        for _ in range(STEPS - SPLIT):
-            sess.run(train_op)
-        got = _state(sess, table, kernel)
+    got = _train_from_split(optimizer, lambda sess, _: _v1.train.Saver().restore(sess, path))
     _assert_same(got, _straight(optimizer, None))
 
 
@@ -221,17 +227,11 @@ def test_warm_start_loads_host_tier_rows(tmp_path, ssd):
         ssd_path = str(tmp_path / "ssd")
         (tmp_path / "ssd").mkdir()
     path = _train_until_split(optimizer, _tf_save(tmp_path), ssd_path)
-    table, train_op, start, kernel = _build(optimizer, skip=SPLIT, ssd_path=ssd_path)
-    warm = WarmStart(path)
-    with _v1.Session() as sess:
-        sess.run(_v1.global_variables_initializer())
-        warm.run(sess)
+    def load(sess, table):
+        WarmStart(path).run(sess)
         assert tiers.stats(table)["tier_ids"] > 0
-        sess.run(start)
-        for _ in range(STEPS - SPLIT):
-            sess.run(train_op)
-        got = _state(sess, table, kernel)
-    _assert_same(got, _straight(optimizer, ssd_path))
+
+    _assert_same(_train_from_split(optimizer, load, ssd_path), _straight(optimizer, ssd_path))
 
 
 def test_warm_start_of_host_tier_rows_into_a_table_without_tier_is_refused(tmp_path):
@@ -273,17 +273,13 @@ def test_save_with_planned_batches_pending_continues_exactly(tmp_path, kind):
             else:
                 saver.save(sess, SPLIT, kind=kind)
     terminate_config_initializer()
-    table, train_op, start, kernel = _build(optimizer, skip=SPLIT)
-    with _v1.Session() as sess:
-        sess.run(_v1.global_variables_initializer())
+    def load(sess, _):
         if kind == "tf":
             _v1.train.Saver().restore(sess, path)
         else:
             assert Saver(str(tmp_path)).restore(sess) == SPLIT
-        sess.run(start)
-        for _ in range(STEPS - SPLIT):
-            sess.run(train_op)
-        got = _state(sess, table, kernel)
+
+    got = _train_from_split(optimizer, load)
     want = _straight(optimizer, None)
     _assert_same(got[:2] + (None,), want[:2] + (None,))
 
@@ -337,15 +333,8 @@ def test_restore_into_graph_modifier_with_prefetch_continues_exactly(tmp_path):
     through the graph modifier with prefetch 2: the same as never stopping."""
     optimizer = "lazy_adam"
     _train_until_split(optimizer, lambda sess: Saver(str(tmp_path)).save(sess, SPLIT))
-    table, train_op, start, kernel = _build(optimizer, skip=SPLIT, modify_graph=True,
-                                            prefetch=2)
-    with _v1.Session() as sess:
-        sess.run(_v1.global_variables_initializer())
-        Saver(str(tmp_path)).restore(sess)
-        sess.run(start)
-        for _ in range(STEPS - SPLIT):
-            sess.run(train_op)
-        got = _state(sess, table, kernel)
+    got = _train_from_split(optimizer, lambda sess, _: Saver(str(tmp_path)).restore(sess),
+                            modify_graph=True, prefetch=2)
     _assert_same(got, _straight(optimizer, None))
 
 
