@@ -330,8 +330,6 @@ def main(argv=None) -> int:
         print(f"checkpoints: {args.checkpoint_dir}, full every {args.full_every or '-'}, "
               f"delta every {args.delta_every or '-'} steps, and at the last step")
     evicting = admission is not None and args.eviction_threshold is not None
-    # IDs of batches planned but not trained yet (the prefetch window) stay.
-    protect = args.prefetch + 2
     evicted_ids = 0
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -347,7 +345,7 @@ def main(argv=None) -> int:
             window_loss += loss
             window_steps += 1
             if evicting and step % args.evict_every == 0:
-                evicted_ids += sum(table.evict(args.eviction_threshold, protect_batches=protect)
+                evicted_ids += sum(table.evict(args.eviction_threshold)
                                    for table in graph.tables)
             if checkpoints:
                 checkpoints.after_step(sess, step, last=step == last)

@@ -29,7 +29,6 @@ _v1 = tf.compat.v1
 DIM = 2
 LR = 0.1
 PREFETCH = 2
-PROTECT = PREFETCH + 2
 
 
 def _session_config():
@@ -143,32 +142,33 @@ def test_scripted_stream_admission_eviction_and_reuse(mx, session):
     # stamp 5, t=103: 6 counts 1. Nothing is older than 103 - 10.
     _close(net.step(sess, [6], [103]), [0])
     assert hook.evict_now() == 0
-    # stamp 6, t=120: 1, 3, 4, 5, 6 are older than 110, but all were touched by one of the
-    # last 4 batches (stamps 3..6; 1 and 4 only by the eval batch): nothing is removed.
-    _close(net.step(sess, [2], [120]), [0.7])
+    # t=111: nothing is older than 101 (1 and 4 were last trained at 101; the evaluation
+    # read 1 and 4 later, which neither refreshes nor protects them).
+    _close(net.step(sess, [2], [111]), [0.7])
     assert hook.evict_now() == 0
     check(rows_in_use=3, ids_tracked=6, evicted=0)
-    # stamp 7, t=121: window 4..7 -> 3 and 5 (last touched at stamp 3) go; 3's row 2 is freed.
-    _close(net.step(sess, [7], [121]), [0])
+    # t=112: 1 (row 1 freed) and 4 (never admitted), last seen at 101, go. Every batch of
+    # the direct path has run its step: nothing else is protected.
+    _close(net.step(sess, [7], [112]), [0])
     assert hook.evict_now() == 2
-    assert net.rows() == {2: 0, 1: 1}
+    assert net.rows() == {2: 0, 3: 2}
     check(rows_in_use=2, ids_tracked=5, evicted=2, admitted=3)
-    # stamp 8, t=122: window 5..8 -> 1 (row 1 freed) and 4 (never admitted) go.
-    _close(net.step(sess, [8], [122]), [0])
+    # t=113: 3 (row 2 freed) and 5, last seen at 102, go.
+    _close(net.step(sess, [8], [113]), [0])
     assert hook.evict_now() == 2
     assert net.rows() == {2: 0}
     check(rows_in_use=1, ids_tracked=4, evicted=4)
     assert hook.evicted_total == 4
-    # stamp 9, t=123 (7 rejected occurrences so far): 3 and 1 return; their counts restarted,
-    # two occurrences admit them again.
-    # Freed rows are reused last-freed first: 3 gets row 1 (which held 1 = 0.9), 1 gets row 2
-    # (which held 3 = 0.9); both look up as the initializer again.
+    # t=123 (7 rejected occurrences so far): 3 and 1 return; their counts restarted, two
+    # occurrences admit them again. Freed rows are reused last-freed first: 3 gets row 2
+    # (which held 3 = 0.9), 1 gets row 1 (which held 1 = 0.9); both look up as the
+    # initializer again.
     _close(net.step(sess, [3, 3, 1, 1, 9], [123]), [1, 1, 1, 1, 0])
-    assert net.rows() == {2: 0, 3: 1, 1: 2}
+    assert net.rows() == {2: 0, 3: 2, 1: 1}
     check(rows_in_use=3, admitted=5, evicted=4, ids_tracked=7, rejected=7 + 1)
     # stamp 10, t=124: 5 returns once: its count restarted at 1, so it is not admitted.
     _close(net.step(sess, [3, 5, 1], [124]), [0.8, 0, 0.8])
-    assert net.rows() == {2: 0, 3: 1, 1: 2}
+    assert net.rows() == {2: 0, 3: 2, 1: 1}
     # Device rows: row 0 = ID 2, rows 1, 2 trained from the initializer, row 3 never used.
     table = sess.run(net.table.variable)
     _close(table[:, 0], [0.6, 0.7, 0.7, 1.0])
@@ -242,7 +242,7 @@ def test_scripted_random_stream_matches_python_model(mx, session):
         assert net.rows() == row_of
         if step % 5 == 4:
             gone = [k for k in counts if last_seen[k] < newest - max_age
-                    and stamp - stamp_of[k] >= PROTECT]
+]
             assert hook.evict_now() == len(gone)
             for key in gone:
                 del counts[key], last_seen[key], stamp_of[key]
@@ -327,14 +327,13 @@ def test_evict_hook_by_steps_in_monitored_training_session(mx):
             sess.run(train_op)
             evicted_after.append(table.stats()["evicted"])
             rows_after.append(sorted(dict(zip(*table.export_rows()))))
-    # Step 3 (t=2): nothing is old. Step 6 (t=102, cutoff 52): 1, 2, 3, 4 are old; the last 4
-    # batches (steps 3..6) protect 4, so 1 and 2 (step 1) and 3 (step 2) go. Step 8 is not a
-    # multiple of 3: nothing more.
-    assert evicted_after == [0, 0, 0, 0, 0, 3, 3, 3]
+    # Step 3 (t=2): nothing is old. Step 6 (t=102, cutoff 52): 1, 2, 3, 4 are old and go
+    # (the direct path has no batch waiting for its step). Step 8 is not a multiple of 3.
+    assert evicted_after == [0, 0, 0, 0, 0, 4, 4, 4]
     assert rows_after[4] == [1, 2, 3, 4, 5, 6]
-    assert rows_after[5] == [4, 5, 6, 7]
-    assert rows_after[-1] == [4, 5, 6, 7, 8, 9]
-    assert hook.evicted_total == 3
+    assert rows_after[5] == [5, 6, 7]
+    assert rows_after[-1] == [5, 6, 7, 8, 9]
+    assert hook.evicted_total == 4
 
 
 def test_evict_hook_by_time_in_monitored_session(mx):
@@ -349,14 +348,14 @@ def test_evict_hook_by_time_in_monitored_session(mx):
         assert net.stats()["evicted"] == 0
         time.sleep(1.05)
         sess.run(net.train_op, net.feed([5], 100))
-        # Due by time: 1 (t=0, 4 batches ago) goes; 2, 3, 4 are in the 4-batch window.
-        assert net.stats()["evicted"] == 1
-        assert sorted(net.rows()) == [2, 3, 4, 5]
+        # Due by time: 1, 2, 3, 4 (t <= 3 < 100 - 5) go.
+        assert net.stats()["evicted"] == 4
+        assert sorted(net.rows()) == [5]
         start = time.monotonic()
-        sess.run(net.train_op, net.feed([6], 101))
+        sess.run(net.train_op, net.feed([6], 200))
         if time.monotonic() - start < 0.9:
-            assert net.stats()["evicted"] == 1  # not due yet
-    assert hook.evicted_total >= 1
+            assert net.stats()["evicted"] == 4  # not due yet
+    assert hook.evicted_total >= 4
 
 
 def test_evict_hook_disabled_and_tables_without_eviction_threshold(mx):
@@ -370,23 +369,24 @@ def test_evict_hook_disabled_and_tables_without_eviction_threshold(mx):
             sess.run(net.train_op, net.feed([i], i * 1000))
     assert net.stats()["evicted"] == 0
     assert hooks[1].evict_now() == 0
-    # A direct call does evict (the hook only skips tables without an eviction_threshold).
-    assert net.table.evict(0, protect_batches=PROTECT) == 4
+    # A direct call does evict (the hook only skips tables without an eviction_threshold):
+    # IDs 0..6 are older than the newest time.
+    assert net.table.evict(0) == 7
 
 
-def test_protection_window_is_two_batches_without_prefetch(mx, session):
+def test_direct_path_and_evaluation_protect_nothing(mx, session):
     mx(prefetch_batch_number=0)
     net = Net(dict(access_threshold=1, eviction_threshold=0), eval_lookup=True)
     hook = EvictHook(evict_enable=True, evict_step_interval=1)
     sess = session()
     net.step(sess, [1], [0])
     net.step(sess, [2], [1])
-    net.evaluate(sess, [1])   # protects 1 again
+    net.evaluate(sess, [1])   # an evaluation batch protects nothing
     net.step(sess, [3], [2])
-    assert hook.evict_now() == 1  # 2 goes; 1 (eval batch) and 3 are the last 2 batches
-    assert sorted(net.rows()) == [1, 3]
+    assert hook.evict_now() == 2  # 1 and 2 are older than the newest time, 2
+    assert sorted(net.rows()) == [3]
     net.step(sess, [3], [3])
-    assert hook.evict_now() == 1
+    assert hook.evict_now() == 0
     assert sorted(net.rows()) == [3]
 
 
@@ -508,15 +508,15 @@ def test_evaluation_never_counts_inserts_or_refreshes_last_seen(mx, session):
     assert net.rows() == {}
     _close(net.step(sess, [7], [2]), [1])
     assert net.rows() == {7: 0}
-    # Evaluation does not refresh last_seen: 7 (t=2) goes once out of the 4-batch window even
-    # though evaluations kept reading it at "t=100".
+    # Evaluation neither refreshes last_seen nor protects: 7 (t=2) goes though an evaluation
+    # read it after the training batches at t=100 and 101.
     for t in (100, 101):
         net.step(sess, [9], [t])
     net.evaluate(sess, [7])
-    assert net.table.evict(10, protect_batches=PROTECT) == 0   # in the window via eval
+    assert net.table.evict(10) == 1
     for t in (102, 103, 104, 105):
         net.step(sess, [9], [t])
-    assert net.table.evict(10, protect_batches=PROTECT) == 1
+    assert net.table.evict(10) == 0
     assert sorted(net.rows()) == [9]
     stats = net.stats()
     assert stats["train_batches"] == 9 and stats["eval_batches"] == 2
@@ -552,7 +552,7 @@ def test_evicted_id_returns_from_initializer_with_fresh_slots(mx, session, opt_n
     net.step(sess, [1], [1])
     for t in (100, 101, 102, 103):
         net.step(sess, [2], [t])                         # 2 -> row 1
-    assert net.table.evict(10, protect_batches=PROTECT) == 1
+    assert net.table.evict(10) == 1
     assert net.rows() == {2: 1}
     trained = sess.run([net.table.variable] + slots)
     assert not np.allclose(trained[0][0], 0.5)           # row 0 still holds 1's old values
@@ -581,7 +581,7 @@ def test_evicted_id_must_be_admitted_again(mx, session):
     _close(net.step(sess, [1, 1, 1], [0]), [1, 1, 1])
     for t in (10, 11, 12, 13):
         net.step(sess, [2], [t])
-    assert net.table.evict(1, protect_batches=PROTECT) == 1   # 1 (row 0); 2 in the window
+    assert net.table.evict(1) == 1   # 1 (row 0); 2 in the window
     _close(net.step(sess, [1, 1], [14]), [0, 0])               # count 2 < 3
     _close(net.step(sess, [1], [15]), [1])                      # count 3, row 0 reinitialised
     assert net.rows() == {1: 0, 2: 1}                           # 2 was admitted at t=12
@@ -716,7 +716,7 @@ def test_table_shrink_counts_not_admitted_ids_and_resets_count(mx, session):
     _close(net.step(sess, [1], [0]), [1])
 
 
-def test_entry_shrink_protects_in_flight_batches(mx, session):
+def test_entry_shrink_ages_every_table(mx, session):
     mx(prefetch_batch_number=PREFETCH)
     net = Net(dict(access_threshold=1), capacity=8)
     other = create_table(tf.int64, DIM, "other", _v1.constant_initializer(0.0),
@@ -725,11 +725,10 @@ def test_entry_shrink_protects_in_flight_batches(mx, session):
     for key in (1, 2, 3, 4, 5):
         net.step(sess, [key], [0])
     assert paddle_entry.shrink(1) == 0       # all seen since the last shrink
-    assert paddle_entry.shrink(1) == 1       # all age 1; only 1 is outside the 4-batch window
-    assert paddle_entry.shrink(1) == 0
+    assert paddle_entry.shrink(1) == 5       # all age 1: the direct path has nothing pending
     net.step(sess, [6], [0])
-    assert paddle_entry.shrink(1) == 1       # 2 leaves the window; 6 is new (age 0)
-    assert sorted(net.rows()) == [3, 4, 5, 6]
+    assert paddle_entry.shrink(1) == 0       # 6 is new (age 0)
+    assert sorted(net.rows()) == [6]
     assert other.stats()["evicted"] == 0
 
 
@@ -778,7 +777,7 @@ def test_combined_faae_evicted_id_count_restarts(mx, session):
     _close(net.step(sess, [5, 5], [0]), [1, 1])
     for t in (10, 11, 12, 13):
         net.step(sess, [6], [t])
-    assert net.table.evict(1, protect_batches=PROTECT) == 1   # 5; 6 is in the window
+    assert net.table.evict(1) == 1   # 5; 6 was seen at the newest time
     assert net.rows() == {6: 1}
     _close(net.step(sess, [5], [14]), [0])   # count restarts at 1 < 2
 
@@ -937,7 +936,7 @@ def test_failed_full_batch_does_not_leak_stale_rows(mx, session):
     net.step(sess, [1, 1, 1, 2], [0])                  # 1 -> row 0 (0.7), 2 -> row 1
     net.step(sess, [2], [1])
     net.step(sess, [2], [2])
-    assert net.table.evict(0, protect_batches=2) == 1   # 1 goes, row 0 is freed
+    assert net.table.evict(0) == 1   # 1 goes, row 0 is freed
     with pytest.raises(tf.errors.ResourceExhaustedError):
         net.step(sess, [3, 4], [3])                     # 3 takes row 0, 4 finds none
     # Whatever the engine keeps, new ID 3 must start from the initializer.

@@ -64,7 +64,7 @@ class Model:
             step = first_step + offset + 1
             sess.run(self.train, {self.ids: batch, self.time: step})
             if self.admission and step % 4 == 0:
-                self.table.evict(2, protect_batches=1)
+                self.table.evict(2)
 
     def snapshot(self, sess):
         ids, rows = self.table.export_rows()
@@ -197,7 +197,7 @@ def test_delta_size_follows_touched_ids_not_table_size(tmp_path):
     rng = np.random.default_rng(5)
     with tf.Graph().as_default():
         model = Model("sgd", capacity=20_000)
-        saver = Saver(str(tmp_path), protect_batches=0)
+        saver = Saver(str(tmp_path))
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             for _ in range(10):

@@ -338,7 +338,9 @@ def test_restore_into_graph_modifier_with_prefetch_continues_exactly(tmp_path):
     _assert_same(got, _straight(optimizer, None))
 
 
-def test_restore_with_planned_batches_pending_is_refused(tmp_path):
+def test_restore_while_batches_are_planned_fails_the_next_step(tmp_path):
+    """A restore drops the batches planned against the state it replaces; a step that
+    reads one is an error that says to restore before the pipeline starts."""
     with tf.Graph().as_default():
         _, train_op, start, _ = _build("sgd")
         saver = Saver(str(tmp_path))
@@ -358,5 +360,8 @@ def test_restore_with_planned_batches_pending_is_refused(tmp_path):
         while tiers.stats(table)["pending_plans"] == 0 and time.time() < deadline:
             time.sleep(0.05)
         assert tiers.stats(table)["pending_plans"] > 0
-        with pytest.raises(ValueError, match=r"'t'.*restore.*planned batch"):
-            Saver(str(tmp_path)).restore(sess)
+        Saver(str(tmp_path)).restore(sess)
+        assert tiers.stats(table)["pending_plans"] == 0
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"'t'.*planned before the table was restored"):
+            sess.run(train_op)

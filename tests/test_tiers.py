@@ -306,7 +306,7 @@ def test_plans_applied_behind_the_key_stage(tmp_path, engine, ahead, swap_thread
                 last_planned[int(i)] = step
             if step % 50 == 49:
                 # The IDs of pending batches are younger than max_age: none is in flight.
-                removed = engine.evict(key, max_age, ahead + 2)
+                removed = engine.evict(key, max_age)
                 old = {i for i, seen in last_planned.items() if seen < step - max_age}
                 assert removed == len(old)
                 for i in old:

@@ -4,6 +4,7 @@
 #include <array>
 #include <climits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 namespace mxrec {
@@ -144,7 +145,8 @@ int32_t HostTable::PickVictim() {
 }
 
 Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
-                                   const std::vector<int32_t>& slots, BatchPlan* plan) {
+                                   const std::vector<int32_t>& slots, BatchPlan* plan,
+                                   PendingBatch* journal) {
   const int64_t device = options_.device_capacity;
   const int64_t total = device + options_.host_capacity + options_.ssd_capacity;
   int64_t brand_new = 0;
@@ -215,8 +217,10 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
     if (!free_rows_.empty()) {
       row = free_rows_.back();
       free_rows_.pop_back();
+      if (journal != nullptr) journal->popped_free.push_back(row);
     } else if (next_row_ < device) {
       row = static_cast<int32_t>(next_row_++);
+      if (journal != nullptr) ++journal->fresh_rows;
       // A never used row holds the variable initializer's value already, as in
       // device-only mode.
       refill = rec->in_host != 0;
@@ -254,6 +258,7 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
     } else {
       ++plan->new_ids;
       ++stats_.admitted;
+      if (journal != nullptr) journal->admitted.push_back(rec->key);
     }
     plan->unique_rows[slots[i]] = row;
     if (refill) {
@@ -277,7 +282,15 @@ Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float*
   std::vector<int32_t> slots(static_cast<size_t>(n), -2);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // At the step boundary: where pending swap plans have not moved values yet.
+    std::unordered_map<int64_t, Physical> physical;
+    if (tier_->pending_plans() > 0) MXREC_RETURN_IF_ERROR(PhysicalView(&physical, nullptr));
     for (int64_t i = 0; i < n; ++i) {
+      auto moved = physical.find(keys[i]);
+      if (moved != physical.end()) {
+        if (moved->second.in_host) slots[i] = moved->second.host_slot;
+        continue;
+      }
       const KeyRecord* rec = FindRecord(keys[i]);
       if (rec != nullptr && rec->in_host) slots[i] = rec->host_slot;
     }
@@ -307,7 +320,7 @@ AdmissionOptions HostTable::admission() const {
 
 int64_t HostTable::newest_timestamp() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return newest_timestamp_;
+  return BoundaryNewest();
 }
 
 bool HostTable::Admits(const KeyRecord& rec) const {
@@ -319,21 +332,140 @@ bool HostTable::Admits(const KeyRecord& rec) const {
   return static_cast<double>(h >> 11) * 0x1.0p-53 < admission_.probability;
 }
 
-bool HostTable::InFlight(const KeyRecord& rec, uint32_t protect_batches) const {
-  return rec.stamp != 0 && stamp_ - rec.stamp < protect_batches;
-}
-
 bool HostTable::IsPadding(int64_t key) const {
   const auto& pads = options_.padding_keys;
   return std::find(pads.begin(), pads.end(), key) != pads.end();
 }
 
+// The scratch of one Process call.
+struct HostTable::BatchWork {
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+  bool train = false;
+  int64_t timestamp = 0;
+  bool parallel = false;
+  std::vector<uint64_t> hashes;
+  std::vector<uint8_t> shard_of;
+  std::array<int64_t, kNumShards + 1> offsets{};
+  std::vector<int64_t> order;                       // positions grouped by shard
+  std::vector<std::vector<KeyRecord*>> uniques;     // per shard, first-seen order
+  std::vector<int32_t> local;                       // per position: index in its shard's uniques
+  std::vector<std::vector<Undo>> undo;              // per shard (deferred batches)
+  PendingBatch* journal = nullptr;                  // deferred training batches
+  // Evaluation while batches are pending: where moved IDs' values are.
+  std::unordered_map<int64_t, Physical> physical;
+};
+
+void HostTable::HashAndGroup(BatchWork& w, ThreadPool* pool) {
+  const int64_t n = w.n;
+  w.hashes.resize(n);
+  w.shard_of.resize(n);
+  auto hash_range = [&w](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      w.hashes[i] = HashKey(w.keys[i]);
+      w.shard_of[i] = static_cast<uint8_t>(w.hashes[i] >> kShardShift);
+    }
+  };
+  if (w.parallel) {
+    const int64_t chunks = pool->num_threads() * 4;
+    pool->ParallelFor(chunks, [&](int64_t c) { hash_range(n * c / chunks, n * (c + 1) / chunks); });
+  } else {
+    hash_range(0, n);
+  }
+  for (int64_t i = 0; i < n; ++i) ++w.offsets[w.shard_of[i] + 1];
+  for (int s = 0; s < kNumShards; ++s) w.offsets[s + 1] += w.offsets[s];
+  w.order.resize(n);
+  std::array<int64_t, kNumShards> fill{};
+  std::copy(w.offsets.begin(), w.offsets.end() - 1, fill.begin());
+  for (int64_t i = 0; i < n; ++i) w.order[fill[w.shard_of[i]]++] = i;
+}
+
+void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
+  const bool has_padding = !options_.padding_keys.empty();
+  const bool train = w.train;
+  const bool count = train && !counting_frozen_;
+  const bool tiered_rows = tier_ != nullptr;
+  const bool journal = w.journal != nullptr;
+  const float weight = static_cast<float>(admission_.faae_coefficient);
+  const uint32_t stamp = dedupe_stamp_;
+  w.uniques.assign(kNumShards, {});
+  w.local.resize(w.n);
+  if (journal) w.undo.assign(kNumShards, {});
+  auto plan_shard = [&](int64_t s) {
+    KeyMap& map = shards_[s];
+    std::vector<KeyRecord*>& uniq = w.uniques[s];
+    // No growth inside the loop, so the record pointers kept in `uniq` hold.
+    if (train) map.Reserve(w.offsets[s + 1] - w.offsets[s]);
+    for (int64_t j = w.offsets[s]; j < w.offsets[s + 1]; ++j) {
+      const int64_t p = w.order[j];
+      const int64_t key = w.keys[p];
+      if (has_padding && IsPadding(key)) {
+        w.local[p] = kDefaultSlot;
+        continue;
+      }
+      KeyRecord* rec;
+      bool inserted = false;
+      if (train) {
+        rec = map.FindOrInsert(key, w.hashes[p], &inserted);
+      } else {
+        rec = map.Find(key, w.hashes[p]);
+        if (rec == nullptr) {
+          w.local[p] = kDefaultSlot;
+          continue;
+        }
+      }
+      if (rec->stamp != stamp) {
+        rec->stamp = stamp;
+        rec->local = static_cast<int32_t>(uniq.size());
+        uniq.push_back(rec);
+        if (train) {
+          if (journal) {
+            w.undo[s].push_back(Undo{key, rec->last_seen, rec->count, rec->epoch,
+                                     rec->seen_recently, static_cast<uint8_t>(inserted ? 1 : 0)});
+          }
+          rec->last_seen = w.timestamp;
+          rec->seen_recently = 1;
+          rec->epoch = epoch_;
+        }
+      }
+      if (count) {
+        rec->count = shared_counts_ ? shared_counts_->Add(key, w.hashes[p], weight)
+                                    : rec->count + weight;
+        // Tiered: keep the row's copy of its owner's count (rows are disjoint
+        // across shards, so the shards write apart).
+        if (tiered_rows && rec->row >= 0) row_count_[rec->row] = rec->count;
+      }
+      w.local[p] = rec->local;
+    }
+  };
+  if (w.parallel) {
+    pool->ParallelFor(kNumShards, plan_shard);
+  } else {
+    for (int s = 0; s < kNumShards; ++s) plan_shard(s);
+  }
+}
+
+int32_t HostTable::EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const {
+  // The step boundary: an ID admitted by a pending batch has no row yet, and
+  // an ID a pending swap plan moves is still where it was.
+  if (!pending_admitted_.empty() && pending_admitted_.count(rec.key) > 0) return kDefaultSlot;
+  int32_t row = rec.row;
+  if (!w.physical.empty()) {
+    auto it = w.physical.find(rec.key);
+    if (it != w.physical.end()) row = it->second.row;
+  }
+  if (row < 0) return kDefaultSlot;
+  plan->unique_rows.push_back(row);
+  return static_cast<int32_t>(plan->unique_rows.size()) - 1;
+}
+
 Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t timestamp,
-                          ThreadPool* pool, BatchPlan* plan) {
+                          ThreadPool* pool, BatchPlan* plan, bool deferred) {
   plan->unique_rows.clear();
   plan->reused_rows.clear();
   plan->restore.assign(n, 0);
   plan->new_ids = 0;
+  plan->batch_id = 0;
 
   std::lock_guard<std::mutex> lock(mu_);
   if (train) {
@@ -342,130 +474,81 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     ++stats_.eval_batches;
   }
   if (n == 0) return Status::Ok();
-  if (++stamp_ == 0) {
-    // The batch stamp wrapped around: forget every stale stamp once.
+  if (++dedupe_stamp_ == 0) {
+    // The stamp wrapped around: forget every stale stamp once.
     for (auto& shard : shards_) shard.ForEach([](KeyRecord& r) { r.stamp = 0; });
+    dedupe_stamp_ = 1;
+  }
+  if (train && ++stamp_ == 0) {
     std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
     stamp_ = 1;
   }
-  const bool parallel = pool != nullptr && pool->num_threads() > 1 && n >= kParallelMinIds;
-
-  // Phase A: hash every ID and group the positions by shard (stable).
-  std::vector<uint64_t> hashes(n);
-  std::vector<uint8_t> shard_of(n);
-  auto hash_range = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      hashes[i] = HashKey(keys[i]);
-      shard_of[i] = static_cast<uint8_t>(hashes[i] >> kShardShift);
-    }
-  };
-  if (parallel) {
-    const int64_t chunks = pool->num_threads() * 4;
-    pool->ParallelFor(chunks, [&](int64_t c) { hash_range(n * c / chunks, n * (c + 1) / chunks); });
-  } else {
-    hash_range(0, n);
+  BatchWork w;
+  w.keys = keys;
+  w.n = n;
+  w.train = train;
+  w.timestamp = timestamp;
+  w.parallel = pool != nullptr && pool->num_threads() > 1 && n >= kParallelMinIds;
+  PendingBatch journal;
+  if (train && deferred) {
+    journal.id = next_batch_id_;
+    journal.newest_before = newest_timestamp_;
+    w.journal = &journal;
   }
-  std::array<int64_t, kNumShards + 1> offsets{};
-  for (int64_t i = 0; i < n; ++i) ++offsets[shard_of[i] + 1];
-  for (int s = 0; s < kNumShards; ++s) offsets[s + 1] += offsets[s];
-  std::vector<int64_t> order(n);
-  {
-    std::array<int64_t, kNumShards> fill{};
-    std::copy(offsets.begin(), offsets.end() - 1, fill.begin());
-    for (int64_t i = 0; i < n; ++i) order[fill[shard_of[i]]++] = i;
+  if (!train && tier_ != nullptr && tier_->pending_plans() > 0) {
+    MXREC_RETURN_IF_ERROR(PhysicalView(&w.physical, nullptr));
   }
-
-  // Phase B: per shard, find (or, in training, insert and count) each ID and
-  // number the shard's distinct IDs. Shards are disjoint, so they run apart.
-  const bool has_padding = !options_.padding_keys.empty();
-  const bool count = train && !counting_frozen_;
-  const bool tiered_rows = tier_ != nullptr;
-  const float weight = static_cast<float>(admission_.faae_coefficient);
+  HashAndGroup(w, pool);
   if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
-  std::vector<std::vector<KeyRecord*>> uniques(kNumShards);
-  std::vector<int32_t> local(n);
-  auto plan_shard = [&](int64_t s) {
-    KeyMap& map = shards_[s];
-    std::vector<KeyRecord*>& uniq = uniques[s];
-    // No growth inside the loop, so the record pointers kept in `uniq` hold.
-    if (train) map.Reserve(offsets[s + 1] - offsets[s]);
-    for (int64_t j = offsets[s]; j < offsets[s + 1]; ++j) {
-      const int64_t p = order[j];
-      const int64_t key = keys[p];
-      if (has_padding && IsPadding(key)) {
-        local[p] = kDefaultSlot;
-        continue;
-      }
-      KeyRecord* rec;
-      if (train) {
-        bool inserted = false;
-        rec = map.FindOrInsert(key, hashes[p], &inserted);
-      } else {
-        rec = map.Find(key, hashes[p]);
-        if (rec == nullptr) {
-          local[p] = kDefaultSlot;
-          continue;
-        }
-      }
-      if (rec->stamp != stamp_) {
-        rec->stamp = stamp_;
-        rec->local = static_cast<int32_t>(uniq.size());
-        uniq.push_back(rec);
-        if (train) {
-          rec->last_seen = timestamp;
-          rec->seen_recently = 1;
-          rec->epoch = epoch_;
-        }
-      }
-      if (count) {
-        rec->count = shared_counts_ ? shared_counts_->Add(key, hashes[p], weight)
-                                    : rec->count + weight;
-        // Tiered: keep the row's copy of its owner's count (rows are disjoint
-        // across shards, so the shards write apart).
-        if (tiered_rows && rec->row >= 0) row_count_[rec->row] = rec->count;
-      }
-      local[p] = rec->local;
+  FindAndCount(w, pool);
+  MXREC_RETURN_IF_ERROR(AssignRows(w, plan));
+  if (w.journal != nullptr) {
+    for (auto& part : w.undo) {
+      journal.undo.insert(journal.undo.end(), part.begin(), part.end());
     }
-  };
-  if (parallel) {
-    pool->ParallelFor(kNumShards, plan_shard);
-  } else {
-    for (int s = 0; s < kNumShards; ++s) plan_shard(s);
+    for (int64_t key : journal.admitted) pending_admitted_[key] = journal.id;
+    plan->batch_id = journal.id;
+    ++next_batch_id_;
+    pending_.push_back(std::move(journal));
   }
+  return Status::Ok();
+}
 
-  // Phase C, in input order so that the result does not depend on threads:
-  // number the batch's distinct IDs by first occurrence, admit, and hand out
-  // rows to newly admitted IDs.
+Status HostTable::AssignRows(BatchWork& w, BatchPlan* plan) {
+  // In input order, so that the result does not depend on threads: number the
+  // batch's distinct IDs by first occurrence, admit, and hand out rows to
+  // newly admitted IDs.
+  const bool train = w.train;
+  const bool tiered = tier_ != nullptr;
   std::vector<std::vector<int32_t>> global(kNumShards);
-  for (int s = 0; s < kNumShards; ++s) global[s].assign(uniques[s].size(), kUnassigned);
+  for (int s = 0; s < kNumShards; ++s) global[s].assign(w.uniques[s].size(), kUnassigned);
   int64_t shortfall = 0;
   // Rows handed out by this batch, to take back if the batch cannot be planned.
   std::vector<std::pair<KeyRecord*, bool>> granted;  // (record, row came from free_rows_)
   int64_t non_padding = 0;
   int64_t defaults = 0;
-  const bool tiered = tier_ != nullptr;
   std::vector<KeyRecord*> need;     // tiered: admitted IDs without a device row
   std::vector<int32_t> need_slots;  // their indexes in unique_rows
-  for (int64_t p = 0; p < n; ++p) {
-    const int32_t l = local[p];
+  for (int64_t p = 0; p < w.n; ++p) {
+    const int32_t l = w.local[p];
     if (l == kDefaultSlot) {
       plan->restore[p] = kDefaultSlot;
       continue;
     }
     ++non_padding;
-    int32_t& g = global[shard_of[p]][l];
+    int32_t& g = global[w.shard_of[p]][l];
     if (g == kUnassigned) {
-      KeyRecord* rec = uniques[shard_of[p]][l];
-      if (tiered) {
+      KeyRecord* rec = w.uniques[w.shard_of[p]][l];
+      if (!train) {
+        g = EvalSlot(w, *rec, plan);
+      } else if (tiered) {
         if (rec->row >= 0) {
-          if (train) {
-            row_stamp_[rec->row] = stamp_;
-            LruUnlink(rec->row);
-            LruPushTail(rec->row);
-          }
+          row_stamp_[rec->row] = stamp_;
+          LruUnlink(rec->row);
+          LruPushTail(rec->row);
           g = static_cast<int32_t>(plan->unique_rows.size());
           plan->unique_rows.push_back(rec->row);
-        } else if (train && (rec->in_host || Admits(*rec))) {
+        } else if (rec->in_host || Admits(*rec)) {
           // The row is handed out once the whole batch is known, so that no ID
           // of this batch becomes another one's victim.
           g = static_cast<int32_t>(plan->unique_rows.size());
@@ -475,24 +558,24 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
         } else {
           g = kDefaultSlot;
         }
-      } else if (rec->row < 0 && train && Admits(*rec)) {
-        if (!free_rows_.empty()) {
-          rec->row = free_rows_.back();
-          free_rows_.pop_back();
-          plan->reused_rows.push_back(rec->row);
-          granted.emplace_back(rec, true);
-        } else if (next_row_ < options_.device_capacity) {
-          rec->row = static_cast<int32_t>(next_row_++);
-          granted.emplace_back(rec, false);
-        } else {
-          ++shortfall;
+      } else {
+        if (rec->row < 0 && Admits(*rec)) {
+          if (!free_rows_.empty()) {
+            rec->row = free_rows_.back();
+            free_rows_.pop_back();
+            plan->reused_rows.push_back(rec->row);
+            granted.emplace_back(rec, true);
+          } else if (next_row_ < options_.device_capacity) {
+            rec->row = static_cast<int32_t>(next_row_++);
+            granted.emplace_back(rec, false);
+          } else {
+            ++shortfall;
+          }
+          if (rec->row >= 0) {
+            ++plan->new_ids;
+            ++stats_.admitted;
+          }
         }
-        if (rec->row >= 0) {
-          ++plan->new_ids;
-          ++stats_.admitted;
-        }
-      }
-      if (!tiered) {
         if (rec->row >= 0) {
           g = static_cast<int32_t>(plan->unique_rows.size());
           plan->unique_rows.push_back(rec->row);
@@ -509,7 +592,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     stats_.rejected += defaults;
   }
   if (!need.empty()) {
-    const Status status = AssignTieredRows(need, need_slots, plan);
+    const Status status = AssignTieredRows(need, need_slots, plan, w.journal);
     if (!status.ok()) {
       plan->unique_rows.clear();
       plan->reused_rows.clear();
@@ -538,11 +621,55 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
                        "keep rarely seen IDs out with access_threshold and remove stale ones "
                        "with eviction_threshold.");
   }
+  if (w.journal != nullptr && !tiered) {
+    for (const auto& [rec, from_free] : granted) {
+      w.journal->admitted.push_back(rec->key);
+      if (from_free) {
+        w.journal->popped_free.push_back(rec->row);
+      } else {
+        ++w.journal->fresh_rows;
+      }
+    }
+  }
   const int32_t default_index = static_cast<int32_t>(plan->unique_rows.size());
   for (auto& r : plan->restore) {
     if (r == kDefaultSlot) r = default_index;
   }
   return Status::Ok();
+}
+
+Status HostTable::Commit(uint64_t batch_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [batch_id](const PendingBatch& b) { return b.id == batch_id; });
+  if (it == pending_.end()) {
+    if (batch_id < import_barrier_) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': a batch planned before the table was restored reached its step; "
+                         "its rows refer to the state the restore replaced. Restore before the "
+                         "input pipeline starts, or re-run the iterator initializer "
+                         "(mxrec.util.initialize.get_initializer) after restoring.");
+    }
+    // Retired already by a later batch's commit (two lookups of the table in
+    // one step commit in any order).
+    return Status::Ok();
+  }
+  ++it;
+  for (auto done = pending_.begin(); done != it; ++done) {
+    for (int64_t key : done->admitted) {
+      auto entry = pending_admitted_.find(key);
+      if (entry != pending_admitted_.end() && entry->second == done->id) {
+        pending_admitted_.erase(entry);
+      }
+    }
+  }
+  pending_.erase(pending_.begin(), it);
+  return Status::Ok();
+}
+
+int64_t HostTable::pending_batches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(pending_.size());
 }
 
 void HostTable::SetThreshold(double threshold) {
@@ -555,11 +682,28 @@ void HostTable::SetThreshold(double threshold) {
   }
 }
 
-int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred) {
+std::vector<int64_t> HostTable::PendingKeys() const {
+  std::vector<int64_t> keys;
+  for (const PendingBatch& batch : pending_) {
+    for (const Undo& u : batch.undo) keys.push_back(u.key);
+  }
+  return keys;
+}
+
+int64_t HostTable::BoundaryNewest() const {
+  return pending_.empty() ? newest_timestamp_ : pending_.front().newest_before;
+}
+
+int64_t HostTable::EraseUnpending(const std::function<bool(const KeyRecord&)>& pred) {
+  std::vector<int64_t> pending_keys = PendingKeys();
+  std::sort(pending_keys.begin(), pending_keys.end());
+  auto is_pending = [&pending_keys](int64_t key) {
+    return std::binary_search(pending_keys.begin(), pending_keys.end(), key);
+  };
   int64_t removed = 0;
   for (auto& shard : shards_) {
     removed += shard.EraseIf([&](const KeyRecord& rec) {
-      if (!pred(rec)) return false;
+      if (!pred(rec) || (!pending_keys.empty() && is_pending(rec.key))) return false;
       if (rec.row >= 0) {
         free_rows_.push_back(rec.row);
         ++stats_.evicted_rows;
@@ -572,7 +716,10 @@ int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred)
         tier_->Erase(rec.key, rec.host_slot);
       }
       if (shared_counts_) shared_counts_->Erase(rec.key, HashKey(rec.key));
-      removed_log_.emplace_back(rec.key, epoch_);
+      // Only a removal a later delta must list: of an ID that a save of the
+      // chain holds. The rest (IDs that came and went between saves) would
+      // only grow the log.
+      if (track_removals_ && rec.in_chain) removed_log_.emplace_back(rec.key, epoch_);
       return true;
     });
   }
@@ -580,16 +727,15 @@ int64_t HostTable::EraseWhere(const std::function<bool(const KeyRecord&)>& pred)
   return removed;
 }
 
-int64_t HostTable::Evict(int64_t max_age, uint32_t protect_batches) {
+int64_t HostTable::Evict(int64_t max_age) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (newest_timestamp_ < 0) return 0;
-  const int64_t oldest_kept = newest_timestamp_ - max_age;
-  return EraseWhere([&](const KeyRecord& rec) {
-    return rec.last_seen < oldest_kept && !InFlight(rec, protect_batches);
-  });
+  const int64_t newest = BoundaryNewest();
+  if (newest < 0) return 0;
+  const int64_t oldest_kept = newest - max_age;
+  return EraseUnpending([&](const KeyRecord& rec) { return rec.last_seen < oldest_kept; });
 }
 
-int64_t HostTable::Shrink(int threshold, uint32_t protect_batches) {
+int64_t HostTable::Shrink(int threshold) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& shard : shards_) {
     shard.ForEach([](KeyRecord& rec) {
@@ -601,9 +747,7 @@ int64_t HostTable::Shrink(int threshold, uint32_t protect_batches) {
       }
     });
   }
-  return EraseWhere([&](const KeyRecord& rec) {
-    return rec.age >= threshold && !InFlight(rec, protect_batches);
-  });
+  return EraseUnpending([&](const KeyRecord& rec) { return rec.age >= threshold; });
 }
 
 TableStats HostTable::Stats() const {
@@ -616,82 +760,101 @@ TableStats HostTable::Stats() const {
   return stats;
 }
 
-Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
-                              TableState* state) {
+Status HostTable::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
+                               std::unordered_map<int32_t, int64_t>* row_owner) const {
+  // Batches planned ahead of their step have moved IDs between the device rows
+  // and the host tier in the records, but not yet their values.
+  std::vector<SwapPlan> pending;
+  bool partly_applied = false;
+  tier_->PendingPlans(&pending, &partly_applied);
+  if (partly_applied) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': cannot read the host tier's state in the middle of a training "
+                       "step (a swap plan is applied in part); save and evaluate between steps");
+  }
+  // Undo the plans newest first: what is left is the state before the oldest.
+  for (auto plan = pending.rbegin(); plan != pending.rend(); ++plan) {
+    for (size_t i = plan->rows.size(); i-- > 0;) {
+      const int32_t row = plan->rows[i];
+      Physical in;
+      if (plan->from_host[i]) {
+        in.in_host = 1;
+        in.host_slot = plan->in_slots[i];
+      }
+      (*physical)[plan->in_keys[i]] = in;  // a new ID: no row yet
+      if (plan->has_out[i]) {
+        Physical out;
+        out.row = row;
+        (*physical)[plan->out_keys[i]] = out;
+      }
+      if (row_owner != nullptr) (*row_owner)[row] = plan->has_out[i] ? plan->out_keys[i] : kFreeRow;
+    }
+  }
+  return Status::Ok();
+}
+
+Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState* state) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Tiered: batches planned ahead of their step (prefetch) have moved IDs
-  // between the device rows and the host tier in the records, but not yet
-  // their values. The snapshot describes where the values are: residency as
-  // before those plans (counts and new IDs of the planned batches included).
-  struct Physical {
-    int32_t row = -1;
-    uint8_t in_host = 0;
-    int32_t host_slot = -1;
-  };
   std::unordered_map<int64_t, Physical> physical;  // IDs a pending plan moved
   std::unordered_map<int32_t, int64_t> row_owner;  // rows a pending plan refilled
-  constexpr int64_t kFreeRow = INT64_MIN;
-  if (tier_) {
-    std::vector<SwapPlan> pending;
-    bool partly_applied = false;
-    tier_->PendingPlans(&pending, &partly_applied);
-    if (partly_applied) {
-      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                         "': cannot checkpoint a table with a host tier in the middle of a "
-                         "training step (a swap plan is applied in part); save between steps");
-    }
-    // Undo the plans newest first: what is left is the state before the oldest.
-    for (auto plan = pending.rbegin(); plan != pending.rend(); ++plan) {
-      for (size_t i = plan->rows.size(); i-- > 0;) {
-        const int32_t row = plan->rows[i];
-        Physical in;
-        if (plan->from_host[i]) {
-          in.in_host = 1;
-          in.host_slot = plan->in_slots[i];
-        }
-        physical[plan->in_keys[i]] = in;  // a new ID: not admitted yet
-        if (plan->has_out[i]) {
-          Physical out;
-          out.row = row;
-          physical[plan->out_keys[i]] = out;
-          row_owner[row] = plan->out_keys[i];
-        } else {
-          row_owner[row] = kFreeRow;
-        }
-      }
+  if (tier_) MXREC_RETURN_IF_ERROR(PhysicalView(&physical, &row_owner));
+  // The pending batches undone, newest first, so that the oldest one's "before"
+  // is what remains: each ID's values at the step boundary, or absent.
+  std::unordered_map<int64_t, const Undo*> before;
+  std::unordered_set<int64_t> unadmitted;
+  int64_t next_row = next_row_;
+  std::vector<int32_t> free_rows = free_rows_;
+  std::unordered_set<int32_t> unowned;  // rows pending batches took
+  for (auto batch = pending_.rbegin(); batch != pending_.rend(); ++batch) {
+    for (const Undo& u : batch->undo) before[u.key] = &u;
+    unadmitted.insert(batch->admitted.begin(), batch->admitted.end());
+    next_row -= batch->fresh_rows;
+    for (auto row = batch->popped_free.rbegin(); row != batch->popped_free.rend(); ++row) {
+      free_rows.push_back(*row);
+      unowned.insert(*row);
     }
   }
-  std::vector<KeyRecord*> records;
-  for (auto& shard : shards_) {
-    shard.ForEach([&](KeyRecord& rec) {
-      if (since_epoch == 0 || rec.epoch > since_epoch) records.push_back(&rec);
-    });
-  }
-  std::sort(records.begin(), records.end(), [](const KeyRecord* a, const KeyRecord* b) {
-    return a->row != b->row ? a->row < b->row : a->key < b->key;
-  });
-  *state = TableState();
-  const auto physical_of = [&physical](const KeyRecord* rec) {
-    auto it = physical.find(rec->key);
-    if (it != physical.end()) return it->second;
+  const auto physical_of = [&](const KeyRecord* rec) {
     Physical now;
-    now.row = rec->row;
-    now.in_host = rec->in_host;
-    now.host_slot = rec->host_slot;
+    auto it = physical.find(rec->key);
+    if (it != physical.end()) {
+      now = it->second;
+    } else {
+      now.row = rec->row;
+      now.in_host = rec->in_host;
+      now.host_slot = rec->host_slot;
+    }
+    if (!unadmitted.empty() && unadmitted.count(rec->key) > 0) now = Physical();
     return now;
   };
-  for (const KeyRecord* rec : records) {
-    state->keys.push_back(rec->key);
-    state->rows.push_back(physical_of(rec).row);
-    state->counts.push_back(rec->count);
-    state->last_seen.push_back(rec->last_seen);
+  struct Exported {
+    KeyRecord* rec;
+    const Undo* undo;
+    Physical where;
+  };
+  std::vector<Exported> records;
+  for (auto& shard : shards_) {
+    shard.ForEach([&](KeyRecord& rec) {
+      auto it = before.find(rec.key);
+      const Undo* undo = it == before.end() ? nullptr : it->second;
+      if (undo != nullptr && undo->inserted) return;  // not known at the boundary
+      const uint32_t epoch = undo != nullptr ? undo->epoch : rec.epoch;
+      if (since_epoch == 0 || epoch > since_epoch) records.push_back({&rec, undo, physical_of(&rec)});
+    });
   }
-  state->free_rows = free_rows_;
-  for (const auto& [row, owner] : row_owner) {
-    if (owner == kFreeRow) state->free_rows.push_back(row);
+  std::sort(records.begin(), records.end(), [](const Exported& a, const Exported& b) {
+    return a.where.row != b.where.row ? a.where.row < b.where.row : a.rec->key < b.rec->key;
+  });
+  *state = TableState();
+  for (const Exported& e : records) {
+    state->keys.push_back(e.rec->key);
+    state->rows.push_back(e.where.row);
+    state->counts.push_back(e.undo != nullptr ? e.undo->count : e.rec->count);
+    state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.rec->last_seen);
   }
-  state->next_row = next_row_;
-  state->newest_timestamp = newest_timestamp_;
+  state->free_rows = std::move(free_rows);
+  state->next_row = next_row;
+  state->newest_timestamp = BoundaryNewest();
   state->counting_frozen = counting_frozen_;
   state->access_threshold = admission_.access_threshold;
   if (since_epoch > 0) {
@@ -700,20 +863,21 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
     }
   }
   if (tier_) {
+    for (const auto& [row, owner] : row_owner) {
+      if (owner == kFreeRow) unowned.insert(row);
+    }
     std::vector<int64_t> host_keys;
     std::vector<int32_t> host_slots;
     state->in_host.reserve(records.size());
-    for (const KeyRecord* rec : records) {
-      const Physical where = physical_of(rec);
-      state->in_host.push_back(where.in_host);
-      if (where.in_host) {
-        host_keys.push_back(rec->key);
-        host_slots.push_back(where.host_slot);
+    for (const Exported& e : records) {
+      state->in_host.push_back(e.where.in_host);
+      if (e.where.in_host) {
+        host_keys.push_back(e.rec->key);
+        host_slots.push_back(e.where.host_slot);
       }
     }
     for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
-      auto owner = row_owner.find(row);
-      if (owner != row_owner.end() && owner->second == kFreeRow) continue;
+      if (row >= next_row || unowned.count(row) > 0) continue;
       state->lru_rows.push_back(row);
       state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
     }
@@ -721,13 +885,16 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
                                         &state->tier_present, &state->tier_values));
   }
   state->epoch = epoch_++;
-  for (auto& shard : shards_) {
-    shard.ForEach([&](KeyRecord& rec) {
-      if (InFlight(rec, protect_batches)) rec.epoch = epoch_;
-    });
+  if (delta_chain) {
+    track_removals_ = true;
+    for (const Exported& e : records) e.rec->in_chain = 1;
   }
-  // IDs saved where a pending plan moves them from: the next delta holds them
-  // where they are then.
+  // What the pending batches' steps will change, and IDs saved where a pending
+  // plan moves them from: the next delta holds them as they are then.
+  for (const auto& [key, undo] : before) {
+    KeyRecord* rec = FindRecord(key);
+    if (rec != nullptr) rec->epoch = epoch_;
+  }
   for (const auto& entry : physical) {
     KeyRecord* rec = FindRecord(entry.first);
     if (rec != nullptr) rec->epoch = epoch_;
@@ -742,7 +909,15 @@ void HostTable::PruneRemovedLog(uint32_t epoch) {
                      removed_log_.end());
 }
 
+int64_t HostTable::removed_log_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(removed_log_.size());
+}
+
 Status HostTable::ImportState(const TableState& state) {
+  // One critical section: nothing plans a batch between the checks and the
+  // replacement.
+  std::lock_guard<std::mutex> lock(mu_);
   const size_t n = state.keys.size();
   int64_t host_ids = 0;
   if (!state.in_host.empty()) {
@@ -790,14 +965,6 @@ Status HostTable::ImportState(const TableState& state) {
   // Tiered tables: which IDs are in the host tier, and the cache's recency order.
   std::vector<int64_t> host_keys;
   if (tier_) {
-    const int64_t pending = tier_->pending_plans();
-    if (pending > 0) {
-      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                         "': cannot restore a table with a host tier while ", pending,
-                         " planned batch(es) wait for their step: they were planned against "
-                         "the state being replaced. Restore before the first batch is planned "
-                         "(before the iterator initializer of the graph modifier runs).");
-    }
     for (size_t i = 0; i < n && !state.in_host.empty(); ++i) {
       if (!state.in_host[i]) continue;
       if (state.rows[i] >= 0) {
@@ -854,6 +1021,7 @@ Status HostTable::ImportState(const TableState& state) {
     rec->count = state.counts[i];
     rec->last_seen = state.last_seen[i];
     if (tier_ && !state.in_host.empty()) rec->in_host = state.in_host[i];
+    rec->in_chain = 1;  // a restored save: its removals matter to a later delta
   }
   // The new records of host_keys, in order (pointers hold: the maps are full).
   std::vector<KeyRecord*> host_records;
@@ -862,7 +1030,6 @@ Status HostTable::ImportState(const TableState& state) {
     const uint64_t hash = HashKey(key);
     host_records.push_back(fresh[hash >> kShardShift].Find(key, hash));
   }
-  std::lock_guard<std::mutex> lock(mu_);
   uint32_t stamp = 0;
   if (tier_) {
     std::vector<int32_t> host_slots;
@@ -923,6 +1090,11 @@ Status HostTable::ImportState(const TableState& state) {
   admission_.access_threshold = state.access_threshold;
   stamp_ = stamp;
   removed_log_.clear();
+  // Batches planned against the state replaced never train: committing one
+  // is an error (Commit), and HostTier::Replace dropped their swap plans.
+  pending_.clear();
+  pending_admitted_.clear();
+  import_barrier_ = next_batch_id_;
   return Status::Ok();
 }
 

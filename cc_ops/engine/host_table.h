@@ -6,11 +6,11 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
-
-#include <memory>
 
 #include "host_tier.h"
 #include "key_map.h"
@@ -62,6 +62,9 @@ struct BatchPlan {
   // re-initialise them (and their optimizer slots) before the lookup.
   std::vector<int32_t> reused_rows;
   int64_t new_ids = 0;
+  // Deferred training batches only: the number to pass to Commit once the
+  // batch's step runs; 0 otherwise.
+  uint64_t batch_id = 0;
 };
 
 // Everything the host knows of a table, as flat arrays, for checkpoints.
@@ -121,8 +124,27 @@ class HostTable {
   // given rows; otherwise the map is only read. `timestamp` is the batch's
   // time for last-seen bookkeeping. The result does not depend on the pool's
   // size. On a full table the plan is not produced and the map stays valid.
+  //
+  // A deferred training batch (planned ahead of its step, in the input
+  // pipeline) stays *pending* until Commit(plan->batch_id): the table keeps
+  // what the batch changed (counts, last-seen times, new IDs, rows handed
+  // out), so that everything else sees the state at the step boundary:
+  // ExportState saves it with pending batches undone, evaluation reads IDs
+  // admitted by a pending batch as unseen (and, tiered, values where they
+  // physically are), and Evict/Shrink never remove an ID a pending batch uses.
+  // Evaluation batches are never pending.
   Status Process(const int64_t* keys, int64_t n, bool train, int64_t timestamp,
-                 ThreadPool* pool, BatchPlan* plan);
+                 ThreadPool* pool, BatchPlan* plan, bool deferred = false);
+
+  // The step of deferred batch `batch_id` runs: it stops being pending, and so
+  // does every older pending batch (planned before it by the same pipeline and
+  // never run: dropped with an iterator that was re-initialised). A batch no
+  // longer pending is an error when the table was restored since the batch
+  // was planned (its rows refer to the state replaced), and a no-op otherwise
+  // (a later batch's commit retired it).
+  Status Commit(uint64_t batch_id);
+  // Deferred training batches planned and not committed.
+  int64_t pending_batches() const;
 
   void ConfigureAdmission(const AdmissionOptions& admission);
   // Counts admission in `counts`, together with the other tables sharing it.
@@ -135,38 +157,43 @@ class HostTable {
   void SetThreshold(double threshold);
 
   // Removes IDs last seen more than `max_age` seconds before the newest
-  // training batch time, with their rows. IDs of the last `protect_batches`
-  // planned batches are kept whatever their time: those batches may not have
-  // been trained yet. Returns how many IDs were removed.
-  int64_t Evict(int64_t max_age, uint32_t protect_batches);
+  // trained batch time (pending batches excluded), with their rows. IDs of
+  // pending batches are kept whatever their time: their step has not run.
+  // Returns how many IDs were removed.
+  int64_t Evict(int64_t max_age);
 
   // PaddlePaddle's shrink: ages every ID by one, except that an ID seen in
   // training since the last shrink restarts at 0, and removes the IDs whose
   // age reaches `threshold` (unseen for `threshold` shrink periods), keeping
-  // the IDs of the last `protect_batches` batches.
-  int64_t Shrink(int threshold, uint32_t protect_batches);
+  // the IDs of pending batches.
+  int64_t Shrink(int threshold);
 
-  // Newest batch time seen in training, or -1 before the first batch.
+  // Newest batch time of the trained batches (pending ones excluded), or -1
+  // before the first batch.
   int64_t newest_timestamp() const;
 
   TableStats Stats() const;
 
-  // Copies the host state out, IDs ordered by (row, key) so that equal states
-  // export equal arrays, and closes a save epoch. since_epoch == 0 exports
-  // every ID; otherwise only IDs changed after that epoch and the IDs removed
-  // since (a delta). IDs of the last `protect_batches` planned batches stay
-  // marked as changed for the next delta too: their rows may be updated by
-  // a step that has not run yet. Tiered tables also export the host-tier
-  // values of the exported IDs and the device cache's recency order; they
-  // refuse (InvalidArgument, nothing closed) while swap plans are pending:
-  // planned batches not trained yet leave rows in motion.
-  Status ExportState(uint32_t since_epoch, uint32_t protect_batches, TableState* state);
-  // Forgets removals logged up to `epoch` (after a full save at that epoch).
+  // Copies the host state at the step boundary out (pending batches undone in
+  // the copy), IDs ordered by (row, key) so that equal states export equal
+  // arrays, and closes a save epoch. since_epoch == 0 exports every ID;
+  // otherwise only IDs changed after that epoch and the IDs removed since (a
+  // delta). IDs of pending batches stay marked as changed for the next delta.
+  // Tiered tables also export the host-tier values of the exported IDs and
+  // the device cache's recency order, each ID where its values are (pending
+  // swap plans undone).
+  // `delta_chain`: the export belongs to a chain of full and delta saves
+  // (mxrec's Saver): from then on the table logs the removal of every ID a
+  // save of the chain holds, which the next delta must list.
+  Status ExportState(uint32_t since_epoch, bool delta_chain, TableState* state);
+  // Forgets removals logged up to `epoch` (after a save of the chain closed it).
   void PruneRemovedLog(uint32_t epoch);
+  // Removals logged and not pruned yet.
+  int64_t removed_log_size() const;
   // Replaces the whole host state; checks that rows are unique and in range.
-  // Tiered tables: also replaces the host tier's rows with the state's
-  // tier values; refused while swap plans are pending (restore before the
-  // first batch is planned).
+  // Tiered tables: also replaces the host tier's rows with the state's tier
+  // values. Pending batches (and their swap plans) are dropped: they were
+  // planned against the state replaced, and committing one is an error.
   Status ImportState(const TableState& state);
 
   // Copies out (key, row) of every admitted ID, ordered by row.
@@ -187,10 +214,58 @@ class HostTable {
   void SetSwapProtect(uint32_t batches);
 
  private:
+  // What a deferred training batch changed, to undo in views of the state at
+  // the step boundary.
+  struct Undo {
+    int64_t key;
+    int64_t last_seen;
+    float count;
+    uint32_t epoch;
+    uint8_t seen_recently;
+    uint8_t inserted;  // the batch created the record
+  };
+  struct PendingBatch {
+    uint64_t id = 0;
+    std::vector<Undo> undo;              // each ID of the batch, as before it
+    std::vector<int64_t> admitted;       // IDs the batch gave a row first
+    std::vector<int32_t> popped_free;    // rows taken from free_rows_, in order
+    int64_t fresh_rows = 0;              // rows taken from next_row_
+    int64_t newest_before = -1;          // newest_timestamp_ before the batch
+  };
+  // Where an ID's values are at the step boundary (tiered tables).
+  struct Physical {
+    int32_t row = -1;
+    uint8_t in_host = 0;
+    int32_t host_slot = -1;
+  };
+  // IDs that pending swap plans moved: where their values still are. `row_owner`
+  // (optional): each row a pending plan refilled -> its owner at the boundary,
+  // or kFreeRow. Fails while a plan is applied in part (inside a step).
+  static constexpr int64_t kFreeRow = INT64_MIN;
+  Status PhysicalView(std::unordered_map<int64_t, Physical>* physical,
+                      std::unordered_map<int32_t, int64_t>* row_owner) const;
+  // Keys of every pending batch.
+  std::vector<int64_t> PendingKeys() const;
+  // Erases records matching pred, except IDs of pending batches.
+  int64_t EraseUnpending(const std::function<bool(const KeyRecord&)>& pred);
+  // Newest trained batch time.
+  int64_t BoundaryNewest() const;
+
+  // The phases of Process, on its scratch (host_table.cc): hash the IDs and
+  // group their positions by shard; find (in training: insert and count)
+  // each ID per shard; number the batch's IDs and hand out rows in input
+  // order. EvalSlot gives an evaluation batch's ID its index in unique_rows.
+  struct BatchWork;
+  void HashAndGroup(BatchWork& w, ThreadPool* pool);
+  void FindAndCount(BatchWork& w, ThreadPool* pool);
+  Status AssignRows(BatchWork& w, BatchPlan* plan);
+  int32_t EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const;
+
   // Tiered tables: hands device rows to `need` (in order), choosing victims
   // among rows no batch of this step uses, and queues the swap plan.
+  // A deferred batch's `journal` records the rows taken and the IDs admitted.
   Status AssignTieredRows(const std::vector<KeyRecord*>& need, const std::vector<int32_t>& slots,
-                          BatchPlan* plan);
+                          BatchPlan* plan, PendingBatch* journal);
   KeyRecord* FindRecord(int64_t key);
   void LruUnlink(int32_t row);
   void LruPushTail(int32_t row);
@@ -200,23 +275,31 @@ class HostTable {
   // over host_vocabulary_size (SSD tier only), adding them to `plan`.
   void PlanSpills(SwapPlan* plan);
   int32_t PickVictim();
-  int64_t EraseWhere(const std::function<bool(const KeyRecord&)>& pred);
   bool Admits(const KeyRecord& rec) const;
-  bool InFlight(const KeyRecord& rec, uint32_t protect_batches) const;
   bool IsPadding(int64_t key) const;
+
 
   const TableOptions options_;
   mutable std::mutex mu_;
   KeyMap shards_[kNumShards];
   std::vector<int32_t> free_rows_;  // rows freed by eviction, reused LIFO
   int64_t next_row_ = 0;            // rows [next_row_, capacity) never used
-  uint32_t stamp_ = 0;
+  uint32_t stamp_ = 0;         // training batches planned (device-cache recency)
+  uint32_t dedupe_stamp_ = 0;  // every batch: KeyRecord::stamp scratch
   bool counting_frozen_ = false;
   AdmissionOptions admission_;
   std::shared_ptr<SharedCounts> shared_counts_;
   uint32_t epoch_ = 1;
   std::vector<std::pair<int64_t, uint32_t>> removed_log_;
+  bool track_removals_ = false;  // a delta chain exists (ExportState delta_chain)
   int64_t newest_timestamp_ = -1;
+  // Deferred training batches planned and not committed, oldest first; IDs
+  // their batches admitted (-> batch id); the first batch id not dropped by
+  // ImportState.
+  std::deque<PendingBatch> pending_;
+  std::unordered_map<int64_t, uint64_t> pending_admitted_;
+  uint64_t next_batch_id_ = 1;
+  uint64_t import_barrier_ = 1;
   TableStats stats_;
 
   // Tiered tables only (empty otherwise): the owner ID of each device row,

@@ -27,6 +27,8 @@ struct KeyRecord {
   uint8_t seen_recently = 0;  // seen in training since the last shrink()
   // Admitted, with its row in the host tier (row == -1); tiered tables only.
   uint8_t in_host = 0;
+  // Held by a save of a full/delta chain: its removal must reach the next delta.
+  uint8_t in_chain = 0;
   // in_host: the ID's host slot, or -1 when its values are on disk (or it has
   // none yet).
   int32_t host_slot = -1;

@@ -12,7 +12,7 @@ int64_t WallClockSeconds() {
 
 Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeySpan>& spans,
                    bool train, int64_t timestamp, ThreadPool* pool,
-                   std::vector<BatchPlan>* plans) {
+                   std::vector<BatchPlan>* plans, bool deferred) {
   if (tables.size() != spans.size()) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "key stage got ", tables.size(),
                        " tables but ", spans.size(), " ID tensors");
@@ -23,7 +23,7 @@ Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeyS
   std::vector<Status> statuses(n);
   auto run_one = [&](int64_t i) {
     statuses[i] = tables[i]->Process(spans[i].keys, spans[i].size, train, timestamp, pool,
-                                     &(*plans)[i]);
+                                     &(*plans)[i], deferred);
   };
   // Tables that share admission counts run one after another, in order, so
   // that which of them admits an ID first does not depend on scheduling.

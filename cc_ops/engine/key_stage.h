@@ -21,11 +21,13 @@ int64_t WallClockSeconds();
 
 // Plans spans[i] against tables[i] for every i, the tables in parallel on the
 // pool (and a large batch also within its table). A negative timestamp means
-// "now". Returns the first error in table order; plans of tables without an
-// error are complete either way.
+// "now". `deferred`: the batch is planned ahead of its step (input pipeline)
+// and stays pending until HostTable::Commit (see HostTable::Process). Returns
+// the first error in table order; plans of tables without an error are
+// complete either way.
 Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeySpan>& spans,
                    bool train, int64_t timestamp, ThreadPool* pool,
-                   std::vector<BatchPlan>* plans);
+                   std::vector<BatchPlan>* plans, bool deferred = false);
 
 }  // namespace mxrec
 

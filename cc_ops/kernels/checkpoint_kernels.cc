@@ -47,7 +47,7 @@ class MxrecExportTableOp : public TableOpBase {
   void Compute(OpKernelContext* ctx) override {
     mxrec::TableState state;
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ExportState(/*since_epoch=*/0,
-                                                              /*protect_batches=*/0, &state)));
+                                                              /*delta_chain=*/false, &state)));
     OP_REQUIRES_OK(ctx, Emit(ctx, 0, state.keys));
     OP_REQUIRES_OK(ctx, Emit(ctx, 1, state.rows));
     OP_REQUIRES_OK(ctx, Emit(ctx, 2, state.counts));

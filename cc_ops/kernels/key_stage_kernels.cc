@@ -31,6 +31,7 @@ class MxrecKeyStageOp : public OpKernel {
     std::vector<std::string> keys;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_keys", &keys));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("is_train", &is_train_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
     for (const auto& key : keys) {
       std::shared_ptr<mxrec::HostTable> table;
       OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(key, &table)));
@@ -45,6 +46,10 @@ class MxrecKeyStageOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat("MxrecKeyStage got ", ids.size(), " ID tensors for ",
                                         tables_.size(), " tables")));
     const Tensor& timestamp = ctx->input(ids.size());
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(timestamp.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecKeyStage: timestamp must be a scalar, got shape ",
+                    timestamp.shape().DebugString())));
     const int n = ids.size();
     std::vector<std::vector<int64_t>> widened(n);
     std::vector<mxrec::KeySpan> spans(n);
@@ -68,16 +73,20 @@ class MxrecKeyStageOp : public OpKernel {
     auto pool = mxrec::Registry::Global().pool();
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::RunKeyStage(
                             tables, spans, is_train_, timestamp.scalar<int64_t>()(), pool.get(),
-                            &plans)));
+                            &plans, deferred_)));
+    Tensor* batch_ids = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n, TensorShape({n}), &batch_ids));
     for (int i = 0; i < n; ++i) {
       OP_REQUIRES_OK(ctx, CopyRows(ctx, i, plans[i].unique_rows));
       OP_REQUIRES_OK(ctx, CopyRows(ctx, n + i, plans[i].restore));
       OP_REQUIRES_OK(ctx, CopyRows(ctx, 2 * n + i, plans[i].reused_rows));
+      batch_ids->vec<int64_t>()(i) = static_cast<int64_t>(plans[i].batch_id);
     }
   }
 
  private:
   bool is_train_ = true;
+  bool deferred_ = false;
   std::vector<std::shared_ptr<mxrec::HostTable>> tables_;
 };
 
@@ -87,6 +96,42 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("MxrecKeyStage").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tids"),
     MxrecKeyStageOp<int64_t>);
+
+class MxrecCommitBatchesOp : public OpKernel {
+ public:
+  explicit MxrecCommitBatchesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<std::string> keys;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_keys", &keys));
+    for (const auto& key : keys) {
+      std::shared_ptr<mxrec::HostTable> table;
+      OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(key, &table)));
+      tables_.push_back(std::move(table));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    OP_REQUIRES(ctx,
+                TensorShapeUtils::IsVector(ids.shape()) &&
+                    ids.NumElements() == static_cast<int64_t>(tables_.size()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecCommitBatches: batch_ids must be a vector of ", tables_.size(),
+                    " ids, got shape ", ids.shape().DebugString())));
+    const auto flat = ids.vec<int64_t>();
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      if (flat(i) == 0) continue;
+      OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(tables_[i]->Commit(static_cast<uint64_t>(flat(i)))));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int32_t>()() = 0;
+  }
+
+ private:
+  std::vector<std::shared_ptr<mxrec::HostTable>> tables_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("MxrecCommitBatches").Device(DEVICE_CPU), MxrecCommitBatchesOp);
 
 template <typename T>
 class MxrecSetThresholdOp : public OpKernel {

@@ -14,10 +14,12 @@ REGISTER_OP("MxrecKeyStage")
     .Output("unique_rows: N * int32")
     .Output("restore: N * int32")
     .Output("reused_rows: N * int32")
+    .Output("batch_ids: int64")
     .Attr("N: int >= 1")
     .Attr("Tids: {int32, int64}")
     .Attr("table_keys: list(string)")
     .Attr("is_train: bool = true")
+    .Attr("deferred: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       int n = 0;
@@ -31,6 +33,7 @@ REGISTER_OP("MxrecKeyStage")
         c->set_output(n + i, ids);
         c->set_output(2 * n + i, c->Vector(InferenceContext::kUnknownDim));
       }
+      c->set_output(3 * n, c->Vector(n));
       return absl::OkStatus();
     })
     .Doc(R"doc(
@@ -40,6 +43,25 @@ the rows of the batch's admitted IDs in order of first occurrence, an index per
 input position into those rows (len(unique_rows) means the default value), and
 the rows that were reused after eviction and must be re-initialised.
 timestamp: the batch time in seconds; negative means the wall clock.
+deferred: the batch is planned ahead of its step (in the input pipeline); each
+  table keeps a training batch pending until MxrecCommitBatches gets its id.
+batch_ids: per table, the pending batch's id (0 when not deferred or not training).
+)doc");
+
+REGISTER_OP("MxrecCommitBatches")
+    .Input("batch_ids: int64")
+    .Output("done: int32")
+    .Attr("table_keys: list(string)")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The step of deferred batches runs: each table's batch_ids[i] stops being pending
+(see MxrecKeyStage). Ids of 0 are skipped.
 )doc");
 
 REGISTER_OP("MxrecSetThreshold")

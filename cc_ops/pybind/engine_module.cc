@@ -46,7 +46,7 @@ py::array_t<T> ToArray(const std::vector<T>& values) {
 
 py::list Process(const std::vector<std::string>& keys,
                  const std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& ids,
-                 bool train, int64_t timestamp) {
+                 bool train, int64_t timestamp, bool deferred) {
   std::vector<HostTable*> tables;
   std::vector<std::shared_ptr<HostTable>> owners;
   std::vector<KeySpan> spans;
@@ -63,13 +63,18 @@ py::list Process(const std::vector<std::string>& keys,
   {
     py::gil_scoped_release release;
     auto pool = Registry::Global().pool();
-    status = RunKeyStage(tables, spans, train, timestamp, pool.get(), &plans);
+    status = RunKeyStage(tables, spans, train, timestamp, pool.get(), &plans, deferred);
   }
   RaiseIfError(status);
   py::list out;
   for (const auto& plan : plans) {
-    out.append(py::make_tuple(ToArray(plan.unique_rows), ToArray(plan.restore),
-                              ToArray(plan.reused_rows)));
+    if (deferred) {
+      out.append(py::make_tuple(ToArray(plan.unique_rows), ToArray(plan.restore),
+                                ToArray(plan.reused_rows), plan.batch_id));
+    } else {
+      out.append(py::make_tuple(ToArray(plan.unique_rows), ToArray(plan.restore),
+                                ToArray(plan.reused_rows)));
+    }
   }
   return out;
 }
@@ -234,7 +239,12 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def("num_threads", [] { return Registry::Global().pool()->num_threads(); });
   m.def("set_tier_parallel_min_rows", [](int64_t rows) { HostTier::SetParallelMinRows(rows); });
   m.def("process", &Process, py::arg("keys"), py::arg("ids"), py::arg("train"),
-        py::arg("timestamp") = -1);
+        py::arg("timestamp") = -1, py::arg("deferred") = false);
+  m.def("commit", [](const std::string& key, uint64_t batch_id) {
+    RaiseIfError(Table(key)->Commit(batch_id));
+  });
+  m.def("pending_batches", [](const std::string& key) { return Table(key)->pending_batches(); });
+  m.def("removed_log_size", [](const std::string& key) { return Table(key)->removed_log_size(); });
   m.def("stats", [](const std::string& key) {
     const TableStats s = Table(key)->Stats();
     py::dict d;
@@ -263,35 +273,35 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   });
   m.def(
       "evict",
-      [](const std::string& key, int64_t max_age, uint32_t protect_batches) {
+      [](const std::string& key, int64_t max_age) {
         if (max_age < 0) throw py::value_error("eviction_threshold must be >= 0");
         std::shared_ptr<HostTable> table = Table(key);
         py::gil_scoped_release release;
-        return table->Evict(max_age, protect_batches);
+        return table->Evict(max_age);
       },
-      py::arg("key"), py::arg("max_age"), py::arg("protect_batches") = 0);
+      py::arg("key"), py::arg("max_age"));
   m.def(
       "shrink",
-      [](const std::string& key, int threshold, uint32_t protect_batches) {
+      [](const std::string& key, int threshold) {
         if (threshold < 1 || threshold > UINT16_MAX) {
           throw py::value_error("shrink threshold must be in [1, 65535]");
         }
         std::shared_ptr<HostTable> table = Table(key);
         py::gil_scoped_release release;
-        return table->Shrink(threshold, protect_batches);
+        return table->Shrink(threshold);
       },
-      py::arg("key"), py::arg("threshold"), py::arg("protect_batches") = 0);
+      py::arg("key"), py::arg("threshold"));
   m.def("newest_timestamp", [](const std::string& key) { return Table(key)->newest_timestamp(); });
   m.def("wall_clock_seconds", &WallClockSeconds);
   m.def(
       "export_state",
-      [](const std::string& key, uint32_t since_epoch, uint32_t protect_batches) {
+      [](const std::string& key, uint32_t since_epoch, bool delta_chain) {
         std::shared_ptr<HostTable> table = Table(key);
         TableState state;
         Status status;
         {
           py::gil_scoped_release release;
-          status = table->ExportState(since_epoch, protect_batches, &state);
+          status = table->ExportState(since_epoch, delta_chain, &state);
         }
         RaiseIfError(status);
         py::dict d;
@@ -321,7 +331,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
         d["epoch"] = state.epoch;
         return d;
       },
-      py::arg("key"), py::arg("since_epoch") = 0, py::arg("protect_batches") = 0);
+      py::arg("key"), py::arg("since_epoch") = 0, py::arg("delta_chain") = false);
   m.def(
       "import_state",
       [](const std::string& key, py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,

@@ -135,15 +135,20 @@ class SparseEmbedding:
             faae_coefficient=float(faae_coefficient), probability=float(probability),
             seed=int(seed))
 
-    def evict(self, max_age_seconds: int, protect_batches: int = 0) -> int:
-        """Removes IDs unseen for more than max_age_seconds of batch time; returns how many."""
-        self.check_can_evict()
-        return loader.engine().evict(self.table_key, int(max_age_seconds), int(protect_batches))
+    def evict(self, max_age_seconds: int) -> int:
+        """Removes IDs unseen for more than max_age_seconds of batch time; returns how many.
 
-    def shrink(self, threshold: int, protect_batches: int = 0) -> int:
-        """PaddlePaddle's shrink: removes IDs unseen for `threshold` shrink calls."""
+        Batches planned ahead of their step (prefetch) count neither for the newest
+        time nor for removal: their IDs stay until their step has run.
+        """
         self.check_can_evict()
-        return loader.engine().shrink(self.table_key, int(threshold), int(protect_batches))
+        return loader.engine().evict(self.table_key, int(max_age_seconds))
+
+    def shrink(self, threshold: int) -> int:
+        """PaddlePaddle's shrink: removes IDs unseen for `threshold` shrink calls (never an
+        ID of a batch planned ahead of its step)."""
+        self.check_can_evict()
+        return loader.engine().shrink(self.table_key, int(threshold))
 
     def initial_rows(self, count: tf.Tensor) -> Optional[tf.Tensor]:
         """Fresh initializer values for `count` rows, [count, dim]; None if the initializer
@@ -467,7 +472,7 @@ def sparse_lookup(
     with tf.name_scope(scope):
         flat = tf.reshape(ids, [-1])
         graph = tf.compat.v1.get_default_graph()
-        (rows,), (restore,), (reused,) = mxrec_ops.key_stage(
+        (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
             [flat], [hashtable.table_key], is_train, timestamp=_batch_timestamp())
         previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
         if previous is not None:

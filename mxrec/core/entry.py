@@ -91,6 +91,5 @@ def shrink(threshold: int) -> int:
         IDs removed over all tables.
     """
     runtime = get_config_initializer()
-    protect = runtime.config.prefetch_batch_number + 2
-    return sum(table.shrink(threshold, protect_batches=protect)
+    return sum(table.shrink(threshold)
                for table in runtime.tables.values())

@@ -10,6 +10,11 @@ structure the user's dataset has (dicts, sparse components) comes out of the
 new get_next exactly as it came out of the old one. The map is sequential, so
 the key stage plans batches in the order the step consumes them, and the
 prefetch buffer bounds how far it runs ahead.
+
+A training batch planned here stays *pending* in its tables (deferred key
+stage) until the step that reads its planned rows runs the batch's commit:
+saves, evaluation and eviction see the tables as at the step boundary
+(mxrec/cc_ops/engine/host_table.h, HostTable::Process).
 """
 
 import dataclasses
@@ -136,13 +141,16 @@ def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: 
         rows: List[Optional[tf.Tensor]] = [None] * len(lookups)
         restore: List[Optional[tf.Tensor]] = [None] * len(lookups)
         reused: List[Optional[tf.Tensor]] = [None] * len(lookups)
+        batch_ids = []
         previous = []
         for members in rounds:
             with tf.control_dependencies(previous):
-                unique_rows, restore_index, reused_rows = mxrec_ops.key_stage(
+                unique_rows, restore_index, reused_rows, ids_of_round = mxrec_ops.key_stage(
                     [flat_ids[i] for i in members],
                     [lookups[i].record.table.table_key for i in members],
-                    lookups[members[0]].record.is_train, timestamp=stamps[members[0]])
+                    lookups[members[0]].record.is_train, timestamp=stamps[members[0]],
+                    deferred=True)
+            batch_ids.append(ids_of_round)
             previous = [unique_rows[0].op]
             for slot, i in enumerate(members):
                 rows[i], restore[i] = unique_rows[slot], restore_index[slot]
@@ -151,7 +159,7 @@ def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: 
             if lookup.send_count is not None:
                 rows[i], restore[i] = _pad_to_send_count(lookup, rows[i], restore[i])
             restore[i].set_shape(lookup.record.restore.shape)
-        return tuple(components), tuple(rows), tuple(restore), tuple(reused)
+        return tuple(components), tuple(rows), tuple(restore), tuple(reused), tuple(batch_ids)
 
     return plan
 
@@ -178,7 +186,15 @@ def rebuild(source: trace.IteratorSource, lookups: List[PlannedLookup], is_train
         else:
             iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
             initializer = iterator.initializer
-        outputs, rows, restore, reused = iterator.get_next()
+        outputs, rows, restore, reused, batch_ids = iterator.get_next()
+        if is_train:
+            # The step that reads a batch's planned rows trains it: commit there.
+            commits = [mxrec_ops.commit_batches(
+                ids, [lookups[i].record.table.table_key for i in members])
+                for ids, members in zip(batch_ids, _key_stage_rounds(lookups))]
+            with tf.control_dependencies(commits):
+                rows = [tf.identity(r) for r in rows]
+                reused = [tf.identity(r) for r in reused]
     return RewrittenIterator(source=source, is_train=is_train, kind=source.kind,
                              initializer=initializer, outputs=list(outputs), rows=list(rows),
                              restore=list(restore), reused=list(reused))

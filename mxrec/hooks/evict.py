@@ -68,12 +68,11 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
     def evict_now(self) -> int:
         """Evicts on every table with an eviction_threshold; returns IDs removed."""
         runtime = get_config_initializer()
-        protect = runtime.config.prefetch_batch_number + 2
         removed = 0
         for table in runtime.tables.values():
             if table.eviction_threshold is None:
                 continue
-            count = table.evict(table.eviction_threshold, protect_batches=protect)
+            count = table.evict(table.eviction_threshold)
             logging.info("EvictHook: table %s removed %d IDs", table.table_name, count)
             removed += count
         self.evicted_total += removed

@@ -166,20 +166,18 @@ class Saver:
         directory: where versions live.
         max_to_keep: full versions kept (with their deltas); older ones are deleted
             after a successful full save. None keeps all.
-        protect_batches: IDs of the last this-many planned batches count as changed
-            in the next delta too (their step may not have run at save time);
-            defaults to prefetch_batch_number + 2.
+
+    A save holds the tables as at the step boundary: batches the graph modifier
+    planned ahead of their step are not in it (the engine undoes them in the
+    snapshot), and their IDs count as changed for the next delta.
     """
 
-    def __init__(self, directory: str, max_to_keep: Optional[int] = 5,
-                 protect_batches: Optional[int] = None):
+    def __init__(self, directory: str, max_to_keep: Optional[int] = 5):
         runtime = get_config_initializer()
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"Saver: max_to_keep must be >= 1 or None, got {max_to_keep}")
         self.directory = directory
         self.max_to_keep = max_to_keep
-        self.protect_batches = (runtime.config.prefetch_batch_number + 2
-                                if protect_batches is None else protect_batches)
         graph = tf.compat.v1.get_default_graph()
         self._tables = []
         for _, table in sorted(runtime.tables.items()):
@@ -221,7 +219,7 @@ class Saver:
         for index, io_ in enumerate(self._tables):
             table = io_.table
             since = 0 if kind == "full" else self._last_epochs.get(table.table_name, 0)
-            host = engine.export_state(table.table_key, since, self.protect_batches)
+            host = engine.export_state(table.table_key, since, delta_chain=True)
             epochs[table.table_name] = int(host["epoch"])
             admitted = host["rows"] >= 0
             rows = host["rows"][admitted]
@@ -259,10 +257,11 @@ class Saver:
         path = self._write_atomically(_version_name(kind, step), files, manifest)
         self._last_epochs = epochs
         self._last_step = step
+        # The next delta starts from this save: removals it holds are done with.
+        for io_ in self._tables:
+            engine.prune_removed_log(io_.table.table_key, epochs[io_.table.table_name])
         if kind == "full":
             self._last_full = step
-            for io_ in self._tables:
-                engine.prune_removed_log(io_.table.table_key, epochs[io_.table.table_name])
             self._delete_old_versions()
         logging.info("mxrec checkpoint: wrote %s", path)
         return path
@@ -379,9 +378,10 @@ class Saver:
         epochs = {}
         engine = loader.engine()
         for io_ in self._tables:
-            # Close an epoch, so that the next delta holds only later changes.
+            # Close an epoch, so that the next delta holds only later changes (and
+            # the removals of restored IDs).
             epochs[io_.table.table_name] = int(
-                engine.export_state(io_.table.table_key, 0, 0)["epoch"])
+                engine.export_state(io_.table.table_key, 0, delta_chain=True)["epoch"])
         self._last_epochs = epochs
         self._last_step = last_manifest["step"]
         self._last_full = chain[0][1]

@@ -8,19 +8,43 @@ from mxrec._lib import loader
 
 
 def key_stage(
-    ids: Sequence[tf.Tensor], table_keys: Sequence[str], is_train: bool, timestamp=None
-) -> Tuple[List[tf.Tensor], List[tf.Tensor], List[tf.Tensor]]:
+    ids: Sequence[tf.Tensor], table_keys: Sequence[str], is_train: bool, timestamp=None,
+    deferred: bool = False,
+) -> Tuple[List[tf.Tensor], List[tf.Tensor], List[tf.Tensor], tf.Tensor]:
     """Runs the host key stage on one 1-D ID tensor per table.
 
+    Args:
+        deferred: the batch is planned ahead of its step (in the input pipeline);
+            a training batch then stays pending in each table until
+            `commit_batches` runs with its batch id in the step.
+
     Returns:
-        (unique_rows, restore, reused_rows), one int32 tensor per table each.
+        (unique_rows, restore, reused_rows, batch_ids): one int32 tensor per
+        table for each of the first three; batch_ids is int64 [len(table_keys)]
+        (zeros unless deferred and training).
     """
     if timestamp is None:
         timestamp = tf.constant(-1, tf.int64)
     with tf.device("/device:CPU:0"):
         return loader.op_library().mxrec_key_stage(
-            ids=list(ids), timestamp=timestamp, table_keys=list(table_keys), is_train=is_train
-        )
+            ids=list(ids), timestamp=timestamp, table_keys=list(table_keys), is_train=is_train,
+            deferred=deferred)
+
+
+def commit_batches(batch_ids: tf.Tensor, table_keys: Sequence[str]) -> tf.Operation:
+    """The step of deferred batches runs: they stop being pending in their tables."""
+    with tf.device("/device:CPU:0"):
+        return loader.op_library().mxrec_commit_batches(
+            batch_ids=batch_ids, table_keys=list(table_keys)).op
+
+
+def after_commit(tensors: Sequence[tf.Tensor], batch_ids: tf.Tensor,
+                 table_keys: Sequence[str]) -> List[tf.Tensor]:
+    """`tensors` (planned rows) made to run the batch's commit: whatever step reads
+    them trains the batch, so it stops being pending then."""
+    commit = commit_batches(batch_ids, table_keys)
+    with tf.device("/device:CPU:0"), tf.control_dependencies([commit]):
+        return [tf.identity(t) for t in tensors]
 
 
 class HostPipelineOps:

@@ -12,6 +12,7 @@ from typing import Optional
 ROWS_SUFFIX = "/mxrec_rows"
 RESTORE_SUFFIX = "/mxrec_restore"
 REUSED_SUFFIX = "/mxrec_reused"
+BATCH_ID_SUFFIX = "/mxrec_batch_id"
 
 
 @dataclasses.dataclass
@@ -77,3 +78,7 @@ class FeatureSpec:
     @property
     def reused_key(self) -> str:
         return self.name + REUSED_SUFFIX
+
+    @property
+    def batch_id_key(self) -> str:
+        return self.name + BATCH_ID_SUFFIX

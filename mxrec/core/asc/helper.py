@@ -80,12 +80,12 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec], is_training: bool 
                                 f"{ids.dtype.name}")
             # One table's specs plan in order; the engine would race them in one call.
             with tf.control_dependencies(previous):
-                (rows,), (restore,), (reused,) = mxrec_ops.key_stage(
+                (rows,), (restore,), (reused,), batch_id = mxrec_ops.key_stage(
                     [tf.reshape(ids, [-1])], [runtime.table_key(spec.table_name)],
-                    is_training, timestamp=timestamp)
+                    is_training, timestamp=timestamp, deferred=True)
             previous = [rows.op]
             added.update({spec.rows_key: rows, spec.restore_key: restore,
-                          spec.reused_key: reused})
+                          spec.reused_key: reused, spec.batch_id_key: batch_id})
         features = dict(features, **added)
         if len(element) == 1:
             return features
@@ -95,10 +95,18 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec], is_training: bool 
 
 
 def planned_tensors(batch, spec: FeatureSpec) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(unique_rows, restore, reused_rows) of `spec` from a batch the insert function made."""
+    """(unique_rows, restore, reused_rows) of `spec` from a batch the insert function made.
+
+    The rows come with the batch's commit: the step that reads them trains the
+    batch, which stops being pending in the table (see mxrec.graph.pipeline).
+    """
     features = batch[0] if isinstance(batch, (tuple, list)) else batch
     try:
-        return features[spec.rows_key], features[spec.restore_key], features[spec.reused_key]
+        planned = [features[spec.rows_key], features[spec.reused_key]]
+        rows, reused = mxrec_ops.after_commit(
+            planned, features[spec.batch_id_key],
+            [get_config_initializer().table_key(spec.table_name)])
+        return rows, features[spec.restore_key], reused
     except KeyError:
         raise ValueError(f"FeatureSpec {spec.name!r}: the batch has no planned rows; map the "
                          "dataset with get_asc_insert_func(tgt_key_specs=[...]) including this "
