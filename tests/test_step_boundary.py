@@ -303,3 +303,29 @@ def test_estimator_checkpoint_with_planned_batches(tmp_path):
     got_w, got_table = train(tmp_path / "split", True, [20, 20])
     _close(got_w, want_w)
     _close(got_table, want_table)
+
+
+def test_removal_log_holds_only_what_a_delta_needs():
+    """Removals are logged only for IDs a save of a full/delta chain holds, only once a chain
+    exists, and every save of the chain prunes them; the delta lists exactly those."""
+    init()
+    key = create_table(tf.int64, 2, "t", _v1.zeros_initializer(),
+                       device_vocabulary_size=64).table_key
+    engine = loader.engine()
+    engine.process([key], [np.array([1, 2, 3], np.int64)], True, 0)
+    assert engine.evict(key, 0) == 0
+    engine.process([key], [np.array([4], np.int64)], True, 10)
+    assert engine.evict(key, 5) == 3          # 1, 2, 3: no chain, nothing logged
+    assert engine.removed_log_size(key) == 0
+    engine.process([key], [np.array([5, 6], np.int64)], True, 20)
+    full = engine.export_state(key, 0, delta_chain=True)     # holds 4, 5, 6
+    engine.prune_removed_log(key, int(full["epoch"]))
+    engine.process([key], [np.array([7, 8], np.int64)], True, 40)
+    engine.process([key], [np.array([8], np.int64)], True, 60)
+    assert engine.evict(key, 15) == 4         # 4, 5, 6 (saved) and 7 (never saved)
+    assert engine.removed_log_size(key) == 3
+    delta = engine.export_state(key, int(full["epoch"]), delta_chain=True)
+    assert sorted(delta["removed"].tolist()) == [4, 5, 6]
+    assert sorted(delta["keys"].tolist()) == [8]
+    engine.prune_removed_log(key, int(delta["epoch"]))
+    assert engine.removed_log_size(key) == 0
