@@ -1,0 +1,138 @@
+"""Multi-worker training: the same script on 1 or N ranks.
+
+    python examples/multiworker/train.py                          # one process
+    python -m mxrec.launch -n 2 examples/multiworker/train.py     # two ranks, no MPI
+    mpirun -n 2 python examples/multiworker/train.py              # two ranks under OpenMPI
+
+Every rank reads the same synthetic stream and trains on its slice of each global batch
+(rows rank::N). Tables are sharded across the ranks; the dense model is replicated and its
+gradients are summed with `allreduce` and divided by N, so N ranks on a global batch train
+what one process trains on it. With --out DIR each rank writes its shard of the table
+(IDs, embeddings) and the dense weights to DIR/rank-R.npz (the tests compare them).
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
+from mxrec.optimizers import adagrad, gradient_descent, lazy_adam  # noqa: E402
+from mxrec.util.communication import (  # noqa: E402
+    allreduce,
+    get_rank_id,
+    get_rank_size,
+    session_kwargs,
+)
+from mxrec.util.initialize import init, terminate_config_initializer  # noqa: E402
+from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
+
+_v1 = tf.compat.v1
+OPTIMIZERS = {
+    "sgd": lambda: gradient_descent.create_hash_optimizer(0.2),
+    "adagrad": lambda: adagrad.create_hash_optimizer(0.2),
+    "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.02),
+}
+
+
+def make_data(steps: int, batch: int, features: int, seed: int = 0):
+    """The global stream: power-law IDs over the int64 range, labels, batch times."""
+    rng = np.random.default_rng(seed)
+    pool = 400
+    weights = 1.0 / np.arange(1, pool + 1) ** 1.1
+    keys = rng.integers(-2**62, 2**62, size=pool)
+    ids = keys[rng.choice(pool, size=(steps * batch, features), p=weights / weights.sum())]
+    labels = (rng.random(steps * batch) < 0.3).astype(np.float32)
+    times = np.repeat(np.arange(steps, dtype=np.int64) * 10, batch)
+    return ids.astype(np.int64), labels, times
+
+
+def build(args, rank: int, size: int):
+    ids, labels, times = make_data(args.steps, args.batch, args.features)
+    n = len(labels)
+    # Rank r's slice of each global batch: rows r, r + N, ... of the batch.
+    take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
+                           for s in range(args.steps)])
+    dataset = tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
+    iterator = _v1.data.make_initializable_iterator(dataset.batch(args.batch // size))
+    features, label, stamp = iterator.get_next()
+    add_timestamp(stamp)
+    table = create_table(tf.int64, args.dim, "emb", _v1.constant_initializer(0.05),
+                         device_vocabulary_size=args.capacity,
+                         host_vocabulary_size=args.host,
+                         all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+    config = None
+    if args.threshold:
+        config = dict(access_threshold=args.threshold)
+        if args.eviction is not None:
+            config["eviction_threshold"] = args.eviction
+    emb = sparse_lookup(table, features, access_and_evict_config=config,
+                        send_count=args.send_count, name="lookup")
+    weights = _v1.get_variable("w", [args.dim, 1],
+                               initializer=_v1.glorot_uniform_initializer(seed=1))
+    logits = tf.matmul(tf.reduce_sum(emb, 1), weights)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=label[:, None], logits=logits))
+    dense, sparse = get_dense_and_sparse_variable()
+    dense_grads = [allreduce(g, "sum") / size for g in tf.gradients(loss, dense)]
+    train_op = tf.group(
+        _v1.train.GradientDescentOptimizer(0.2).apply_gradients(zip(dense_grads, dense)),
+        OPTIMIZERS[args.optimizer]().apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+    del n
+    return iterator.initializer, train_op, loss, table, weights
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=64, help="global batch size")
+    parser.add_argument("--features", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--capacity", type=int, default=512, help="device rows per rank")
+    parser.add_argument("--host", type=int, default=0, help="host_vocabulary_size per rank")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adagrad")
+    parser.add_argument("--threshold", type=int, default=0, help="access_threshold")
+    parser.add_argument("--eviction", type=int, default=None, help="eviction_threshold (s)")
+    parser.add_argument("--send_count", type=int, default=None,
+                        help="static shapes: unique IDs per peer and step")
+    parser.add_argument("--out", default=None, help="write each rank's shard here")
+    parser.add_argument("--die_at", type=int, default=None,
+                        help="rank 1 exits at this step (failure tests)")
+    args = parser.parse_args(argv)
+    init(use_mpi=True if "MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+         else False, prefetch_batch_number=0, use_dynamic=args.send_count is None)
+    rank, size = get_rank_id(), get_rank_size()
+    if args.batch % size:
+        raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
+    start, train_op, loss, table, weights = build(args, rank, size)
+    with _v1.Session(**session_kwargs()) as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(start)
+        for step in range(1, args.steps + 1):
+            if args.die_at is not None and rank == 1 and step == args.die_at:
+                os._exit(3)
+            _, value = sess.run([train_op, loss])
+            if args.eviction is not None:
+                table.evict(args.eviction)
+            if step % 10 == 0 and rank == 0:
+                print(f"step {step}: loss {value:.4f} (rank 0's slice)", flush=True)
+        ids, rows = table.export_rows()
+        values = sess.run(table.variable)[rows] if len(rows) else np.zeros((0, args.dim))
+        if args.host:
+            from mxrec.core import tiers
+            exported = tiers.export_values(sess, table, slots=False)
+            ids, values = exported["embedding"]
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            np.savez(os.path.join(args.out, f"rank-{rank}.npz"), ids=ids, values=values,
+                     w=sess.run(weights), stats=np.array([table.stats()["rows_in_use"]]))
+    print(f"rank {rank} of {size}: {len(ids)} IDs in this shard", flush=True)
+    terminate_config_initializer()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Tables sharded across ranks: each rank owns the IDs `owner(id) == rank` of every table.
+
+One lookup on N ranks (direct path), per step:
+
+    ids ─► unique (local) ─► occurrences per unique ID, owner per unique ID
+        ─► buckets [N, chunk] of IDs and occurrence counts (chunk: the largest bucket of any
+           rank, from an all-reduce; send_count under init(use_dynamic=False))
+        ─► all-to-all: rank r receives every rank's IDs that r owns
+        ─► owner: the IDs repeated by their occurrences ─► the table's own key stage and
+           device lookup (admission counts every occurrence of the global batch; eviction,
+           tiers and reused rows run on the owner as in one process)
+        ─► embeddings [N, chunk, dim] ─► all-to-all back ─► each rank's unique IDs ─► positions
+    backward: the gradient takes the same path in reverse (the transpose of an equal-chunk
+    all-to-all is another all-to-all); the owner's segment sums add the ranks' gradients of an
+    ID, and `all2all_gradients_op="sum_gradients_and_div_by_ranksize"` divides them by N.
+
+The owner of an ID (`owner_of`) is documented and independent of the rank count's form:
+    owner(id) = ((id * 0x9E3779B97F4A7C15 mod 2^64) >> 33) mod N
+(a Fibonacci hash: consecutive IDs spread over the ranks), so any N works and a checkpoint
+written by N ranks is re-partitioned by the same function on M ranks.
+"""
+
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec.util import communication
+
+# 0x9E3779B97F4A7C15 as a signed 64-bit integer (TF multiplies int64 with wrap-around).
+_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)
+_SHIFT = 33
+
+
+def owner_of(ids: tf.Tensor, size: int) -> tf.Tensor:
+    """The rank that owns each ID (int32), for int64 `ids`."""
+    mixed = tf.math.multiply(ids, tf.constant(_MULTIPLIER, tf.int64))
+    # A logical shift: on uint64 bits, then back (the value fits in 31 bits).
+    high = tf.bitwise.right_shift(tf.bitcast(mixed, tf.uint64), tf.constant(_SHIFT, tf.uint64))
+    return tf.cast(tf.math.floormod(tf.bitcast(high, tf.int64), size), tf.int32)
+
+
+def owner_of_numpy(ids: np.ndarray, size: int) -> np.ndarray:
+    """owner_of in NumPy (checkpoints, tests)."""
+    mixed = np.asarray(ids, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return ((mixed >> np.uint64(_SHIFT)) % np.uint64(size)).astype(np.int32)
+
+
+def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
+    """The global batch's time: the newest local time over all ranks."""
+    if local_time is None:
+        return None
+    return communication.allreduce(tf.cast(local_time, tf.int64), "max")
+
+
+def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
+           grad_scale: Optional[float],
+           lookup_owned: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
+    """The embeddings of `ids` (any rank >= 1) from the ranks that own them.
+
+    Args:
+        table: the table (for messages and dim).
+        send_count: the fixed chunk per peer (static shapes), or None (dynamic).
+        grad_scale: factor on the gradients that reach the owners, or None.
+        lookup_owned: the owner's lookup of a 1-D tensor of IDs it owns -> [n, dim].
+    """
+    size = communication.get_rank_size()
+    dim = table.dim
+    flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    uniq, index = tf.unique(flat, out_idx=tf.int32)
+    num = tf.size(uniq)
+    occurrences = tf.math.unsorted_segment_sum(tf.ones_like(index, tf.int64), index, num)
+    owner = owner_of(uniq, size)
+    order = tf.argsort(owner, stable=True)
+    owner_sorted = tf.gather(owner, order)
+    counts = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
+    starts = tf.cumsum(counts, exclusive=True)
+    position = tf.range(num) - tf.gather(starts, owner_sorted)
+    largest = communication.allreduce(tf.reduce_max(counts), "max")
+    if send_count is None:
+        chunk = tf.maximum(largest, 1)
+    else:
+        check = tf.debugging.Assert(
+            largest <= send_count,
+            [f"sparse_lookup on table {table.table_name!r}: a rank sends more unique IDs to "
+             f"one peer than send_count={send_count} allows (raise send_count, or use "
+             "init(use_dynamic=True)); this rank's IDs per peer:", counts,
+             "largest over all ranks:", largest], summarize=size)
+        with tf.control_dependencies([check]):
+            chunk = tf.identity(tf.constant(send_count, tf.int32))
+    where = tf.stack([owner_sorted, position], axis=1)
+    shape = tf.stack([size, chunk])
+    send_ids = tf.scatter_nd(where, tf.gather(uniq, order), shape)
+    send_occ = tf.scatter_nd(where, tf.gather(occurrences, order), shape)
+    recv_ids = tf.reshape(communication.alltoall(send_ids), [-1])
+    recv_occ = tf.reshape(communication.alltoall(send_occ), [-1])
+    valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
+    owned = tf.gather(recv_ids, valid)
+    owned_occ = tf.gather(recv_occ, valid)
+    if is_train:
+        # Every occurrence of the global batch counts for admission, as in one process.
+        repeated = tf.repeat(owned, owned_occ)
+        first = tf.cast(tf.cumsum(owned_occ, exclusive=True), tf.int32)
+    else:
+        repeated = owned
+        first = tf.range(tf.size(owned))
+    emb = tf.gather(lookup_owned(repeated), first)
+    slots = tf.scatter_nd(valid[:, None], emb, tf.stack([size * chunk, dim]))
+    back = communication.alltoall(tf.reshape(slots, tf.stack([size, chunk, dim])),
+                                  grad_scale=grad_scale)
+    local_sorted = tf.gather_nd(back, where)
+    local = tf.gather(local_sorted, tf.math.invert_permutation(order))
+    out = tf.gather(local, index)
+    out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0)
+    out = tf.reshape(out, out_shape)
+    out.set_shape(ids.shape.concatenate([dim]))
+    return out

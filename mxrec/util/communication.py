@@ -1,0 +1,242 @@
+"""Several training processes: ranks, the TensorFlow cluster and its collectives.
+
+mxrec runs multi-worker training on TensorFlow's own collective ops over its gRPC
+runtime (CPU) and NCCL (GPU): each rank starts one in-process `tf.distribute.Server` of a
+`ClusterSpec` with one task per rank, and its sessions run on that server. Collectives
+(`CollectiveAllToAllV2`, `CollectiveReduceV2`, `CollectiveGatherV2`) need, per graph, one
+instance key per collective, the same on every rank: ranks must build their graphs in the
+same order, which the same script does.
+
+Ranks and addresses come from the launcher:
+- `python -m mxrec.launch -n N script.py` sets MXREC_RANK, MXREC_SIZE and MXREC_CLUSTER
+  (comma-separated host:port, one per rank);
+- `mpirun -n N python script.py` sets OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (as
+  mx_rec reads them); the addresses are then gathered with mpi4py (each rank offers a free
+  port on its host) unless MXREC_CLUSTER is set.
+
+Every collective has a timeout (MXREC_COLLECTIVE_TIMEOUT seconds, default 300): a rank that
+died or never joined ends the others with DeadlineExceededError instead of a hang.
+"""
+
+import dataclasses
+import os
+import socket
+import weakref
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+_GROUP_KEY = 7301
+DEFAULT_TIMEOUT = 300.0
+_ENV_TIMEOUT = "MXREC_COLLECTIVE_TIMEOUT"
+
+
+@dataclasses.dataclass
+class Cluster:
+    """This process among the ranks, and its server."""
+
+    rank: int
+    size: int
+    addresses: List[str]
+    server: object = None
+
+    @property
+    def device(self) -> str:
+        return f"/job:worker/replica:0/task:{self.rank}"
+
+
+_CLUSTER: Optional[Cluster] = None
+# graph -> next collective instance key
+_INSTANCE_KEYS = weakref.WeakKeyDictionary()
+
+
+def ranks_from_environment(use_mpi: bool, rank_id: int, rank_size: int):
+    """(rank, size) from the launcher's environment, else the arguments."""
+    for rank_name, size_name in (("MXREC_RANK", "MXREC_SIZE"),
+                                 ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank_name in os.environ and size_name in os.environ:
+            try:
+                return int(os.environ[rank_name]), int(os.environ[size_name])
+            except ValueError:
+                raise ValueError(f"init(): {rank_name}/{size_name} must be integers, got "
+                                 f"{os.environ[rank_name]!r}/{os.environ[size_name]!r}") from None
+    if use_mpi:
+        raise ValueError(
+            "init(use_mpi=True): no rank in the environment; launch with "
+            "`python -m mxrec.launch -n N script.py` or `mpirun -n N python script.py` (which set "
+            "MXREC_RANK/MXREC_SIZE or OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE), or pass "
+            "rank_id and rank_size with MXREC_CLUSTER set")
+    return rank_id, rank_size
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _addresses(rank: int, size: int) -> List[str]:
+    raw = os.environ.get("MXREC_CLUSTER")
+    if raw:
+        addresses = [a.strip() for a in raw.split(",") if a.strip()]
+        if len(addresses) != size:
+            raise ValueError(f"MXREC_CLUSTER lists {len(addresses)} addresses for rank_size {size}")
+        return addresses
+    try:
+        from mpi4py import MPI  # noqa: PLC0415 (optional: only under mpirun)
+    except ImportError:
+        raise ValueError(
+            "multi-worker training needs the ranks' addresses: set MXREC_CLUSTER "
+            "(host:port per rank, comma-separated), launch with `python -m mxrec.launch`, or "
+            "install mpi4py to gather them under mpirun") from None
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != size or comm.Get_rank() != rank:
+        raise ValueError(f"mpirun gives rank {comm.Get_rank()} of {comm.Get_size()}, init() "
+                         f"rank {rank} of {size}")
+    return comm.allgather(f"{socket.gethostname()}:{_free_port()}")
+
+
+def session_config(config: Optional[tf.compat.v1.ConfigProto] = None
+                   ) -> tf.compat.v1.ConfigProto:
+    """`config` (or a new ConfigProto) set up for this rank's collectives."""
+    out = tf.compat.v1.ConfigProto()
+    if config is not None:
+        out.CopyFrom(config)
+    if _CLUSTER is not None and _CLUSTER.size > 1:
+        out.experimental.collective_group_leader = "/job:worker/replica:0/task:0"
+        # This rank's session places and runs ops on its own task only.
+        del out.device_filters[:]
+        out.device_filters.append(_CLUSTER.device)
+    return out
+
+
+def setup(rank: int, size: int) -> Optional[Cluster]:
+    """Starts this rank's server (size > 1); called by init()."""
+    global _CLUSTER
+    if size <= 1:
+        _CLUSTER = None
+        return None
+    if _CLUSTER is not None:
+        if (_CLUSTER.rank, _CLUSTER.size) != (rank, size):
+            raise ValueError(f"init(): this process is rank {_CLUSTER.rank} of {_CLUSTER.size} "
+                             f"already; it cannot become rank {rank} of {size}")
+        return _CLUSTER
+    addresses = _addresses(rank, size)
+    cluster = Cluster(rank=rank, size=size, addresses=addresses)
+    _CLUSTER = cluster
+    spec = tf.train.ClusterSpec({"worker": addresses})
+    cluster.server = tf.distribute.Server(spec, job_name="worker", task_index=rank,
+                                          config=session_config(), start=True)
+    return cluster
+
+
+def cluster() -> Optional[Cluster]:
+    """The cluster of this process, or None in single-process training."""
+    return _CLUSTER
+
+
+def get_rank_id() -> int:
+    """This process's rank (0 in single-process training)."""
+    return 0 if _CLUSTER is None else _CLUSTER.rank
+
+
+def get_rank_size() -> int:
+    """The number of training processes (1 in single-process training)."""
+    return 1 if _CLUSTER is None else _CLUSTER.size
+
+
+def session_kwargs(config: Optional[tf.compat.v1.ConfigProto] = None) -> Dict:
+    """Keyword arguments for `tf.compat.v1.Session(**kwargs)`: this rank's server as target
+    and its collective settings; {} in single-process training (a `config` passes through)."""
+    if _CLUSTER is None:
+        return {} if config is None else {"config": config}
+    return {"target": _CLUSTER.server.target, "config": session_config(config)}
+
+
+def timeout_seconds() -> float:
+    raw = os.environ.get(_ENV_TIMEOUT)
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{_ENV_TIMEOUT} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{_ENV_TIMEOUT} must be > 0, got {raw!r}")
+    return value
+
+
+def _next_instance_key() -> int:
+    graph = tf.compat.v1.get_default_graph()
+    key = _INSTANCE_KEYS.get(graph, 1)
+    _INSTANCE_KEYS[graph] = key + 1
+    return key
+
+
+def _require_cluster(what: str) -> Cluster:
+    if _CLUSTER is None:
+        raise ValueError(f"{what}: no multi-worker cluster; call init() with rank_size > 1 "
+                         "(or under mxrec.launch / mpirun with use_mpi=True) first")
+    return _CLUSTER
+
+
+def allreduce(tensor, reduction: str = "sum") -> tf.Tensor:
+    """The element-wise sum (or max/min/mean) of `tensor` over all ranks (mx_rec's
+    `hccl_ops.allreduce`); `tensor` itself in single-process training.
+
+    Gradient: none (reduce gradients, not values that need one).
+    """
+    merge = {"sum": "Add", "mean": "Add", "max": "Max", "min": "Min"}.get(reduction)
+    if merge is None:
+        raise ValueError(f"allreduce: reduction must be 'sum', 'mean', 'max' or 'min', "
+                         f"got {reduction!r}")
+    tensor = tf.convert_to_tensor(tensor)
+    if _CLUSTER is None:
+        return tensor
+    return tf.raw_ops.CollectiveReduceV2(
+        input=tensor, group_size=_CLUSTER.size, group_key=_GROUP_KEY,
+        instance_key=_next_instance_key(), ordering_token=[], merge_op=merge,
+        final_op="Div" if reduction == "mean" else "Id", timeout_seconds=timeout_seconds())
+
+
+def _alltoall_raw(tensor: tf.Tensor) -> tf.Tensor:
+    size = _CLUSTER.size
+    return tf.raw_ops.CollectiveAllToAllV2(
+        input=tensor, group_size=size, group_key=_GROUP_KEY,
+        instance_key=_next_instance_key(), ordering_token=[],
+        timeout_seconds=timeout_seconds())
+
+
+def alltoall(tensor: tf.Tensor, grad_scale: Optional[float] = None) -> tf.Tensor:
+    """Exchanges equal chunks: `tensor` [size, ...]; chunk i goes to rank i, and the
+    result's chunk j comes from rank j.
+
+    Differentiable for float tensors (the backward pass is the same exchange of the
+    gradient, scaled by `grad_scale` when given); integer tensors get no gradient.
+    """
+    cluster_ = _require_cluster("alltoall")
+    tensor = tf.convert_to_tensor(tensor)
+    if not tensor.dtype.is_floating:
+        return _alltoall_raw(tensor)
+    backward_key = _next_instance_key()  # reserved now: every rank builds the same keys
+
+    @tf.custom_gradient
+    def exchange(x):
+        y = _alltoall_raw(x)
+
+        def grad(dy):
+            g = tf.raw_ops.CollectiveAllToAllV2(
+                input=dy, group_size=cluster_.size, group_key=_GROUP_KEY,
+                instance_key=backward_key, ordering_token=[],
+                timeout_seconds=timeout_seconds())
+            return g if grad_scale is None else g * grad_scale
+
+        return y, grad
+
+    return exchange(tensor)
+
+
+def reset():
+    """Forgets the cluster (tests); the server itself lives until the process ends."""
+    global _CLUSTER
+    _CLUSTER = None
