@@ -1,5 +1,6 @@
 """C++ unit tests of the engine (tests/cc/engine_units_test.cc), built against the engine
-library: the ID map grows on insert."""
+library: the ID map grows on insert and keeps its records when growth fails; the thread pool
+hands an item's exception to the caller instead of ending the process."""
 
 import shutil
 import subprocess

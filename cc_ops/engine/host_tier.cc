@@ -38,14 +38,24 @@ HostTier::Chunk HostTier::AllocateChunk() const {
   return Chunk(static_cast<float*>(AllocateLarge(bytes)));
 }
 
+float* HostTier::ValueIn(std::vector<std::vector<Chunk>>* table, int component,
+                         int32_t slot) const {
+  auto& chunks = (*table)[component];
+  const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
+  if (chunk >= chunks.size()) chunks.resize(chunk + 1);
+  if (!chunks[chunk]) chunks[chunk] = AllocateChunk();
+  return chunks[chunk].get() + (slot & (chunk_rows_ - 1)) * options_.dim;
+}
+
 float* HostTier::ValueLocked(int component, int32_t slot) {
-  if (!HasChunk(component, slot)) {
-    auto& chunks = chunks_[component];
-    const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
-    if (chunk >= chunks.size()) chunks.resize(chunk + 1);
-    chunks[chunk] = AllocateChunk();
-  }
-  return ValueAt(component, slot);
+  return ValueIn(&chunks_, component, slot);
+}
+
+Status HostTier::ChunkOutOfMemory(const std::string& component_name) const {
+  return OutOfMemory(options_.name,
+                     internal::StrCat("a host-tier chunk of ", chunk_rows_, " rows of '",
+                                      component_name, "'"),
+                     static_cast<size_t>(chunk_rows_ * options_.dim) * sizeof(float));
 }
 
 void HostTier::EnsureSlotsLocked(int64_t count) {
@@ -242,9 +252,11 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
 Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float* current,
                       float* incoming, bool* fresh, ThreadPool* pool) {
   const int64_t dim = options_.dim;
-  MXREC_RETURN_IF_ERROR(SwapRows(
-      component, rows, n, [current, dim](int64_t i) { return current + i * dim; },
-      [incoming, dim](int64_t i) { return incoming + i * dim; }, fresh, pool));
+  MXREC_RETURN_IF_ERROR(GuardAllocation(options_.name, "a host-tier swap", [&] {
+    return SwapRows(
+        component, rows, n, [current, dim](int64_t i) { return current + i * dim; },
+        [incoming, dim](int64_t i) { return incoming + i * dim; }, fresh, pool);
+  }));
   for (int64_t i = 0; i < n; ++i) {
     if (fresh[i]) std::memset(incoming + i * dim, 0, dim * sizeof(float));
   }
@@ -264,7 +276,8 @@ Status HostTier::SwapInPlace(int component, const int32_t* rows, int64_t n, floa
   // Every victim's value is stored before any new owner's value is written, and
   // a plan's rows are distinct, so reading and writing the same rows is safe.
   const auto row = [table, rows, dim](int64_t i) { return table + rows[i] * dim; };
-  return SwapRows(component, rows, n, row, row, fresh, pool);
+  return GuardAllocation(options_.name, "a host-tier swap",
+                         [&] { return SwapRows(component, rows, n, row, row, fresh, pool); });
 }
 
 template <typename CurrentRow, typename IncomingRow>
@@ -309,9 +322,14 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
   }
   const int64_t dim = options_.dim;
   // Every value block a victim is written to exists before the copies start,
-  // so that the copy loops allocate nothing and may run on several threads.
-  for (int64_t i = 0; i < n; ++i) {
-    if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
+  // so that the copy loops allocate nothing and may run on several threads,
+  // and so that running out of memory leaves the plan unapplied.
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
+    }
+  } catch (const std::bad_alloc&) {
+    return ChunkOutOfMemory(components_[component]);
   }
   const int64_t parts =
       (pool != nullptr && pool->num_threads() > 1 && n >= parallel_min_rows.load())

@@ -174,6 +174,11 @@ class HostTier {
   };
   using Chunk = std::unique_ptr<float, ChunkFree>;
   Chunk AllocateChunk() const;
+  // The dim floats of `slot` for `component` in the chunk table *table,
+  // allocating its chunk if needed (throws AllocationError).
+  float* ValueIn(std::vector<std::vector<Chunk>>* table, int component, int32_t slot) const;
+  // kResourceExhausted: no memory for a chunk of `component_name`.
+  Status ChunkOutOfMemory(const std::string& component_name) const;
   struct SlotMeta {
     int64_t key = 0;
     uint32_t present = 0;  // bit k: component k holds a value in the slot

@@ -93,7 +93,7 @@ class KeyMap {
   }
 
   // Makes room for `extra` more records without growing in between. Throws
-  // std::bad_alloc (the map unchanged) when the larger array cannot be had.
+  // AllocationError (the map unchanged) when the larger array cannot be had.
   void Reserve(int64_t extra) {
     const int64_t need = size_ + extra;
     if (!OverLoad(need)) return;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/huge_pages.h"
 #include "engine/registry.h"
 #include "kernels/input_checks.h"
 #include "kernels/status_util.h"
@@ -47,8 +48,11 @@ class MxrecExportTableOp : public TableOpBase {
 
   void Compute(OpKernelContext* ctx) override {
     mxrec::TableState state;
-    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ExportState(/*since_epoch=*/0,
-                                                              /*protect_batches=*/0, &state)));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::GuardAllocation(
+                            table_->options().name, "a snapshot of the host state", [&] {
+                              return table_->ExportState(/*since_epoch=*/0,
+                                                         /*protect_batches=*/0, &state);
+                            })));
     OP_REQUIRES_OK(ctx, Emit(ctx, 0, state.keys));
     OP_REQUIRES_OK(ctx, Emit(ctx, 1, state.rows));
     OP_REQUIRES_OK(ctx, Emit(ctx, 2, state.counts));
@@ -104,7 +108,9 @@ class MxrecImportTableOp : public TableOpBase {
     state.counting_frozen = m(2) != 0;
     state.access_threshold = ctx->input(6).scalar<double>()();
     if (ctx->num_inputs() > 7) ReadTierFields(ctx, &state);
-    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ImportState(state)));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::GuardAllocation(
+                            table_->options().name, "restoring the host state",
+                            [&] { return table_->ImportState(state); })));
   }
 
  private:
