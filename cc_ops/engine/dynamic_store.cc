@@ -10,7 +10,8 @@
 
 namespace mxrec {
 
-DynamicStore::DynamicStore(DynamicStoreOptions options) : options_(std::move(options)) {
+DynamicStore::DynamicStore(DynamicStoreOptions options, std::weak_ptr<const HostTable> owner)
+    : options_(std::move(options)), owner_(std::move(owner)) {
   embedding_.name = "embedding";
 }
 
@@ -25,13 +26,26 @@ void DynamicStore::AllocateChunks(int64_t count, float initial, std::vector<Chun
 
 Status DynamicStore::EnsureRows(const int64_t* addresses, int64_t n,
                                 std::vector<int64_t>* fresh) {
+  // Addresses are rows the owner's key stage handed out, so they are below
+  // its next row; anything else would grow the store towards an address no
+  // ID holds (up to 2^31 rows).
+  std::shared_ptr<const HostTable> owner = owner_.lock();
+  if (!owner) {
+    return MXREC_ERROR(StatusCode::kNotFound, "mxrec table '", options_.name,
+                       "': the host table of this dynamic store was dropped "
+                       "(terminate_config_initializer?)");
+  }
+  const int64_t limit = owner->next_row();
   std::unique_lock<std::shared_mutex> lock(mu_);
   int64_t highest = -1;
   for (int64_t i = 0; i < n; ++i) {
-    if (addresses[i] < 0) {
+    if (addresses[i] < 0 || addresses[i] >= limit) {
       return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                         "': dynamic store got the negative row ", addresses[i],
-                         " at position ", i, "; nothing was allocated");
+                         "': dynamic store got address ", addresses[i], " at position ", i,
+                         ", but the table's key stage has handed out addresses [0, ", limit,
+                         ") only (at most ", owner->options().device_capacity,
+                         "); addresses must come from the table's lookups. Nothing was "
+                         "allocated");
     }
     highest = std::max(highest, addresses[i]);
   }
@@ -299,7 +313,7 @@ Status DynamicStoreRegistry::Create(const std::string& key, const DynamicStoreOp
     *store = it->second.store;
     return Status::Ok();
   }
-  *store = std::make_shared<DynamicStore>(options);
+  *store = std::make_shared<DynamicStore>(options, owner);
   stores_[key] = Entry{owner, *store};
   return Status::Ok();
 }

@@ -54,14 +54,18 @@ struct DynamicStoreStats {
 
 class DynamicStore {
  public:
-  explicit DynamicStore(DynamicStoreOptions options);
+  // `owner` is the host table whose key stage hands out the addresses: the
+  // store never grows beyond the rows it has handed out.
+  DynamicStore(DynamicStoreOptions options, std::weak_ptr<const HostTable> owner);
 
   const DynamicStoreOptions& options() const { return options_; }
 
   // Marks `addresses` as in use, growing every array by whole chunks as
   // needed, and appends to `fresh` the addresses that were not in use before
-  // (first occurrence order): the caller writes their initial values. Memory
-  // that cannot be had is ResourceExhausted, and nothing is grown or marked.
+  // (first occurrence order): the caller writes their initial values. An
+  // address the owner's key stage has not handed out (>= its next row) is
+  // InvalidArgument and memory that cannot be had is ResourceExhausted; either
+  // way nothing is grown or marked.
   Status EnsureRows(const int64_t* addresses, int64_t n, std::vector<int64_t>* fresh);
 
   // The index of the optimizer slot `slot_name`, added (every row at
@@ -119,6 +123,7 @@ class DynamicStore {
                      std::vector<int64_t>* unique, std::vector<float>* summed) const;
 
   const DynamicStoreOptions options_;
+  const std::weak_ptr<const HostTable> owner_;
   mutable std::shared_mutex mu_;
   Array embedding_;
   std::vector<Array> slots_;

@@ -149,6 +149,12 @@ class HostTable {
   // Newest batch time seen in training, or -1 before the first batch.
   int64_t newest_timestamp() const;
 
+  // Rows handed out so far: every row the key stage gave an ID is below it.
+  int64_t next_row() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_row_;
+  }
+
   TableStats Stats() const;
 
   // Copies the host state out, IDs ordered by (row, key) so that equal states
