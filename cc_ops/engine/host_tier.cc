@@ -579,22 +579,6 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
   return Status::Ok();
 }
 
-void HostTier::ClearLocked() {
-  DrainLocked();
-  plans_.clear();
-  for (auto& cursor : cursor_) cursor = next_seq_;
-  meta_.clear();
-  live_ = 0;
-  {
-    std::lock_guard<std::mutex> queue_lock(queue_mu_);
-    released_.clear();
-  }
-  for (auto& chunks : chunks_) chunks.clear();
-  pending_spills_.clear();
-  staged_.clear();
-  ssd_.reset();  // removes the old file; a new one is opened on the next spill
-}
-
 Status HostTier::Replace(const std::vector<int64_t>& keys,
                          const std::vector<std::string>& components,
                          const std::vector<uint32_t>& present, const std::vector<float>& values,
@@ -608,13 +592,41 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
                        " floats for ", components.size(), " components of dim ", dim, ")");
   }
   std::lock_guard<std::mutex> lock(mu_);
+  return GuardAllocation(options_.name, "restoring the host tier", [&] {
+    return ReplaceLocked(keys, components, present, values, slots);
+  });
+}
+
+Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
+                               const std::vector<std::string>& components,
+                               const std::vector<uint32_t>& present,
+                               const std::vector<float>& values, std::vector<int32_t>* slots) {
+  DrainLocked();
+  // The new state is built aside and replaces the old one only once all of it,
+  // the SSD file included, is written: a restore that fails on the way (disk,
+  // memory, a bad checkpoint) leaves the tier as it was.
+  // Components of the checkpoint that are new here are registered with it.
+  std::vector<std::string> names = components_;
   std::vector<int> index(components.size());
   for (size_t c = 0; c < components.size(); ++c) {
-    MXREC_RETURN_IF_ERROR(RegisterLocked(components[c], &index[c]));
+    auto it = std::find(names.begin(), names.end(), components[c]);
+    if (it == names.end()) {
+      if (names.size() >= kMaxComponents) {
+        return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                           "': more than ", kMaxComponents,
+                           " optimizer slots swap through the host tier");
+      }
+      it = names.insert(names.end(), components[c]);
+    }
+    index[c] = static_cast<int>(it - names.begin());
   }
-  ClearLocked();
+  const int64_t dim = options_.dim;
+  const size_t width = components.size() * static_cast<size_t>(dim);
   const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
-  slots->assign(keys.size(), -1);
+  std::vector<int32_t> new_slots(keys.size(), -1);
+  std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta;
+  std::vector<std::vector<Chunk>> chunks(names.size());
+  int64_t live = 0;
   int32_t next_slot = 0;
   std::vector<int64_t> disk_keys;
   std::vector<SsdRecord> disk_records;
@@ -623,15 +635,21 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
     const float* row = values.data() + i * width;
     if (next_slot < options_.host_capacity) {
       const int32_t slot = next_slot++;
-      EnsureSlotsLocked(int64_t{slot} + 1);
-      meta_[slot].key = keys[i];
+      meta.resize(static_cast<size_t>(slot) + 1);
+      meta[slot].key = keys[i];
       for (size_t c = 0; c < components.size(); ++c) {
         if (!(present[i] & (1u << c))) continue;
-        std::memcpy(ValueLocked(index[c], slot), row + c * dim, dim * sizeof(float));
-        meta_[slot].present |= 1u << index[c];
+        float* value = nullptr;
+        try {
+          value = ValueIn(&chunks, index[c], slot);
+        } catch (const std::bad_alloc&) {
+          return ChunkOutOfMemory(components[c]);
+        }
+        std::memcpy(value, row + c * dim, dim * sizeof(float));
+        meta[slot].present |= 1u << index[c];
       }
-      ++live_;
-      (*slots)[i] = slot;
+      ++live;
+      new_slots[i] = slot;
       continue;
     }
     if (options_.ssd_capacity <= 0) {
@@ -657,10 +675,32 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
     disk_keys.push_back(keys[i]);
     disk_records.push_back(std::move(record));
   }
+  // A new file: the old one keeps serving the old state until the swap below.
+  std::unique_ptr<SsdTier> ssd;
   if (!disk_keys.empty()) {
-    MXREC_RETURN_IF_ERROR(OpenSsdLocked());
-    MXREC_RETURN_IF_ERROR(ssd_->PutBatch(disk_keys, disk_records));
+    MXREC_RETURN_IF_ERROR(
+        SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &ssd));
+    MXREC_RETURN_IF_ERROR(ssd->PutBatch(disk_keys, disk_records));
   }
+  cursor_.reserve(names.size());
+  // Nothing below fails: the new state replaces the old one.
+  while (components_.size() < names.size()) {
+    components_.push_back(names[components_.size()]);
+    cursor_.push_back(next_seq_);
+  }
+  plans_.clear();
+  for (auto& cursor : cursor_) cursor = next_seq_;
+  {
+    std::lock_guard<std::mutex> queue_lock(queue_mu_);
+    released_.clear();
+  }
+  pending_spills_.clear();
+  staged_.clear();
+  meta_.swap(meta);
+  live_ = live;
+  chunks_.swap(chunks);
+  ssd_ = std::move(ssd);  // removes the old file; a new one is opened on the next spill
+  slots->swap(new_slots);
   return Status::Ok();
 }
 
