@@ -256,7 +256,7 @@ def test_invalid_address_is_refused_and_nothing_written(bad, make_session):
     np.testing.assert_array_equal(dynamic.export_values(table)[1], before)
 
 
-@pytest.mark.parametrize("bad", [3, 10**6, 2**40])
+@pytest.mark.parametrize("bad", [3, 10**6])
 def test_store_grows_only_to_addresses_the_key_stage_gave(bad, engine, make_session):
     """The store never grows towards an address the table's key stage did not hand out: the
     op and a restore's write refuse it with the table and the limit, and allocate nothing."""
