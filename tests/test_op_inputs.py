@@ -141,6 +141,20 @@ CASES = {
         {"rows": (tf.int32, _i32()), "current": (tf.float32, _NO_ROWS),
          "fresh_values": (tf.float32, np.float32(0))},
         ("rows", np.zeros((0, 1), np.int32)), "input 'rows' must be a vector"),
+    "tier_swap/current": (
+        lambda ph, k: _lib().mxrec_tier_swap(table_key=k["tiered"], **ph),
+        {"rows": (tf.int32, _i32()), "current": (tf.float32, _NO_ROWS),
+         "fresh_values": (tf.float32, np.float32(0))},
+        ("current", np.zeros((1, DIM), np.float32)), "current must be"),
+    "tier_swap/fresh_values": (
+        lambda ph, k: _lib().mxrec_tier_swap(table_key=k["tiered"], **ph),
+        {"rows": (tf.int32, _i32()), "current": (tf.float32, _NO_ROWS),
+         "fresh_values": (tf.float32, np.float32(0))},
+        ("fresh_values", np.zeros((1, DIM), np.float32)), "fresh_values must be"),
+    "tier_swap_in_place/fresh_values": (
+        _swap_in_place,
+        {"rows": (tf.int32, _i32()), "fresh_values": (tf.float32, np.float32(0))},
+        ("fresh_values", np.zeros(DIM, np.float32)), "fresh_values must be"),
     "tier_swap_in_place/rows": (
         _swap_in_place,
         {"rows": (tf.int32, _i32()), "fresh_values": (tf.float32, np.float32(0))},
