@@ -256,6 +256,23 @@ def test_invalid_address_is_refused_and_nothing_written(bad, make_session):
     np.testing.assert_array_equal(dynamic.export_values(table)[1], before)
 
 
+@pytest.mark.parametrize("bad", [3, 10**6])
+def test_store_grows_only_to_addresses_the_key_stage_gave(bad, engine, make_session):
+    """The store never grows towards an address the table's key stage did not hand out: the
+    op and a restore's write refuse it with the table and the limit, and allocate nothing."""
+    table, _, _, sess = _trained_table(make_session)  # addresses 0, 1, 2 handed out
+    before = table.store_stats()
+    ensure = dynamic._ops().mxrec_dynamic_ensure_rows(tf.constant([1, bad], tf.int64),
+                                                      table_key=table.table_key)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"table 't'.*address {bad} at position 1.*handed out addresses "
+                             rf"\[0, 3\) only .at most 2147483647.*Nothing was allocated"):
+        sess.run(ensure)
+    with pytest.raises(ValueError, match=rf"table 't'.*address {bad} .*\[0, 3\) only"):
+        dynamic.write_rows(table, [bad], np.zeros((1, DIM), np.float32))
+    assert table.store_stats() == before
+
+
 def test_duplicate_addresses_are_summed(make_session):
     table, _, _, sess = _trained_table(make_session)
     ops = dynamic._ops()

@@ -365,3 +365,52 @@ def test_restore_while_batches_are_planned_fails_the_next_step(tmp_path):
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=r"'t'.*planned before the table was restored"):
             sess.run(train_op)
+
+
+def _import_snapshot(engine, key, ids, scale):
+    """Restores `ids` (int64) into a table of 2 device rows: the first two on the device, the
+    rest in the host tier with the embedding value [id, scale]."""
+    n = len(ids)
+    host = n - 2
+    values = np.stack([ids[2:], np.full(host, scale)], axis=1).astype(np.float32)
+    engine.import_state(
+        key, keys=ids, rows=np.array([0, 1] + [-1] * host, np.int32),
+        counts=np.ones(n, np.float32), last_seen=np.zeros(n, np.int64),
+        free_rows=np.zeros(0, np.int32), next_row=2, newest_timestamp=0,
+        counting_frozen=False, access_threshold=0.0,
+        in_host=np.array([0, 0] + [1] * host, np.uint8), lru_rows=np.array([0, 1], np.int32),
+        lru_ages=np.zeros(2, np.uint32), tier_components=["embedding"],
+        tier_present=np.ones(host, np.uint32), tier_values=values.reshape(host, 1, 2))
+
+
+def _host_state(engine, key):
+    state = engine.export_state(key)
+    del state["epoch"]  # export_state closes a save epoch
+    ids, values = engine.tier_export(key)
+    return state, dict(zip(ids.tolist(), values.tolist()))
+
+
+def test_failed_restore_leaves_the_table_as_it_was(tmp_path, engine):
+    """A restore whose SSD file cannot be written (ssd_data_path gone) fails with the reason,
+    and the table keeps its old state in every tier: host memory, disk and the ID map."""
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    init()
+    table = create_table(tf.int64, 2, "t", _v1.zeros_initializer(), device_vocabulary_size=2,
+                         host_vocabulary_size=2, ssd_vocabulary_size=10, ssd_data_path=str(ssd))
+    key = table.table_key
+    _import_snapshot(engine, key, np.arange(1, 8, dtype=np.int64), 1.0)  # 3 on disk
+    assert tiers.stats(table)["ssd_rows"] == 3
+    state, values = _host_state(engine, key)
+    assert values == {i: [float(i), 1.0] for i in range(3, 8)}
+    ssd.rename(tmp_path / "elsewhere")  # the old file stays open; a new one cannot be made
+    with pytest.raises(ValueError, match=r"'t': ssd_data_path .* is not an existing directory"):
+        _import_snapshot(engine, key, np.arange(11, 18, dtype=np.int64), 2.0)
+    got_state, got_values = _host_state(engine, key)
+    assert got_values == values
+    assert got_state.keys() == state.keys()
+    for field, value in state.items():
+        np.testing.assert_array_equal(got_state[field], value, err_msg=field)
+    (tmp_path / "elsewhere").rename(ssd)
+    _import_snapshot(engine, key, np.arange(11, 18, dtype=np.int64), 2.0)
+    assert _host_state(engine, key)[1] == {i: [float(i), 2.0] for i in range(13, 18)}

@@ -10,35 +10,74 @@
 
 namespace mxrec {
 
-DynamicStore::DynamicStore(DynamicStoreOptions options) : options_(std::move(options)) {
+DynamicStore::DynamicStore(DynamicStoreOptions options, std::weak_ptr<const HostTable> owner)
+    : options_(std::move(options)), owner_(std::move(owner)) {
   embedding_.name = "embedding";
 }
 
-void DynamicStore::AddChunk(Array* array) {
-  const int64_t count = options_.chunk_rows * options_.dim;
-  std::unique_ptr<float[]> chunk(new float[count]);
-  std::fill(chunk.get(), chunk.get() + count, array->initial);
-  array->chunks.push_back(std::move(chunk));
+void DynamicStore::AllocateChunks(int64_t count, float initial, std::vector<Chunk>* chunks) const {
+  const int64_t floats = options_.chunk_rows * options_.dim;
+  for (int64_t c = 0; c < count; ++c) {
+    Chunk chunk(static_cast<float*>(AllocateLarge(static_cast<size_t>(chunk_bytes()))));
+    std::fill(chunk.get(), chunk.get() + floats, initial);
+    chunks->push_back(std::move(chunk));
+  }
 }
 
 Status DynamicStore::EnsureRows(const int64_t* addresses, int64_t n,
                                 std::vector<int64_t>* fresh) {
+  // Addresses are rows the owner's key stage handed out, so they are below
+  // its next row; anything else would grow the store towards an address no
+  // ID holds (up to 2^31 rows).
+  std::shared_ptr<const HostTable> owner = owner_.lock();
+  if (!owner) {
+    return MXREC_ERROR(StatusCode::kNotFound, "mxrec table '", options_.name,
+                       "': the host table of this dynamic store was dropped "
+                       "(terminate_config_initializer?)");
+  }
+  const int64_t limit = owner->next_row();
   std::unique_lock<std::shared_mutex> lock(mu_);
   int64_t highest = -1;
   for (int64_t i = 0; i < n; ++i) {
-    if (addresses[i] < 0) {
+    if (addresses[i] < 0 || addresses[i] >= limit) {
       return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                         "': dynamic store got the negative row ", addresses[i],
-                         " at position ", i, "; nothing was allocated");
+                         "': dynamic store got address ", addresses[i], " at position ", i,
+                         ", but the table's key stage has handed out addresses [0, ", limit,
+                         ") only (at most ", owner->options().device_capacity,
+                         "); addresses must come from the table's lookups. Nothing was "
+                         "allocated");
     }
     highest = std::max(highest, addresses[i]);
   }
-  while (capacity_ <= highest) {
-    AddChunk(&embedding_);
-    for (Array& slot : slots_) AddChunk(&slot);
-    capacity_ += options_.chunk_rows;
+  if (capacity_ <= highest) {
+    // Every new chunk is made before any joins the store, so a failed
+    // allocation leaves the store as it was.
+    const int64_t grow = (highest - capacity_) / options_.chunk_rows + 1;
+    const int64_t new_capacity = capacity_ + grow * options_.chunk_rows;
+    std::vector<Chunk> embedding;
+    std::vector<std::vector<Chunk>> slots(slots_.size());
+    try {
+      in_use_.reserve(static_cast<size_t>(new_capacity));
+      AllocateChunks(grow, embedding_.initial, &embedding);
+      for (size_t s = 0; s < slots_.size(); ++s) {
+        AllocateChunks(grow, slots_[s].initial, &slots[s]);
+      }
+    } catch (const std::bad_alloc&) {
+      const int64_t arrays = 1 + static_cast<int64_t>(slots_.size());
+      return OutOfMemory(
+          options_.name,
+          internal::StrCat("growing the dynamic store from ", capacity_, " to ", new_capacity,
+                           " rows (", grow * arrays, " chunks of ", chunk_bytes(),
+                           " bytes for the embedding and ", slots_.size(), " optimizer slot(s))"),
+          static_cast<size_t>(grow * arrays * chunk_bytes()));
+    }
+    for (Chunk& chunk : embedding) embedding_.chunks.push_back(std::move(chunk));
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      for (Chunk& chunk : slots[s]) slots_[s].chunks.push_back(std::move(chunk));
+    }
+    capacity_ = new_capacity;
+    in_use_.resize(static_cast<size_t>(capacity_), 0);
   }
-  in_use_.resize(capacity_, 0);
   for (int64_t i = 0; i < n; ++i) {
     uint8_t& used = in_use_[addresses[i]];
     if (!used) {
@@ -66,8 +105,16 @@ Status DynamicStore::AddSlot(const std::string& slot_name, float initial_value, 
   Array slot;
   slot.name = slot_name;
   slot.initial = initial_value;
-  for (int64_t c = 0; c < capacity_ / options_.chunk_rows; ++c) AddChunk(&slot);
-  slots_.push_back(std::move(slot));
+  const int64_t chunks = capacity_ / options_.chunk_rows;
+  try {
+    AllocateChunks(chunks, initial_value, &slot.chunks);
+    slots_.push_back(std::move(slot));
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(options_.name,
+                       internal::StrCat("optimizer slot '", slot_name, "' of the dynamic store (",
+                                        chunks, " chunks of ", chunk_bytes(), " bytes)"),
+                       static_cast<size_t>(chunks * chunk_bytes()));
+  }
   *index = static_cast<int>(slots_.size()) - 1;
   return Status::Ok();
 }
@@ -266,7 +313,7 @@ Status DynamicStoreRegistry::Create(const std::string& key, const DynamicStoreOp
     *store = it->second.store;
     return Status::Ok();
   }
-  *store = std::make_shared<DynamicStore>(options);
+  *store = std::make_shared<DynamicStore>(options, owner);
   stores_[key] = Entry{owner, *store};
   return Status::Ok();
 }

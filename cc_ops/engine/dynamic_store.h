@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "host_table.h"
+#include "huge_pages.h"
 #include "status.h"
 
 namespace mxrec {
@@ -53,13 +54,18 @@ struct DynamicStoreStats {
 
 class DynamicStore {
  public:
-  explicit DynamicStore(DynamicStoreOptions options);
+  // `owner` is the host table whose key stage hands out the addresses: the
+  // store never grows beyond the rows it has handed out.
+  DynamicStore(DynamicStoreOptions options, std::weak_ptr<const HostTable> owner);
 
   const DynamicStoreOptions& options() const { return options_; }
 
   // Marks `addresses` as in use, growing every array by whole chunks as
   // needed, and appends to `fresh` the addresses that were not in use before
-  // (first occurrence order): the caller writes their initial values.
+  // (first occurrence order): the caller writes their initial values. An
+  // address the owner's key stage has not handed out (>= its next row) is
+  // InvalidArgument and memory that cannot be had is ResourceExhausted; either
+  // way nothing is grown or marked.
   Status EnsureRows(const int64_t* addresses, int64_t n, std::vector<int64_t>* fresh);
 
   // The index of the optimizer slot `slot_name`, added (every row at
@@ -87,16 +93,26 @@ class DynamicStore {
   DynamicStoreStats Stats() const;
 
  private:
+  // Chunks come from AllocateLarge (huge pages: rows are read by random address).
+  struct ChunkFree {
+    void operator()(float* chunk) const { std::free(chunk); }
+  };
+  using Chunk = std::unique_ptr<float, ChunkFree>;
   struct Array {
     std::string name;
     float initial = 0.0f;
-    std::vector<std::unique_ptr<float[]>> chunks;
+    std::vector<Chunk> chunks;
   };
 
   // Both need mu_ held.
   Status CheckAddresses(const int64_t* addresses, int64_t n, const char* caller) const;
   Status CheckSlot(int slot, const char* caller) const;
-  void AddChunk(Array* array);
+  int64_t chunk_bytes() const {
+    return options_.chunk_rows * options_.dim * static_cast<int64_t>(sizeof(float));
+  }
+  // Appends `count` chunks filled with `initial` to *chunks. Throws
+  // AllocationError, leaving *chunks with the chunks made so far.
+  void AllocateChunks(int64_t count, float initial, std::vector<Chunk>* chunks) const;
   float* Row(const Array& array, int64_t address) const {
     return array.chunks[address / options_.chunk_rows].get() +
            (address % options_.chunk_rows) * options_.dim;
@@ -107,6 +123,7 @@ class DynamicStore {
                      std::vector<int64_t>* unique, std::vector<float>* summed) const;
 
   const DynamicStoreOptions options_;
+  const std::weak_ptr<const HostTable> owner_;
   mutable std::shared_mutex mu_;
   Array embedding_;
   std::vector<Array> slots_;

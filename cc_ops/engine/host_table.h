@@ -172,6 +172,12 @@ class HostTable {
   // before the first batch.
   int64_t newest_timestamp() const;
 
+  // Rows handed out so far: every row the key stage gave an ID is below it.
+  int64_t next_row() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_row_;
+  }
+
   TableStats Stats() const;
 
   // Copies the host state at the step boundary out (pending batches undone in

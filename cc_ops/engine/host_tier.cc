@@ -38,14 +38,24 @@ HostTier::Chunk HostTier::AllocateChunk() const {
   return Chunk(static_cast<float*>(AllocateLarge(bytes)));
 }
 
+float* HostTier::ValueIn(std::vector<std::vector<Chunk>>* table, int component,
+                         int32_t slot) const {
+  auto& chunks = (*table)[component];
+  const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
+  if (chunk >= chunks.size()) chunks.resize(chunk + 1);
+  if (!chunks[chunk]) chunks[chunk] = AllocateChunk();
+  return chunks[chunk].get() + (slot & (chunk_rows_ - 1)) * options_.dim;
+}
+
 float* HostTier::ValueLocked(int component, int32_t slot) {
-  if (!HasChunk(component, slot)) {
-    auto& chunks = chunks_[component];
-    const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
-    if (chunk >= chunks.size()) chunks.resize(chunk + 1);
-    chunks[chunk] = AllocateChunk();
-  }
-  return ValueAt(component, slot);
+  return ValueIn(&chunks_, component, slot);
+}
+
+Status HostTier::ChunkOutOfMemory(const std::string& component_name) const {
+  return OutOfMemory(options_.name,
+                     internal::StrCat("a host-tier chunk of ", chunk_rows_, " rows of '",
+                                      component_name, "'"),
+                     static_cast<size_t>(chunk_rows_ * options_.dim) * sizeof(float));
 }
 
 void HostTier::EnsureSlotsLocked(int64_t count) {
@@ -242,9 +252,11 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
 Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float* current,
                       float* incoming, bool* fresh, ThreadPool* pool) {
   const int64_t dim = options_.dim;
-  MXREC_RETURN_IF_ERROR(SwapRows(
-      component, rows, n, [current, dim](int64_t i) { return current + i * dim; },
-      [incoming, dim](int64_t i) { return incoming + i * dim; }, fresh, pool));
+  MXREC_RETURN_IF_ERROR(GuardAllocation(options_.name, "a host-tier swap", [&] {
+    return SwapRows(
+        component, rows, n, [current, dim](int64_t i) { return current + i * dim; },
+        [incoming, dim](int64_t i) { return incoming + i * dim; }, fresh, pool);
+  }));
   for (int64_t i = 0; i < n; ++i) {
     if (fresh[i]) std::memset(incoming + i * dim, 0, dim * sizeof(float));
   }
@@ -264,7 +276,8 @@ Status HostTier::SwapInPlace(int component, const int32_t* rows, int64_t n, floa
   // Every victim's value is stored before any new owner's value is written, and
   // a plan's rows are distinct, so reading and writing the same rows is safe.
   const auto row = [table, rows, dim](int64_t i) { return table + rows[i] * dim; };
-  return SwapRows(component, rows, n, row, row, fresh, pool);
+  return GuardAllocation(options_.name, "a host-tier swap",
+                         [&] { return SwapRows(component, rows, n, row, row, fresh, pool); });
 }
 
 template <typename CurrentRow, typename IncomingRow>
@@ -309,9 +322,14 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
   }
   const int64_t dim = options_.dim;
   // Every value block a victim is written to exists before the copies start,
-  // so that the copy loops allocate nothing and may run on several threads.
-  for (int64_t i = 0; i < n; ++i) {
-    if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
+  // so that the copy loops allocate nothing and may run on several threads,
+  // and so that running out of memory leaves the plan unapplied.
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
+    }
+  } catch (const std::bad_alloc&) {
+    return ChunkOutOfMemory(components_[component]);
   }
   const int64_t parts =
       (pool != nullptr && pool->num_threads() > 1 && n >= parallel_min_rows.load())
@@ -561,22 +579,6 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
   return Status::Ok();
 }
 
-void HostTier::ClearLocked() {
-  DrainLocked();
-  plans_.clear();
-  for (auto& cursor : cursor_) cursor = next_seq_;
-  meta_.clear();
-  live_ = 0;
-  {
-    std::lock_guard<std::mutex> queue_lock(queue_mu_);
-    released_.clear();
-  }
-  for (auto& chunks : chunks_) chunks.clear();
-  pending_spills_.clear();
-  staged_.clear();
-  ssd_.reset();  // removes the old file; a new one is opened on the next spill
-}
-
 Status HostTier::Replace(const std::vector<int64_t>& keys,
                          const std::vector<std::string>& components,
                          const std::vector<uint32_t>& present, const std::vector<float>& values,
@@ -590,13 +592,41 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
                        " floats for ", components.size(), " components of dim ", dim, ")");
   }
   std::lock_guard<std::mutex> lock(mu_);
+  return GuardAllocation(options_.name, "restoring the host tier", [&] {
+    return ReplaceLocked(keys, components, present, values, slots);
+  });
+}
+
+Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
+                               const std::vector<std::string>& components,
+                               const std::vector<uint32_t>& present,
+                               const std::vector<float>& values, std::vector<int32_t>* slots) {
+  DrainLocked();
+  // The new state is built aside and replaces the old one only once all of it,
+  // the SSD file included, is written: a restore that fails on the way (disk,
+  // memory, a bad checkpoint) leaves the tier as it was.
+  // Components of the checkpoint that are new here are registered with it.
+  std::vector<std::string> names = components_;
   std::vector<int> index(components.size());
   for (size_t c = 0; c < components.size(); ++c) {
-    MXREC_RETURN_IF_ERROR(RegisterLocked(components[c], &index[c]));
+    auto it = std::find(names.begin(), names.end(), components[c]);
+    if (it == names.end()) {
+      if (names.size() >= kMaxComponents) {
+        return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                           "': more than ", kMaxComponents,
+                           " optimizer slots swap through the host tier");
+      }
+      it = names.insert(names.end(), components[c]);
+    }
+    index[c] = static_cast<int>(it - names.begin());
   }
-  ClearLocked();
+  const int64_t dim = options_.dim;
+  const size_t width = components.size() * static_cast<size_t>(dim);
   const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
-  slots->assign(keys.size(), -1);
+  std::vector<int32_t> new_slots(keys.size(), -1);
+  std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta;
+  std::vector<std::vector<Chunk>> chunks(names.size());
+  int64_t live = 0;
   int32_t next_slot = 0;
   std::vector<int64_t> disk_keys;
   std::vector<SsdRecord> disk_records;
@@ -605,15 +635,21 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
     const float* row = values.data() + i * width;
     if (next_slot < options_.host_capacity) {
       const int32_t slot = next_slot++;
-      EnsureSlotsLocked(int64_t{slot} + 1);
-      meta_[slot].key = keys[i];
+      meta.resize(static_cast<size_t>(slot) + 1);
+      meta[slot].key = keys[i];
       for (size_t c = 0; c < components.size(); ++c) {
         if (!(present[i] & (1u << c))) continue;
-        std::memcpy(ValueLocked(index[c], slot), row + c * dim, dim * sizeof(float));
-        meta_[slot].present |= 1u << index[c];
+        float* value = nullptr;
+        try {
+          value = ValueIn(&chunks, index[c], slot);
+        } catch (const std::bad_alloc&) {
+          return ChunkOutOfMemory(components[c]);
+        }
+        std::memcpy(value, row + c * dim, dim * sizeof(float));
+        meta[slot].present |= 1u << index[c];
       }
-      ++live_;
-      (*slots)[i] = slot;
+      ++live;
+      new_slots[i] = slot;
       continue;
     }
     if (options_.ssd_capacity <= 0) {
@@ -639,10 +675,32 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
     disk_keys.push_back(keys[i]);
     disk_records.push_back(std::move(record));
   }
+  // A new file: the old one keeps serving the old state until the swap below.
+  std::unique_ptr<SsdTier> ssd;
   if (!disk_keys.empty()) {
-    MXREC_RETURN_IF_ERROR(OpenSsdLocked());
-    MXREC_RETURN_IF_ERROR(ssd_->PutBatch(disk_keys, disk_records));
+    MXREC_RETURN_IF_ERROR(
+        SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &ssd));
+    MXREC_RETURN_IF_ERROR(ssd->PutBatch(disk_keys, disk_records));
   }
+  cursor_.reserve(names.size());
+  // Nothing below fails: the new state replaces the old one.
+  while (components_.size() < names.size()) {
+    components_.push_back(names[components_.size()]);
+    cursor_.push_back(next_seq_);
+  }
+  plans_.clear();
+  for (auto& cursor : cursor_) cursor = next_seq_;
+  {
+    std::lock_guard<std::mutex> queue_lock(queue_mu_);
+    released_.clear();
+  }
+  pending_spills_.clear();
+  staged_.clear();
+  meta_.swap(meta);
+  live_ = live;
+  chunks_.swap(chunks);
+  ssd_ = std::move(ssd);  // removes the old file; a new one is opened on the next spill
+  slots->swap(new_slots);
   return Status::Ok();
 }
 

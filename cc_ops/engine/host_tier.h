@@ -150,7 +150,9 @@ class HostTier {
   // Replaces every row of the tier with `keys` (layout of Gather; components
   // named as in the checkpoint, registered when new) and drops pending plans.
   // The first host_capacity keys with values get host slots 0, 1, ...; the
-  // rest go to disk. (*slots)[i] is key i's slot (-1: on disk or no values).
+  // rest go to a new SSD file. (*slots)[i] is key i's slot (-1: on disk or no
+  // values). On any error (the SSD file cannot be written, memory runs out)
+  // the tier is left as it was.
   Status Replace(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
                  const std::vector<uint32_t>& present, const std::vector<float>& values,
                  std::vector<int32_t>* slots);
@@ -174,6 +176,11 @@ class HostTier {
   };
   using Chunk = std::unique_ptr<float, ChunkFree>;
   Chunk AllocateChunk() const;
+  // The dim floats of `slot` for `component` in the chunk table *table,
+  // allocating its chunk if needed (throws AllocationError).
+  float* ValueIn(std::vector<std::vector<Chunk>>* table, int component, int32_t slot) const;
+  // kResourceExhausted: no memory for a chunk of `component_name`.
+  Status ChunkOutOfMemory(const std::string& component_name) const;
   struct SlotMeta {
     int64_t key = 0;
     uint32_t present = 0;  // bit k: component k holds a value in the slot
@@ -215,7 +222,9 @@ class HostTier {
            (meta_[slot].present & (1u << component)) != 0;
   }
   Status OpenSsdLocked();
-  void ClearLocked();
+  Status ReplaceLocked(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
+                       const std::vector<uint32_t>& present, const std::vector<float>& values,
+                       std::vector<int32_t>* slots);
   // Moves the plans queued by Enqueue into plans_ (numbering them), so that
   // the key stage never waits for a swap in progress to queue its plan.
   void DrainLocked();

@@ -63,9 +63,20 @@ class KeyMap {
   // Starts loading the home bucket of `hash` into the cache.
   void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
 
-  // Returns the record of key, inserting an empty one if absent. Pointers stay
-  // valid until the next Reserve that grows the map or the next Erase.
+  // Returns the record of key, inserting an empty one if absent. The map grows
+  // here when one more record would pass the load limit, which invalidates
+  // every record pointer; a caller that keeps pointers across inserts calls
+  // Reserve first, after which the inserts it reserved for never grow the map.
+  // Because every insert goes through this check, the map always has an empty
+  // bucket, so no probe loop can run forever.
   KeyRecord* FindOrInsert(int64_t key, uint64_t hash, bool* inserted) {
+    if (OverLoad(size_ + 1)) {
+      if (KeyRecord* found = Find(key, hash)) {
+        *inserted = false;
+        return found;
+      }
+      Rehash(slots_.size() * 2);
+    }
     for (uint64_t i = hash & mask_;; i = (i + 1) & mask_) {
       KeyRecord& slot = slots_[i];
       if (!slot.used) {
@@ -83,10 +94,11 @@ class KeyMap {
     }
   }
 
-  // Makes room for `extra` more records without growing in between.
+  // Makes room for `extra` more records without growing in between. Throws
+  // AllocationError (the map unchanged) when the larger array cannot be had.
   void Reserve(int64_t extra) {
     const int64_t need = size_ + extra;
-    if (need * 10 <= static_cast<int64_t>(slots_.size()) * 7) return;
+    if (!OverLoad(need)) return;
     uint64_t capacity = slots_.size();
     while (static_cast<int64_t>(capacity) * 7 < need * 10) capacity *= 2;
     Rehash(capacity);
@@ -135,22 +147,28 @@ class KeyMap {
   }
 
  private:
+  // Whether `records` would fill more than 7/10 of the buckets.
+  bool OverLoad(int64_t records) const {
+    return records * 10 > static_cast<int64_t>(slots_.size()) * 7;
+  }
+
+  // Moves every record into a new array of `capacity` buckets (a power of
+  // two). The new array is filled before it replaces the old one, so a failed
+  // allocation leaves the map as it was.
   void Rehash(uint64_t capacity) {
-    std::vector<KeyRecord, HugePageAllocator<KeyRecord>> old;
-    old.swap(slots_);
-    slots_.assign(capacity, KeyRecord());
-    mask_ = capacity - 1;
-    size_ = 0;
-    for (const auto& slot : old) {
+    std::vector<KeyRecord, HugePageAllocator<KeyRecord>> fresh(capacity);
+    const uint64_t mask = capacity - 1;
+    for (const auto& slot : slots_) {
       if (!slot.used) continue;
-      for (uint64_t i = HashKey(slot.key) & mask_;; i = (i + 1) & mask_) {
-        if (!slots_[i].used) {
-          slots_[i] = slot;
-          ++size_;
+      for (uint64_t i = HashKey(slot.key) & mask;; i = (i + 1) & mask) {
+        if (!fresh[i].used) {
+          fresh[i] = slot;
           break;
         }
       }
     }
+    slots_.swap(fresh);
+    mask_ = mask;
   }
 
   std::vector<KeyRecord, HugePageAllocator<KeyRecord>> slots_;

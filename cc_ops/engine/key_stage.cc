@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "huge_pages.h"
+
 namespace mxrec {
 
 int64_t WallClockSeconds() {
@@ -21,9 +23,15 @@ Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeyS
   const int64_t n = static_cast<int64_t>(tables.size());
   plans->resize(n);
   std::vector<Status> statuses(n);
+  // Running out of memory (the ID map growing, on this thread or a pool
+  // thread) fails the batch of that table, not the process.
   auto run_one = [&](int64_t i) {
-    statuses[i] = tables[i]->Process(spans[i].keys, spans[i].size, train, timestamp, pool,
-                                     &(*plans)[i], deferred);
+    statuses[i] = GuardAllocation(
+        tables[i]->options().name,
+        internal::StrCat("planning a batch of ", spans[i].size, " IDs"), [&] {
+          return tables[i]->Process(spans[i].keys, spans[i].size, train, timestamp, pool,
+                                    &(*plans)[i], deferred);
+        });
   };
   // Tables that share admission counts run one after another, in order, so
   // that which of them admits an ID first does not depend on scheduling.

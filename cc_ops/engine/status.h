@@ -12,7 +12,7 @@ namespace mxrec {
 
 enum class StatusCode { kOk = 0, kInvalidArgument, kResourceExhausted, kNotFound, kInternal };
 
-class Status {
+class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}

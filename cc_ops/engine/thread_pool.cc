@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <memory>
 
 namespace mxrec {
@@ -39,8 +40,10 @@ namespace {
 struct ForState {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
+  std::atomic<bool> failed{false};
   std::mutex mu;
   std::condition_variable cv;
+  std::exception_ptr error;  // the first exception an item threw (under mu)
 };
 }  // namespace
 
@@ -52,10 +55,21 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     return;
   }
   auto state = std::make_shared<ForState>();
+  // An exception thrown by an item (std::bad_alloc above all) must not leave a
+  // worker, where it would end the process: it is kept, the items not started
+  // yet are skipped, and the caller rethrows it once every claimed item is done.
   auto drain = [state, n, &fn] {
     int64_t finished = 0;
     for (int64_t i = state->next.fetch_add(1); i < n; i = state->next.fetch_add(1)) {
-      fn(i);
+      if (!state->failed.load()) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(state->mu);
+          if (!state->error) state->error = std::current_exception();
+          state->failed.store(true);
+        }
+      }
       ++finished;
     }
     if (finished > 0 && state->done.fetch_add(finished) + finished == n) {
@@ -65,7 +79,11 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (int64_t i = 0; i < helpers; ++i) tasks_.emplace_back(drain);
+    try {
+      for (int64_t i = 0; i < helpers; ++i) tasks_.emplace_back(drain);
+    } catch (const std::bad_alloc&) {
+      // Fewer helpers: the caller drains what they would have.
+    }
   }
   cv_.notify_all();
   drain();
@@ -73,6 +91,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
   // they co-own, and never `fn`, so returning before they run is safe.
   std::unique_lock<std::mutex> lock(state->mu);
   state->cv.wait(lock, [&] { return state->done.load() == n; });
+  if (state->error) std::rethrow_exception(state->error);
 }
 
 }  // namespace mxrec

@@ -24,7 +24,9 @@ class ThreadPool {
 
   // Runs fn(i) for i in [0, n) and returns when all have run. The caller works
   // too and claims items itself, so a ParallelFor nested inside another one
-  // never waits on a queue that only blocked workers could drain.
+  // never waits on a queue that only blocked workers could drain. An exception
+  // thrown by fn on any thread is rethrown here, after every item that started
+  // has finished; items not started by then are skipped.
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
  private:

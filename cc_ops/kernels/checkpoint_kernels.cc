@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/huge_pages.h"
 #include "engine/registry.h"
+#include "kernels/input_checks.h"
 #include "kernels/status_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -46,8 +48,11 @@ class MxrecExportTableOp : public TableOpBase {
 
   void Compute(OpKernelContext* ctx) override {
     mxrec::TableState state;
-    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ExportState(/*since_epoch=*/0,
-                                                              /*delta_chain=*/false, &state)));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::GuardAllocation(
+                            table_->options().name, "a snapshot of the host state", [&] {
+                              return table_->ExportState(/*since_epoch=*/0,
+                                                         /*delta_chain=*/false, &state);
+                            })));
     OP_REQUIRES_OK(ctx, Emit(ctx, 0, state.keys));
     OP_REQUIRES_OK(ctx, Emit(ctx, 1, state.rows));
     OP_REQUIRES_OK(ctx, Emit(ctx, 2, state.counts));
@@ -90,27 +95,66 @@ class MxrecImportTableOp : public TableOpBase {
   using TableOpBase::TableOpBase;
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& meta = ctx->input(5);
-    OP_REQUIRES(ctx, meta.NumElements() == 3,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "mxrec table '", table_->options().name,
-                    "': checkpointed host meta must hold 3 values, got ", meta.NumElements())));
+    OP_REQUIRES_OK(ctx, CheckInputs(ctx));
     mxrec::TableState state;
     state.keys = Read<int64_t>(ctx->input(0));
     state.rows = Read<int32_t>(ctx->input(1));
     state.counts = Read<float>(ctx->input(2));
     state.last_seen = Read<int64_t>(ctx->input(3));
     state.free_rows = Read<int32_t>(ctx->input(4));
-    const auto m = meta.flat<int64_t>();
+    const auto m = ctx->input(5).flat<int64_t>();
     state.next_row = m(0);
     state.newest_timestamp = m(1);
     state.counting_frozen = m(2) != 0;
     state.access_threshold = ctx->input(6).scalar<double>()();
     if (ctx->num_inputs() > 7) ReadTierFields(ctx, &state);
-    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ImportState(state)));
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::GuardAllocation(
+                            table_->options().name, "restoring the host state",
+                            [&] { return table_->ImportState(state); })));
   }
 
  private:
+  // Ranks of every input, and the lengths that must agree, before any is read.
+  absl::Status CheckInputs(OpKernelContext* ctx) const {
+    const std::string& table = table_->options().name;
+    static constexpr const char* kVectors[] = {"keys", "rows", "counts", "last_seen",
+                                               "free_rows", "meta"};
+    for (int i = 0; i < 6; ++i) {
+      TF_RETURN_IF_ERROR(mxrec::CheckInputRank(*this, table, kVectors[i], ctx->input(i), 1));
+    }
+    const int64_t n = ctx->input(0).NumElements();
+    for (int i = 1; i < 4; ++i) {
+      TF_RETURN_IF_ERROR(
+          mxrec::CheckInputDim(*this, table, kVectors[i], ctx->input(i), 0, n, "one per key"));
+    }
+    TF_RETURN_IF_ERROR(mxrec::CheckInputDim(*this, table, "meta", ctx->input(5), 0, 3,
+                                            "rows ever used, newest batch time, counting frozen"));
+    TF_RETURN_IF_ERROR(mxrec::CheckInputRank(*this, table, "threshold", ctx->input(6), 0));
+    if (ctx->num_inputs() == 7) return absl::OkStatus();
+    static constexpr const char* kTierVectors[] = {"in_host", "lru_rows", "lru_ages",
+                                                   "tier_components", "tier_present"};
+    for (int i = 7; i < 12; ++i) {
+      TF_RETURN_IF_ERROR(mxrec::CheckInputRank(*this, table, kTierVectors[i - 7], ctx->input(i), 1));
+    }
+    // in_host is empty in the snapshot of a table without a host tier.
+    if (ctx->input(7).NumElements() != 0) {
+      TF_RETURN_IF_ERROR(
+          mxrec::CheckInputDim(*this, table, "in_host", ctx->input(7), 0, n, "one per key"));
+    }
+    TF_RETURN_IF_ERROR(mxrec::CheckInputDim(*this, table, "lru_ages", ctx->input(9), 0,
+                                            ctx->input(8).NumElements(), "one per lru_rows"));
+    const Tensor& values = ctx->input(12);
+    TF_RETURN_IF_ERROR(mxrec::CheckInputRank(*this, table, "tier_values", values, 3));
+    TF_RETURN_IF_ERROR(mxrec::CheckInputDim(*this, table, "tier_values", values, 0,
+                                            ctx->input(11).NumElements(),
+                                            "one per tier_present"));
+    TF_RETURN_IF_ERROR(mxrec::CheckInputDim(*this, table, "tier_values", values, 1,
+                                            ctx->input(10).NumElements(),
+                                            "one per tier_components"));
+    return mxrec::CheckInputDim(*this, table, "tier_values", values, 2, table_->options().dim,
+                                "the table's dim");
+  }
+
   // MxrecImportTableTiered: the host-tier fields of MxrecExportTable.
   static void ReadTierFields(OpKernelContext* ctx, mxrec::TableState* state_ptr) {
     mxrec::TableState& state = *state_ptr;

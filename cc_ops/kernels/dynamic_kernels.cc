@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/dynamic_store.h"
+#include "kernels/input_checks.h"
 #include "kernels/status_util.h"
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -37,30 +38,30 @@ class DynamicStoreKernel : public OpKernel {
 
   // Checks that addresses is a vector [N].
   absl::Status CheckAddresses(const Tensor& addresses) const {
-    if (!TensorShapeUtils::IsVector(addresses.shape())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mxrec table '", table_name(), "': ", type_string(),
-                       " needs a vector of addresses, got shape ",
-                       addresses.shape().DebugString()));
-    }
-    return absl::OkStatus();
+    return mxrec::CheckInputRank(*this, table_name(), "addresses", addresses, 1);
   }
 
-  // Checks addresses [N] and rows [N, dim].
-  absl::Status CheckRows(const Tensor& addresses, const Tensor& values) const {
+  // Checks addresses [N] and rows [N, dim] (the input named `input`).
+  absl::Status CheckRows(const Tensor& addresses, const Tensor& values, const char* input) const {
     const int64_t dim = store_->options().dim;
     TF_RETURN_IF_ERROR(CheckAddresses(addresses));
     if (!TensorShapeUtils::IsMatrix(values.shape()) ||
         values.dim_size(0) != addresses.dim_size(0) || values.dim_size(1) != dim) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "mxrec table '", table_name(), "': ", type_string(), " needs values of shape [",
-          addresses.dim_size(0), ", ", dim, "] for ", addresses.dim_size(0),
-          " addresses, got ", values.shape().DebugString()));
+          "mxrec table '", table_name(), "': ", type_string(), " input '", input,
+          "' must have shape [", addresses.dim_size(0), ", ", dim, "] for ",
+          addresses.dim_size(0), " addresses, got ", values.shape().DebugString()));
     }
     return absl::OkStatus();
   }
 
-  float Scalar(OpKernelContext* ctx, int index) { return ctx->input(index).scalar<float>()(); }
+  // Reads the scalar input `index` (named `input`) into *value.
+  absl::Status ReadScalar(OpKernelContext* ctx, int index, const char* input,
+                          float* value) const {
+    TF_RETURN_IF_ERROR(mxrec::CheckInputRank(*this, table_name(), input, ctx->input(index), 0));
+    *value = ctx->input(index).scalar<float>()();
+    return absl::OkStatus();
+  }
 
   std::shared_ptr<mxrec::DynamicStore> store_;
 };
@@ -106,7 +107,7 @@ class MxrecDynamicAssignOp : public DynamicStoreKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& addresses = ctx->input(0);
     const Tensor& values = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckRows(addresses, values));
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, values, "values"));
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->Write(
                             addresses.flat<int64_t>().data(), addresses.NumElements(), -1,
                             values.flat<float>().data(), "MxrecDynamicAssign")));
@@ -120,10 +121,12 @@ class MxrecDynamicApplySgdOp : public DynamicStoreKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& addresses = ctx->input(0);
     const Tensor& grads = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads));
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads, "grads"));
+    float lr = 0.0f;
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "lr", &lr));
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->ApplySgd(
                             addresses.flat<int64_t>().data(), addresses.NumElements(),
-                            grads.flat<float>().data(), Scalar(ctx, 2))));
+                            grads.flat<float>().data(), lr)));
   }
 };
 
@@ -141,10 +144,12 @@ class MxrecDynamicApplyAdagradOp : public DynamicStoreKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& addresses = ctx->input(0);
     const Tensor& grads = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads));
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads, "grads"));
+    float lr = 0.0f;
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "lr", &lr));
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->ApplyAdagrad(
                             addresses.flat<int64_t>().data(), addresses.NumElements(),
-                            grads.flat<float>().data(), Scalar(ctx, 2), slot_)));
+                            grads.flat<float>().data(), lr, slot_)));
   }
 
  private:
@@ -166,14 +171,14 @@ class MxrecDynamicApplyLazyAdamOp : public DynamicStoreKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& addresses = ctx->input(0);
     const Tensor& grads = ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads));
+    OP_REQUIRES_OK(ctx, CheckRows(addresses, grads, "grads"));
     mxrec::LazyAdamParams params;
-    params.lr = Scalar(ctx, 2);
-    params.beta1 = Scalar(ctx, 3);
-    params.beta2 = Scalar(ctx, 4);
-    params.epsilon = Scalar(ctx, 5);
-    params.beta1_power = Scalar(ctx, 6);
-    params.beta2_power = Scalar(ctx, 7);
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "lr", &params.lr));
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 3, "beta1", &params.beta1));
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 4, "beta2", &params.beta2));
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 5, "epsilon", &params.epsilon));
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 6, "beta1_power", &params.beta1_power));
+    OP_REQUIRES_OK(ctx, ReadScalar(ctx, 7, "beta2_power", &params.beta2_power));
     OP_REQUIRES(ctx, params.beta1_power < 1.0f,
                 absl::InvalidArgumentError(absl::StrCat(
                     "mxrec table '", table_name(), "': LazyAdam's beta1_power must be < 1, got ",

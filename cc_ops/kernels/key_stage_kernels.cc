@@ -6,6 +6,7 @@
 
 #include "engine/key_stage.h"
 #include "engine/registry.h"
+#include "kernels/input_checks.h"
 #include "kernels/status_util.h"
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -35,6 +36,8 @@ class MxrecKeyStageOp : public OpKernel {
     for (const auto& key : keys) {
       std::shared_ptr<mxrec::HostTable> table;
       OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(key, &table)));
+      if (!table_names_.empty()) table_names_ += ", ";
+      table_names_ += table->options().name;
       tables_.push_back(std::move(table));
     }
   }
@@ -46,10 +49,7 @@ class MxrecKeyStageOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat("MxrecKeyStage got ", ids.size(), " ID tensors for ",
                                         tables_.size(), " tables")));
     const Tensor& timestamp = ctx->input(ids.size());
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(timestamp.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "MxrecKeyStage: timestamp must be a scalar, got shape ",
-                    timestamp.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_names_, "timestamp", timestamp, 0));
     const int n = ids.size();
     std::vector<std::vector<int64_t>> widened(n);
     std::vector<mxrec::KeySpan> spans(n);
@@ -88,6 +88,7 @@ class MxrecKeyStageOp : public OpKernel {
   bool is_train_ = true;
   bool deferred_ = false;
   std::vector<std::shared_ptr<mxrec::HostTable>> tables_;
+  std::string table_names_;  // for messages
 };
 
 REGISTER_KERNEL_BUILDER(
@@ -143,6 +144,8 @@ class MxrecSetThresholdOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_->options().name, "threshold",
+                                              ctx->input(0), 0));
     const double threshold = static_cast<double>(ctx->input(0).scalar<T>()());
     OP_REQUIRES(ctx, threshold >= 0,
                 absl::InvalidArgumentError(absl::StrCat("set_threshold for table '", table_->options().name,

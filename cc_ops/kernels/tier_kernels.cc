@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/registry.h"
+#include "kernels/input_checks.h"
 #include "kernels/status_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -78,6 +79,7 @@ class MxrecTierSwapOp : public TierOpBase {
     const Tensor& current = ctx->input(1);
     const Tensor& fresh_values = ctx->input(2);
     const int64_t dim = table_->options().dim;
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_->options().name, "rows", rows, 1));
     const int64_t n = rows.NumElements();
     OP_REQUIRES(ctx, current.dims() == 2 && current.dim_size(0) == n && current.dim_size(1) == dim,
                 absl::InvalidArgumentError(absl::StrCat(
@@ -107,6 +109,7 @@ class MxrecTierSwapInPlaceOp : public TierOpBase {
     const Tensor& rows = ctx->input(1);
     const Tensor& fresh_values = ctx->input(2);
     const int64_t dim = table_->options().dim;
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_->options().name, "rows", rows, 1));
     const int64_t n = rows.NumElements();
     OP_REQUIRES_OK(ctx, CheckFresh(table_->options().name, fresh_values, n, dim));
     core::RefCountPtr<Var> var;
@@ -144,6 +147,8 @@ class MxrecTierReadOp : public TierOpBase {
   using TierOpBase::TierOpBase;
 
   void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_->options().name, "ids",
+                                              ctx->input(0), 1));
     const auto ids = ctx->input(0).flat<Tids>();
     const int64_t n = ids.size();
     const int64_t dim = table_->options().dim;

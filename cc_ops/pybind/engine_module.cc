@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/dynamic_store.h"
+#include "engine/huge_pages.h"
 #include "engine/key_stage.h"
 #include "engine/registry.h"
 
@@ -238,6 +239,11 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   });
   m.def("num_threads", [] { return Registry::Global().pool()->num_threads(); });
   m.def("set_tier_parallel_min_rows", [](int64_t rows) { HostTier::SetParallelMinRows(rows); });
+  // Tests of the out-of-memory paths: larger blocks are refused (0: no limit).
+  m.def("set_allocation_limit_for_testing", [](int64_t bytes) {
+    if (bytes < 0) throw py::value_error("the allocation limit must be >= 0");
+    SetAllocationLimitForTesting(static_cast<size_t>(bytes));
+  });
   m.def("process", &Process, py::arg("keys"), py::arg("ids"), py::arg("train"),
         py::arg("timestamp") = -1, py::arg("deferred") = false);
   m.def("commit", [](const std::string& key, uint64_t batch_id) {
