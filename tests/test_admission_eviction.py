@@ -911,17 +911,36 @@ def test_evict_hook_arguments():
             EvictHook(evict_enable=True, evict_step_interval=bad)
 
 
-def test_table_whose_initializer_cannot_reinitialise_rows_cannot_evict(mx):
+def _static_shape_initializer(shape, dtype=tf.float32, partition_info=None):
+    """Makes the variable's rows, but no rows for a count known only at run time (like
+    Keras' Glorot, which needs the fan-in)."""
+    del partition_info
+    if isinstance(shape, tf.Tensor):
+        raise TypeError("static_shape_initializer needs a static shape")
+    return tf.ones(shape, dtype)
+
+
+def test_initializer_that_cannot_refill_rows_shows_its_error(mx):
     mx()
-    table = create_table(tf.int64, DIM, "t", _v1.constant_initializer([1.0, 2.0]),
-                         device_vocabulary_size=4)
+    table = create_table(tf.int64, DIM, "t", _static_shape_initializer, device_vocabulary_size=4)
     sparse_lookup(table, tf.constant([1], tf.int64),
-                  access_and_evict_config=dict(access_threshold=1, eviction_threshold=5))
-    if table.can_reinitialize:
-        pytest.skip("this initializer can make rows for a dynamic count")
-    with pytest.raises(ValueError, match="cannot evict"):
-        table.evict(5)
-    with pytest.raises(ValueError, match="cannot evict"):
+                  access_and_evict_config=dict(access_threshold=1))  # no eviction: fine
+    assert not table.can_reinitialize
+    for call in (lambda: table.evict(5), lambda: table.shrink(5)):
+        with pytest.raises(ValueError, match="cannot evict.*TypeError: "
+                           "static_shape_initializer needs a static shape") as info:
+            call()
+        assert isinstance(info.value.__cause__, TypeError)
+    # Eviction configured on such a table fails where the lookup is built, not at the
+    # first eviction hours later, and says why.
+    evicting = create_table(tf.int64, DIM, "u", _static_shape_initializer,
+                            device_vocabulary_size=4)
+    with pytest.raises(ValueError, match="'u': eviction.*TypeError: static_shape_initializer "
+                       "needs a static shape") as info:
+        sparse_lookup(evicting, tf.constant([1], tf.int64),
+                      access_and_evict_config=dict(access_threshold=1, eviction_threshold=5))
+    assert isinstance(info.value.__cause__, TypeError)
+    with pytest.raises(ValueError, match="'u' cannot evict.*static shape"):
         EvictHook(evict_enable=True).evict_now()
 
 

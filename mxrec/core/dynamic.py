@@ -166,14 +166,9 @@ def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Ten
             deps = table.refills(graph)
             with tf.control_dependencies(deps):
                 fresh = _ops().mxrec_dynamic_ensure_rows(addresses, table_key=table.table_key)
-            values = table.initial_rows(tf.size(fresh))
-            if values is None:
-                raise ValueError(
-                    f"table {table.table_name!r}: with init(use_dynamic_expansion=True) new "
-                    "rows are initialised as they are admitted, and the initializer "
-                    f"({type(table.initializer).__name__}) cannot make rows for a dynamic row "
-                    "count; use a tf.compat.v1 initializer such as "
-                    "truncated_normal_initializer or constant_initializer")
+            values = table.initial_rows(
+                tf.size(fresh), required_for="with init(use_dynamic_expansion=True) new rows "
+                "are initialised as they are admitted")
             assign = _ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
                                                  table_key=table.table_key, dim=table.dim)
             table.register_refill(graph, assign)

@@ -111,7 +111,7 @@ class SparseEmbedding:
         self._last_key_stage = {} if key_stage_chain is None else key_stage_chain
         self._reused_rows = {}
         self._refills = {}
-        self.can_reinitialize = True
+        self.initializer_error: Optional[Exception] = None
         self.host_vocabulary_size = 0
         self.ssd_vocabulary_size = 0
 
@@ -145,25 +145,46 @@ class SparseEmbedding:
         self.check_can_evict()
         return loader.engine().shrink(self.table_key, int(threshold), int(protect_batches))
 
-    def initial_rows(self, count: tf.Tensor) -> Optional[tf.Tensor]:
-        """Fresh initializer values for `count` rows, [count, dim]; None if the initializer
-        cannot make rows for a dynamic count (then the table cannot evict)."""
+    def initial_rows(self, count: tf.Tensor, required_for: Optional[str] = None
+                     ) -> Optional[tf.Tensor]:
+        """Fresh initializer values for `count` rows, [count, dim].
+
+        Some initializers cannot make rows for a count known only when the step
+        runs (Keras' Glorot and Orthogonal need a static shape). Then the error
+        is kept in `initializer_error` (eviction reports it) and this returns
+        None, or, with `required_for` (what needs the rows), raises a ValueError
+        that shows it.
+        """
         shape = tf.stack([count, self.dim])
         value = getattr(self.initializer, "value", None)
         if value is not None and np.isscalar(value):
             return tf.fill(shape, tf.constant(value, self.value_dtype))
         try:
             return self.initializer(shape, dtype=self.value_dtype)
-        except (TypeError, ValueError, NotImplementedError):
-            return None
+        except (TypeError, ValueError, NotImplementedError) as err:
+            self.initializer_error = err
+            if required_for is None:
+                return None
+            raise ValueError(f"table {self.table_name!r}: {required_for}, which "
+                             f"{self._initializer_failure()}") from err
+
+    def _initializer_failure(self) -> str:
+        err = self.initializer_error
+        return (f"its initializer ({type(self.initializer).__name__}) cannot do for a row "
+                f"count known only when the step runs: it failed with {type(err).__name__}: "
+                f"{err}. Use an initializer that takes a dynamic shape, such as "
+                "tf.compat.v1.truncated_normal_initializer or constant_initializer")
+
+    @property
+    def can_reinitialize(self) -> bool:
+        """Whether the initializer can refill evicted rows (False once it failed to)."""
+        return self.initializer_error is None
 
     def check_can_evict(self):
-        if not self.can_reinitialize:
+        if self.initializer_error is not None:
             raise ValueError(
-                f"table {self.table_name!r} cannot evict: its initializer "
-                f"({type(self.initializer).__name__}) cannot make rows for a dynamic row count, "
-                "which re-initialising evicted rows needs; use a tf.compat.v1 initializer such "
-                "as truncated_normal_initializer or constant_initializer")
+                f"table {self.table_name!r} cannot evict: re-initialising evicted rows needs "
+                f"fresh rows, which {self._initializer_failure()}") from self.initializer_error
 
     def register_refill(self, graph, op):
         self._refills.setdefault(graph, []).append(op)
@@ -355,6 +376,10 @@ def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
             raise ValueError(f"table {table.table_name!r}: access_and_evict_config "
                              f"{label} must be an int >= {lowest}, got {value!r}")
+    if eviction is not None and table.initializer_error is not None:
+        raise ValueError(f"table {table.table_name!r}: eviction (eviction_threshold) "
+                         "re-initialises evicted rows, which "
+                         f"{table._initializer_failure()}") from table.initializer_error
     if eviction is not None and get_config_initializer().config.use_dynamic_expansion:
         raise ValueError(f"table {table.table_name!r}: eviction is not available with "
                          "init(use_dynamic_expansion=True), as in mx_rec")
@@ -495,9 +520,11 @@ def _lookup_planned(table: SparseEmbedding, ids, rows, restore, reused, is_train
         else:
             # Rows freed by eviction and handed to new IDs start again from the
             # initializer; the hash optimizers reset their slots.
-            fresh = table.initial_rows(tf.size(reused))
+            required = None
+            if table.eviction_threshold is not None:
+                required = "eviction (eviction_threshold) re-initialises evicted rows"
+            fresh = table.initial_rows(tf.size(reused), required_for=required)
             if fresh is None:
-                table.can_reinitialize = False
                 refill = None
             else:
                 refill = table.variable.scatter_update(tf.IndexedSlices(fresh, reused))

@@ -164,14 +164,9 @@ def swap_embedding(table, reused: tf.Tensor) -> tf.Operation:
     count_training_lookup(table)
 
     def fresh_rows(count):
-        rows = table.initial_rows(count)
-        if rows is None:
-            raise ValueError(
-                f"table {table.table_name!r} has a host tier, so rows of new IDs are filled "
-                f"from its initializer for a dynamic row count, which "
-                f"{type(table.initializer).__name__} cannot do; use a tf.compat.v1 initializer "
-                "such as truncated_normal_initializer or constant_initializer")
-        return rows
+        return table.initial_rows(
+            count, required_for="it has a host tier, so rows of new IDs are filled from its "
+            "initializer as they arrive")
 
     return _swap(table, table.variable, reused, EMBEDDING, fresh_rows)
 
