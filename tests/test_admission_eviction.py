@@ -399,7 +399,7 @@ def test_set_threshold_to_new_values(mx, session):
     mx(prefetch_batch_number=PREFETCH)
     net = Net(dict(access_threshold=5))
     value = _v1.placeholder(tf.int64, [])
-    set_op = import_host_pipeline_ops().set_threshold(value, emb_name="t", ids_name="ids")
+    set_op = import_host_pipeline_ops().set_threshold(value, emb_name="t", ids_name="t_lookup")
     sess = session()
     _close(net.step(sess, [1, 1, 2], [0]), [0, 0, 0])   # 1:2 2:1
     sess.run(set_op, {value: 2})
@@ -415,6 +415,18 @@ def test_set_threshold_to_new_values(mx, session):
         sess.run(import_host_pipeline_ops().set_threshold(threshold, emb_name="t"))
     _close(net.step(sess, [4, 4, 4, 4, 4], [4]), [0] * 5)
     _close(net.step(sess, [4], [5]), [1])
+
+
+def test_set_threshold_checks_ids_name(mx):
+    """ids_name must name one of the table's lookups: a typo is an error, not ignored."""
+    mx()
+    Net(dict(access_threshold=5))
+    ops = import_host_pipeline_ops()
+    with pytest.raises(ValueError, match="no lookup named 'ids'.*'t_lookup'"):
+        ops.set_threshold(tf.constant(2), emb_name="t", ids_name="ids")
+    with pytest.raises(ValueError, match="no table named 'nope'"):
+        ops.set_threshold(tf.constant(2), emb_name="nope")
+    assert ops.set_threshold(tf.constant(2), emb_name="t", ids_name="t_lookup") is not None
 
 
 def test_set_threshold_zero_freezes_counts(mx, session):

@@ -63,13 +63,15 @@ def check_settings(table_name: str, host_vocabulary_size, ssd_vocabulary_size,
     Raises:
         ValueError: a negative size, an SSD tier without a host tier, or an SSD tier
             without an existing ssd_data_path directory.
+        NotImplementedError: several ssd_data_path directories.
     """
     host = _check_count(table_name, "host_vocabulary_size", host_vocabulary_size)
     ssd = _check_count(table_name, "ssd_vocabulary_size", ssd_vocabulary_size)
     if isinstance(ssd_data_path, (list, tuple)):
         if len(ssd_data_path) > 1:
-            raise ValueError(f"create_table {table_name!r}: ssd_data_path takes one directory, "
-                             f"got {list(ssd_data_path)}")
+            raise NotImplementedError(
+                f"create_table {table_name!r}: several ssd_data_path directories (filled one "
+                f"after another) are not available; give one, got {list(ssd_data_path)}")
         ssd_data_path = ssd_data_path[0] if ssd_data_path else ""
     path = os.fspath(ssd_data_path) if ssd_data_path else ""
     if ssd > 0:
