@@ -45,6 +45,17 @@ def _modify_graph_lookups(graph) -> List["LookupRecord"]:
 def modify_graph_lookups(graph) -> List["LookupRecord"]:
     """The lookups of `graph` made with modify_graph=True, in creation order."""
     return list(_MODIFY_GRAPH_LOOKUPS.get(graph, ()))
+
+
+# graph -> {table name: the table created in that graph}. init()'s `tables` holds the
+# latest table of each name, which an Estimator's or Paddle's second graph replaces.
+_GRAPH_TABLES = weakref.WeakKeyDictionary()
+
+
+def graph_tables(graph) -> Dict[str, "SparseEmbedding"]:
+    """The tables created in `graph`, by name (the latest of a name, under any init())."""
+    return dict(_GRAPH_TABLES.get(graph, {}))
+
 _KEY_DTYPES = (tf.int32, tf.int64)
 
 
@@ -410,9 +421,11 @@ def create_table(
     if runtime.config.use_dynamic_expansion:
         from mxrec.core import dynamic  # deferred: dynamic imports this module
 
-        return dynamic.create_table(runtime, name, key_dtype, int(dim), initializer,
-                                    int(device_vocabulary_size), padding_keys, value_dtype,
-                                    is_save, tiers=(host_vocabulary_size, ssd_vocabulary_size))
+        table = dynamic.create_table(runtime, name, key_dtype, int(dim), initializer,
+                                     int(device_vocabulary_size), padding_keys, value_dtype,
+                                     is_save, tiers=(host_vocabulary_size, ssd_vocabulary_size))
+        _GRAPH_TABLES.setdefault(tf.compat.v1.get_default_graph(), {})[name] = table
+        return table
     table_key = runtime.table_key(name)
     previous = runtime.tables.get(name)
     if previous is not None and previous.variable.graph is tf.compat.v1.get_default_graph():
@@ -434,6 +447,7 @@ def create_table(
     if is_save and not serving.in_serving_export():
         host_state.register(name, table_key)
     runtime.tables[name] = table
+    _GRAPH_TABLES.setdefault(tf.compat.v1.get_default_graph(), {})[name] = table
     return table
 
 
