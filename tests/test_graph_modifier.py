@@ -373,11 +373,29 @@ def test_get_initializer_without_eval_iterator_error():
 
 
 def test_hook_without_lookups_is_harmless():
+    """A graph with direct lookups only: the hook changes nothing, adds no op, runs no
+    initializer, and the user's own iterator works as before."""
     init()
+    data = _data()
+    iterator = tf.compat.v1.data.make_initializable_iterator(_dataset(data))
+    features, labels = iterator.get_next()
+    _, _, probs = _build_model(features, labels, modify_graph=False)
+    graph = tf.compat.v1.get_default_graph()
+    ops_before = [(op.name, [t.name for t in op.inputs]) for op in graph.get_operations()]
     hook = GraphModifierHook()
     hook.begin()
+    assert [(op.name, [t.name for t in op.inputs]) for op in graph.get_operations()] == \
+        ops_before
+    with pytest.raises(RuntimeError, match="no rewritten iterator"):
+        get_initializer(True)
     with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
         hook.after_create_session(sess, None)
+        with pytest.raises(tf.errors.FailedPreconditionError):
+            sess.run(labels)   # the hook did not start the user's iterator
+        sess.run(iterator.initializer)
+        got, _ = sess.run([labels, probs])
+    np.testing.assert_array_equal(got, data[1][:BATCH])
 
 
 def test_configured_steps_disagreeing_with_the_run_do_not_hang():
