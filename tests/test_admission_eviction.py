@@ -399,7 +399,7 @@ def test_set_threshold_to_new_values(mx, session):
     mx(prefetch_batch_number=PREFETCH)
     net = Net(dict(access_threshold=5))
     value = _v1.placeholder(tf.int64, [])
-    set_op = import_host_pipeline_ops().set_threshold(value, emb_name="t", ids_name="ids")
+    set_op = import_host_pipeline_ops().set_threshold(value, emb_name="t", ids_name="t_lookup")
     sess = session()
     _close(net.step(sess, [1, 1, 2], [0]), [0, 0, 0])   # 1:2 2:1
     sess.run(set_op, {value: 2})
@@ -415,6 +415,18 @@ def test_set_threshold_to_new_values(mx, session):
         sess.run(import_host_pipeline_ops().set_threshold(threshold, emb_name="t"))
     _close(net.step(sess, [4, 4, 4, 4, 4], [4]), [0] * 5)
     _close(net.step(sess, [4], [5]), [1])
+
+
+def test_set_threshold_checks_ids_name(mx):
+    """ids_name must name one of the table's lookups: a typo is an error, not ignored."""
+    mx()
+    Net(dict(access_threshold=5))
+    ops = import_host_pipeline_ops()
+    with pytest.raises(ValueError, match="no lookup named 'ids'.*'t_lookup'"):
+        ops.set_threshold(tf.constant(2), emb_name="t", ids_name="ids")
+    with pytest.raises(ValueError, match="no table named 'nope'"):
+        ops.set_threshold(tf.constant(2), emb_name="nope")
+    assert ops.set_threshold(tf.constant(2), emb_name="t", ids_name="t_lookup") is not None
 
 
 def test_set_threshold_zero_freezes_counts(mx, session):
@@ -910,17 +922,36 @@ def test_evict_hook_arguments():
             EvictHook(evict_enable=True, evict_step_interval=bad)
 
 
-def test_table_whose_initializer_cannot_reinitialise_rows_cannot_evict(mx):
+def _static_shape_initializer(shape, dtype=tf.float32, partition_info=None):
+    """Makes the variable's rows, but no rows for a count known only at run time (like
+    Keras' Glorot, which needs the fan-in)."""
+    del partition_info
+    if isinstance(shape, tf.Tensor):
+        raise TypeError("static_shape_initializer needs a static shape")
+    return tf.ones(shape, dtype)
+
+
+def test_initializer_that_cannot_refill_rows_shows_its_error(mx):
     mx()
-    table = create_table(tf.int64, DIM, "t", _v1.constant_initializer([1.0, 2.0]),
-                         device_vocabulary_size=4)
+    table = create_table(tf.int64, DIM, "t", _static_shape_initializer, device_vocabulary_size=4)
     sparse_lookup(table, tf.constant([1], tf.int64),
-                  access_and_evict_config=dict(access_threshold=1, eviction_threshold=5))
-    if table.can_reinitialize:
-        pytest.skip("this initializer can make rows for a dynamic count")
-    with pytest.raises(ValueError, match="cannot evict"):
-        table.evict(5)
-    with pytest.raises(ValueError, match="cannot evict"):
+                  access_and_evict_config=dict(access_threshold=1))  # no eviction: fine
+    assert not table.can_reinitialize
+    for call in (lambda: table.evict(5), lambda: table.shrink(5)):
+        with pytest.raises(ValueError, match="cannot evict.*TypeError: "
+                           "static_shape_initializer needs a static shape") as info:
+            call()
+        assert isinstance(info.value.__cause__, TypeError)
+    # Eviction configured on such a table fails where the lookup is built, not at the
+    # first eviction hours later, and says why.
+    evicting = create_table(tf.int64, DIM, "u", _static_shape_initializer,
+                            device_vocabulary_size=4)
+    with pytest.raises(ValueError, match="'u': eviction.*TypeError: static_shape_initializer "
+                       "needs a static shape") as info:
+        sparse_lookup(evicting, tf.constant([1], tf.int64),
+                      access_and_evict_config=dict(access_threshold=1, eviction_threshold=5))
+    assert isinstance(info.value.__cause__, TypeError)
+    with pytest.raises(ValueError, match="'u' cannot evict.*static shape"):
         EvictHook(evict_enable=True).evict_now()
 
 

@@ -368,3 +368,107 @@ def test_delta_checkpoint_updates_a_serving_export(tmp_path):
     assert sorted(got) == sorted(want)
     for key, row in want.items():
         np.testing.assert_allclose(got[key], row, atol=1e-6)
+
+
+def test_save_persistables_one_saver_per_graph_and_directory(tmp_path):
+    from mxrec.saver.checkpoint import save_persistables
+
+    with tf.Graph().as_default() as graph:
+        model = Model()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            model.run(sess, _batches()[:2], 0)
+            save_persistables(sess, str(tmp_path / "a"), mode=0, step=2)
+            ops = len(graph.get_operations())
+            model.run(sess, _batches()[2:4], 2)
+            save_persistables(sess, str(tmp_path / "a"), mode=2, step=4)  # the same Saver
+            assert len(graph.get_operations()) == ops
+            want = model.snapshot(sess)
+        terminate_config_initializer()
+    # A second graph saving into the same directory gets a Saver of its own (not the first
+    # graph's, whose ops its session cannot run).
+    with tf.Graph().as_default():
+        model = Model()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            Saver(str(tmp_path / "a")).restore(sess)
+            _assert_same_model(model.snapshot(sess), want)
+            model.run(sess, _batches()[4:6], 4)
+            save_persistables(sess, str(tmp_path / "a"), mode=0, step=6)
+            save_persistables(sess, str(tmp_path / "a"), mode=2, step=7)
+            want = model.snapshot(sess)
+        terminate_config_initializer()
+    with tf.Graph().as_default():
+        model = Model()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assert Saver(str(tmp_path / "a")).restore(sess) == 7
+            _assert_same_model(model.snapshot(sess), want)
+        terminate_config_initializer()
+
+
+def test_save_persistables_and_restore_on_a_finalized_graph(tmp_path):
+    from mxrec.saver.checkpoint import save_persistables
+
+    with tf.Graph().as_default() as graph:
+        model = Model("lazy_adam")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        advance = step.assign_add(1)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            graph.finalize()
+            model.run(sess, _batches()[:3], 0)
+            sess.run(advance)
+            assert save_persistables(sess, str(tmp_path), mode=1).endswith("full-000000000001")
+            model.run(sess, _batches()[3:6], 3)
+            sess.run(advance)
+            save_persistables(sess, str(tmp_path), mode=2)
+            want = model.snapshot(sess)
+            # Restoring on the finalized graph too: back to the save, then on.
+            model.run(sess, _batches()[6:8], 6)
+            assert Saver(str(tmp_path)).restore(sess) == 2
+            _assert_same_model(model.snapshot(sess), want)
+        terminate_config_initializer()
+    with tf.Graph().as_default():
+        model = Model("lazy_adam")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assert Saver(str(tmp_path)).restore(sess) == 2
+            _assert_same_model(model.snapshot(sess), want)
+        terminate_config_initializer()
+
+
+def test_saver_warns_about_tables_of_another_graph(tmp_path):
+    init()
+    with tf.Graph().as_default():
+        create_table(tf.int64, 4, "elsewhere", tf.compat.v1.zeros_initializer(),
+                     device_vocabulary_size=8)
+    here = create_table(tf.int64, 4, "here", tf.compat.v1.zeros_initializer(),
+                        device_vocabulary_size=8)
+    sparse_lookup(here, tf.constant([1], tf.int64))
+    with pytest.warns(UserWarning, match=r"\['elsewhere'\].*another graph"):
+        saver = Saver(str(tmp_path))
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        saver.save(sess, 1)
+    assert list(saver._read_version("full", 1)[0]["tables"]) == ["here"]
+
+
+def test_saver_finds_a_table_that_a_later_graph_rebuilt(tmp_path):
+    """Paddle's train and test programs (and an Estimator's graphs) build one table twice:
+    the Saver of the first graph still saves it."""
+    init()
+    train_graph = tf.compat.v1.get_default_graph()
+    table = create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(),
+                         device_vocabulary_size=8)
+    emb = sparse_lookup(table, tf.constant([5, 6], tf.int64))
+    with tf.Graph().as_default():
+        create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer(),
+                     device_vocabulary_size=8)
+    with train_graph.as_default():
+        saver = Saver(str(tmp_path))
+    with tf.compat.v1.Session(graph=train_graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(emb)
+        saver.save(sess, 1)
+    assert saver._read_version("full", 1)[0]["tables"]["t"]["ids"] == 2

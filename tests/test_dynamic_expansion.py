@@ -387,3 +387,21 @@ def test_checkpoint_restore_continues_like_a_straight_run(name, tmp_path):
         assert sorted(got[label]) == sorted(rows), label
         for key, row in rows.items():
             np.testing.assert_allclose(got[label][key], row, atol=1e-6, err_msg=label)
+
+
+def test_is_grad_false_keeps_the_lookup_out_of_training(mx):
+    mx(use_dynamic_expansion=True)
+    table = create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.1),
+                         device_vocabulary_size=SIZE_HINT)
+    sparse_lookup(table, tf.constant([1, 2], tf.int64), name="trained")
+    frozen = sparse_lookup(table, tf.constant([3], tf.int64), name="frozen", is_grad=False)
+    assert len(_v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)) == 1
+    assert len(_v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)) == 1
+    assert frozen.op.type == "StopGradient"
+
+
+def test_static_shapes_are_refused(mx):
+    mx(use_dynamic_expansion=True, use_dynamic=False)
+    with pytest.raises(NotImplementedError, match="use_dynamic=False"):
+        create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.1),
+                     device_vocabulary_size=SIZE_HINT)

@@ -317,3 +317,147 @@ def test_explicit_per_row_initializer(mx, make_session):
     emb = sparse_lookup(table, tf.constant([[30, -7], [30, 2]], tf.int64))
     got = make_session().run(emb)
     np.testing.assert_array_equal(got, values[[[0, 1], [0, 2]]])
+
+
+# ----- mx_rec's parameters: each works or is refused, none is dropped -----
+
+
+def test_lookup_unknown_keyword_is_an_error(mx):
+    mx()
+    table = _table()
+    with pytest.raises(TypeError, match="is_trian"):
+        sparse_lookup(table, tf.constant([1], tf.int64), is_trian=False)
+    for internal in ("multi_lookup", "lookup_ids", "feature_spec_name_ids_dict"):
+        with pytest.raises(NotImplementedError, match=internal):
+            sparse_lookup(table, tf.constant([1], tf.int64), **{internal: True})
+
+
+def test_lookup_dim_must_match_the_table(mx):
+    mx()
+    table = _table()
+    assert sparse_lookup(table, tf.constant([1], tf.int64), dim=DIM).shape.as_list() == [1, DIM]
+    sparse_lookup(table, tf.constant([1], tf.int64), dim=tf.TensorShape([DIM]))
+    with pytest.raises(ValueError, match="dim=8"):
+        sparse_lookup(table, tf.constant([1], tf.int64), dim=8)
+
+
+@pytest.mark.parametrize("send_count", [0, -3, 2.5, True])
+def test_lookup_bad_send_count(mx, send_count):
+    mx()
+    with pytest.raises(ValueError, match="send_count"):
+        sparse_lookup(_table(), tf.constant([1], tf.int64), send_count=send_count)
+
+
+def test_is_grad_false_counts_but_does_not_train(mx, make_session):
+    mx()
+    table = _table()
+    ids = tf.constant([[3, 4], [3, 5]], tf.int64)
+    trained = sparse_lookup(table, ids[:, :1], name="trained")
+    frozen = sparse_lookup(table, ids[:, 1:], name="frozen", is_grad=False)
+    assert tf.gradients(tf.reduce_sum(frozen), table.variable) == [None]
+    grad = tf.gradients(tf.reduce_sum(trained) + tf.reduce_sum(frozen), table.variable)[0]
+    sess = make_session()
+    values, rows, _ = sess.run([grad.values, grad.indices, frozen])
+    # Only ID 3 (one unique row, seen twice) gets a gradient; 4 and 5 got rows all the same.
+    assert rows.tolist() == [0]
+    np.testing.assert_array_equal(values, np.full((1, DIM), 2.0, np.float32))
+    assert table.stats()["rows_in_use"] == 3
+    with pytest.raises(TypeError, match="is_grad"):
+        sparse_lookup(table, ids, is_grad="no")
+
+
+def test_serving_default_value_fills_ids_without_rows(mx, make_session):
+    mx()
+    table = _table(padding_keys=[0])
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    default = np.arange(DIM, dtype=np.float32) + 10
+    train = sparse_lookup(table, ids, access_and_evict_config=dict(access_threshold=2),
+                          serving_default_value=default)
+    evaluate = sparse_lookup(table, ids, is_train=False, serving_default_value=-1.0)
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    got = sess.run(train, {ids: [7, 7, 8, 0]})   # 7 admitted (count 2), 8 not yet, 0 padding
+    np.testing.assert_array_equal(got[:2], init_values[[0, 0]])
+    np.testing.assert_array_equal(got[2], default)
+    np.testing.assert_array_equal(got[3], np.zeros(DIM))
+    got = sess.run(evaluate, {ids: [7, 9, 0]})
+    np.testing.assert_array_equal(got, [init_values[0], np.full(DIM, -1.0), np.zeros(DIM)])
+    with pytest.raises(ValueError, match="serving_default_value"):
+        sparse_lookup(table, ids, serving_default_value=np.zeros(DIM + 1, np.float32))
+
+
+@pytest.mark.parametrize("option,value", [
+    ("enable_merge", True), ("shard_num", 2), ("hashtable_threshold", 100),
+])
+def test_create_table_refuses_what_it_does_not_do(mx, option, value):
+    mx()
+    with pytest.raises(NotImplementedError, match=option):
+        _table(**{option: value})
+
+
+@pytest.mark.parametrize("option,value", [
+    ("init_param", 11.0), ("init_param", "1"), ("all2all_gradients_op", "mean"),
+    ("shard_num", 0), ("hashtable_threshold", -1), ("padding_keys_len", 0),
+])
+def test_create_table_checks_mx_rec_options(mx, option, value):
+    mx()
+    with pytest.raises(ValueError, match=option):
+        _table(**{option: value})
+
+
+@pytest.mark.parametrize("option", ["is_dp", "enable_merge", "padding_keys_mask",
+                                    "fusion_optimizer_var"])
+def test_create_table_bool_options_are_bools(mx, option):
+    mx()
+    with pytest.raises(TypeError, match=option):
+        _table(**{option: "yes"})
+
+
+def test_create_table_single_process_equivalents(mx, make_session):
+    """is_dp, the all2all reduction, fusion_optimizer_var and padding_keys_len do not change a
+    one-process table: the same rows come out."""
+    mx()
+    plain = _table(name="plain")
+    other = _table(name="other", is_dp=True, fusion_optimizer_var=False, padding_keys_len=6,
+                   all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+    ids = tf.constant([5, 6, 5], tf.int64)
+    sess = make_session()
+    a, b = sess.run([sparse_lookup(plain, ids), sparse_lookup(other, ids)])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_padding_keys_mask_false_makes_them_ordinary_ids(mx, make_session):
+    """mx_rec: padding_keys without padding_keys_mask train like any other ID."""
+    mx()
+    table = _table(padding_keys=[0], padding_keys_mask=False)
+    emb = sparse_lookup(table, tf.constant([0, 1], tf.int64))
+    sess = make_session()
+    init_values = initial_rows(sess, table)
+    np.testing.assert_array_equal(sess.run(emb), init_values[[0, 1]])
+    assert table.stats()["rows_in_use"] == 2
+
+
+def test_several_ssd_directories_are_refused(mx, tmp_path):
+    mx()
+    with pytest.raises(NotImplementedError, match="ssd_data_path"):
+        _table(host_vocabulary_size=8, ssd_vocabulary_size=8,
+               ssd_data_path=[str(tmp_path), str(tmp_path)])
+
+
+def test_static_shapes_pad_direct_lookups_to_send_count(mx, make_session):
+    """init(use_dynamic=False) pads the direct path too (not only the graph modifier's)."""
+    mx(use_dynamic=False)
+    table = _table()
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    emb = sparse_lookup(table, ids, send_count=4)
+    gather = [op for op in tf.compat.v1.get_default_graph().get_operations()
+              if op.type == "ResourceGather"][0]
+    assert gather.inputs[1].shape.as_list() == [4]
+    sess = make_session()
+    init_values = sess.run(table.variable)
+    assert len(init_values) == VOCAB + 1   # the padding row
+    np.testing.assert_array_equal(sess.run(emb, {ids: [9, 8, 9]}), init_values[[0, 1, 0]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="send_count=4"):
+        sess.run(emb, {ids: [1, 2, 3, 4, 5]})
+    with pytest.raises(ValueError, match="send_count"):
+        sparse_lookup(table, ids)

@@ -21,6 +21,46 @@ def _load(relative: str, name: str):
     return module
 
 
+def _exact_auc(labels, scores) -> float:
+    """Area under the ROC curve: the chance that a positive outscores a negative (ties 1/2)."""
+    labels = np.asarray(labels).ravel().astype(bool)
+    scores = np.asarray(scores, np.float64).ravel()
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    start = 0
+    while start < len(scores):  # average ranks over ties
+        end = start
+        while end + 1 < len(scores) and sorted_scores[end + 1] == sorted_scores[start]:
+            end += 1
+        ranks[order[start:end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    positives, negatives = labels.sum(), (~labels).sum()
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2)
+                 / (positives * negatives))
+
+
+def _tf_auc(labels, scores) -> float:
+    """tf.compat.v1.metrics.auc (the Estimator's metric) on given predictions, in one batch."""
+    with tf.Graph().as_default():
+        auc, update = tf.compat.v1.metrics.auc(tf.constant(np.asarray(labels, np.float32)),
+                                               tf.constant(np.asarray(scores, np.float32)))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.local_variables_initializer())
+            sess.run(update)
+            return float(sess.run(auc))
+
+
+def test_exact_auc_reference():
+    assert _exact_auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == 0.75
+    assert _exact_auc([0, 1], [0.5, 0.5]) == 0.5
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 2000)
+    scores = labels + rng.normal(0, 1.0, 2000)
+    assert _tf_auc(labels, 1 / (1 + np.exp(-scores))) == pytest.approx(
+        _exact_auc(labels, scores), abs=0.01)
+
+
 @pytest.fixture(scope="module")
 def session_auc():
     demo = _load("little_demo/main.py", "little_demo_main")
@@ -55,9 +95,14 @@ def test_estimator_evaluate_and_predict_do_not_insert(tmp_path):
                                          hooks=[GraphModifierHook()]))
     after = {name: table.stats() for name, table in runtime.tables.items()}
 
-    assert 0.0 <= metrics["auc"] <= 1.0
     assert len(predictions) == 512
-    assert all(np.isfinite(p["prob"]) for p in predictions)
+    probs = np.array([p["prob"] for p in predictions])
+    labels = data.eval[1]
+    # evaluate and predict see the same model (neither inserted anything): the AUC of the
+    # predictions, by TF's metric in a plain session and exactly in NumPy, is evaluate's.
+    assert metrics["auc"] == pytest.approx(_tf_auc(labels, probs), abs=1e-5)
+    assert metrics["auc"] == pytest.approx(_exact_auc(labels, probs), abs=0.01)
+    assert _exact_auc(labels, probs) > 0.55   # and the model learned something
     for name in before:
         assert after[name]["ids_seen"] == before[name]["ids_seen"], name
         assert after[name]["rows_in_use"] == before[name]["rows_in_use"], name

@@ -6,7 +6,11 @@ import pytest
 import tensorflow as tf
 
 from mxrec.core.embedding import create_table, sparse_lookup
-from mxrec.graph.modifier import GraphModifierHook, modify_graph_and_start_emb_cache
+from mxrec.graph.modifier import (
+    GraphModifierHook,
+    modify_graph_and_start_emb_cache,
+    rewritten_tensor,
+)
 from mxrec.optimizers.lazy_adam import create_hash_optimizer
 from mxrec.util.initialize import get_initializer, init, terminate_config_initializer
 from mxrec.util.variable import get_dense_and_sparse_variable
@@ -369,11 +373,29 @@ def test_get_initializer_without_eval_iterator_error():
 
 
 def test_hook_without_lookups_is_harmless():
+    """A graph with direct lookups only: the hook changes nothing, adds no op, runs no
+    initializer, and the user's own iterator works as before."""
     init()
+    data = _data()
+    iterator = tf.compat.v1.data.make_initializable_iterator(_dataset(data))
+    features, labels = iterator.get_next()
+    _, _, probs = _build_model(features, labels, modify_graph=False)
+    graph = tf.compat.v1.get_default_graph()
+    ops_before = [(op.name, [t.name for t in op.inputs]) for op in graph.get_operations()]
     hook = GraphModifierHook()
     hook.begin()
+    assert [(op.name, [t.name for t in op.inputs]) for op in graph.get_operations()] == \
+        ops_before
+    with pytest.raises(RuntimeError, match="no rewritten iterator"):
+        get_initializer(True)
     with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
         hook.after_create_session(sess, None)
+        with pytest.raises(tf.errors.FailedPreconditionError):
+            sess.run(labels)   # the hook did not start the user's iterator
+        sess.run(iterator.initializer)
+        got, _ = sess.run([labels, probs])
+    np.testing.assert_array_equal(got, data[1][:BATCH])
 
 
 def test_configured_steps_disagreeing_with_the_run_do_not_hang():
@@ -401,3 +423,30 @@ def test_configured_steps_disagreeing_with_the_run_do_not_hang():
             sess.run(train_op)
         with pytest.raises(tf.errors.OutOfRangeError):
             sess.run(train_op)
+
+
+def test_fetching_an_old_get_next_output(make_session):
+    """Labels fetched for a metric outside the graph: rewritten_tensor gives the step's own
+    batch; the old tensor itself fails with an error that says so."""
+    init(prefetch_batch_number=2)
+    data = _data()
+    iterator = tf.compat.v1.data.make_initializable_iterator(_dataset(data))
+    features, labels = iterator.get_next()
+    _, loss, probs = _build_model(features, labels, modify_graph=True)
+    train_op = _train_op(loss)
+    modify_graph_and_start_emb_cache()
+    fetched = rewritten_tensor({"labels": labels, "ids": features["ids"], "probs": probs})
+    assert fetched["probs"] is probs   # not an iterator output: itself
+    assert rewritten_tensor(labels) is fetched["labels"] is not labels
+    sess = make_session()
+    sess.run(get_initializer(True))
+    for step in range(3):
+        _, got = sess.run([train_op, fetched])
+        rows = slice(step * BATCH, (step + 1) * BATCH)
+        np.testing.assert_array_equal(got["labels"], data[1][rows])
+        np.testing.assert_array_equal(got["ids"], data[0]["ids"][rows])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f"{labels.op.name}.*{labels.name}.*rewritten_tensor"):
+        sess.run(labels)
+    with pytest.raises(TypeError, match="rewritten_tensor"):
+        rewritten_tensor([labels, 3])

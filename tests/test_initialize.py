@@ -24,11 +24,11 @@ def test_defaults():
 
 
 def test_getters(engine):
-    init(rank_id=1, rank_size=3, train_steps=10, eval_steps=5, save_steps=3, max_steps=100,
+    init(rank_id=0, rank_size=1, train_steps=10, eval_steps=5, save_steps=3, max_steps=100,
          prefetch_batch_number=2, use_dynamic=False, use_dynamic_expansion=True,
-         key_process_thread_num=3)
-    assert initialize.get_rank_id() == 1
-    assert initialize.get_rank_size() == 3
+         key_process_thread_num=3, if_load=True)
+    assert initialize.get_rank_id() == 0
+    assert initialize.get_rank_size() == 1
     assert initialize.get_train_steps() == 10
     assert initialize.get_eval_steps() == 5
     assert initialize.get_save_steps() == 3
@@ -37,6 +37,8 @@ def test_getters(engine):
     assert initialize.get_use_dynamic() is False
     assert initialize.get_use_dynamic_expansion() is True
     assert engine.num_threads() == 3
+    # mx_rec's spelling: ConfigInitializer.get_instance().if_load.
+    assert initialize.ConfigInitializer.get_instance().if_load is True
 
 
 def test_getters_before_init_raise():
@@ -94,7 +96,9 @@ def test_out_of_range(kwargs, name):
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(prefetch_batch_number=0), dict(prefetch_batch_number=64), dict(rank_id=2, rank_size=3),
+    dict(prefetch_batch_number=0), dict(prefetch_batch_number=64), dict(rank_id=0, rank_size=1),
+    dict(use_mpi=False), dict(bind_cpu=False), dict(use_lccl=False), dict(use_hot=False),
+    dict(recent_key_count_threshold=0),
     dict(train_steps=1, eval_steps=-1), dict(key_process_thread_num=1),
     dict(key_process_thread_num=64), dict(restore_model_version=7),
     dict(is_incremental_checkpoint=True, save_delta_checkpoints_secs=10),
@@ -103,6 +107,36 @@ def test_boundaries_accepted(kwargs):
     config = init(**kwargs).config
     for name, value in kwargs.items():
         assert getattr(config, name) == value
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(use_mpi=True), "use_mpi"),
+    (dict(rank_id=0, rank_size=2), "rank_size"),
+    (dict(rank_id=2, rank_size=3), "rank_size"),
+])
+def test_multi_worker_is_refused(kwargs, name):
+    """Several processes would each train a full copy alone: refused until it exists."""
+    with pytest.raises(NotImplementedError, match=f"{name}.*multi-worker training is not "
+                       "available yet"):
+        init(**kwargs)
+    assert not initialize.is_initialized()
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(bind_cpu=True), "bind_cpu"),
+    (dict(use_lccl=True), "use_lccl"),
+    (dict(recent_key_count_threshold=5), "recent_key_count_threshold"),
+])
+def test_unavailable_settings_are_refused(kwargs, name):
+    with pytest.raises(NotImplementedError, match=name):
+        init(**kwargs)
+    assert not initialize.is_initialized()
+
+
+def test_use_hot_is_a_hint_that_warns():
+    with pytest.warns(UserWarning, match="use_hot"):
+        init(use_hot=True)
+    assert initialize.is_initialized()
 
 
 def test_config_dataclass_checks_itself():

@@ -3,7 +3,11 @@
 The reference keeps every ID of the stream in one dense tf.Variable per table,
 indexed by an ID -> row map built here (first occurrence), starts from the
 same rows and trains with tf.compat.v1.train optimizers on tf.gather's
-IndexedSlices (LazyAdam: its formula written out in plain TF ops).
+IndexedSlices. LazyAdam has no TF1 optimizer (TensorFlow Addons is not
+available); the reference follows its definition instead, "Adam applied to the
+rows a batch touched only": TF's own Adam kernel (`ResourceApplyAdam`, the one
+tf.compat.v1.train.AdamOptimizer runs on dense variables) on those rows and
+their moments, gathered into scratch variables and scattered back.
 """
 
 import itertools
@@ -212,12 +216,11 @@ class ReferenceRun:
         self.sess = _session(self.graph)
 
     def _lazy_adam(self, grads, variables):
-        """LazyAdam written out: moments and rows change only where the batch touched."""
+        """LazyAdam by definition: TF's Adam kernel on the touched rows, nothing else moves."""
         lr, b1, b2, eps = (LAZY_ADAM[k] for k in ("lr", "beta1", "beta2", "epsilon"))
-        b1_power = _v1.get_variable("ref_b1_power", initializer=np.float32(b1), trainable=False,
-                                    use_resource=True)
-        b2_power = _v1.get_variable("ref_b2_power", initializer=np.float32(b2), trainable=False,
-                                    use_resource=True)
+        # Adam's step t, from 1; fed by step(), so the bias corrections are b^t exactly.
+        self.adam_step = _v1.placeholder(tf.float32, [])
+        self.steps_run = 0
         self.moments = {}
         updates = []
         for grad, var in zip(grads, variables):
@@ -229,21 +232,32 @@ class ReferenceRun:
             self.moments[name] = (m, v)
             rows, position = tf.unique(grad.indices)
             g = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(rows)[0])
-            m_rows = b1 * tf.gather(m, rows) + (1 - b1) * g
-            v_rows = b2 * tf.gather(v, rows) + (1 - b2) * tf.square(g)
-            step = lr * tf.sqrt(1 - b2_power) / (1 - b1_power)
-            new_rows = tf.gather(var, rows) - step * m_rows / (tf.sqrt(v_rows) + eps)
-            updates += [m.scatter_update(tf.IndexedSlices(m_rows, rows)),
-                        v.scatter_update(tf.IndexedSlices(v_rows, rows)),
-                        var.scatter_update(tf.IndexedSlices(new_rows, rows))]
-        with tf.control_dependencies(updates):
-            return tf.group(b1_power.assign(b1_power * b1), b2_power.assign(b2_power * b2))
+            with tf.control_dependencies(None):  # initialised without feeding the batch
+                scratch = [_v1.Variable(tf.zeros([0, DIM]), shape=tf.TensorShape([None, DIM]),
+                                        validate_shape=False, trainable=False,
+                                        use_resource=True, name=f"{name}_scratch_{part}")
+                           for part in "xmv"]
+            load = [dst.assign(tf.gather(src, rows)) for dst, src in zip(scratch, (var, m, v))]
+            with tf.control_dependencies(load):
+                apply = tf.raw_ops.ResourceApplyAdam(
+                    var=scratch[0].handle, m=scratch[1].handle, v=scratch[2].handle,
+                    beta1_power=tf.pow(np.float32(b1), self.adam_step),
+                    beta2_power=tf.pow(np.float32(b2), self.adam_step),
+                    lr=np.float32(lr), beta1=np.float32(b1), beta2=np.float32(b2),
+                    epsilon=np.float32(eps), grad=g)
+            with tf.control_dependencies([apply]):
+                updates += [dst.scatter_update(tf.IndexedSlices(src.read_value(), rows))
+                            for dst, src in zip((var, m, v), scratch)]
+        return tf.group(*updates)
 
     def step(self, batch):
         feed = {self.ph["a"]: np.vectorize(self.map_a.get)(batch["a"]),
                 self.ph["b"]: np.vectorize(self.map_a.get)(batch["b"]),
                 self.ph["c"]: np.vectorize(self.map_c.get)(batch["c"]),
                 self.ph["y"]: batch["y"]}
+        if hasattr(self, "adam_step"):
+            self.steps_run += 1
+            feed[self.adam_step] = self.steps_run
         return self.sess.run([self.loss, self.train_op], feed)[0]
 
 

@@ -223,6 +223,29 @@ def test_unseen_ids_look_up_as_zeros_in_process(trained, tmp_path):
     np.testing.assert_array_equal(got[2], values["embeddings"][0])
 
 
+def test_serving_default_value_in_the_export(trained, tmp_path):
+    """sparse_lookup(serving_default_value=...) gives unseen IDs that value when serving."""
+    _, tables, _, _, ckpt = trained
+    default = np.array([0.5, -0.5, 2.0], np.float32)
+
+    def build():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="item_ids")
+        table = create_table(tf.int64, DIMS["item_table"], "item_table",
+                             tf.zeros_initializer(), device_vocabulary_size=VOCAB)
+        return {"item": ids}, {"emb": sparse_lookup(table, ids, is_train=False,
+                                                    serving_default_value=default)}
+
+    export_dir = serving.export_saved_model(str(tmp_path / "e"), ckpt, build)
+    known = tables["item_table"].export_rows()[0]
+    values = serving.exported_tables(export_dir)["item_table"]
+    with tf.compat.v1.Session(graph=tf.Graph()) as sess:
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export_dir)
+        emb = meta.signature_def["serving_default"].outputs["emb"].name
+        got = sess.run(emb, {"item_ids:0": np.array([known[1], 77777], np.int64)})
+    np.testing.assert_array_equal(got[0], values["embeddings"][1])
+    np.testing.assert_array_equal(got[1], default)
+
+
 def test_apply_delta_changes_exactly_the_intended_rows(trained, tmp_path):
     sess, tables, _, _, ckpt = trained
     export_dir = serving.export_saved_model(str(tmp_path / "1"), ckpt, _build_serving)

@@ -122,6 +122,11 @@ def create_table(runtime, name: str, key_dtype, dim: int, initializer, size_hint
             f"create_table {name!r}: host_vocabulary_size and ssd_vocabulary_size must be 0 "
             "with init(use_dynamic_expansion=True): the dynamic store grows in device memory "
             "and has no host or SSD tier")
+    if not runtime.config.use_dynamic:
+        raise NotImplementedError(
+            f"create_table {name!r}: init(use_dynamic=False) (static shapes, unique rows "
+            "padded to send_count) is not available with init(use_dynamic_expansion=True), "
+            "whose addresses have the batch's own length")
     previous = runtime.tables.get(name)
     if (isinstance(previous, DynamicTable)
             and previous.graph is tf.compat.v1.get_default_graph()):
@@ -151,8 +156,14 @@ def _ops():
 
 
 def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Tensor,
-           is_train: bool, modify_graph: bool = False) -> tf.Tensor:
-    """sparse_lookup's dynamic-expansion branch, from the key stage's plan."""
+           is_train: bool, modify_graph: bool = False, default=None,
+           is_grad: bool = True) -> tf.Tensor:
+    """sparse_lookup's dynamic-expansion branch, from the key stage's plan.
+
+    default: [dim] values for IDs without a row (zeros when None). is_grad=False keeps
+    the lookup's rows and addresses out of the collections the by-address optimizers
+    train from.
+    """
     if modify_graph:
         raise ValueError(f"sparse_lookup on table {table.table_name!r}: modify_graph=True is "
                          "not available with init(use_dynamic_expansion=True)")
@@ -166,14 +177,9 @@ def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Ten
             deps = table.refills(graph)
             with tf.control_dependencies(deps):
                 fresh = _ops().mxrec_dynamic_ensure_rows(addresses, table_key=table.table_key)
-            values = table.initial_rows(tf.size(fresh))
-            if values is None:
-                raise ValueError(
-                    f"table {table.table_name!r}: with init(use_dynamic_expansion=True) new "
-                    "rows are initialised as they are admitted, and the initializer "
-                    f"({type(table.initializer).__name__}) cannot make rows for a dynamic row "
-                    "count; use a tf.compat.v1 initializer such as "
-                    "truncated_normal_initializer or constant_initializer")
+            values = table.initial_rows(
+                tf.size(fresh), required_for="with init(use_dynamic_expansion=True) new rows "
+                "are initialised as they are admitted")
             assign = _ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
                                                  table_key=table.table_key, dim=table.dim)
             table.register_refill(graph, assign)
@@ -181,10 +187,12 @@ def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Ten
         with tf.control_dependencies(deps):
             local_emb = _ops().mxrec_dynamic_gather(addresses, table_key=table.table_key,
                                                     dim=table.dim, name="local_emb")
-    emb = _restore_rows(local_emb, restore)
+    emb = _restore_rows(local_emb, restore, default)
     out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [table.dim]], axis=0)
     out = tf.reshape(emb, out_shape)
     out.set_shape(ids.shape.concatenate([table.dim]))
+    if not is_grad:
+        return tf.stop_gradient(out)
     if is_train:
         addresses._mxrec_dynamic_table = table  # lets the by-address optimizers find it
         for collection in (ASCEND_SPARSE_LOOKUP_LOCAL_EMB, LOCAL_EMB_COLLECTION):

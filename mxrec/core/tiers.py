@@ -63,13 +63,15 @@ def check_settings(table_name: str, host_vocabulary_size, ssd_vocabulary_size,
     Raises:
         ValueError: a negative size, an SSD tier without a host tier, or an SSD tier
             without an existing ssd_data_path directory.
+        NotImplementedError: several ssd_data_path directories.
     """
     host = _check_count(table_name, "host_vocabulary_size", host_vocabulary_size)
     ssd = _check_count(table_name, "ssd_vocabulary_size", ssd_vocabulary_size)
     if isinstance(ssd_data_path, (list, tuple)):
         if len(ssd_data_path) > 1:
-            raise ValueError(f"create_table {table_name!r}: ssd_data_path takes one directory, "
-                             f"got {list(ssd_data_path)}")
+            raise NotImplementedError(
+                f"create_table {table_name!r}: several ssd_data_path directories (filled one "
+                f"after another) are not available; give one, got {list(ssd_data_path)}")
         ssd_data_path = ssd_data_path[0] if ssd_data_path else ""
     path = os.fspath(ssd_data_path) if ssd_data_path else ""
     if ssd > 0:
@@ -164,14 +166,9 @@ def swap_embedding(table, reused: tf.Tensor) -> tf.Operation:
     count_training_lookup(table)
 
     def fresh_rows(count):
-        rows = table.initial_rows(count)
-        if rows is None:
-            raise ValueError(
-                f"table {table.table_name!r} has a host tier, so rows of new IDs are filled "
-                f"from its initializer for a dynamic row count, which "
-                f"{type(table.initializer).__name__} cannot do; use a tf.compat.v1 initializer "
-                "such as truncated_normal_initializer or constant_initializer")
-        return rows
+        return table.initial_rows(
+            count, required_for="it has a host tier, so rows of new IDs are filled from its "
+            "initializer as they arrive")
 
     return _swap(table, table.variable, reused, EMBEDDING, fresh_rows)
 

@@ -20,6 +20,11 @@ Example:
     >>> train_op = ...  # loss, minimize, hash optimizer
     >>> modify_graph_and_start_emb_cache()
     >>> sess.run(get_initializer(True))  # instead of iterator.initializer
+    >>> sess.run([train_op, rewritten_tensor(labels)])  # labels [B]: the step's own batch
+
+The old `get_next` outputs stay in the graph but are not the batches the step
+trains on; fetching one directly fails with an error that names it and
+`rewritten_tensor`, which maps it to the output that replaced it.
 """
 
 import os
@@ -33,6 +38,11 @@ from mxrec.graph import pipeline, trace
 from mxrec.util.initialize import get_config_initializer
 
 DEFAULT_DUMP_DIR = "export_graph"
+_REPLACED_GET_NEXT_MESSAGE = (
+    "{name} (outputs {outputs}) was replaced by modify_graph_and_start_emb_cache(): its "
+    "iterator no longer runs. To fetch one of these tensors directly (labels for a metric "
+    "computed outside the graph, say), fetch mxrec.graph.modifier.rewritten_tensor(t), the "
+    "output that carries the step's own batch")
 _RETIRED_MESSAGE = (
     "the key stage {name} was moved into the input pipeline by "
     "modify_graph_and_start_emb_cache(), but ops built afterwards still read its outputs; "
@@ -47,6 +57,8 @@ class _GraphState:
         self.done_records: List[object] = []
         self.iterators: List[pipeline.RewrittenIterator] = []
         self.retired: List[tf.Operation] = []
+        # Name of an old get_next output -> the new iterator's output that replaced it.
+        self.replacements: Dict[str, tf.Tensor] = {}
 
     def is_done(self, record) -> bool:
         return any(record is done for done in self.done_records)
@@ -98,6 +110,52 @@ def _retire_key_stage(graph: tf.Graph, key_stage: tf.Operation, record) -> None:
     chain = record.table._last_key_stage  # pylint: disable=protected-access
     for key in [k for k, op in chain.items() if op is key_stage]:
         del chain[key]
+
+
+def _guard_old_get_next(graph: tf.Graph, get_next: tf.Operation) -> None:
+    """Makes a direct fetch of an old get_next output fail with what to do instead.
+
+    Its iterator is never initialised once rewritten, so TensorFlow would only
+    say "iterator has not been initialized".
+    """
+    outputs = ", ".join(t.name for t in get_next.outputs)
+    with graph.as_default(), tf.name_scope(get_next.name + "_replaced"):
+        guard = tf.compat.v1.placeholder_with_default(False, [], name="never_true")
+        fail = tf.debugging.Assert(guard, [_REPLACED_GET_NEXT_MESSAGE.format(
+            name=get_next.name, outputs=outputs)])
+        with tf.control_dependencies([fail]):
+            check = tf.no_op(name="check")
+    get_next._add_control_input(check)  # pylint: disable=protected-access
+
+
+def rewritten_tensor(tensor, graph: Optional[tf.Graph] = None):
+    """The tensor to fetch for `tensor` after `modify_graph_and_start_emb_cache()`.
+
+    An output of a rewritten iterator's `get_next` maps to the new iterator's output
+    that replaced it (the batch the step trains on); any other tensor, or a graph not
+    rewritten, maps to itself. Ops built on the old outputs before the rewrite were
+    rewired already; this is for fetching the outputs themselves.
+
+    Args:
+        tensor: a tensor, or a nested structure (dict, tuple, SparseTensor) of tensors.
+        graph: the rewritten graph; the tensors' own graph when None.
+
+    Returns:
+        The same structure, with each replaced tensor swapped for its replacement.
+
+    Example:
+        >>> features, labels = iterator.get_next()     # labels [B]
+        >>> ...; modify_graph_and_start_emb_cache()
+        >>> _, y = sess.run([train_op, rewritten_tensor(labels)])  # y: this step's labels
+    """
+
+    def one(value):
+        if not isinstance(value, tf.Tensor):
+            raise TypeError(f"rewritten_tensor: expected tensors, got {type(value).__name__}")
+        state = _STATES.get(graph if graph is not None else value.graph)
+        return value if state is None else state.replacements.get(value.name, value)
+
+    return tf.nest.map_structure(one, tensor, expand_composites=True)
 
 
 def _dump(graph: tf.Graph, dump_dir: str, name: str) -> None:
@@ -178,6 +236,8 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     for new in rewritten:
         for index, output in enumerate(new.source.get_next.outputs):
             _replace_uses(output, new.outputs[index])
+            state.replacements[output.name] = new.outputs[index]
+        _guard_old_get_next(graph, new.source.get_next)
     for new, lookups in zip(rewritten, by_iterator.values()):
         for lookup, rows, restore, reused in zip(lookups, new.rows, new.restore, new.reused):
             record = lookup.record

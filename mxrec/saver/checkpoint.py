@@ -53,6 +53,8 @@ import posixpath
 import re
 import time
 import uuid
+import warnings
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -60,6 +62,7 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
+from mxrec.core import embedding
 from mxrec.util.initialize import get_config_initializer
 
 FORMAT_VERSION = 1
@@ -85,8 +88,20 @@ def _npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
+def _load_variable(session, variable, value):
+    """Writes a whole variable through its initializer's feed: no new op, so it works on a
+    finalized graph."""
+    initializer = variable.initializer
+    session.run(initializer, {initializer.inputs[1]: value})
+
+
 class _TableIO:
-    """Reads and writes one table's rows and slot rows (device variables)."""
+    """Reads and writes one table's rows and slot rows (device variables).
+
+    It builds its gather and scatter ops when the graph still takes ops; on a
+    finalized graph it reads whole variables through their own read ops and
+    writes them through their initializers' feeds instead.
+    """
 
     variables_in_graph = True
 
@@ -98,24 +113,38 @@ class _TableIO:
                 slot = optimizer.get_slot(table.variable, slot_name)
                 if slot is not None:
                     self.slots[f"{optimizer.get_name()}/{slot_name}"] = slot
-        with tf.name_scope(f"mxrec_checkpoint/{table.table_name}"):
+        self.variables = {"embedding": table.variable, **self.slots}
+        self.rows = None
+        if not table.variable.graph.finalized:
+            self._build_ops()
+
+    def _build_ops(self):
+        with tf.name_scope(f"mxrec_checkpoint/{self.table.table_name}"):
             self.rows = tf.compat.v1.placeholder(tf.int32, [None], name="rows")
-            variables = {"embedding": table.variable, **self.slots}
-            self.read = {name: tf.gather(var, self.rows) for name, var in variables.items()}
+            self.read = {name: tf.gather(var, self.rows) for name, var in self.variables.items()}
             self.values = {name: tf.compat.v1.placeholder(var.dtype.base_dtype,
-                                                          [None, table.dim])
-                           for name, var in variables.items()}
+                                                          [None, self.table.dim])
+                           for name, var in self.variables.items()}
             self.write = tf.group(*[
                 var.scatter_update(tf.IndexedSlices(self.values[name], self.rows))
-                for name, var in variables.items()])
+                for name, var in self.variables.items()])
 
     def state_names(self) -> List[str]:
         return ["embedding", *self.slots]
 
     def read_rows(self, session, rows: np.ndarray) -> Dict[str, np.ndarray]:
+        if self.rows is None:
+            full = session.run(self.variables)
+            return {name: value[rows] for name, value in full.items()}
         return session.run(self.read, {self.rows: rows})
 
     def write_rows(self, session, rows: np.ndarray, values: Dict[str, np.ndarray]):
+        if self.rows is None:
+            full = session.run(self.variables)
+            for name, variable in self.variables.items():
+                full[name][rows] = values[name]
+                _load_variable(session, variable, full[name])
+            return
         feed = {self.rows: rows}
         feed.update({self.values[name]: value for name, value in values.items()})
         session.run(self.write, feed)
@@ -162,6 +191,11 @@ class _DynamicTableIO:
 class Saver:
     """Writes and reads full and delta checkpoints of the tables of the current init().
 
+    The tables are those built in the default graph at construction; a table of the
+    init() built only in another graph is named in a warning (UserWarning and log),
+    since the checkpoints of this Saver cannot hold it. On a finalized graph the Saver
+    adds no ops: it reads and writes whole variables through their own ops.
+
     Args:
         directory: where versions live.
         max_to_keep: full versions kept (with their deltas); older ones are deleted
@@ -180,21 +214,32 @@ class Saver:
         self.max_to_keep = max_to_keep
         graph = tf.compat.v1.get_default_graph()
         self._tables = []
-        for _, table in sorted(runtime.tables.items()):
-            if getattr(table, "is_dynamic", False):
-                if table.graph is graph:
-                    self._tables.append(_DynamicTableIO(table))
-            elif table.variable.graph is graph:
-                self._tables.append(_TableIO(table))
+        in_graph = embedding.graph_tables(graph)
+        for name in sorted(runtime.tables):
+            table = in_graph.get(name)
+            if table is None or table.table_key != runtime.table_key(name):
+                continue
+            self._tables.append(_DynamicTableIO(table) if getattr(table, "is_dynamic", False)
+                                else _TableIO(table))
+        elsewhere = sorted(set(runtime.tables) - {io_.table.table_name for io_ in self._tables})
+        if elsewhere:
+            message = (f"mxrec Saver({directory!r}): table(s) {elsewhere} of this init() were "
+                       "built in another graph, not in this one; the checkpoints this Saver "
+                       "writes do not hold them and its restores leave them as they are. Build "
+                       "the Saver in the graph that has every table")
+            logging.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=2)
         graph_tables = [t for t in self._tables if t.variables_in_graph]
         sparse = {t.table.variable.ref() for t in graph_tables}
         sparse |= {slot.ref() for t in graph_tables for slot in t.slots.values()}
         self._dense = [v for v in tf.compat.v1.global_variables() if v.ref() not in sparse]
-        with tf.name_scope("mxrec_checkpoint/dense"):
-            self._dense_feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
-                                 for v in self._dense]
-            self._dense_assign = tf.group(*[v.assign(feed) for v, feed in
-                                            zip(self._dense, self._dense_feeds)])
+        self._dense_feeds = None
+        if not graph.finalized:
+            with tf.name_scope("mxrec_checkpoint/dense"):
+                self._dense_feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
+                                     for v in self._dense]
+                self._dense_assign = tf.group(*[v.assign(feed) for v, feed in
+                                                zip(self._dense, self._dense_feeds)])
         self._last_epochs: Optional[Dict[str, int]] = None
         self._last_step: Optional[int] = None
         self._last_full: Optional[int] = None
@@ -457,14 +502,17 @@ class Saver:
                 io_.write_rows(session, rows[device], {
                     state_name: np.stack([values[key][state_name] for key in device_keys])
                     for state_name in io_.state_names()})
-        feed = {}
-        for variable, placeholder in zip(self._dense, self._dense_feeds):
-            key = variable.op.name
-            if key not in dense:
-                raise CheckpointError(f"dense variable {key!r} is not in the checkpoint in "
-                                      f"{self.directory}")
-            feed[placeholder] = dense[key]
-        session.run(self._dense_assign, feed)
+        missing = [v.op.name for v in self._dense if v.op.name not in dense]
+        if missing:
+            raise CheckpointError(f"dense variable {missing[0]!r} is not in the checkpoint in "
+                                  f"{self.directory}")
+        if self._dense_feeds is None:  # built on a finalized graph
+            for variable in self._dense:
+                _load_variable(session, variable, dense[variable.op.name])
+            return
+        session.run(self._dense_assign, {placeholder: dense[variable.op.name] for
+                                         variable, placeholder in zip(self._dense,
+                                                                      self._dense_feeds)})
 
 
 def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.ndarray]:
@@ -542,20 +590,35 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
     """PaddlePaddle-style save: mode 0 = full, 1 = base (a full save that starts a new
     delta chain), 2 = delta since the last save.
 
-    Deltas need the same Saver that made the base; pass it, or use one Saver.
+    Without `saver`, one Saver per (session graph, init(), directory) is made at the first
+    call and reused, so deltas follow the previous save and no call after the first adds
+    ops; the graph may be finalized.
+
+    Args:
+        step: the version's step; the graph's global step when None.
     """
     if mode not in (0, 1, 2):
         raise ValueError(f"save_persistables: mode must be 0 (full), 1 (base) or 2 (delta), "
                          f"got {mode!r}")
+    graph = session.graph
     if saver is None:
-        saver = _default_savers.setdefault(dirname, Saver(dirname))
+        savers = _default_savers.setdefault(graph, {})
+        key = (get_config_initializer().prefix, dirname)
+        saver = savers.get(key)
+        if saver is None:
+            with graph.as_default():
+                saver = savers[key] = Saver(dirname)
     if step is None:
-        step = tf.compat.v1.train.global_step(
-            session, tf.compat.v1.train.get_or_create_global_step())
+        global_step = tf.compat.v1.train.get_global_step(graph)
+        if global_step is None:
+            raise ValueError("save_persistables: the graph has no global step; pass step=")
+        step = tf.compat.v1.train.global_step(session, global_step)
     return saver.save(session, step, kind="delta" if mode == 2 else "full")
 
 
-_default_savers: Dict[str, Saver] = {}
+# graph -> {(init() prefix, directory): Saver}; dropped with the graph.
+_default_savers: "weakref.WeakKeyDictionary[tf.Graph, Dict[Tuple[str, str], Saver]]" = (
+    weakref.WeakKeyDictionary())
 
 
 class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):

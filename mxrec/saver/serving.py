@@ -88,11 +88,20 @@ class _ServingTable:
                 default_value=tf.constant(-1, tf.int64), name="id_to_index")
             self.zero_row = count
 
-    def lookup(self, ids: tf.Tensor) -> tf.Tensor:
+    def lookup(self, ids: tf.Tensor, default_value=None, padding_keys=()) -> tf.Tensor:
         flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
         index = self.table.lookup(flat)
-        index = tf.where(index < 0, tf.fill(tf.shape(index), self.zero_row), index)
+        missing = index < 0
+        index = tf.where(missing, tf.fill(tf.shape(index), self.zero_row), index)
         emb = tf.gather(self.embeddings, index)
+        if default_value is not None:
+            if padding_keys:  # padding keys stay zeros
+                pads = tf.constant(list(padding_keys), tf.int64)
+                is_pad = tf.reduce_any(tf.equal(tf.expand_dims(flat, 1), pads), axis=1)
+                missing = tf.logical_and(missing, tf.logical_not(is_pad))
+            emb = tf.where(tf.expand_dims(missing, 1),
+                           tf.broadcast_to(tf.cast(default_value, emb.dtype), tf.shape(emb)),
+                           emb)
         out = tf.reshape(emb, tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], axis=0))
         out.set_shape(ids.shape.concatenate([self.dim]))
         return out
@@ -129,8 +138,9 @@ def _context() -> _ServingContext:
     return contexts[-1]
 
 
-def serving_lookup(hashtable, ids: tf.Tensor, scope: str) -> tf.Tensor:
-    """The serving form of `sparse_lookup`: core ops only; unseen IDs look up as zeros.
+def serving_lookup(hashtable, ids: tf.Tensor, scope: str, default_value=None) -> tf.Tensor:
+    """The serving form of `sparse_lookup`: core ops only; unseen IDs look up as zeros,
+    or as `default_value` ([dim]) when one is given (padding keys stay zeros).
 
     Args:
         hashtable: the SparseEmbedding the user's function created.
@@ -142,7 +152,7 @@ def serving_lookup(hashtable, ids: tf.Tensor, scope: str) -> tf.Tensor:
     """
     serving_table = _context().table(hashtable)
     with tf.name_scope(scope):
-        return serving_table.lookup(ids)
+        return serving_table.lookup(ids, default_value, hashtable.padding_keys)
 
 
 def _private_runtime():

@@ -1,14 +1,16 @@
 """Global configuration of mxrec: `init()` and `terminate_config_initializer()`.
 
-The parameter names follow mx_rec's `init`. Settings that later capabilities
-use are accepted and validated now, so scripts written for mx_rec run
-unchanged.
+The parameter names follow mx_rec's `init`. Every setting either takes effect,
+or is refused with NotImplementedError naming it (multi-worker training, core
+binding, ...); `use_hot`, which mx_rec documents as a placement hint, only
+warns. README.md's compatibility table lists each one.
 """
 
 import contextlib
 import dataclasses
 import itertools
 import os
+import warnings
 from typing import Dict, List, Optional
 
 from mxrec._lib import loader
@@ -27,19 +29,23 @@ class MxrecConfig:
     """Typed settings of one `init()`.
 
     Attributes:
-        use_mpi: launch through MPI (several processes); single process when False.
-        rank_id: this process's rank in [0, rank_size).
-        rank_size: number of training processes.
+        use_mpi: launch through MPI (several processes); only False (one process) is
+            available: multi-worker training is not implemented yet.
+        rank_id: this process's rank in [0, rank_size); 0.
+        rank_size: number of training processes; only 1 is available.
         train_steps: steps of one training round before evaluation; -1 = until the data ends.
         eval_steps: steps of one evaluation round; -1 = until the data ends.
         save_steps: steps between checkpoints; -1 = never by step.
         max_steps: total training steps; -1 = no limit.
         prefetch_batch_number: batches the host key stage runs ahead of the step (0 = in step).
         use_dynamic: dynamic shapes; False pads unique rows to `send_count` per lookup.
-        use_hot: hot-embedding placement hint (accepted for compatibility).
+        use_hot: hot-embedding placement hint; mxrec has no hot-embedding cache, so True
+            (mx_rec's default) only warns when given explicitly.
         use_dynamic_expansion: device storage that grows with the table, updated by address.
-        if_load: load a checkpoint at start.
-        bind_cpu: pin host threads to cores (accepted for compatibility).
+        if_load: whether the script should load a checkpoint at start; a flag for the
+            script to read (`ConfigInitializer.if_load`), as in mx_rec.
+        bind_cpu: pin processes to the cores near their device; not available (mxrec
+            does not bind), so only False.
         is_incremental_checkpoint: full saves every `save_checkpoint_due_time` seconds and
             delta saves every `save_delta_checkpoints_secs` seconds.
         save_checkpoint_due_time: seconds between full saves in incremental mode.
@@ -47,6 +53,9 @@ class MxrecConfig:
         restore_model_version: step of the checkpoint to restore; None = latest.
         key_process_thread_num: threads of the host key stage (env KEY_PROCESS_THREAD_NUM).
         use_combine_faae: count admission across tables together (env USE_COMBINE_FAAE).
+        recent_key_count_threshold: mx_rec's low-frequency filter of delta saves; only 0
+            (no filter) is available.
+        use_lccl: mx_rec's low-latency collectives for multi-device runs; only False.
     """
 
     use_mpi: bool = False
@@ -58,16 +67,18 @@ class MxrecConfig:
     max_steps: int = -1
     prefetch_batch_number: int = 1
     use_dynamic: bool = True
-    use_hot: bool = True
+    use_hot: bool = False
     use_dynamic_expansion: bool = False
     if_load: bool = False
-    bind_cpu: bool = True
+    bind_cpu: bool = False
     is_incremental_checkpoint: bool = False
     save_checkpoint_due_time: int = 0
     save_delta_checkpoints_secs: int = 0
     restore_model_version: Optional[int] = None
     key_process_thread_num: int = dataclasses.field(default_factory=_default_threads)
     use_combine_faae: bool = False
+    recent_key_count_threshold: int = 0
+    use_lccl: bool = False
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -86,6 +97,29 @@ class MxrecConfig:
             raise ValueError(
                 f"init(): rank_id must be in [0, rank_size={self.rank_size}), got {self.rank_id}"
             )
+        if self.use_mpi or self.rank_size > 1:
+            setting = "use_mpi=True" if self.use_mpi else f"rank_size={self.rank_size}"
+            raise NotImplementedError(
+                f"init({setting}): multi-worker training is not available yet; mxrec trains "
+                "in one process (use_mpi=False, rank_id=0, rank_size=1). Several processes "
+                "would each train a full copy of the model alone")
+        if self.bind_cpu:
+            raise NotImplementedError(
+                "init(bind_cpu=True): binding processes to the cores of their device is not "
+                "available; the key stage's threads run wherever the OS puts them "
+                "(KEY_PROCESS_THREAD_NUM sets how many). Pass bind_cpu=False or leave it out")
+        if self.use_lccl:
+            raise NotImplementedError(
+                "init(use_lccl=True): LCCL collectives speed up multi-device runs, which mxrec "
+                "does not have; leave use_lccl out")
+        if self.recent_key_count_threshold < 0:
+            raise ValueError("init(): recent_key_count_threshold must be >= 0, got "
+                             f"{self.recent_key_count_threshold}")
+        if self.recent_key_count_threshold > 0:
+            raise NotImplementedError(
+                f"init(recent_key_count_threshold={self.recent_key_count_threshold}): filtering "
+                "rarely seen IDs out of delta checkpoints is not available; a delta holds every "
+                "ID changed since the previous save")
         for name in ("train_steps", "eval_steps", "save_steps", "max_steps"):
             value = getattr(self, name)
             if value == 0 or value < -1:
@@ -129,6 +163,16 @@ class ConfigInitializer:
 
     _serial = itertools.count()
 
+    @staticmethod
+    def get_instance() -> "ConfigInitializer":
+        """The ConfigInitializer in force (mx_rec's spelling of get_config_initializer())."""
+        return get_config_initializer()
+
+    @property
+    def if_load(self) -> bool:
+        """The `if_load` given to init(): whether the script loads a trained model."""
+        return self.config.if_load
+
     def __init__(self, config: MxrecConfig):
         self.config = config
         self.prefix = f"mxrec{os.getpid()}_{next(self._serial)}"
@@ -158,7 +202,8 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
     """Configures mxrec for this process.
 
     Args:
-        use_mpi: whether the processes were launched through MPI.
+        use_mpi: whether the processes were launched through MPI; True is refused (one
+            process only, for now).
         **kwargs: any field of `MxrecConfig` (mx_rec's names: train_steps, eval_steps,
             save_steps, max_steps, prefetch_batch_number, use_dynamic,
             use_dynamic_expansion, rank_id, rank_size, ...).
@@ -169,6 +214,8 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
     Raises:
         TypeError: an unknown setting, or a value of the wrong type.
         ValueError: a value out of range.
+        NotImplementedError: a setting mxrec does not offer (use_mpi=True, rank_size > 1,
+            bind_cpu=True, use_lccl=True, recent_key_count_threshold > 0).
 
     Example:
         >>> init(train_steps=100, eval_steps=10, prefetch_batch_number=2)
@@ -185,6 +232,9 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
     if env_faae is not None and "use_combine_faae" not in kwargs:
         kwargs["use_combine_faae"] = bool(env_faae)
     config = MxrecConfig(use_mpi=use_mpi, **kwargs)
+    if kwargs.get("use_hot") is True:
+        warnings.warn("init(use_hot=True): mxrec has no hot-embedding cache; the hint has no "
+                      "effect (every row is read from the table)", UserWarning, stacklevel=2)
     if _current is not None:
         _current.close()
     _current = ConfigInitializer(config)

@@ -1,6 +1,6 @@
 """Python wrappers of mxrec's TensorFlow ops."""
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -50,7 +50,8 @@ def after_commit(tensors: Sequence[tf.Tensor], batch_ids: tf.Tensor,
 class HostPipelineOps:
     """mx_rec's `import_host_pipeline_ops()` object."""
 
-    def set_threshold(self, threshold, emb_name: str, ids_name: str = None, name=None):
+    def set_threshold(self, threshold, emb_name: str, ids_name: Optional[str] = None,
+                      name=None):
         """Changes the admission threshold of table `emb_name` when run.
 
         A threshold of 0 stops counting: the table keeps its threshold and
@@ -59,13 +60,24 @@ class HostPipelineOps:
         Args:
             threshold: scalar int32/int64/float tensor.
             emb_name: the table's name.
-            ids_name: the lookup's name (accepted for mx_rec compatibility).
+            ids_name: one of the table's lookups (sparse_lookup's `name`, by default
+                "<table>_lookup", or a FeatureSpec's name), checked to be one. A table has
+                one admission policy, so the threshold is the table's, for all its lookups.
+            name: name of the op.
+
+        Raises:
+            ValueError: no table `emb_name`, or no lookup `ids_name` of it.
         """
         from mxrec.util.initialize import get_config_initializer
 
         runtime = get_config_initializer()
         if emb_name not in runtime.tables:
             raise ValueError(f"set_threshold: no table named {emb_name!r} was created")
+        if ids_name is not None:
+            lookups = runtime.tables[emb_name].lookup_names
+            if ids_name not in lookups:
+                raise ValueError(f"set_threshold: table {emb_name!r} has no lookup named "
+                                 f"{ids_name!r}; its lookups: {sorted(lookups)}")
         with tf.device("/device:CPU:0"):
             return loader.op_library().mxrec_set_threshold(
                 threshold=threshold, table_key=runtime.table_key(emb_name), name=name
