@@ -32,6 +32,7 @@ from mxrec.util.initialize import init, terminate_config_initializer  # noqa: E4
 from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 
 _v1 = tf.compat.v1
+_v1.disable_eager_execution()
 OPTIMIZERS = {
     "sgd": lambda: gradient_descent.create_hash_optimizer(0.2),
     "adagrad": lambda: adagrad.create_hash_optimizer(0.2),

@@ -19,10 +19,11 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.core import tiers
+from mxrec.core import sharding, tiers
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import planned_tensors
 from mxrec.saver import host_state, serving
+from mxrec.util import communication
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
@@ -353,7 +354,9 @@ def create_table(
             graph's Saver.
         is_dp: data-parallel table; with one process the same table as is_dp=False.
         init_param: scale applied to the initializer's values, in [-10, 10].
-        all2all_gradients_op: "sum_gradients" or "sum_gradients_and_div_by_ranksize"; the
+        all2all_gradients_op: on several ranks, how the ranks' gradients of an ID combine
+            at its owner: "sum_gradients" adds them, "sum_gradients_and_div_by_ranksize" adds
+            and divides by the rank count (for a loss averaged over each rank's batch); the
             same with one process (rank size 1).
         enable_merge: only False (NotImplementedError otherwise).
         padding_keys: an ID or IDs that look up as zeros and are never counted or updated.
@@ -415,6 +418,10 @@ def create_table(
                                 fusion_optimizer_var, hashtable_threshold)
     if not padding_keys_mask:
         padding_keys = []  # mx_rec: without the mask, padding keys train like any ID
+    if is_dp and communication.get_rank_size() > 1:
+        raise NotImplementedError(
+            f"create_table {name!r}: is_dp=True (a table replicated on every rank) is not "
+            "available on several ranks; tables are sharded across the ranks (is_dp=False)")
     if emb_initializer is None:
         raise ValueError(f"create_table {name!r}: emb_initializer is required")
     initializer = emb_initializer
@@ -429,6 +436,7 @@ def create_table(
         table = dynamic.create_table(runtime, name, key_dtype, int(dim), initializer,
                                      int(device_vocabulary_size), padding_keys, value_dtype,
                                      is_save, tiers=(host_vocabulary_size, ssd_vocabulary_size))
+        table.all2all_gradients_op = all2all_gradients_op
         _GRAPH_TABLES.setdefault(tf.compat.v1.get_default_graph(), {})[name] = table
         return table
     table_key = runtime.table_key(name)
@@ -451,6 +459,7 @@ def create_table(
     table.ssd_vocabulary_size = ssd_size
     if is_save and not serving.in_serving_export():
         host_state.register(name, table_key)
+    table.all2all_gradients_op = all2all_gradients_op
     runtime.tables[name] = table
     _GRAPH_TABLES.setdefault(tf.compat.v1.get_default_graph(), {})[name] = table
     return table
@@ -688,6 +697,10 @@ def sparse_lookup(
     if static_shapes and send_count is None:
         raise ValueError(f"sparse_lookup {scope!r}: init(use_dynamic=False) pads each batch's "
                          "unique rows to send_count, so the lookup needs send_count > 0")
+    if communication.get_rank_size() > 1:
+        out = _sharded_lookup(hashtable, ids, is_train, send_count if static_shapes else None,
+                              scope, modify_graph, serving_default_value)
+        return out if is_grad else tf.stop_gradient(out)
     with tf.name_scope(scope):
         default = default_values(hashtable, serving_default_value)
         flat = tf.reshape(ids, [-1])
@@ -716,6 +729,39 @@ def sparse_lookup(
     if modify_graph:
         _modify_graph_lookups(graph).append(
             LookupRecord(hashtable, ids, rows, restore, reused, is_train, send_count))
+    return out
+
+
+def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, scope: str,
+                    modify_graph: bool, serving_default_value):
+    """A lookup of a table sharded across the ranks (mxrec.core.sharding)."""
+    if modify_graph:
+        raise NotImplementedError(
+            f"sparse_lookup {scope!r}: modify_graph=True on several ranks is not available yet "
+            "(the IDs travel to their owners by collectives inside the step); build the lookup "
+            "with modify_graph=False")
+    if getattr(table, "is_dynamic", False):
+        raise NotImplementedError(f"sparse_lookup {scope!r}: dynamic expansion on several ranks "
+                                  "is not available yet")
+    grad_scale = None
+    if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
+        grad_scale = 1.0 / communication.get_rank_size()
+    graph = tf.compat.v1.get_default_graph()
+    with tf.name_scope(scope):
+        default = default_values(table, serving_default_value)
+        timestamp = sharding.batch_time(_batch_timestamp())
+
+        def lookup_owned(owned):
+            (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
+                [owned], [table.table_key], is_train, timestamp=timestamp)
+            previous = table.key_stage_dependency(graph, is_train, rows.op)
+            if previous is not None:
+                rows.op._add_control_input(previous)
+            return _lookup_planned(table, owned, rows, restore, reused, is_train, default)
+
+        out = sharding.lookup(table, ids, is_train, send_count, grad_scale, lookup_owned)
+        if default is not None:
+            out = mask_padding_keys(table, ids, out)
     return out
 
 

@@ -199,39 +199,65 @@ def allreduce(tensor, reduction: str = "sum") -> tf.Tensor:
         final_op="Div" if reduction == "mean" else "Id", timeout_seconds=timeout_seconds())
 
 
-def _alltoall_raw(tensor: tf.Tensor) -> tf.Tensor:
-    size = _CLUSTER.size
+# TensorFlow's collectives keep the shape of an instance (one instance key) from its first
+# run: a later step with another shape fails. A varying chunk therefore goes through one of a
+# fixed ladder of sizes, each with instance keys of its own (every rank picks the same rung:
+# the chunk is the same on every rank), padded up to the rung and cut back after.
+_LADDER = [64 << k for k in range(19)]  # 64 ... 16,777,216 rows per peer
+
+
+def _alltoall_fixed(tensor: tf.Tensor, instance_key: int) -> tf.Tensor:
     return tf.raw_ops.CollectiveAllToAllV2(
-        input=tensor, group_size=size, group_key=_GROUP_KEY,
-        instance_key=_next_instance_key(), ordering_token=[],
-        timeout_seconds=timeout_seconds())
+        input=tensor, group_size=_CLUSTER.size, group_key=_GROUP_KEY,
+        instance_key=instance_key, ordering_token=[], timeout_seconds=timeout_seconds())
+
+
+def _alltoall_laddered(tensor: tf.Tensor, keys: List[int]) -> tf.Tensor:
+    """All-to-all of [size, chunk, ...] with a chunk that may change from step to step."""
+    chunk = tf.shape(tensor)[1]
+    rung = tf.searchsorted(tf.constant(_LADDER, tf.int32), tf.reshape(chunk, [1]))[0]
+    check = tf.debugging.assert_less(
+        rung, len(_LADDER), message=f"all-to-all: more than {_LADDER[-1]} rows for one peer")
+    rest = tensor.shape[2:]
+    paddings_tail = [[0, 0]] * len(rest)
+
+    def branch(k):
+        def exchange():
+            padded = tf.pad(tensor, [[0, 0], [0, _LADDER[k] - chunk]] + paddings_tail)
+            padded.set_shape([_CLUSTER.size, _LADDER[k]] + rest.as_list())
+            return _alltoall_fixed(padded, keys[k])[:, :chunk]
+        return exchange
+
+    with tf.control_dependencies([check]):
+        rung = tf.identity(rung)
+    out = tf.switch_case(rung, [branch(k) for k in range(len(_LADDER))])
+    out.set_shape(tensor.shape)
+    return out
 
 
 def alltoall(tensor: tf.Tensor, grad_scale: Optional[float] = None) -> tf.Tensor:
-    """Exchanges equal chunks: `tensor` [size, ...]; chunk i goes to rank i, and the
-    result's chunk j comes from rank j.
+    """Exchanges equal chunks: `tensor` [size, chunk, ...]; chunk i goes to rank i, and the
+    result's chunk j comes from rank j. `chunk` may change from step to step but must be the
+    same on every rank in a step.
 
     Differentiable for float tensors (the backward pass is the same exchange of the
     gradient, scaled by `grad_scale` when given); integer tensors get no gradient.
     """
-    cluster_ = _require_cluster("alltoall")
+    _require_cluster("alltoall")
     tensor = tf.convert_to_tensor(tensor)
+    # Keys are reserved at build time, in the same order on every rank.
+    forward = [_next_instance_key() for _ in _LADDER]
     if not tensor.dtype.is_floating:
-        return _alltoall_raw(tensor)
-    backward_key = _next_instance_key()  # reserved now: every rank builds the same keys
+        return _alltoall_laddered(tensor, forward)
+    backward = [_next_instance_key() for _ in _LADDER]
 
     @tf.custom_gradient
     def exchange(x):
-        y = _alltoall_raw(x)
-
         def grad(dy):
-            g = tf.raw_ops.CollectiveAllToAllV2(
-                input=dy, group_size=cluster_.size, group_key=_GROUP_KEY,
-                instance_key=backward_key, ordering_token=[],
-                timeout_seconds=timeout_seconds())
+            g = _alltoall_laddered(dy, backward)
             return g if grad_scale is None else g * grad_scale
 
-        return y, grad
+        return _alltoall_laddered(x, forward), grad
 
     return exchange(tensor)
 

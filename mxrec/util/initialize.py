@@ -14,6 +14,7 @@ import warnings
 from typing import Dict, List, Optional
 
 from mxrec._lib import loader
+from mxrec.util import communication
 
 _ENV_THREADS = "KEY_PROCESS_THREAD_NUM"
 _ENV_COMBINE_FAAE = "USE_COMBINE_FAAE"
@@ -29,10 +30,11 @@ class MxrecConfig:
     """Typed settings of one `init()`.
 
     Attributes:
-        use_mpi: launch through MPI (several processes); only False (one process) is
-            available: multi-worker training is not implemented yet.
-        rank_id: this process's rank in [0, rank_size); 0.
-        rank_size: number of training processes; only 1 is available.
+        use_mpi: the processes were started by a launcher (`mpirun` or `python -m
+            mxrec.launch`): rank and size come from its environment.
+        rank_id: this process's rank in [0, rank_size).
+        rank_size: number of training processes; > 1 shards every table across them
+            (mxrec.core.sharding) over TensorFlow's collectives (mxrec.util.communication).
         train_steps: steps of one training round before evaluation; -1 = until the data ends.
         eval_steps: steps of one evaluation round; -1 = until the data ends.
         save_steps: steps between checkpoints; -1 = never by step.
@@ -97,12 +99,11 @@ class MxrecConfig:
             raise ValueError(
                 f"init(): rank_id must be in [0, rank_size={self.rank_size}), got {self.rank_id}"
             )
-        if self.use_mpi or self.rank_size > 1:
-            setting = "use_mpi=True" if self.use_mpi else f"rank_size={self.rank_size}"
+        if self.rank_size > 1 and self.use_dynamic_expansion:
             raise NotImplementedError(
-                f"init({setting}): multi-worker training is not available yet; mxrec trains "
-                "in one process (use_mpi=False, rank_id=0, rank_size=1). Several processes "
-                "would each train a full copy of the model alone")
+                f"init(rank_size={self.rank_size}, use_dynamic_expansion=True): dynamic "
+                "expansion is not available with several ranks yet; use fixed-size tables "
+                "(device_vocabulary_size per rank)")
         if self.bind_cpu:
             raise NotImplementedError(
                 "init(bind_cpu=True): binding processes to the cores of their device is not "
@@ -202,8 +203,10 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
     """Configures mxrec for this process.
 
     Args:
-        use_mpi: whether the processes were launched through MPI; True is refused (one
-            process only, for now).
+        use_mpi: the processes were started by `mpirun` or `python -m mxrec.launch`: take
+            rank and size from their environment (OMPI_COMM_WORLD_RANK/SIZE or
+            MXREC_RANK/MXREC_SIZE); under either launcher that environment wins over
+            rank_id/rank_size anyway.
         **kwargs: any field of `MxrecConfig` (mx_rec's names: train_steps, eval_steps,
             save_steps, max_steps, prefetch_batch_number, use_dynamic,
             use_dynamic_expansion, rank_id, rank_size, ...).
@@ -214,8 +217,8 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
     Raises:
         TypeError: an unknown setting, or a value of the wrong type.
         ValueError: a value out of range.
-        NotImplementedError: a setting mxrec does not offer (use_mpi=True, rank_size > 1,
-            bind_cpu=True, use_lccl=True, recent_key_count_threshold > 0).
+        NotImplementedError: a setting mxrec does not offer (bind_cpu=True, use_lccl=True,
+            recent_key_count_threshold > 0, dynamic expansion on several ranks).
 
     Example:
         >>> init(train_steps=100, eval_steps=10, prefetch_batch_number=2)
@@ -231,7 +234,11 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
     env_faae = _env_int(_ENV_COMBINE_FAAE)
     if env_faae is not None and "use_combine_faae" not in kwargs:
         kwargs["use_combine_faae"] = bool(env_faae)
+    rank, size = communication.ranks_from_environment(
+        use_mpi, kwargs.get("rank_id", 0), kwargs.get("rank_size", 1))
+    kwargs["rank_id"], kwargs["rank_size"] = rank, size
     config = MxrecConfig(use_mpi=use_mpi, **kwargs)
+    communication.setup(config.rank_id, config.rank_size)
     if kwargs.get("use_hot") is True:
         warnings.warn("init(use_hot=True): mxrec has no hot-embedding cache; the hint has no "
                       "effect (every row is read from the table)", UserWarning, stacklevel=2)
