@@ -1,0 +1,118 @@
+"""Several ranks as local processes (mxrec.launch) against one process on the global batch.
+
+examples/multiworker/train.py trains a logistic model over a sharded table: N ranks each on
+1/N of every global batch (dense gradients summed by allreduce and divided by N, sparse ones
+combined by all2all_gradients_op="sum_gradients_and_div_by_ranksize") must equal one process
+on the whole batch, ID by ID, within 1e-5. Also: static shapes (send_count), its overflow
+error, and a rank that dies ends the others in bounded time.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from mxrec.core.sharding import owner_of_numpy
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "examples" / "multiworker" / "train.py")
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _train(ranks, out, args, timeout=300):
+    command = [sys.executable, SCRIPT, "--out", str(out)] + args
+    if ranks > 1:
+        command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + command[1:]
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True,
+                            timeout=timeout)
+    return result
+
+
+def _shards(out, ranks):
+    table, weights = {}, []
+    for rank in range(ranks):
+        data = np.load(out / f"rank-{rank}.npz")
+        ids = data["ids"]
+        # Each rank holds exactly the IDs it owns.
+        assert (owner_of_numpy(ids, ranks) == rank).all()
+        assert not set(ids.tolist()) & set(table)
+        table.update(zip(ids.tolist(), data["values"]))
+        weights.append(data["w"])
+    return table, weights
+
+
+CASES = {
+    "adagrad-2": (2, ["--optimizer", "adagrad"]),
+    "sgd-4": (4, ["--optimizer", "sgd", "--batch", "64"]),
+    "lazy_adam-2-admission-eviction": (2, ["--optimizer", "lazy_adam", "--threshold", "2",
+                                           "--eviction", "40"]),
+    "adagrad-2-host_tier": (2, ["--optimizer", "adagrad", "--capacity", "150",
+                                "--host", "1000"]),
+    "sgd-2-send_count": (2, ["--optimizer", "sgd", "--send_count", "80"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_ranks_equal_one_process(tmp_path, case):
+    ranks, args = CASES[case]
+    args = args + ["--steps", "20"]
+    # send_count is per peer on several ranks; the reference plans the global batch unpadded.
+    reference = [a for i, a in enumerate(args)
+                 if a != "--send_count" and (i == 0 or args[i - 1] != "--send_count")]
+    single = _train(1, tmp_path / "one", reference)
+    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
+    several = _train(ranks, tmp_path / "many", args)
+    assert several.returncode == 0, several.stdout[-3000:] + several.stderr[-3000:]
+    want, (want_w,) = _shards(tmp_path / "one", 1)
+    got, got_w = _shards(tmp_path / "many", ranks)
+    assert sorted(got) == sorted(want)
+    assert len(want) > 50
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=str(key))
+    for w in got_w:
+        np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
+
+
+def test_send_count_overflow_names_the_table_and_setting(tmp_path):
+    result = _train(2, tmp_path, ["--send_count", "3", "--steps", "2"])
+    assert result.returncode != 0
+    assert "on table \\'emb\\'" in result.stdout or "on table 'emb'" in result.stdout, \
+        result.stdout[-3000:]
+    assert "send_count=3" in result.stdout
+
+
+def test_a_rank_that_dies_ends_the_others_in_bounded_time(tmp_path):
+    """Ranks started by hand (no launcher to stop them): rank 1 exits at step 3 and rank 0
+    fails on its next collective within the timeout instead of hanging."""
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cluster = ",".join(f"127.0.0.1:{p}" for p in ports)
+    procs = [subprocess.Popen(
+        [sys.executable, SCRIPT, "--steps", "50", "--die_at", "3"],
+        env=_env(MXREC_RANK=str(rank), MXREC_SIZE="2", MXREC_CLUSTER=cluster,
+                 MXREC_COLLECTIVE_TIMEOUT="10"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    start = time.monotonic()
+    out1, _ = procs[1].communicate(timeout=120)
+    assert procs[1].returncode == 3, out1[-2000:]
+    out0, _ = procs[0].communicate(timeout=120)
+    elapsed = time.monotonic() - start
+    assert procs[0].returncode != 0
+    assert elapsed < 100
+    assert "DeadlineExceeded" in out0 or "Unavailable" in out0 or "aborted" in out0, out0[-3000:]
