@@ -62,7 +62,8 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
-from mxrec.core import embedding
+from mxrec.core import dynamic
+from mxrec.core.table import graph_tables
 from mxrec.util.initialize import get_config_initializer
 
 FORMAT_VERSION = 1
@@ -181,8 +182,6 @@ class _DynamicTableIO:
 
     def write_rows(self, session, rows: np.ndarray, values: Dict[str, np.ndarray]):
         del session
-        from mxrec.core import dynamic
-
         dynamic.write_rows(self.table, rows, values["embedding"])
         for slot, initial in self.slots.items():
             dynamic.write_rows(self.table, rows, values[slot], slot=slot, initial=initial)
@@ -216,13 +215,13 @@ class Saver:
                                 if protect_batches is None else protect_batches)
         graph = tf.compat.v1.get_default_graph()
         self._tables = []
-        in_graph = embedding.graph_tables(graph)
+        in_graph = graph_tables(graph)
         for name in sorted(runtime.tables):
             table = in_graph.get(name)
             if table is None or table.table_key != runtime.table_key(name):
                 continue
-            self._tables.append(_DynamicTableIO(table) if getattr(table, "is_dynamic", False)
-                                else _TableIO(table))
+            self._tables.append(_DynamicTableIO(table)
+                                if isinstance(table, dynamic.DynamicTable) else _TableIO(table))
         elsewhere = sorted(set(runtime.tables) - {io_.table.table_name for io_ in self._tables})
         if elsewhere:
             message = (f"mxrec Saver({directory!r}): table(s) {elsewhere} of this init() were "
@@ -231,9 +230,9 @@ class Saver:
                        "the Saver in the graph that has every table")
             logging.warning(message)
             warnings.warn(message, UserWarning, stacklevel=2)
-        graph_tables = [t for t in self._tables if t.variables_in_graph]
-        sparse = {t.table.variable.ref() for t in graph_tables}
-        sparse |= {slot.ref() for t in graph_tables for slot in t.slots.values()}
+        variable_tables = [t for t in self._tables if t.variables_in_graph]
+        sparse = {t.table.variable.ref() for t in variable_tables}
+        sparse |= {slot.ref() for t in variable_tables for slot in t.slots.values()}
         self._dense = [v for v in tf.compat.v1.global_variables() if v.ref() not in sparse]
         self._dense_feeds = None
         if not graph.finalized:
