@@ -36,19 +36,19 @@ Example:
     ...     list(zip(grads, addresses)))
 """
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.core.embedding import SparseEmbedding, _restore_rows
-from mxrec.saver import host_state, serving
-
-ASCEND_SPARSE_LOOKUP_LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
-ASCEND_SPARSE_LOOKUP_ID_OFFSET = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
-LOCAL_EMB_COLLECTION = "mxrec_sparse_lookup_local_emb"
-ID_OFFSET_COLLECTION = "mxrec_sparse_lookup_id_offset"
+from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old import path)
+    ASCEND_SPARSE_LOOKUP_ID_OFFSET,
+    ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
+    ID_OFFSET_COLLECTION,
+    LOCAL_EMB_COLLECTION,
+)
+from mxrec.core.table import FEATURE_SPEC, MODIFY_GRAPH, SparseEmbedding, restore_rows
 
 # The host table of a dynamic table never runs out of rows: its rows are the
 # store's addresses, and the store grows to hold them.
@@ -71,25 +71,25 @@ def chunk_rows_for(size_hint: int, dim: int) -> int:
 class DynamicTable(SparseEmbedding):
     """A table of init(use_dynamic_expansion=True). Create it with `create_table`.
 
-    Everything of SparseEmbedding except the device variable: the rows live in
-    the engine's dynamic store under `table_key`. `device_vocabulary_size` is
-    only the size hint that sets the chunk size.
+    Everything of SparseEmbedding, and no device variable: the rows live in the
+    engine's dynamic store under `table_key`, made here. `device_vocabulary_size`
+    is only the size hint that sets the chunk size.
 
     Attributes:
         chunk_rows: rows the store adds each time it grows.
+        graph: the graph the table was created in.
     """
 
     is_dynamic = True
 
     def __init__(self, name, key_dtype, dim, initializer, size_hint, padding_keys, value_dtype,
                  table_key, key_stage_chain=None):
-        # SparseEmbedding.__init__ would create the fixed-size variable this
-        # mode does without: only its host side is shared.
-        self._init_host_side(name, key_dtype, dim, initializer, size_hint, padding_keys,
-                             value_dtype, table_key, key_stage_chain)
-        self.pad_row = None
+        super().__init__(name, key_dtype, dim, initializer, size_hint, padding_keys,
+                         value_dtype, table_key, key_stage_chain)
         self.graph = tf.compat.v1.get_default_graph()
         self.chunk_rows = chunk_rows_for(size_hint, dim)
+        loader.engine().create_dynamic_store(key=table_key, name=name, dim=dim,
+                                             chunk_rows=self.chunk_rows)
 
     @property
     def variable(self):
@@ -109,97 +109,71 @@ class DynamicTable(SparseEmbedding):
         """The dynamic store: rows in use, rows allocated, chunks, chunk_rows, slots."""
         return dict(loader.engine().dynamic_store_stats(self.table_key))
 
+    def check_lookup(self, source: str) -> None:
+        if source == MODIFY_GRAPH:
+            raise ValueError(f"sparse_lookup on table {self.table_name!r}: modify_graph=True is "
+                             "not available with init(use_dynamic_expansion=True)")
+        if source == FEATURE_SPEC:
+            raise TypeError(
+                f"sparse_lookup on table {self.table_name!r}: FeatureSpec lookups are not "
+                "available with init(use_dynamic_expansion=True); look it up with "
+                "sparse_lookup(table, ids)")
 
-def create_table(runtime, name: str, key_dtype, dim: int, initializer, size_hint: int,
-                 padding_keys: Sequence[int], value_dtype, is_save: bool,
-                 tiers: Tuple[int, int] = (0, 0)) -> DynamicTable:
-    """create_table's dynamic-expansion branch, after its argument checks.
+    def lookup_planned(self, ids, rows, restore, reused, is_train, default=None, is_grad=True,
+                       send_count=None, scope=""):
+        """The lookup from the key stage's plan. is_grad=False also keeps the lookup's rows
+        and addresses out of the collections the by-address optimizers train from; reused
+        rows and send_count do not occur in this mode (rows are never reused, shapes are
+        dynamic)."""
+        del reused, send_count, scope
+        with tf.device(_CPU):
+            addresses = tf.cast(rows, tf.int64, name="addresses")
+            deps = []
+            if is_train:
+                graph = tf.compat.v1.get_default_graph()
+                # Training lookups of one table in a step share rows: a row an earlier
+                # lookup made is initialised before a later lookup claims or reads it.
+                deps = self.refills(graph)
+                with tf.control_dependencies(deps):
+                    fresh = _ops().mxrec_dynamic_ensure_rows(addresses,
+                                                             table_key=self.table_key)
+                values = self.initial_rows(
+                    tf.size(fresh), required_for="with init(use_dynamic_expansion=True) new "
+                    "rows are initialised as they are admitted")
+                assign = _ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
+                                                     table_key=self.table_key, dim=self.dim)
+                self.register_refill(graph, assign)
+                deps = deps + [assign]
+            with tf.control_dependencies(deps):
+                local_emb = _ops().mxrec_dynamic_gather(addresses, table_key=self.table_key,
+                                                        dim=self.dim, name="local_emb")
+        out = self._finish(ids, restore_rows(local_emb, restore, default), default, is_grad)
+        if is_train and is_grad:
+            addresses._mxrec_dynamic_table = self  # lets the by-address optimizers find it
+            for collection in (ASCEND_SPARSE_LOOKUP_LOCAL_EMB, LOCAL_EMB_COLLECTION):
+                tf.compat.v1.add_to_collection(collection, local_emb)
+            for collection in (ASCEND_SPARSE_LOOKUP_ID_OFFSET, ID_OFFSET_COLLECTION):
+                tf.compat.v1.add_to_collection(collection, addresses)
+        return out
 
-    tiers: (host_vocabulary_size, ssd_vocabulary_size); both must be 0.
-    """
-    if any(tiers):
+
+def check_settings(name: str, host_vocabulary_size: int, ssd_vocabulary_size: int,
+                   use_dynamic: bool) -> None:
+    """create_table's checks of a table of this mode: no tiers, dynamic shapes."""
+    if host_vocabulary_size or ssd_vocabulary_size:
         raise ValueError(
             f"create_table {name!r}: host_vocabulary_size and ssd_vocabulary_size must be 0 "
             "with init(use_dynamic_expansion=True): the dynamic store grows in device memory "
             "and has no host or SSD tier")
-    if not runtime.config.use_dynamic:
+    if not use_dynamic:
         raise NotImplementedError(
             f"create_table {name!r}: init(use_dynamic=False) (static shapes, unique rows "
             "padded to send_count) is not available with init(use_dynamic_expansion=True), "
             "whose addresses have the batch's own length")
-    previous = runtime.tables.get(name)
-    if (isinstance(previous, DynamicTable)
-            and previous.graph is tf.compat.v1.get_default_graph()):
-        raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
-    table_key = runtime.table_key(name)
-    engine = loader.engine()
-    engine.create_table(key=table_key, name=name, dim=dim, capacity=HOST_CAPACITY,
-                        padding_keys=list(padding_keys), access_threshold=0.0,
-                        faae_coefficient=1.0)
-    if runtime.config.use_combine_faae:
-        engine.share_counts(table_key, runtime.table_key("__combined_faae__"))
-    table = DynamicTable(name, key_dtype, dim, initializer, size_hint, padding_keys,
-                         value_dtype, table_key,
-                         key_stage_chain=(runtime.shared_key_stage_chain
-                                          if runtime.config.use_combine_faae else None))
-    engine.create_dynamic_store(key=table_key, name=name, dim=dim, chunk_rows=table.chunk_rows)
-    if is_save and not serving.in_serving_export():
-        # The host state (ID -> address) saves like any table's; the rows
-        # themselves do not yet (see export_values).
-        host_state.register(name, table_key)
-    runtime.tables[name] = table
-    return table
 
 
 def _ops():
     return loader.op_library()
-
-
-def lookup(table: DynamicTable, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Tensor,
-           is_train: bool, modify_graph: bool = False, default=None,
-           is_grad: bool = True) -> tf.Tensor:
-    """sparse_lookup's dynamic-expansion branch, from the key stage's plan.
-
-    default: [dim] values for IDs without a row (zeros when None). is_grad=False keeps
-    the lookup's rows and addresses out of the collections the by-address optimizers
-    train from.
-    """
-    if modify_graph:
-        raise ValueError(f"sparse_lookup on table {table.table_name!r}: modify_graph=True is "
-                         "not available with init(use_dynamic_expansion=True)")
-    with tf.device(_CPU):
-        addresses = tf.cast(rows, tf.int64, name="addresses")
-        deps = []
-        if is_train:
-            graph = tf.compat.v1.get_default_graph()
-            # Training lookups of one table in a step share rows: a row an earlier
-            # lookup made is initialised before a later lookup claims or reads it.
-            deps = table.refills(graph)
-            with tf.control_dependencies(deps):
-                fresh = _ops().mxrec_dynamic_ensure_rows(addresses, table_key=table.table_key)
-            values = table.initial_rows(
-                tf.size(fresh), required_for="with init(use_dynamic_expansion=True) new rows "
-                "are initialised as they are admitted")
-            assign = _ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
-                                                 table_key=table.table_key, dim=table.dim)
-            table.register_refill(graph, assign)
-            deps = deps + [assign]
-        with tf.control_dependencies(deps):
-            local_emb = _ops().mxrec_dynamic_gather(addresses, table_key=table.table_key,
-                                                    dim=table.dim, name="local_emb")
-    emb = _restore_rows(local_emb, restore, default)
-    out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [table.dim]], axis=0)
-    out = tf.reshape(emb, out_shape)
-    out.set_shape(ids.shape.concatenate([table.dim]))
-    if not is_grad:
-        return tf.stop_gradient(out)
-    if is_train:
-        addresses._mxrec_dynamic_table = table  # lets the by-address optimizers find it
-        for collection in (ASCEND_SPARSE_LOOKUP_LOCAL_EMB, LOCAL_EMB_COLLECTION):
-            tf.compat.v1.add_to_collection(collection, local_emb)
-        for collection in (ASCEND_SPARSE_LOOKUP_ID_OFFSET, ID_OFFSET_COLLECTION):
-            tf.compat.v1.add_to_collection(collection, addresses)
-    return out
 
 
 def table_of_address(address, optimizer: str) -> DynamicTable:

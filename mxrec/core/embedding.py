@@ -1,37 +1,50 @@
 """Sparse tables addressed by raw IDs: `create_table` and `sparse_lookup`.
 
-A table is a device variable of `device_vocabulary_size` rows plus a host
-record per ID (kept by the C++ engine). A lookup runs the host key stage on
-the IDs (dedupe, count, admit, give rows), gathers the batch's unique rows
-from the device table and spreads them back to the input positions:
+A table is device storage plus a host record per ID (kept by the C++
+engine). A lookup runs the host key stage on the IDs (dedupe, count, admit,
+give rows), reads the batch's unique rows and spreads them back to the input
+positions:
 
     ids [*S] -> key stage -> unique_rows [U], restore [N]
-             -> gather(table, unique_rows) [U, dim] -> rows[restore] -> [*S, dim]
+             -> rows of the table [U, dim] -> rows[restore] -> [*S, dim]
 
-The gradient reaches the table as IndexedSlices over the unique rows, which
-the hash optimizers in `mxrec.optimizers` apply to the touched rows only.
+`create_table` decides the table's type once (device-only, tiered or
+dynamic; `mxrec.core.table`), and `sparse_lookup` hands each plan to the
+table's `lookup_planned`. The gradient reaches the table as IndexedSlices over
+the unique rows, which the hash optimizers in `mxrec.optimizers` apply to the
+touched rows only.
 """
 
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.core import sharding, tiers
+from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old import path)
+    SPARSE_TABLE_COLLECTION,
+    TIMESTAMP_COLLECTION,
+)
+from mxrec.core import dynamic, host_state, sharding, tiers
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import planned_tensors
-from mxrec.saver import host_state, serving
+from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
+    DIRECT,
+    FEATURE_SPEC,
+    MODIFY_GRAPH,
+    DeviceTable,
+    SparseEmbedding,
+    default_values,
+    graph_tables,
+    lookup_override,
+    register_in_graph,
+)
 from mxrec.util import communication
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
 
-SPARSE_TABLE_COLLECTION = "mxrec_sparse_tables"
-# A tensor of batch times (seconds, any shape); the batch's time is its max.
-# Without one, the host key stage stamps IDs with the wall clock.
-TIMESTAMP_COLLECTION = "mxrec_batch_timestamp"
 _EVICT_CONFIG_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient")
 # Lookups made with modify_graph=True, per graph, for the graph modifier to
 # rewire. Kept beside the graph rather than in a graph collection, which
@@ -48,191 +61,7 @@ def modify_graph_lookups(graph) -> List["LookupRecord"]:
     return list(_MODIFY_GRAPH_LOOKUPS.get(graph, ()))
 
 
-# graph -> {table name: the table created in that graph}. init()'s `tables` holds the
-# latest table of each name, which an Estimator's or Paddle's second graph replaces.
-_GRAPH_TABLES = weakref.WeakKeyDictionary()
-
-
-def graph_tables(graph) -> Dict[str, "SparseEmbedding"]:
-    """The tables created in `graph`, by name (the latest of a name, under any init())."""
-    return dict(_GRAPH_TABLES.get(graph, {}))
-
 _KEY_DTYPES = (tf.int32, tf.int64)
-
-
-class SparseEmbedding:
-    """One sparse table in one graph. Create it with `create_table`.
-
-    Attributes:
-        table_name: the user's name for the table.
-        dim: row width.
-        key_dtype: tf.int32 or tf.int64.
-        device_vocabulary_size: rows in the device table.
-        variable: the device table, a resource variable [device_vocabulary_size, dim]
-            (one row more under init(use_dynamic=False): the padding row).
-        table_key: the engine's key of the host state.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        key_dtype: tf.DType,
-        dim: int,
-        initializer,
-        device_vocabulary_size: int,
-        padding_keys: Sequence[int],
-        value_dtype: tf.DType,
-        table_key: str,
-        static_shapes: bool = False,
-        key_stage_chain: Optional[Dict] = None,
-    ):
-        self._init_host_side(name, key_dtype, dim, initializer, device_vocabulary_size,
-                             padding_keys, value_dtype, table_key, key_stage_chain)
-        # With static shapes the planned rows are padded to send_count; the
-        # padding points at one extra row that no ID ever gets.
-        self.pad_row = device_vocabulary_size if static_shapes else None
-        rows = device_vocabulary_size + (1 if static_shapes else 0)
-        with tf.device(accelerator_device()):
-            self.variable = tf.compat.v1.get_variable(
-                name,
-                shape=[rows, dim],
-                dtype=value_dtype,
-                initializer=initializer,
-                trainable=False,
-                use_resource=True,
-                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLE_COLLECTION],
-            )
-        self.variable._mxrec_table = self  # lets the optimizers find the table
-
-    def _init_host_side(self, name, key_dtype, dim, initializer, device_vocabulary_size,
-                        padding_keys, value_dtype, table_key, key_stage_chain):
-        """Everything but the device storage (which dynamic tables keep elsewhere)."""
-        self.table_name = name
-        self.key_dtype = key_dtype
-        self.dim = dim
-        self.initializer = initializer
-        self.device_vocabulary_size = device_vocabulary_size
-        self.padding_keys = list(padding_keys)
-        self.value_dtype = value_dtype
-        self.table_key = table_key
-        self.access_and_evict_config: Optional[Dict] = None
-        self.eviction_threshold: Optional[int] = None
-        self.optimizers: List[tf.compat.v1.train.Optimizer] = []
-        # Names of this table's lookups (name scopes and FeatureSpec names): set_threshold's
-        # ids_name must be one of them.
-        self.lookup_names = set()
-        # (graph, is_train) -> the last key-stage op; shared by all tables when
-        # they share admission counts, so that every table plans in lookup order.
-        self._last_key_stage = {} if key_stage_chain is None else key_stage_chain
-        self._reused_rows = {}
-        self._refills = {}
-        self.initializer_error: Optional[Exception] = None
-        self.host_vocabulary_size = 0
-        self.ssd_vocabulary_size = 0
-
-    @property
-    def name(self) -> str:
-        return self.table_name
-
-    def stats(self) -> Dict[str, int]:
-        """Host statistics: rows in use, IDs seen, admitted, rejected, evicted, ..."""
-        return dict(loader.engine().stats(self.table_key))
-
-    def export_rows(self):
-        """(ids, rows): the device row of every admitted ID, ordered by row."""
-        return loader.engine().export_rows(self.table_key)
-
-    def configure_admission(self, access_threshold=0.0, faae_coefficient=1.0, probability=1.0,
-                            seed=0):
-        """Sets the host's admission policy (count threshold, weight, probability)."""
-        loader.engine().configure_admission(
-            self.table_key, access_threshold=float(access_threshold),
-            faae_coefficient=float(faae_coefficient), probability=float(probability),
-            seed=int(seed))
-
-    def evict(self, max_age_seconds: int) -> int:
-        """Removes IDs unseen for more than max_age_seconds of batch time; returns how many.
-
-        Batches planned ahead of their step (prefetch) count neither for the newest
-        time nor for removal: their IDs stay until their step has run.
-        """
-        self.check_can_evict()
-        return loader.engine().evict(self.table_key, int(max_age_seconds))
-
-    def shrink(self, threshold: int) -> int:
-        """PaddlePaddle's shrink: removes IDs unseen for `threshold` shrink calls (never an
-        ID of a batch planned ahead of its step)."""
-        self.check_can_evict()
-        return loader.engine().shrink(self.table_key, int(threshold))
-
-    def initial_rows(self, count: tf.Tensor, required_for: Optional[str] = None
-                     ) -> Optional[tf.Tensor]:
-        """Fresh initializer values for `count` rows, [count, dim].
-
-        Some initializers cannot make rows for a count known only when the step
-        runs (Keras' Glorot and Orthogonal need a static shape). Then the error
-        is kept in `initializer_error` (eviction reports it) and this returns
-        None, or, with `required_for` (what needs the rows), raises a ValueError
-        that shows it.
-        """
-        shape = tf.stack([count, self.dim])
-        value = getattr(self.initializer, "value", None)
-        if value is not None and np.isscalar(value):
-            return tf.fill(shape, tf.constant(value, self.value_dtype))
-        try:
-            return self.initializer(shape, dtype=self.value_dtype)
-        except (TypeError, ValueError, NotImplementedError) as err:
-            self.initializer_error = err
-            if required_for is None:
-                return None
-            raise ValueError(f"table {self.table_name!r}: {required_for}, which "
-                             f"{self._initializer_failure()}") from err
-
-    def _initializer_failure(self) -> str:
-        err = self.initializer_error
-        return (f"its initializer ({type(self.initializer).__name__}) cannot do for a row "
-                f"count known only when the step runs: it failed with {type(err).__name__}: "
-                f"{err}. Use an initializer that takes a dynamic shape, such as "
-                "tf.compat.v1.truncated_normal_initializer or constant_initializer")
-
-    @property
-    def can_reinitialize(self) -> bool:
-        """Whether the initializer can refill evicted rows (False once it failed to)."""
-        return self.initializer_error is None
-
-    def check_can_evict(self):
-        if self.initializer_error is not None:
-            raise ValueError(
-                f"table {self.table_name!r} cannot evict: re-initialising evicted rows needs "
-                f"fresh rows, which {self._initializer_failure()}") from self.initializer_error
-
-    def register_refill(self, graph, op):
-        self._refills.setdefault(graph, []).append(op)
-
-    def refills(self, graph) -> List:
-        """This graph's ops so far that rewrite reused rows before a lookup reads them."""
-        return list(self._refills.get(graph, ()))
-
-    def register_reused_rows(self, graph, reused: tf.Tensor):
-        self._reused_rows.setdefault(graph, []).append(reused)
-
-    def reused_rows(self, graph) -> Optional[tf.Tensor]:
-        """Rows that this graph's lookups hand to new IDs after eviction, in one tensor."""
-        tensors = self._reused_rows.get(graph)
-        if not tensors:
-            return None
-        return tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=0)
-
-    def key_stage_dependency(self, graph, is_train: bool, op):
-        """Chains this table's key stages in creation order.
-
-        Two lookups of one table in one step must plan in a fixed order, or
-        the rows new IDs receive (and so their initial values) would depend on
-        scheduling.
-        """
-        previous = self._last_key_stage.get((graph, is_train))
-        self._last_key_stage[(graph, is_train)] = op
-        return previous
 
 
 class LookupRecord:
@@ -430,38 +259,49 @@ def create_table(
             del partition_info
             return emb_initializer(shape, dtype) * init_param
 
-    if runtime.config.use_dynamic_expansion:
-        from mxrec.core import dynamic  # deferred: dynamic imports this module
-
-        table = dynamic.create_table(runtime, name, key_dtype, int(dim), initializer,
-                                     int(device_vocabulary_size), padding_keys, value_dtype,
-                                     is_save, tiers=(host_vocabulary_size, ssd_vocabulary_size))
-        table.all2all_gradients_op = all2all_gradients_op
-        _GRAPH_TABLES.setdefault(tf.compat.v1.get_default_graph(), {})[name] = table
-        return table
+    graph = tf.compat.v1.get_default_graph()
     table_key = runtime.table_key(name)
-    previous = runtime.tables.get(name)
-    if previous is not None and previous.variable.graph is tf.compat.v1.get_default_graph():
+    if runtime.config.use_dynamic_expansion:
+        dynamic.check_settings(name, host_vocabulary_size, ssd_vocabulary_size,
+                               runtime.config.use_dynamic)
+    previous = graph_tables(graph).get(name)
+    if previous is not None and previous.table_key == table_key:
         raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
-    loader.engine().create_table(
-        key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
-        padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0,
-        host_capacity=host_size, ssd_capacity=ssd_size, ssd_path=ssd_path)
+    engine = loader.engine()
+    if runtime.config.use_dynamic_expansion:
+        # The host table of a dynamic table never runs out of rows: its rows are the
+        # store's addresses, and the store grows to hold them.
+        engine.create_table(key=table_key, name=name, dim=int(dim),
+                            capacity=dynamic.HOST_CAPACITY, padding_keys=padding_keys,
+                            access_threshold=0.0, faae_coefficient=1.0)
+    else:
+        engine.create_table(
+            key=table_key, name=name, dim=int(dim), capacity=int(device_vocabulary_size),
+            padding_keys=padding_keys, access_threshold=0.0, faae_coefficient=1.0,
+            host_capacity=host_size, ssd_capacity=ssd_size, ssd_path=ssd_path)
     if runtime.config.use_combine_faae:
         # USE_COMBINE_FAAE: one admission count per ID over all tables.
-        loader.engine().share_counts(table_key, runtime.table_key("__combined_faae__"))
-    table = SparseEmbedding(name, key_dtype, int(dim), initializer, int(device_vocabulary_size),
-                            padding_keys, value_dtype, table_key,
-                            static_shapes=not runtime.config.use_dynamic,
-                            key_stage_chain=(runtime.shared_key_stage_chain
-                                             if runtime.config.use_combine_faae else None))
-    table.host_vocabulary_size = host_size
-    table.ssd_vocabulary_size = ssd_size
-    if is_save and not serving.in_serving_export():
+        engine.share_counts(table_key, runtime.table_key("__combined_faae__"))
+    chain = runtime.shared_key_stage_chain if runtime.config.use_combine_faae else None
+    args = (name, key_dtype, int(dim), initializer, int(device_vocabulary_size), padding_keys,
+            value_dtype, table_key)
+    if runtime.config.use_dynamic_expansion:
+        table = dynamic.DynamicTable(*args, key_stage_chain=chain)
+    elif host_size > 0:
+        table = tiers.TieredTable(*args, device=accelerator_device(),
+                                  static_shapes=not runtime.config.use_dynamic,
+                                  key_stage_chain=chain, host_vocabulary_size=host_size,
+                                  ssd_vocabulary_size=ssd_size)
+    else:
+        table = DeviceTable(*args, device=accelerator_device(),
+                            static_shapes=not runtime.config.use_dynamic, key_stage_chain=chain)
+    if is_save and lookup_override(graph) is None:
+        # A dynamic table saves its host state (ID -> address) like any table; its rows
+        # do not go into the graph's Saver (see dynamic.export_values).
         host_state.register(name, table_key)
     table.all2all_gradients_op = all2all_gradients_op
     runtime.tables[name] = table
-    _GRAPH_TABLES.setdefault(tf.compat.v1.get_default_graph(), {})[name] = table
+    register_in_graph(graph, table)
     return table
 
 
@@ -517,70 +357,6 @@ def _batch_timestamp() -> Optional[tf.Tensor]:
 def add_timestamp(timestamps: tf.Tensor) -> None:
     """Declares the batch's time feature (seconds); later lookups stamp IDs with its max."""
     tf.compat.v1.add_to_collection(TIMESTAMP_COLLECTION, timestamps)
-
-
-def _restore_rows(unique_emb, restore, default_row=None):
-    """unique_emb [U, dim] gathered at restore [N] (U means the default row), with a dense
-    gradient. default_row: [dim] for positions without a row; zeros when None."""
-
-    @tf.custom_gradient
-    def restore_fn(emb):
-        num_unique = tf.shape(emb)[0]
-        if default_row is None:
-            default = tf.zeros(tf.stack([1, tf.shape(emb)[1]]), emb.dtype)
-        else:
-            default = tf.reshape(tf.cast(default_row, emb.dtype), [1, -1])
-        padded = tf.concat([emb, default], axis=0)
-        out = tf.gather(padded, restore)
-
-        def grad(dy):
-            summed = tf.math.unsorted_segment_sum(dy, restore, num_unique + 1)
-            return summed[:num_unique]
-
-        return out, grad
-
-    return restore_fn(unique_emb)
-
-
-def _pad_to_send_count(table: SparseEmbedding, rows, restore, send_count: int, scope: str):
-    """Static shapes (init(use_dynamic=False)): unique rows padded to send_count.
-
-    The padding points at the table's extra row, which no ID ever gets; the
-    default index (len(rows)) moves to send_count.
-    """
-    num_unique = tf.size(rows)
-    check = tf.debugging.assert_less_equal(
-        num_unique, send_count,
-        message=(f"sparse_lookup {scope!r} on table {table.table_name!r}: a batch has more "
-                 f"unique IDs than send_count={send_count}; raise send_count or use "
-                 "init(use_dynamic=True)"))
-    with tf.control_dependencies([check]):
-        padded = tf.concat([rows, tf.fill([send_count - num_unique],
-                                          tf.constant(table.pad_row, tf.int32))], axis=0)
-    padded.set_shape([send_count])
-    restore = tf.where(restore >= num_unique, tf.fill(tf.shape(restore), send_count), restore)
-    return padded, restore
-
-
-def default_values(table: SparseEmbedding, serving_default_value) -> Optional[tf.Tensor]:
-    """serving_default_value as a [dim] float32 tensor (None stays None)."""
-    if serving_default_value is None:
-        return None
-    value = tf.convert_to_tensor(serving_default_value, tf.float32)
-    if value.shape.rank not in (0, 1) or (value.shape.rank == 1
-                                          and value.shape[0] not in (None, table.dim)):
-        raise ValueError(f"sparse_lookup on table {table.table_name!r}: serving_default_value "
-                         f"must be a scalar or a [{table.dim}] vector, got shape {value.shape}")
-    return tf.broadcast_to(value, [table.dim])
-
-
-def mask_padding_keys(table: SparseEmbedding, ids: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
-    """emb [*S, dim] with zeros where ids are padding keys (which a default value skips)."""
-    if not table.padding_keys:
-        return emb
-    pads = tf.constant(table.padding_keys, tf.int64)
-    is_pad = tf.reduce_any(tf.equal(tf.expand_dims(tf.cast(ids, tf.int64), -1), pads), axis=-1)
-    return tf.where(tf.expand_dims(is_pad, -1), tf.zeros_like(emb), emb)
 
 
 def _validate_ids(table: SparseEmbedding, ids) -> tf.Tensor:
@@ -681,51 +457,38 @@ def sparse_lookup(
     _check_lookup_args(hashtable, send_count, is_grad, dim, kwargs)
     if isinstance(ids, FeatureSpec):
         hashtable.lookup_names.add(ids.name)
-        out = _feature_spec_lookup(hashtable, ids, batch, is_train, name, send_count,
-                                   serving_default_value)
-        return out if is_grad else tf.stop_gradient(out)
+        return _feature_spec_lookup(hashtable, ids, batch, is_train, name, send_count,
+                                    serving_default_value, is_grad)
     if access_and_evict_config:
         _apply_access_and_evict_config(hashtable, access_and_evict_config)
     ids = _validate_ids(hashtable, ids)
     scope = name or f"{hashtable.table_name}_lookup"
     hashtable.lookup_names.add(scope)
-    if serving.in_serving_export():
-        return serving.serving_lookup(hashtable, ids, scope,
-                                      default_value=default_values(hashtable,
-                                                                   serving_default_value))
-    static_shapes = hashtable.pad_row is not None and not modify_graph
-    if static_shapes and send_count is None:
-        raise ValueError(f"sparse_lookup {scope!r}: init(use_dynamic=False) pads each batch's "
-                         "unique rows to send_count, so the lookup needs send_count > 0")
+    graph = tf.compat.v1.get_default_graph()
+    override = lookup_override(graph)
+    if override is not None:
+        return override(hashtable, ids, scope, default_values(hashtable, serving_default_value))
+    pad_to = None
+    if hashtable.pad_row is not None and not modify_graph:
+        if send_count is None:
+            raise ValueError(f"sparse_lookup {scope!r}: init(use_dynamic=False) pads each "
+                             "batch's unique rows to send_count, so the lookup needs "
+                             "send_count > 0")
+        pad_to = int(send_count)  # the graph modifier's pipeline pads modify_graph lookups
     if communication.get_rank_size() > 1:
-        out = _sharded_lookup(hashtable, ids, is_train, send_count if static_shapes else None,
-                              scope, modify_graph, serving_default_value)
-        return out if is_grad else tf.stop_gradient(out)
+        return _sharded_lookup(hashtable, ids, is_train, pad_to, scope, modify_graph,
+                               serving_default_value, is_grad)
     with tf.name_scope(scope):
         default = default_values(hashtable, serving_default_value)
         flat = tf.reshape(ids, [-1])
-        graph = tf.compat.v1.get_default_graph()
         (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
             [flat], [hashtable.table_key], is_train, timestamp=_batch_timestamp())
         previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
         if previous is not None:
             rows.op._add_control_input(previous)
-        if getattr(hashtable, "is_dynamic", False):
-            from mxrec.core import dynamic  # deferred: dynamic imports this module
-
-            out = dynamic.lookup(hashtable, ids, rows, restore, is_train, modify_graph,
-                                 default=default, is_grad=is_grad)
-            return mask_padding_keys(hashtable, ids, out) if default is not None else out
-        planned_rows, planned_restore = rows, restore
-        if static_shapes:
-            planned_rows, planned_restore = _pad_to_send_count(hashtable, rows, restore,
-                                                               int(send_count), scope)
-        out = _lookup_planned(hashtable, ids, planned_rows, planned_restore, reused, is_train,
-                              default)
-        if default is not None:
-            out = mask_padding_keys(hashtable, ids, out)
-        if not is_grad:
-            out = tf.stop_gradient(out)
+        hashtable.check_lookup(MODIFY_GRAPH if modify_graph else DIRECT)
+        out = hashtable.lookup_planned(ids, rows, restore, reused, is_train, default=default,
+                                       is_grad=is_grad, send_count=pad_to, scope=scope)
     if modify_graph:
         _modify_graph_lookups(graph).append(
             LookupRecord(hashtable, ids, rows, restore, reused, is_train, send_count))
@@ -733,16 +496,15 @@ def sparse_lookup(
 
 
 def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, scope: str,
-                    modify_graph: bool, serving_default_value):
-    """A lookup of a table sharded across the ranks (mxrec.core.sharding)."""
+                    modify_graph: bool, serving_default_value, is_grad: bool):
+    """A lookup of a table sharded across the ranks (mxrec.core.sharding): the IDs go to
+    their owners, each owner looks its IDs up in its shard like a one-process table."""
     if modify_graph:
         raise NotImplementedError(
             f"sparse_lookup {scope!r}: modify_graph=True on several ranks is not available yet "
             "(the IDs travel to their owners by collectives inside the step); build the lookup "
             "with modify_graph=False")
-    if getattr(table, "is_dynamic", False):
-        raise NotImplementedError(f"sparse_lookup {scope!r}: dynamic expansion on several ranks "
-                                  "is not available yet")
+    table.check_lookup(DIRECT)
     grad_scale = None
     if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
         grad_scale = 1.0 / communication.get_rank_size()
@@ -757,54 +519,15 @@ def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, sco
             previous = table.key_stage_dependency(graph, is_train, rows.op)
             if previous is not None:
                 rows.op._add_control_input(previous)
-            return _lookup_planned(table, owned, rows, restore, reused, is_train, default)
+            return table.lookup_planned(owned, rows, restore, reused, is_train,
+                                        default=default, scope=scope)
 
         out = sharding.lookup(table, ids, is_train, send_count, grad_scale, lookup_owned)
-        if default is not None:
-            out = mask_padding_keys(table, ids, out)
-    return out
-
-
-def _lookup_planned(table: SparseEmbedding, ids, rows, restore, reused, is_train: bool,
-                    default=None):
-    """The device side of a lookup, from the key stage's plan."""
-    deps = []
-    if is_train:
-        graph = tf.compat.v1.get_default_graph()
-        table.register_reused_rows(graph, reused)
-        if tiers.is_tiered(table):
-            # The rows change owner: old owners go to the host tier, new ones come from it.
-            refill = tiers.swap_embedding(table, reused)
-        else:
-            # Rows freed by eviction and handed to new IDs start again from the
-            # initializer; the hash optimizers reset their slots.
-            required = None
-            if table.eviction_threshold is not None:
-                required = "eviction (eviction_threshold) re-initialises evicted rows"
-            fresh = table.initial_rows(tf.size(reused), required_for=required)
-            if fresh is None:
-                refill = None
-            else:
-                refill = table.variable.scatter_update(tf.IndexedSlices(fresh, reused))
-        # An earlier lookup of this table in the step may have refilled a row that
-        # holds one of this lookup's IDs too: read only after every such refill.
-        deps = table.refills(graph)
-        if refill is not None:
-            deps = deps + [refill]
-            table.register_refill(graph, refill)
-    with tf.control_dependencies(deps):
-        unique_emb = tf.gather(table.variable, rows)
-    emb = _restore_rows(unique_emb, restore, default)
-    if not is_train and tiers.is_tiered(table):
-        emb = tiers.read_host_rows(table, ids, emb)
-    out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [table.dim]], axis=0)
-    out = tf.reshape(emb, out_shape)
-    out.set_shape(ids.shape.concatenate([table.dim]))
-    return out
+    return out if is_grad else tf.stop_gradient(out)
 
 
 def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, name, send_count,
-                         serving_default_value):
+                         serving_default_value, is_grad: bool):
     """Lookup of IDs that get_asc_insert_func already planned in the dataset."""
     if batch is None:
         raise ValueError(f"sparse_lookup on table {table.table_name!r} with FeatureSpec "
@@ -828,9 +551,9 @@ def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, na
         raise ValueError(f"sparse_lookup {scope!r} (FeatureSpec {spec.name!r}): "
                          "init(use_dynamic=False) pads each batch's unique rows to send_count, "
                          "so the lookup needs send_count > 0")
+    table.check_lookup(FEATURE_SPEC)
     with tf.name_scope(scope):
-        if table.pad_row is not None:
-            rows, restore = _pad_to_send_count(table, rows, restore, int(send_count), scope)
-        default = default_values(table, serving_default_value)
-        out = _lookup_planned(table, ids, rows, restore, reused, is_train, default)
-        return out if default is None else mask_padding_keys(table, ids, out)
+        return table.lookup_planned(
+            ids, rows, restore, reused, is_train,
+            default=default_values(table, serving_default_value), is_grad=is_grad,
+            send_count=None if table.pad_row is None else int(send_count), scope=scope)

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.core.table import DeviceTable
 
 EMBEDDING = "embedding"
 # graph -> {(table_key, component): the last swap's scatter}: swaps of one
@@ -90,8 +91,35 @@ def check_settings(table_name: str, host_vocabulary_size, ssd_vocabulary_size,
     return host, ssd, path
 
 
+class TieredTable(DeviceTable):
+    """A table whose device variable caches a host-memory (and SSD) tier.
+
+    Its lookups swap the rows that change owner with the host tier before the
+    gather, evaluation reads rows of the host tier in place, and the hash
+    optimizers swap the slots of those rows too.
+    """
+
+    def __init__(self, *args, host_vocabulary_size: int, ssd_vocabulary_size: int = 0,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.host_vocabulary_size = host_vocabulary_size
+        self.ssd_vocabulary_size = ssd_vocabulary_size
+
+    def _refill(self, reused: tf.Tensor) -> tf.Operation:
+        # The rows change owner: old owners go to the host tier, new ones come from it.
+        return swap_embedding(self, reused)
+
+    def _rows_off_the_device(self, ids: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
+        return read_host_rows(self, ids, emb)
+
+    def slot_refills(self, optimizer, variable, graph) -> List[tf.Operation]:
+        if self.reused_rows(graph) is None:
+            return []
+        return swap_slots(optimizer, self, variable, graph)
+
+
 def is_tiered(table) -> bool:
-    return getattr(table, "host_vocabulary_size", 0) > 0
+    return isinstance(table, TieredTable)
 
 
 def _previous_swap(graph, table_key: str, component: str) -> List[tf.Operation]:

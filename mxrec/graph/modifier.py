@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from mxrec.core.embedding import modify_graph_lookups
 from mxrec.graph import pipeline, trace
+from mxrec.util import initialize
 from mxrec.util.initialize import get_config_initializer
 
 DEFAULT_DUMP_DIR = "export_graph"
@@ -329,3 +330,7 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
         del coord
         if self._initializers:
             session.run(self._initializers)
+
+
+# mxrec.util.initialize.get_initializer (mx_rec's import path) answers with this module's.
+initialize.register_initializer_provider(get_initializer)

@@ -2,8 +2,6 @@
 
 import tensorflow as tf
 
-from mxrec.core import tiers
-
 
 class HashOptimizerMixin:
     """Put before a tf.compat.v1.train.Optimizer subclass in the bases.
@@ -17,19 +15,9 @@ class HashOptimizerMixin:
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         table = handle._mxrec_table
-        graph = tf.compat.v1.get_default_graph()
-        reused = table.reused_rows(graph)
-        resets = []
-        if reused is not None and tiers.is_tiered(table):
-            # Slot rows change owner with their rows: swap them with the host tier,
-            # lookup by lookup in plan order.
-            resets = tiers.swap_slots(self, table, handle, graph)
-        elif reused is not None:
-            for slot_name, value in self._slot_initial_values().items():
-                slot = self.get_slot(handle, slot_name)
-                fresh = tf.fill(tf.stack([tf.size(reused), table.dim]),
-                                tf.constant(value, slot.dtype.base_dtype))
-                resets.append(slot.scatter_update(tf.IndexedSlices(fresh, reused)))
+        # Slot rows change owner with their rows: reset to their initial values, or (a
+        # tiered table) swapped with the host tier, lookup by lookup in plan order.
+        resets = table.slot_refills(self, handle, tf.compat.v1.get_default_graph())
         with tf.control_dependencies(resets):
             return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices,
                                                                     **kwargs)

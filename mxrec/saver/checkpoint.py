@@ -39,6 +39,12 @@ values are (residency as before those plans; their counts and new IDs are
 included, as for device-only tables). Restoring is refused while batches are
 planned: restore before the iterator initializer runs.
 
+This module holds the Saver (what a table file contains, reading and writing
+rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,
+folding versions into one state is `mxrec.saver.merge`, and the timer that
+saves is `mxrec.hooks.checkpoint.IncrementalCheckpointHook` (also importable
+from here, its old path).
+
 Example:
     >>> saver = Saver("/data/ckpt")
     >>> saver.save(sess, step=100)                  # full
@@ -46,13 +52,7 @@ Example:
     >>> Saver("/data/ckpt").restore(sess)            # full@100 + delta@110
 """
 
-import hashlib
-import io
-import json
-import posixpath
-import re
 import time
-import uuid
 import warnings
 import weakref
 from typing import Dict, List, Optional, Tuple
@@ -62,30 +62,20 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
-from mxrec.core import embedding
+from mxrec.core import dynamic
+from mxrec.core.table import graph_tables
+from mxrec.saver import manifest as manifest_io
+from mxrec.saver import merge
+from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)
+    FORMAT_VERSION,
+    CheckpointError,
+    npz_bytes,
+    sha256,
+    version_name,
+)
 from mxrec.util.initialize import get_config_initializer
 
-FORMAT_VERSION = 1
-_VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
 _HOST_SCALARS = ("next_row", "newest_timestamp", "counting_frozen", "access_threshold")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, corrupted, or does not fit the model."""
-
-
-def _version_name(kind: str, step: int) -> str:
-    return f"{kind}-{step:012d}"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
 
 
 def _load_variable(session, variable, value):
@@ -181,8 +171,6 @@ class _DynamicTableIO:
 
     def write_rows(self, session, rows: np.ndarray, values: Dict[str, np.ndarray]):
         del session
-        from mxrec.core import dynamic
-
         dynamic.write_rows(self.table, rows, values["embedding"])
         for slot, initial in self.slots.items():
             dynamic.write_rows(self.table, rows, values[slot], slot=slot, initial=initial)
@@ -214,13 +202,13 @@ class Saver:
         self.max_to_keep = max_to_keep
         graph = tf.compat.v1.get_default_graph()
         self._tables = []
-        in_graph = embedding.graph_tables(graph)
+        in_graph = graph_tables(graph)
         for name in sorted(runtime.tables):
             table = in_graph.get(name)
             if table is None or table.table_key != runtime.table_key(name):
                 continue
-            self._tables.append(_DynamicTableIO(table) if getattr(table, "is_dynamic", False)
-                                else _TableIO(table))
+            self._tables.append(_DynamicTableIO(table)
+                                if isinstance(table, dynamic.DynamicTable) else _TableIO(table))
         elsewhere = sorted(set(runtime.tables) - {io_.table.table_name for io_ in self._tables})
         if elsewhere:
             message = (f"mxrec Saver({directory!r}): table(s) {elsewhere} of this init() were "
@@ -229,9 +217,9 @@ class Saver:
                        "the Saver in the graph that has every table")
             logging.warning(message)
             warnings.warn(message, UserWarning, stacklevel=2)
-        graph_tables = [t for t in self._tables if t.variables_in_graph]
-        sparse = {t.table.variable.ref() for t in graph_tables}
-        sparse |= {slot.ref() for t in graph_tables for slot in t.slots.values()}
+        variable_tables = [t for t in self._tables if t.variables_in_graph]
+        sparse = {t.table.variable.ref() for t in variable_tables}
+        sparse |= {slot.ref() for t in variable_tables for slot in t.slots.values()}
         self._dense = [v for v in tf.compat.v1.global_variables() if v.ref() not in sparse]
         self._dense_feeds = None
         if not graph.finalized:
@@ -243,6 +231,11 @@ class Saver:
         self._last_epochs: Optional[Dict[str, int]] = None
         self._last_step: Optional[int] = None
         self._last_full: Optional[int] = None
+
+    @property
+    def last_step(self) -> Optional[int]:
+        """The step of this Saver's last save or restore; None before either."""
+        return self._last_step
 
     # ----------------------------------------------------------------- saving
 
@@ -280,13 +273,13 @@ class Saver:
             if "in_host" in host:  # a table with a host tier: its host-tier rows too
                 arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
             file_name = f"table-{index:03d}.npz"
-            files[file_name] = _npz_bytes(arrays)
+            files[file_name] = npz_bytes(arrays)
             tables_meta[table.table_name] = {"file": file_name, "dim": table.dim,
                                              "ids": int(len(host["keys"])),
                                              "removed": int(len(host["removed"])),
                                              "state": io_.state_names()}
         dense_values = session.run(self._dense)
-        files["dense.npz"] = _npz_bytes(
+        files["dense.npz"] = npz_bytes(
             {v.op.name: value for v, value in zip(self._dense, dense_values)})
         manifest = {
             "format": FORMAT_VERSION,
@@ -296,10 +289,10 @@ class Saver:
             "previous": None if kind == "full" else self._last_step,
             "time": time.time(),
             "tables": tables_meta,
-            "files": {name: {"bytes": len(data), "sha256": _sha256(data)}
+            "files": {name: {"bytes": len(data), "sha256": sha256(data)}
                       for name, data in files.items()},
         }
-        path = self._write_atomically(_version_name(kind, step), files, manifest)
+        path = self._write_atomically(version_name(kind, step), files, manifest)
         self._last_epochs = epochs
         self._last_step = step
         # The next delta starts from this save: removals it holds are done with.
@@ -312,90 +305,23 @@ class Saver:
         return path
 
     def _write_atomically(self, name: str, files: Dict[str, bytes], manifest: Dict) -> str:
-        gfile = tf.io.gfile
-        gfile.makedirs(self.directory)
-        final = posixpath.join(self.directory, name)
-        if gfile.exists(final):
-            raise CheckpointError(f"checkpoint {final} already exists; save under another step")
-        tmp = posixpath.join(self.directory, f".tmp-{name}-{uuid.uuid4().hex}")
-        gfile.makedirs(tmp)
-        for file_name, data in files.items():
-            with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
-                f.write(data)
-        with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
-            f.write(json.dumps(manifest, indent=1, sort_keys=True))
-        gfile.rename(tmp, final)
-        return final
+        return manifest_io.write_version(self.directory, name, files, manifest)
 
     def _delete_old_versions(self):
-        if self.max_to_keep is None:
-            return
-        fulls = [step for kind, step in self.versions() if kind == "full"]
-        if len(fulls) <= self.max_to_keep:
-            return
-        oldest_kept = fulls[-self.max_to_keep]
-        for kind, step in self.versions():
-            if step < oldest_kept:
-                tf.io.gfile.rmtree(posixpath.join(self.directory, _version_name(kind, step)))
+        manifest_io.delete_old_versions(self.directory, self.max_to_keep)
 
     # ---------------------------------------------------------------- reading
 
     def versions(self) -> List[Tuple[str, int]]:
         """(kind, step) of every complete version, by step."""
-        if not tf.io.gfile.isdir(self.directory):
-            return []
-        found = []
-        for entry in tf.io.gfile.listdir(self.directory):
-            match = _VERSION_RE.match(entry.rstrip("/"))
-            if match:
-                found.append((match.group(1), int(match.group(2))))
-        return sorted(found, key=lambda item: (item[1], item[0] == "delta"))
+        return manifest_io.list_versions(self.directory)
 
     def _read_version(self, kind: str, step: int):
-        path = posixpath.join(self.directory, _version_name(kind, step))
-        manifest_path = posixpath.join(path, "manifest.json")
-        if not tf.io.gfile.exists(manifest_path):
-            raise CheckpointError(f"checkpoint {path} has no manifest.json: it is incomplete")
-        try:
-            with tf.io.gfile.GFile(manifest_path, "r") as f:
-                manifest = json.loads(f.read())
-        except ValueError as err:
-            raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupted: {err}") \
-                from None
-        if manifest.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"checkpoint {path} has format {manifest.get('format')!r}; "
-                                  f"this mxrec reads format {FORMAT_VERSION}")
-        arrays = {}
-        for file_name, expect in manifest["files"].items():
-            file_path = posixpath.join(path, file_name)
-            if not tf.io.gfile.exists(file_path):
-                raise CheckpointError(f"checkpoint file {file_path} is missing")
-            with tf.io.gfile.GFile(file_path, "rb") as f:
-                data = f.read()
-            if len(data) != expect["bytes"]:
-                raise CheckpointError(f"checkpoint file {file_path} is truncated: "
-                                      f"{len(data)} bytes, the manifest says {expect['bytes']}")
-            if _sha256(data) != expect["sha256"]:
-                raise CheckpointError(f"checkpoint file {file_path} is corrupted: its SHA-256 "
-                                      "does not match the manifest")
-            with np.load(io.BytesIO(data)) as npz:
-                arrays[file_name] = {key: npz[key] for key in npz.files}
-        return manifest, arrays
+        return manifest_io.read_version(self.directory, kind, step)
 
     def _chain(self, version: Optional[int]) -> List[Tuple[str, int]]:
         """The full save and the deltas to apply, for `version` (a step) or the latest."""
-        versions = self.versions()
-        if version is not None:
-            versions = [v for v in versions if v[1] <= version]
-            if not any(step == version for _, step in versions):
-                raise CheckpointError(f"no checkpoint at step {version} in {self.directory} "
-                                      "(restore_model_version)")
-        fulls = [step for kind, step in versions if kind == "full"]
-        if not fulls:
-            raise CheckpointError(f"no full checkpoint in {self.directory}"
-                                  + ("" if version is None else f" at or before step {version}"))
-        base = fulls[-1]
-        return [("full", base)] + [(k, s) for k, s in versions if k == "delta" and s > base]
+        return merge.chain(self.versions(), version, self.directory)
 
     def restore(self, session, version: Optional[int] = None) -> int:
         """Loads the latest version, or the one saved at step `version`; returns its step.
@@ -415,7 +341,7 @@ class Saver:
                     f"delta checkpoint at step {step} follows step {manifest['previous']}, "
                     f"which is missing from {self.directory}; cannot apply it")
             for name, meta in manifest["tables"].items():
-                _merge_table(state.setdefault(name, {}), arrays[meta["file"]], kind, name)
+                merge.merge_table(state.setdefault(name, {}), arrays[meta["file"]], kind, name)
             dense = arrays["dense.npz"]
             previous_step = step
             last_manifest = manifest
@@ -534,57 +460,6 @@ def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.n
     return arrays
 
 
-def _merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, name: str):
-    """Folds one version's arrays of a table into the state being restored.
-
-    records: ID -> (device row or -1, count, last seen, in host tier); values: ID ->
-    {state: row} of IDs with a device row; tier_values: the same for IDs in the host tier
-    (a state absent where the tier held no value for it).
-    """
-    if kind == "full":
-        table_state.clear()
-        table_state["records"] = {}
-        table_state["values"] = {}
-        table_state["tier_values"] = {}
-    elif "records" not in table_state:
-        raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
-    records = table_state["records"]
-    values = table_state["values"]
-    tier_values = table_state["tier_values"]
-    for key in arrays["host/removed"].tolist():
-        records.pop(key, None)
-        values.pop(key, None)
-        tier_values.pop(key, None)
-    state_names = [k[len("state/"):] for k in arrays if k.startswith("state/")]
-    keys = arrays["host/keys"].tolist()
-    rows = arrays["host/rows"].tolist()
-    counts = arrays["host/counts"].tolist()
-    last_seen = arrays["host/last_seen"].tolist()
-    in_host = (arrays["host/in_host"].tolist() if "host/in_host" in arrays
-               else [0] * len(keys))
-    tier_names = [k[len("tier/"):] for k in arrays if k.startswith("tier/")]
-    device_index = 0
-    tier_index = 0
-    for key, row, count, seen, host in zip(keys, rows, counts, last_seen, in_host):
-        records[key] = (row, count, seen, int(host))
-        values.pop(key, None)
-        tier_values.pop(key, None)
-        if row >= 0:
-            values[key] = {n: arrays[f"state/{n}"][device_index] for n in state_names}
-            device_index += 1
-        elif host:
-            tier_values[key] = {n: arrays[f"tier/{n}"][tier_index] for n in tier_names
-                                if arrays[f"tier_mask/{n}"][tier_index]}
-            tier_index += 1
-    table_state["free_rows"] = arrays["host/free_rows"]
-    table_state["scalars"] = arrays["host/scalars"]
-    table_state["access_threshold"] = arrays["host/access_threshold"]
-    table_state["state_names"] = state_names
-    for field in ("lru_rows", "lru_ages"):
-        if f"host/{field}" in arrays:
-            table_state[field] = arrays[f"host/{field}"]
-
-
 def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] = None,
                       saver: Optional[Saver] = None) -> str:
     """PaddlePaddle-style save: mode 0 = full, 1 = base (a full save that starts a new
@@ -621,68 +496,11 @@ _default_savers: "weakref.WeakKeyDictionary[tf.Graph, Dict[Tuple[str, str], Save
     weakref.WeakKeyDictionary())
 
 
-class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
-    """Full saves every `save_checkpoint_due_time` seconds, deltas every
-    `save_delta_checkpoints_secs` seconds, as init(is_incremental_checkpoint=True, ...)
-    configures; restores the latest version (or init's restore_model_version) when the
-    session starts and a checkpoint exists.
+def __getattr__(name):
+    # The old import path of IncrementalCheckpointHook, which is a hook and lives with the
+    # hooks; resolved on use, since this layer does not import the hooks.
+    if name == "IncrementalCheckpointHook":
+        from mxrec.hooks.checkpoint import IncrementalCheckpointHook
 
-    Args:
-        checkpoint_dir: the versions' directory.
-        save_checkpoint_due_time, save_delta_checkpoints_secs, restore_model_version:
-            override init()'s settings.
-    """
-
-    def __init__(self, checkpoint_dir: str, save_checkpoint_due_time: Optional[float] = None,
-                 save_delta_checkpoints_secs: Optional[float] = None,
-                 restore_model_version: Optional[int] = None, max_to_keep: Optional[int] = 5):
-        config = get_config_initializer().config
-        self._dir = checkpoint_dir
-        self._full_every = (config.save_checkpoint_due_time
-                            if save_checkpoint_due_time is None else save_checkpoint_due_time)
-        self._delta_every = (config.save_delta_checkpoints_secs
-                             if save_delta_checkpoints_secs is None
-                             else save_delta_checkpoints_secs)
-        self._version = (config.restore_model_version
-                         if restore_model_version is None else restore_model_version)
-        self._max_to_keep = max_to_keep
-        self._saver: Optional[Saver] = None
-        self._step = 0
-        self._last_full = self._last_delta = 0.0
-        self.restored_step: Optional[int] = None
-
-    def begin(self):
-        self._saver = Saver(self._dir, max_to_keep=self._max_to_keep)
-        self._global_step = tf.compat.v1.train.get_global_step()
-
-    def after_create_session(self, session, coord):
-        if self._saver.versions():
-            self.restored_step = self._saver.restore(session, self._version)
-            self._step = self.restored_step
-        else:
-            self._saver.save(session, self._current_step(session), kind="full")
-        self._last_full = self._last_delta = time.monotonic()
-
-    def _current_step(self, session) -> int:
-        if self._global_step is not None:
-            return int(session.run(self._global_step))
-        return self._step
-
-    def after_run(self, run_context, run_values):
-        self._step += 1
-        now = time.monotonic()
-        session = run_context.session
-        step = self._current_step(session)
-        if step == self._saver._last_step:
-            return  # nothing trained since the last save (the global step did not move)
-        if self._full_every and now - self._last_full >= self._full_every:
-            self._saver.save(session, step, kind="full")
-            self._last_full = self._last_delta = now
-        elif self._delta_every and now - self._last_delta >= self._delta_every:
-            self._saver.save(session, step, kind="delta")
-            self._last_delta = now
-
-    def end(self, session):
-        step = self._current_step(session)
-        if step != self._saver._last_step:
-            self._saver.save(session, step, kind="delta")
+        return IncrementalCheckpointHook
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

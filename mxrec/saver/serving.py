@@ -38,6 +38,7 @@ from typing import Callable, Dict, Mapping, Tuple
 import numpy as np
 import tensorflow as tf
 
+from mxrec.core.table import set_lookup_override
 from mxrec.saver import sparse
 
 SERVING_SCOPE = "mxrec_serving"
@@ -196,6 +197,8 @@ def _build(build_fn, checkpoint) -> Tuple[tf.compat.v1.GraphDef, list, list, tup
     context = _ServingContext(checkpoint)
     with graph.as_default(), _private_runtime():
         graph.add_to_collection(_CONTEXT_COLLECTION, context)
+        # sparse_lookup in this graph builds core-op lookups, and its tables save nothing.
+        set_lookup_override(graph, serving_lookup)
         result = build_fn()
         if not isinstance(result, tuple) or len(result) != 2:
             raise TypeError("export_saved_model: build_fn must return (inputs, outputs), two "

@@ -23,6 +23,8 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
+
 HOST_SUFFIX = "/mxrec_host"
 _HOST_FIELDS = ("keys", "rows", "counts", "last_seen", "free_rows", "meta", "threshold")
 # Tables with a host (and SSD) tier save these after _HOST_FIELDS.
@@ -92,8 +94,6 @@ def _table_names(table_list) -> Optional[List[str]]:
 
 
 def _graph_tables(graph: tf.Graph) -> Dict[str, object]:
-    from mxrec.core.embedding import SPARSE_TABLE_COLLECTION
-
     tables = {}
     for variable in graph.get_collection(SPARSE_TABLE_COLLECTION):
         table = variable._mxrec_table  # set by SparseEmbedding for the optimizers too

@@ -11,13 +11,13 @@ import dataclasses
 import itertools
 import os
 import warnings
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from mxrec._lib import loader
+from mxrec.constants.constants import ENV_KEY_PROCESS_THREAD_NUM as _ENV_THREADS
+from mxrec.constants.constants import ENV_USE_COMBINE_FAAE as _ENV_COMBINE_FAAE
 from mxrec.util import communication
 
-_ENV_THREADS = "KEY_PROCESS_THREAD_NUM"
-_ENV_COMBINE_FAAE = "USE_COMBINE_FAAE"
 _MAX_THREADS = 64
 
 
@@ -305,12 +305,29 @@ get_use_dynamic = _getter("use_dynamic")
 get_use_dynamic_expansion = _getter("use_dynamic_expansion")
 
 
+# The graph layer's get_initializer, registered when mxrec.graph.modifier is imported
+# (this layer is below the graph layer and does not import it).
+_initializer_provider: Optional[Callable[[bool], object]] = None
+
+
+def register_initializer_provider(provider: Callable[[bool], object]) -> None:
+    """Lets `get_initializer` answer with `provider(is_training)` (the graph modifier's)."""
+    global _initializer_provider
+    _initializer_provider = provider
+
+
 def get_initializer(is_training: bool):
     """The initializer op of the rewritten training (True) or evaluation (False) iterator.
 
     Run it instead of `iterator.initializer` after `modify_graph_and_start_emb_cache()`;
     see `mxrec.graph.modifier.get_initializer`.
-    """
-    from mxrec.graph.modifier import get_initializer as _get_initializer
 
-    return _get_initializer(is_training)
+    Raises:
+        RuntimeError: no graph was rewritten (the graph modifier was never used).
+    """
+    if _initializer_provider is None:
+        raise RuntimeError(
+            "get_initializer: the graph has no rewritten iterator; call "
+            "modify_graph_and_start_emb_cache() (mxrec.graph.modifier) after building the "
+            "model with sparse_lookup(..., modify_graph=True)")
+    return _initializer_provider(is_training)

@@ -4,7 +4,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
-from mxrec.core.embedding import SPARSE_TABLE_COLLECTION
+from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
 
 
 def get_dense_and_sparse_variable() -> Tuple[List[tf.Variable], List[tf.Variable]]:

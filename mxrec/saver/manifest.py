@@ -1,0 +1,126 @@
+"""A checkpoint directory's versions and their files: listing, atomic writes, verified reads.
+
+    <dir>/full-000000001000/     a version: kind and step in its name
+        manifest.json            written last: step, kind, chain, files with sizes and sha256s
+        dense.npz, table-000.npz ...
+    <dir>/.tmp-...               a save in progress; never read
+
+A version is written into a `.tmp-` folder and made visible by one rename, so
+a process killed mid-save leaves the earlier versions as they were. Reading a
+version checks every file's size and SHA-256 against its manifest.
+"""
+
+import hashlib
+import io
+import json
+import posixpath
+import re
+import uuid
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+FORMAT_VERSION = 1
+_VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupted, or does not fit the model."""
+
+
+def version_name(kind: str, step: int) -> str:
+    return f"{kind}-{step:012d}"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: Dict) -> str:
+    """Writes `files` and `manifest.json` as the version `name`; returns its path."""
+    gfile = tf.io.gfile
+    gfile.makedirs(directory)
+    final = posixpath.join(directory, name)
+    if gfile.exists(final):
+        raise CheckpointError(f"checkpoint {final} already exists; save under another step")
+    tmp = posixpath.join(directory, f".tmp-{name}-{uuid.uuid4().hex}")
+    gfile.makedirs(tmp)
+    for file_name, data in files.items():
+        with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
+            f.write(data)
+    with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
+        f.write(json.dumps(manifest, indent=1, sort_keys=True))
+    gfile.rename(tmp, final)
+    return final
+
+
+def list_versions(directory: str) -> List[Tuple[str, int]]:
+    """(kind, step) of every complete version, by step (a full save before a delta)."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    found = []
+    for entry in tf.io.gfile.listdir(directory):
+        match = _VERSION_RE.match(entry.rstrip("/"))
+        if match:
+            found.append((match.group(1), int(match.group(2))))
+    return sorted(found, key=lambda item: (item[1], item[0] == "delta"))
+
+
+def delete_old_versions(directory: str, max_to_keep: Optional[int]) -> None:
+    """Keeps the newest `max_to_keep` full versions and what follows them."""
+    if max_to_keep is None:
+        return
+    versions = list_versions(directory)
+    fulls = [step for kind, step in versions if kind == "full"]
+    if len(fulls) <= max_to_keep:
+        return
+    oldest_kept = fulls[-max_to_keep]
+    for kind, step in versions:
+        if step < oldest_kept:
+            tf.io.gfile.rmtree(posixpath.join(directory, version_name(kind, step)))
+
+
+def read_version(directory: str, kind: str, step: int
+                 ) -> Tuple[Dict, Dict[str, Dict[str, np.ndarray]]]:
+    """(manifest, {file name: {array name: array}}) of one version, every file verified.
+
+    Raises:
+        CheckpointError: no manifest, a corrupted manifest, another format, or a file
+            missing, truncated or not matching its SHA-256.
+    """
+    path = posixpath.join(directory, version_name(kind, step))
+    manifest_path = posixpath.join(path, "manifest.json")
+    if not tf.io.gfile.exists(manifest_path):
+        raise CheckpointError(f"checkpoint {path} has no manifest.json: it is incomplete")
+    try:
+        with tf.io.gfile.GFile(manifest_path, "r") as f:
+            manifest = json.loads(f.read())
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupted: {err}") \
+            from None
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format {manifest.get('format')!r}; "
+                              f"this mxrec reads format {FORMAT_VERSION}")
+    arrays = {}
+    for file_name, expect in manifest["files"].items():
+        file_path = posixpath.join(path, file_name)
+        if not tf.io.gfile.exists(file_path):
+            raise CheckpointError(f"checkpoint file {file_path} is missing")
+        with tf.io.gfile.GFile(file_path, "rb") as f:
+            data = f.read()
+        if len(data) != expect["bytes"]:
+            raise CheckpointError(f"checkpoint file {file_path} is truncated: "
+                                  f"{len(data)} bytes, the manifest says {expect['bytes']}")
+        if sha256(data) != expect["sha256"]:
+            raise CheckpointError(f"checkpoint file {file_path} is corrupted: its SHA-256 "
+                                  "does not match the manifest")
+        with np.load(io.BytesIO(data)) as npz:
+            arrays[file_name] = {key: npz[key] for key in npz.files}
+    return manifest, arrays
