@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam  # noqa: E402
+from mxrec.saver.checkpoint import Saver  # noqa: E402
 from mxrec.util.communication import (  # noqa: E402
     allreduce,
     get_rank_id,
@@ -52,14 +53,15 @@ def make_data(steps: int, batch: int, features: int, seed: int = 0):
     return ids.astype(np.int64), labels, times
 
 
-def build(args, rank: int, size: int):
+def build(args, rank: int, size: int, first_step: int):
     ids, labels, times = make_data(args.steps, args.batch, args.features)
     n = len(labels)
     # Rank r's slice of each global batch: rows r, r + N, ... of the batch.
     take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
                            for s in range(args.steps)])
     dataset = tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
-    iterator = _v1.data.make_initializable_iterator(dataset.batch(args.batch // size))
+    iterator = _v1.data.make_initializable_iterator(
+        dataset.batch(args.batch // size).skip(first_step))
     features, label, stamp = iterator.get_next()
     add_timestamp(stamp)
     table = create_table(tf.int64, args.dim, "emb", _v1.constant_initializer(0.05),
@@ -87,6 +89,13 @@ def build(args, rank: int, size: int):
     return iterator.initializer, train_op, loss, table, weights
 
 
+def _latest_step(directory: str) -> int:
+    names = [n for n in os.listdir(directory) if n.startswith(("full-", "delta-"))]
+    if not names:
+        raise SystemExit(f"--restore: no checkpoint in {directory}")
+    return max(int(n.split("-")[1]) for n in names)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -101,6 +110,14 @@ def main(argv=None):
     parser.add_argument("--send_count", type=int, default=None,
                         help="static shapes: unique IDs per peer and step")
     parser.add_argument("--out", default=None, help="write each rank's shard here")
+    parser.add_argument("--ckpt", default=None,
+                        help="mxrec Saver directory: --full_at and --delta_at save there")
+    parser.add_argument("--full_at", type=int, default=None, help="full save after this step")
+    parser.add_argument("--delta_at", type=int, default=None, help="delta save after this step")
+    parser.add_argument("--stop_at", type=int, default=None, help="stop after this step")
+    parser.add_argument("--restore", action="store_true",
+                        help="restore the latest version of --ckpt (saved by any number of "
+                        "ranks) and go on from its step")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
     args = parser.parse_args(argv)
@@ -109,11 +126,15 @@ def main(argv=None):
     rank, size = get_rank_id(), get_rank_size()
     if args.batch % size:
         raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
-    start, train_op, loss, table, weights = build(args, rank, size)
+    first = _latest_step(args.ckpt) if args.restore else 0
+    start, train_op, loss, table, weights = build(args, rank, size, first)
+    saver = Saver(args.ckpt) if args.ckpt else None
     with _v1.Session(**session_kwargs()) as sess:
         sess.run(_v1.global_variables_initializer())
+        if args.restore:
+            assert saver.restore(sess) == first
         sess.run(start)
-        for step in range(1, args.steps + 1):
+        for step in range(first + 1, (args.stop_at or args.steps) + 1):
             if args.die_at is not None and rank == 1 and step == args.die_at:
                 os._exit(3)
             _, value = sess.run([train_op, loss])
@@ -121,6 +142,10 @@ def main(argv=None):
                 table.evict(args.eviction)
             if step % 10 == 0 and rank == 0:
                 print(f"step {step}: loss {value:.4f} (rank 0's slice)", flush=True)
+            if step == args.full_at:
+                saver.save(sess, step, kind="full")
+            if step == args.delta_at:
+                saver.save(sess, step, kind="delta")
         ids, rows = table.export_rows()
         values = sess.run(table.variable)[rows] if len(rows) else np.zeros((0, args.dim))
         if args.host:
