@@ -92,6 +92,12 @@ def test_send_count_overflow_names_the_table_and_setting(tmp_path):
     assert "send_count=3" in result.stdout
 
 
+def test_ranks_with_different_tables_fail_with_a_clear_error(tmp_path):
+    result = _train(2, tmp_path, ["--dim_on_rank1", "4", "--steps", "2"], timeout=200)
+    assert result.returncode != 0
+    assert "the ranks built different lookups" in result.stdout, result.stdout[-3000:]
+
+
 def test_a_rank_that_dies_ends_the_others_in_bounded_time(tmp_path):
     """Ranks started by hand (no launcher to stop them): rank 1 exits at step 3 and rank 0
     fails on its next collective within the timeout instead of hanging."""

@@ -64,7 +64,8 @@ def build(args, rank: int, size: int, first_step: int):
         dataset.batch(args.batch // size).skip(first_step))
     features, label, stamp = iterator.get_next()
     add_timestamp(stamp)
-    table = create_table(tf.int64, args.dim, "emb", _v1.constant_initializer(0.05),
+    dim = args.dim_on_rank1 if rank == 1 and args.dim_on_rank1 else args.dim
+    table = create_table(tf.int64, dim, "emb", _v1.constant_initializer(0.05),
                          device_vocabulary_size=args.capacity,
                          host_vocabulary_size=args.host,
                          all2all_gradients_op="sum_gradients_and_div_by_ranksize")
@@ -75,7 +76,7 @@ def build(args, rank: int, size: int, first_step: int):
             config["eviction_threshold"] = args.eviction
     emb = sparse_lookup(table, features, access_and_evict_config=config,
                         send_count=args.send_count, name="lookup")
-    weights = _v1.get_variable("w", [args.dim, 1],
+    weights = _v1.get_variable("w", [dim, 1],
                                initializer=_v1.glorot_uniform_initializer(seed=1))
     logits = tf.matmul(tf.reduce_sum(emb, 1), weights)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
@@ -118,6 +119,8 @@ def main(argv=None):
     parser.add_argument("--restore", action="store_true",
                         help="restore the latest version of --ckpt (saved by any number of "
                         "ranks) and go on from its step")
+    parser.add_argument("--dim_on_rank1", type=int, default=None,
+                        help="rank 1 builds its table with this dim (failure tests)")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
     args = parser.parse_args(argv)

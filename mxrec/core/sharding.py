@@ -20,6 +20,7 @@ The owner of an ID (`owner_of`) is documented and independent of the rank count'
 written by N ranks is re-partitioned by the same function on M ranks.
 """
 
+import zlib
 from typing import Callable, Optional
 
 import numpy as np
@@ -44,6 +45,12 @@ def owner_of_numpy(ids: np.ndarray, size: int) -> np.ndarray:
     """owner_of in NumPy (checkpoints, tests)."""
     mixed = np.asarray(ids, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     return ((mixed >> np.uint64(_SHIFT)) % np.uint64(size)).astype(np.int32)
+
+
+def _fingerprint(table, send_count, is_train) -> int:
+    text = (f"{table.table_name}|{table.dim}|{table.key_dtype.name}|{send_count}|{is_train}|"
+            f"{table.all2all_gradients_op}")
+    return zlib.crc32(text.encode()) & 0x3FFFFFFF
 
 
 def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
@@ -76,7 +83,19 @@ def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
     counts = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
     starts = tf.cumsum(counts, exclusive=True)
     position = tf.range(num) - tf.gather(starts, owner_sorted)
-    largest = communication.allreduce(tf.reduce_max(counts), "max")
+    # One all-reduce gives the largest bucket and checks that every rank built this lookup
+    # of the same table (name, dim, key type, send_count): max and -min of a fingerprint.
+    fingerprint = _fingerprint(table, send_count, is_train)
+    summary = communication.allreduce(
+        tf.stack([tf.reduce_max(counts), tf.constant(fingerprint), tf.constant(-fingerprint)]),
+        "max")
+    agree = tf.debugging.Assert(
+        tf.equal(summary[1], -summary[2]),
+        [f"sparse_lookup on table {table.table_name!r}: the ranks built different lookups "
+         "(table name, dim, key dtype, send_count or is_train differ between ranks, or the "
+         "ranks build their graphs in different orders); every rank must run the same model"])
+    with tf.control_dependencies([agree]):
+        largest = tf.identity(summary[0])
     if send_count is None:
         chunk = tf.maximum(largest, 1)
     else:
