@@ -12,8 +12,10 @@ what one process trains on it. With --out DIR each rank writes its shard of the 
 """
 
 import argparse
+import json
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -41,10 +43,10 @@ OPTIMIZERS = {
 }
 
 
-def make_data(steps: int, batch: int, features: int, seed: int = 0):
-    """The global stream: power-law IDs over the int64 range, labels, batch times."""
+def make_data(steps: int, batch: int, features: int, seed: int = 0, pool: int = 400):
+    """The global stream: power-law IDs (over `pool` keys spread over the int64 range),
+    labels, batch times."""
     rng = np.random.default_rng(seed)
-    pool = 400
     weights = 1.0 / np.arange(1, pool + 1) ** 1.1
     keys = rng.integers(-2**62, 2**62, size=pool)
     ids = keys[rng.choice(pool, size=(steps * batch, features), p=weights / weights.sum())]
@@ -54,7 +56,7 @@ def make_data(steps: int, batch: int, features: int, seed: int = 0):
 
 
 def build(args, rank: int, size: int, first_step: int):
-    ids, labels, times = make_data(args.steps, args.batch, args.features)
+    ids, labels, times = make_data(args.steps, args.batch, args.features, pool=args.pool)
     n = len(labels)
     # Rank r's slice of each global batch: rows r, r + N, ... of the batch.
     take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
@@ -90,6 +92,25 @@ def build(args, rank: int, size: int, first_step: int):
     return iterator.initializer, train_op, loss, table, weights
 
 
+def _traced_step(sess, train_op):
+    """Runs one step with a trace; returns the busy time of its ops by kind (ms): the
+    collectives (including the time they wait for the other ranks) and everything else."""
+    options = _v1.RunOptions(trace_level=_v1.RunOptions.FULL_TRACE)
+    metadata = _v1.RunMetadata()
+    start = time.perf_counter()
+    sess.run(train_op, options=options, run_metadata=metadata)
+    wall = time.perf_counter() - start
+    collective = other = 0.0
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            ms = (node.all_end_rel_micros or node.op_end_rel_micros) / 1000.0
+            if "Collective" in node.timeline_label or "Collective" in node.node_name:
+                collective += ms
+            else:
+                other += ms
+    return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other)
+
+
 def _latest_step(directory: str) -> int:
     names = [n for n in os.listdir(directory) if n.startswith(("full-", "delta-"))]
     if not names:
@@ -103,6 +124,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=64, help="global batch size")
     parser.add_argument("--features", type=int, default=4)
     parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--pool", type=int, default=400, help="distinct IDs in the stream")
     parser.add_argument("--capacity", type=int, default=512, help="device rows per rank")
     parser.add_argument("--host", type=int, default=0, help="host_vocabulary_size per rank")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adagrad")
@@ -119,6 +141,9 @@ def main(argv=None):
     parser.add_argument("--restore", action="store_true",
                         help="restore the latest version of --ckpt (saved by any number of "
                         "ranks) and go on from its step")
+    parser.add_argument("--timing", default=None,
+                        help="write samples/s (after 5 warm-up steps) and where one traced "
+                        "step's time goes to this JSON file (rank 0)")
     parser.add_argument("--dim_on_rank1", type=int, default=None,
                         help="rank 1 builds its table with this dim (failure tests)")
     parser.add_argument("--die_at", type=int, default=None,
@@ -137,9 +162,16 @@ def main(argv=None):
         if args.restore:
             assert saver.restore(sess) == first
         sess.run(start)
+        timed_from, breakdown = None, None
         for step in range(first + 1, (args.stop_at or args.steps) + 1):
             if args.die_at is not None and rank == 1 and step == args.die_at:
                 os._exit(3)
+            if args.timing and step == first + 6:
+                timed_from = time.perf_counter()
+            if args.timing and step == (args.stop_at or args.steps):
+                seconds = time.perf_counter() - timed_from
+                breakdown = _traced_step(sess, train_op)  # the last step, not timed
+                continue
             _, value = sess.run([train_op, loss])
             if args.eviction is not None:
                 table.evict(args.eviction)
@@ -149,6 +181,11 @@ def main(argv=None):
                 saver.save(sess, step, kind="full")
             if step == args.delta_at:
                 saver.save(sess, step, kind="delta")
+        if args.timing and rank == 0:
+            steps = (args.stop_at or args.steps) - first - 6
+            with open(args.timing, "w") as f:
+                json.dump(dict(ranks=size, steps=steps, samples_per_second=steps * args.batch /
+                               seconds, step_ms=1000 * seconds / steps, **breakdown), f)
         ids, rows = table.export_rows()
         values = sess.run(table.variable)[rows] if len(rows) else np.zeros((0, args.dim))
         if args.host:
