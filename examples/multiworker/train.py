@@ -144,6 +144,9 @@ def main(argv=None):
     parser.add_argument("--timing", default=None,
                         help="write samples/s (after 5 warm-up steps) and where one traced "
                         "step's time goes to this JSON file (rank 0)")
+    parser.add_argument("--tf_save", default=None,
+                        help="save with tf.compat.v1.train.Saver to this prefix at the end "
+                        "(refused for sharded tables: tests)")
     parser.add_argument("--dim_on_rank1", type=int, default=None,
                         help="rank 1 builds its table with this dim (failure tests)")
     parser.add_argument("--die_at", type=int, default=None,
@@ -181,6 +184,8 @@ def main(argv=None):
                 saver.save(sess, step, kind="full")
             if step == args.delta_at:
                 saver.save(sess, step, kind="delta")
+        if args.tf_save:
+            _v1.train.Saver().save(sess, args.tf_save)
         if args.timing and rank == 0:
             steps = (args.stop_at or args.steps) - first - 6
             with open(args.timing, "w") as f:
