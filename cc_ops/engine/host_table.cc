@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -629,8 +630,9 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
     int32_t host_slot = -1;
   };
   std::unordered_map<int64_t, Physical> physical;  // IDs a pending plan moved
-  std::unordered_map<int32_t, int64_t> row_owner;  // rows a pending plan refilled
-  constexpr int64_t kFreeRow = INT64_MIN;
+  // Rows a pending plan refilled: their owner before it, none where the row was
+  // free (every int64 is a valid ID, so no ID can mark a free row).
+  std::unordered_map<int32_t, std::optional<int64_t>> row_owner;
   if (tier_) {
     std::vector<SwapPlan> pending;
     bool partly_applied = false;
@@ -656,7 +658,7 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
           physical[plan->out_keys[i]] = out;
           row_owner[row] = plan->out_keys[i];
         } else {
-          row_owner[row] = kFreeRow;
+          row_owner[row] = std::nullopt;
         }
       }
     }
@@ -688,7 +690,7 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
   }
   state->free_rows = free_rows_;
   for (const auto& [row, owner] : row_owner) {
-    if (owner == kFreeRow) state->free_rows.push_back(row);
+    if (!owner.has_value()) state->free_rows.push_back(row);
   }
   state->next_row = next_row_;
   state->newest_timestamp = newest_timestamp_;
@@ -713,7 +715,7 @@ Status HostTable::ExportState(uint32_t since_epoch, uint32_t protect_batches,
     }
     for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
       auto owner = row_owner.find(row);
-      if (owner != row_owner.end() && owner->second == kFreeRow) continue;
+      if (owner != row_owner.end() && !owner->second.has_value()) continue;
       state->lru_rows.push_back(row);
       state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
     }
