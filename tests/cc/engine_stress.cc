@@ -1123,7 +1123,9 @@ int Main() {
     }
   });
 
-  const char* tmp = getenv("TMPDIR");
+  // Under `bazel test`, TEST_TMPDIR is the test's own writable directory.
+  const char* tmp = getenv("TEST_TMPDIR");
+  if (tmp == nullptr || *tmp == '\0') tmp = getenv("TMPDIR");
   std::string path = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
                      "/mxrec-stress-XXXXXX";
   std::vector<char> buf(path.begin(), path.end());
