@@ -45,7 +45,8 @@ build() {  # variant, flags...
 }
 
 # A report that does not end the process (or ends it with status 0) still fails the run.
-reports='ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|WARNING: ThreadSanitizer|ThreadSanitizer: reported|SUMMARY: (Address|Thread|UndefinedBehavior)Sanitizer'
+reports='ERROR: (Address|Leak)Sanitizer|runtime error:|WARNING: ThreadSanitizer'
+reports+='|ThreadSanitizer: reported|SUMMARY: (Address|Thread|UndefinedBehavior)Sanitizer'
 
 run() {  # variant
   local variant=$1 out=build/sanitize/$1 status=0 start end
@@ -61,7 +62,9 @@ run() {  # variant
   echo "sanitize: $variant passed in $((end - start)) s: $(grep '^engine_stress:' "$out/run.log")"
 }
 
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1}
+asan_options=detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1
+asan_options+=:check_initialization_order=1:strict_init_order=1
+export ASAN_OPTIONS=${ASAN_OPTIONS:-$asan_options}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # Every race is reported, then the run exits 66.
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0:exitcode=66:second_deadlock_stack=1:history_size=4}

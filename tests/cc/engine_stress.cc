@@ -379,7 +379,8 @@ std::map<int64_t, std::string> ById(const TableState& state) {
     std::string fields = internal::StrCat(state.rows[i], "/", state.counts[i], "/",
                                           state.last_seen[i]);
     if (i < state.in_host.size() && state.in_host[i]) {
-      fields += internal::StrCat("/host/", h < state.tier_present.size() ? state.tier_present[h] : 0);
+      const uint32_t present = h < state.tier_present.size() ? state.tier_present[h] : 0;
+      fields += internal::StrCat("/host/", present);
       if ((h + 1) * width <= state.tier_values.size()) {
         fields.append(reinterpret_cast<const char*>(&state.tier_values[h * width]),
                       width * sizeof(float));
@@ -1157,6 +1158,8 @@ int Main() {
 
 int main() {
   const int code = mxrec::stress::Main();
-  if (code != 0) std::cerr << "engine_stress: " << mxrec::stress::failures.load() << " failure(s)\n";
+  if (code != 0) {
+    std::cerr << "engine_stress: " << mxrec::stress::failures.load() << " failure(s)\n";
+  }
   return code;
 }

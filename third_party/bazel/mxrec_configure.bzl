@@ -60,7 +60,8 @@ def _python(ctx):
     python = ctx.os.environ.get("MXREC_PYTHON", "")
     if python:
         return python
-    venv = ctx.path(Label("//:WORKSPACE")).dirname.get_child(".venv").get_child("bin").get_child("python")
+    workspace = ctx.path(Label("//:WORKSPACE")).dirname
+    venv = workspace.get_child(".venv").get_child("bin").get_child("python")
     if venv.exists:
         return str(venv)
     found = ctx.which("python3")
@@ -72,21 +73,34 @@ def _mxrec_configure_impl(ctx):
     python = _python(ctx)
     result = ctx.execute([python, "-c", _QUERY], quiet = True)
     if result.return_code != 0:
-        fail(("mxrec_configure: {} cannot import tensorflow and pybind11 (run scripts/setup.sh, " +
-              "or point MXREC_PYTHON at a Python that has them):\n{}").format(python, result.stderr))
+        fail(("mxrec_configure: {} cannot import tensorflow and pybind11 (run " +
+              "scripts/setup.sh, or point MXREC_PYTHON at a Python that has them):\n{}").format(
+            python,
+            result.stderr,
+        ))
     info = json.decode(result.stdout.strip().splitlines()[-1])
     if not info["version"].startswith(("2.15.", "2.21.")):
-        fail("mxrec supports TensorFlow 2.15.x and 2.21.x; {} has {}".format(python, info["version"]))
+        fail("mxrec supports TensorFlow 2.15.x and 2.21.x; {} has {}".format(
+            python,
+            info["version"],
+        ))
     ctx.symlink(info["include"], "tensorflow_include")
     ctx.symlink(info["python_include"], "python_include")
     ctx.symlink(info["pybind11_include"], "pybind11_include")
     defines = [flag[2:] for flag in info["compile"] if flag.startswith("-D")]
-    ctx.file("BUILD", _BUILD.format(python = python, defines = repr(defines), linkopts = repr(info["link"])))
+    ctx.file("BUILD", _BUILD.format(
+        python = python,
+        defines = repr(defines),
+        linkopts = repr(info["link"]),
+    ))
     ctx.file("defs.bzl", "PY_EXT_SUFFIX = {}\nTF_VERSION = {}\n".format(
         repr(info["ext_suffix"]),
         repr(info["version"]),
     ))
-    ctx.file("build_info.json", json.encode({"tensorflow": info["version"], "compile_flags": info["compile"]}))
+    ctx.file("build_info.json", json.encode({
+        "tensorflow": info["version"],
+        "compile_flags": info["compile"],
+    }))
 
 mxrec_configure = repository_rule(
     implementation = _mxrec_configure_impl,
