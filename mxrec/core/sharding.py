@@ -3,9 +3,9 @@
 One lookup on N ranks (direct path), per step:
 
     ids ─► unique (local) ─► occurrences per unique ID, owner per unique ID
-        ─► buckets [N, chunk] of IDs and occurrence counts (chunk: the largest bucket of any
+        ─► buckets [N, chunk, 2] of (ID, occurrence count) (chunk: the largest bucket of any
            rank, from an all-reduce; send_count under init(use_dynamic=False))
-        ─► all-to-all: rank r receives every rank's IDs that r owns
+        ─► one all-to-all: rank r receives every rank's IDs that r owns
         ─► owner: the IDs repeated by their occurrences ─► the table's own key stage and
            device lookup (admission counts every occurrence of the global batch; eviction,
            tiers and reused rows run on the owner as in one process)
@@ -109,10 +109,11 @@ def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
             chunk = tf.identity(tf.constant(send_count, tf.int32))
     where = tf.stack([owner_sorted, position], axis=1)
     shape = tf.stack([size, chunk])
-    send_ids = tf.scatter_nd(where, tf.gather(uniq, order), shape)
-    send_occ = tf.scatter_nd(where, tf.gather(occurrences, order), shape)
-    recv_ids = tf.reshape(communication.alltoall(send_ids), [-1])
-    recv_occ = tf.reshape(communication.alltoall(send_occ), [-1])
+    # IDs and their occurrence counts travel together: [N, chunk, 2] int64.
+    pairs = tf.stack([tf.gather(uniq, order), tf.gather(occurrences, order)], axis=1)
+    send = tf.scatter_nd(where, pairs, tf.concat([shape, [2]], axis=0))
+    received = tf.reshape(communication.alltoall(send), [-1, 2])
+    recv_ids, recv_occ = received[:, 0], received[:, 1]
     valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
     owned = tf.gather(recv_ids, valid)
     owned_occ = tf.gather(recv_occ, valid)
