@@ -9,8 +9,9 @@ waits for the others) and the rest. All ranks share this machine's cores, so mor
 not mean more compute here: the figures show the cost of the exchange, not a speed-up.
 
 Bytes per rank and step are computed from the same data the ranks read: what this rank sends
-to the others (IDs with their occurrence counts, int64 pairs, padded to the step's chunk; embeddings back
-from the owner; gradients to the owner, float32 [chunk, dim] per peer; the chunk to itself
+to the others (IDs with their occurrence counts, int64 pairs, padded to the step's chunk;
+embeddings back from the owner; gradients to the owner, float32 [chunk, dim] per peer; the
+chunk to itself
 does not travel) against the minimum, unique IDs sent to other ranks x (8 + 4 dim) one way
 and 4 dim back (embedding) plus 4 dim out (gradient).
 
