@@ -45,10 +45,11 @@ from mxrec._lib import loader
 from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old import path)
     ASCEND_SPARSE_LOOKUP_ID_OFFSET,
     ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
+    ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS,
     ID_OFFSET_COLLECTION,
     LOCAL_EMB_COLLECTION,
 )
-from mxrec.core.table import FEATURE_SPEC, MODIFY_GRAPH, SparseEmbedding, restore_rows
+from mxrec.core.table import SparseEmbedding, restore_rows
 
 # The host table of a dynamic table never runs out of rows: its rows are the
 # store's addresses, and the store grows to hold them.
@@ -96,28 +97,20 @@ class DynamicTable(SparseEmbedding):
         raise TypeError(
             f"table {self.table_name!r} was created with init(use_dynamic_expansion=True): its "
             "rows live in a dynamic store, not in a tf.Variable. Look it up with "
-            "sparse_lookup(table, ids) (FeatureSpec and modify_graph lookups are not available "
-            "in this mode), train it with create_hash_optimizer_by_address on the pairs of "
+            "sparse_lookup (tensor IDs, modify_graph=True or a FeatureSpec), train it with create_hash_optimizer_by_address on the pairs of "
             "ASCEND_SPARSE_LOOKUP_LOCAL_EMB gradients and ASCEND_SPARSE_LOOKUP_ID_OFFSET "
             "addresses, and read it with mxrec.core.dynamic.export_values")
 
     def check_can_evict(self):
-        raise ValueError(f"table {self.table_name!r}: eviction is not available with "
-                         "init(use_dynamic_expansion=True), as in mx_rec")
+        raise ValueError(f"table {self.table_name!r}: {EVICTION_REFUSED}")
 
     def store_stats(self) -> Dict[str, int]:
         """The dynamic store: rows in use, rows allocated, chunks, chunk_rows, slots."""
         return dict(loader.engine().dynamic_store_stats(self.table_key))
 
-    def check_lookup(self, source: str) -> None:
-        if source == MODIFY_GRAPH:
-            raise ValueError(f"sparse_lookup on table {self.table_name!r}: modify_graph=True is "
-                             "not available with init(use_dynamic_expansion=True)")
-        if source == FEATURE_SPEC:
-            raise TypeError(
-                f"sparse_lookup on table {self.table_name!r}: FeatureSpec lookups are not "
-                "available with init(use_dynamic_expansion=True); look it up with "
-                "sparse_lookup(table, ids)")
+    def capacity(self) -> int:
+        """Rows the store has allocated so far (it grows by chunk_rows when full)."""
+        return int(self.store_stats()["capacity"])
 
     def lookup_planned(self, ids, rows, restore, reused, is_train, default=None, is_grad=True,
                        send_count=None, scope=""):
@@ -152,19 +145,32 @@ class DynamicTable(SparseEmbedding):
             addresses._mxrec_dynamic_table = self  # lets the by-address optimizers find it
             for collection in (ASCEND_SPARSE_LOOKUP_LOCAL_EMB, LOCAL_EMB_COLLECTION):
                 tf.compat.v1.add_to_collection(collection, local_emb)
-            for collection in (ASCEND_SPARSE_LOOKUP_ID_OFFSET, ID_OFFSET_COLLECTION):
+            for collection in (ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS,
+                               ID_OFFSET_COLLECTION):
                 tf.compat.v1.add_to_collection(collection, addresses)
         return out
+
+
+# What mx_rec documents: its section on this mode is "片上内存侧动态扩容模式" (dynamic
+# expansion of on-chip memory: device tables only, so no host or SSD tier, and its code
+# refuses DDR mode with it), and it states "片上内存侧动态扩容模式下，不支持特征淘汰" (no
+# feature eviction in this mode).
+EVICTION_REFUSED = (
+    "eviction is not available with init(use_dynamic_expansion=True): mx_rec documents "
+    "that this mode does not support feature eviction (\"片上内存侧动态扩容模式下，不支持特征淘汰\", "
+    "its dynamic-expansion section)")
+TIERS_REFUSED = (
+    "host_vocabulary_size and ssd_vocabulary_size must be 0 with "
+    "init(use_dynamic_expansion=True): mx_rec documents this mode as dynamic expansion of "
+    "on-chip (device) memory (\"片上内存侧动态扩容模式\") and refuses DDR mode with it; the "
+    "store grows in device memory and has no host or SSD tier")
 
 
 def check_settings(name: str, host_vocabulary_size: int, ssd_vocabulary_size: int,
                    use_dynamic: bool) -> None:
     """create_table's checks of a table of this mode: no tiers, dynamic shapes."""
     if host_vocabulary_size or ssd_vocabulary_size:
-        raise ValueError(
-            f"create_table {name!r}: host_vocabulary_size and ssd_vocabulary_size must be 0 "
-            "with init(use_dynamic_expansion=True): the dynamic store grows in device memory "
-            "and has no host or SSD tier")
+        raise ValueError(f"create_table {name!r}: {TIERS_REFUSED}")
     if not use_dynamic:
         raise NotImplementedError(
             f"create_table {name!r}: init(use_dynamic=False) (static shapes, unique rows "

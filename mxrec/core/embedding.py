@@ -160,6 +160,8 @@ def create_table(
     shard_num: int = 1,
     fusion_optimizer_var: bool = True,
     hashtable_threshold: int = 0,
+    *,
+    optimizer_list=None,
 ) -> SparseEmbedding:
     """Creates a sparse table addressed by raw IDs.
 
@@ -177,8 +179,9 @@ def create_table(
         host_vocabulary_size: rows kept in host memory for IDs outside the device table,
             which becomes a cache ("DDR mode", see mxrec.core.tiers); 0 = device-only.
         ssd_vocabulary_size: rows kept on disk once host memory is full ("SSD mode");
-            needs host_vocabulary_size > 0 and ssd_data_path.
-        ssd_data_path: a directory (or a one-element list of one) for the SSD tier's file.
+            needs host_vocabulary_size > 0.
+        ssd_data_path: a directory (or a one-element list of one) for the SSD tier's file;
+            the working directory when not given, as mx_rec's default (os.getcwd(),).
         is_save: save and restore the table (device rows, slots and host state) with the
             graph's Saver.
         is_dp: data-parallel table; with one process the same table as is_dp=False.
@@ -199,6 +202,10 @@ def create_table(
             keeps slots as their own variables whatever the value, with the same updates.
         hashtable_threshold: only 0, a hash map for every table (NotImplementedError
             otherwise).
+        optimizer_list: (keyword only; mx_rec's older signature) the hash optimizers that
+            will train the table. mxrec makes slots when an optimizer first applies, so the
+            list is not needed; when given, an optimizer not in it that applies to the table
+            is an error.
 
     Returns:
         The SparseEmbedding.
@@ -300,9 +307,30 @@ def create_table(
         # do not go into the graph's Saver (see dynamic.export_values).
         host_state.register(name, table_key)
     table.all2all_gradients_op = all2all_gradients_op
+    table.declared_optimizers = _check_optimizer_list(name, optimizer_list)
     runtime.tables[name] = table
     register_in_graph(graph, table)
     return table
+
+
+def _check_optimizer_list(name: str, optimizer_list):
+    if optimizer_list is None:
+        return None
+    if not isinstance(optimizer_list, (list, tuple)):
+        optimizer_list = [optimizer_list]
+    for optimizer in optimizer_list:
+        if not callable(getattr(optimizer, "apply_gradients", None)):
+            raise TypeError(f"create_table {name!r}: optimizer_list must hold hash optimizers "
+                            f"(create_hash_optimizer...), got {type(optimizer).__name__}")
+    return list(optimizer_list)
+
+
+def _normalized_policy(config: Dict) -> Dict:
+    """access_and_evict_config with faae_coefficient's default (1) filled in and unset keys
+    dropped, so that equal policies compare equal however they were written."""
+    out = {key: config.get(key) for key in _EVICT_CONFIG_KEYS if config.get(key) is not None}
+    out.setdefault("faae_coefficient", 1)
+    return out
 
 
 def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
@@ -332,11 +360,12 @@ def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
                          "re-initialises evicted rows, which "
                          f"{table._initializer_failure()}") from table.initializer_error
     if eviction is not None and get_config_initializer().config.use_dynamic_expansion:
-        raise ValueError(f"table {table.table_name!r}: eviction is not available with "
-                         "init(use_dynamic_expansion=True), as in mx_rec")
+        raise ValueError(f"table {table.table_name!r}: {dynamic.EVICTION_REFUSED}")
+    config = _normalized_policy(config)
     if table.access_and_evict_config not in (None, config):
         raise ValueError(f"table {table.table_name!r}: two lookups give different "
-                         "access_and_evict_config; one table has one policy")
+                         f"access_and_evict_config ({table.access_and_evict_config} and "
+                         f"{config}); one table has one policy")
     table.access_and_evict_config = dict(config)
     table.eviction_threshold = None if eviction is None else int(eviction)
     # The host table outlives graphs: configure it once per policy, so that
@@ -455,8 +484,14 @@ def sparse_lookup(
         raise TypeError(f"sparse_lookup: hashtable must come from create_table, "
                         f"got {type(hashtable).__name__}")
     _check_lookup_args(hashtable, send_count, is_grad, dim, kwargs)
+    if not isinstance(is_train, bool):
+        raise TypeError(f"sparse_lookup on table {hashtable.table_name!r}: is_train must be a "
+                        f"bool, got {is_train!r}")
+    get_config_initializer().lookup_modes.add(is_train)
     if isinstance(ids, FeatureSpec):
         hashtable.lookup_names.add(ids.name)
+        if access_and_evict_config:
+            _apply_access_and_evict_config(hashtable, access_and_evict_config)
         return _feature_spec_lookup(hashtable, ids, batch, is_train, name, send_count,
                                     serving_default_value, is_grad)
     if access_and_evict_config:

@@ -43,9 +43,20 @@ class HashOptimizerMixin:
                     f"{type(self).__name__}: the gradient of table {table.table_name!r} must be "
                     f"IndexedSlices from tf.gradients(loss, table variable), got "
                     f"{type(grad).__name__}")
+            check_declared(self, table)
             if self not in table.optimizers:
                 table.optimizers.append(self)
         return super().apply_gradients(grads_and_vars, global_step=global_step, name=name)
+
+
+def check_declared(optimizer, table) -> None:
+    """create_table(optimizer_list=[...]) names the optimizers that train the table."""
+    declared = getattr(table, "declared_optimizers", None)
+    if declared is not None and not any(optimizer is d for d in declared):
+        raise ValueError(
+            f"{type(optimizer).__name__} applies gradients to table {table.table_name!r}, whose "
+            "create_table(optimizer_list=...) does not list it; add it to the list or leave "
+            "optimizer_list out")
 
 
 def check_learning_rate(learning_rate, optimizer: str):
