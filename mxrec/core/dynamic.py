@@ -36,10 +36,12 @@ Example:
     ...     list(zip(grads, addresses)))
 """
 
+import io
 from typing import Dict, Tuple
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object
 
 from mxrec._lib import loader
 from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old import path)
@@ -49,6 +51,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     ID_OFFSET_COLLECTION,
     LOCAL_EMB_COLLECTION,
 )
+from mxrec.core.host_state import HostStateSaveable
 from mxrec.core.table import SparseEmbedding, restore_rows
 
 # The host table of a dynamic table never runs out of rows: its rows are the
@@ -97,7 +100,8 @@ class DynamicTable(SparseEmbedding):
         raise TypeError(
             f"table {self.table_name!r} was created with init(use_dynamic_expansion=True): its "
             "rows live in a dynamic store, not in a tf.Variable. Look it up with "
-            "sparse_lookup (tensor IDs, modify_graph=True or a FeatureSpec), train it with create_hash_optimizer_by_address on the pairs of "
+            "sparse_lookup (tensor IDs, modify_graph=True or a FeatureSpec), train it with "
+            "create_hash_optimizer_by_address on the pairs of "
             "ASCEND_SPARSE_LOOKUP_LOCAL_EMB gradients and ASCEND_SPARSE_LOOKUP_ID_OFFSET "
             "addresses, and read it with mxrec.core.dynamic.export_values")
 
@@ -151,19 +155,18 @@ class DynamicTable(SparseEmbedding):
         return out
 
 
-# What mx_rec documents: its section on this mode is "片上内存侧动态扩容模式" (dynamic
-# expansion of on-chip memory: device tables only, so no host or SSD tier, and its code
-# refuses DDR mode with it), and it states "片上内存侧动态扩容模式下，不支持特征淘汰" (no
-# feature eviction in this mode).
+# What mx_rec documents (its user guide, appendix "training features", section on the
+# "on-chip memory dynamic expansion mode"): the mode grows device (on-chip) tables, and
+# "in on-chip memory dynamic expansion mode, feature eviction is not supported"; its code
+# refuses DDR mode (a host tier) together with dynamic expansion.
 EVICTION_REFUSED = (
-    "eviction is not available with init(use_dynamic_expansion=True): mx_rec documents "
-    "that this mode does not support feature eviction (\"片上内存侧动态扩容模式下，不支持特征淘汰\", "
-    "its dynamic-expansion section)")
+    "eviction is not available with init(use_dynamic_expansion=True): mx_rec's user guide "
+    "states that its on-chip memory dynamic expansion mode does not support feature eviction")
 TIERS_REFUSED = (
     "host_vocabulary_size and ssd_vocabulary_size must be 0 with "
-    "init(use_dynamic_expansion=True): mx_rec documents this mode as dynamic expansion of "
-    "on-chip (device) memory (\"片上内存侧动态扩容模式\") and refuses DDR mode with it; the "
-    "store grows in device memory and has no host or SSD tier")
+    "init(use_dynamic_expansion=True): mx_rec's user guide describes the mode as dynamic "
+    "expansion of on-chip (device) memory, and mx_rec refuses DDR mode with it; the store "
+    "grows in device memory and has no host or SSD tier")
 
 
 def check_settings(name: str, host_vocabulary_size: int, ssd_vocabulary_size: int,
@@ -217,3 +220,73 @@ def write_rows(table: DynamicTable, addresses, values, slot: str = "",
     every row at `initial`."""
     loader.engine().dynamic_store_write(table.table_key, np.asarray(addresses, np.int64),
                                         np.asarray(values, np.float32), slot, float(initial))
+
+
+def _slot_initials(table: DynamicTable) -> Dict[str, float]:
+    """{store slot name: initial value} of the by-address optimizers that train `table`."""
+    out = {}
+    for optimizer in table.optimizers:
+        for slot in optimizer.get_slot_names():
+            out[optimizer.store_slot(slot)] = optimizer.slot_initial_value(slot)
+    return out
+
+
+class StoreSaveable(HostStateSaveable):
+    """A dynamic table's host state and the rows and slots of its store, for any TF Saver.
+
+    A dynamic table has no variable, so the host state alone (ID -> address) would lose
+    its rows in a tf.compat.v1.train.Saver (or Estimator) checkpoint. One more string
+    tensor, `<table>/mxrec_host/dynamic_store`, holds as an .npz the addresses of the IDs
+    admitted at the step boundary and their embedding and slot rows. Restoring imports
+    the host state first (it hands out the addresses), then writes the rows back.
+    """
+
+    def __init__(self, table: DynamicTable):
+        super().__init__(table.table_name, table.table_key)
+        self._table = table
+        with tf.device(_CPU):
+            blob = tf.py_function(self._export, [], tf.string,
+                                  name=f"{table.table_name}_export_store")
+        blob.set_shape([])
+        self.specs.append(saveable_object.SaveSpec(
+            blob, "", f"{table.table_name}/mxrec_host/dynamic_store"))
+
+    def _export(self):
+        table = self._table
+        engine = loader.engine()
+        host = engine.export_state(table.table_key, 0, False)
+        addresses = host["rows"][host["rows"] >= 0].astype(np.int64)
+        existing = set(engine.dynamic_store_stats(table.table_key)["slot_names"])
+        arrays = {"addresses": addresses,
+                  "embedding": engine.dynamic_store_read(table.table_key, addresses, "")}
+        for slot, initial in _slot_initials(table).items():
+            arrays[f"slot/{slot}"] = (
+                engine.dynamic_store_read(table.table_key, addresses, slot) if slot in existing
+                else np.full((len(addresses), table.dim), initial, np.float32))
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    def _import(self, blob):
+        table = self._table
+        arrays = np.load(io.BytesIO(blob.numpy()))
+        addresses = arrays["addresses"]
+        write_rows(table, addresses, arrays["embedding"])
+        for slot, initial in _slot_initials(table).items():
+            key = f"slot/{slot}"
+            if key in arrays.files:
+                write_rows(table, addresses, arrays[key], slot=slot, initial=initial)
+        return np.int64(len(addresses))
+
+    def restore(self, restored_tensors, restored_shapes):
+        host = super().restore(restored_tensors[:-1], restored_shapes)
+        with tf.device(_CPU), tf.control_dependencies([host]):
+            return tf.py_function(self._import, [restored_tensors[-1]], tf.int64,
+                                  name=f"{self._table.table_name}_import_store").op
+
+
+def register_saveable(table: DynamicTable) -> StoreSaveable:
+    """Adds the table's host state and store to the graph's SAVEABLE_OBJECTS collection."""
+    saveable = StoreSaveable(table)
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
+    return saveable

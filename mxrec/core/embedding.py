@@ -303,9 +303,12 @@ def create_table(
         table = DeviceTable(*args, device=accelerator_device(),
                             static_shapes=not runtime.config.use_dynamic, key_stage_chain=chain)
     if is_save and lookup_override(graph) is None:
-        # A dynamic table saves its host state (ID -> address) like any table; its rows
-        # do not go into the graph's Saver (see dynamic.export_values).
-        host_state.register(name, table_key)
+        # A dynamic table saves its host state (ID -> address) like any table, and its
+        # store's rows and slots (no variable holds them) as one more saveable.
+        if runtime.config.use_dynamic_expansion:
+            dynamic.register_saveable(table)
+        else:
+            host_state.register(name, table_key)
     table.all2all_gradients_op = all2all_gradients_op
     table.declared_optimizers = _check_optimizer_list(name, optimizer_list)
     runtime.tables[name] = table

@@ -3,6 +3,15 @@
 The table registers it at creation (create_table's is_save), so the graph's own
 Saver, CheckpointSaverHook and Estimator checkpoints carry the host state with
 the device rows. Its old import path, mxrec.saver.host_state, re-exports it.
+
+Each save also writes mx_rec's sparse checkpoint folder next to the TF checkpoint:
+a save to `<dir>/<name>` (`saver.save(sess, "saved-model/model-0", global_step=100)`
+saves to `saved-model/model-0-100`) writes `<dir>/sparse-<name>/<table>/keys`, the
+table's IDs at the save (a serialized int64 tensor). mx_rec scripts look for that
+folder (`glob("./saved-model/sparse-model-0-*")`) to decide whether a checkpoint
+exists; everything a restore needs is in the TF checkpoint itself, which
+`saver.restore(sess, "saved-model/model-0-100")` reads. TF's Saver deletes old
+checkpoints beyond max_to_keep; their sparse folders stay.
 """
 
 import tensorflow as tf
@@ -54,9 +63,13 @@ class HostStateSaveable(saveable_object.SaveableObject):
         fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
         specs = [
             saveable_object.SaveSpec(tensor, "", f"{table_name}/mxrec_host/{field}")
-            for tensor, (field, _) in zip(tensors, fields)
+            for tensor, (field, _) in zip(tensors[1:], fields[1:])
         ]
-        super().__init__(tensors[0], specs, f"{table_name}/mxrec_host")
+        keys = tensors[0]
+        specs.insert(0, saveable_object.SaveSpec(
+            lambda: _keys_with_sparse_folder(keys, table_name), "",
+            f"{table_name}/mxrec_host/keys", dtype=tf.int64, device="/device:CPU:0"))
+        super().__init__(keys, specs, f"{table_name}/mxrec_host")
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
@@ -68,6 +81,29 @@ class HostStateSaveable(saveable_object.SaveableObject):
                                                               table_key=self._table_key)
             return loader.op_library().mxrec_import_table_tiered(*inputs,
                                                                  table_key=self._table_key)
+
+def _keys_with_sparse_folder(keys: tf.Tensor, table_name: str) -> tf.Tensor:
+    """The keys to save, once they are also written to the save's sparse folder.
+
+    Called while a tf.compat.v1.train.Saver builds its save ops, in its name scope, where
+    `<scope>/Const` is the checkpoint path the Saver feeds at each save (the name TF keeps
+    "for backwards compatibility"). Built elsewhere, there is no path: keys only.
+    """
+    graph = keys.graph
+    try:
+        path = graph.get_tensor_by_name(f"{graph.get_name_scope()}/Const:0")
+    except (KeyError, ValueError):
+        return tf.identity(keys)
+    if path.dtype != tf.string:
+        return tf.identity(keys)
+    with tf.device("/device:CPU:0"):
+        folder = tf.strings.join([tf.strings.regex_replace(path, "[^/]*$", ""), "sparse-",
+                                  tf.strings.regex_replace(path, "^.*/", "")])
+        write = tf.io.write_file(tf.strings.join([folder, f"/{table_name}/keys"]),
+                                 tf.io.serialize_tensor(keys))
+        with tf.control_dependencies([write]):
+            return tf.identity(keys)
+
 
 def register(table_name: str, table_key: str) -> HostStateSaveable:
     """Adds the table's host state to the graph's SAVEABLE_OBJECTS collection."""

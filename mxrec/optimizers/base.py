@@ -1,5 +1,7 @@
 """What every hash optimizer shares: checks on what it is asked to apply."""
 
+import weakref
+
 import tensorflow as tf
 
 
@@ -16,8 +18,16 @@ class HashOptimizerMixin:
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         table = handle._mxrec_table
         # Slot rows change owner with their rows: reset to their initial values, or (a
-        # tiered table) swapped with the host tier, lookup by lookup in plan order.
-        resets = table.slot_refills(self, handle, tf.compat.v1.get_default_graph())
+        # tiered table) swapped with the host tier, lookup by lookup in plan order. Built
+        # once per graph and variable: a script that applies this optimizer once per loss
+        # (mx_rec's demo) must not swap a step's slot rows twice.
+        graph = tf.compat.v1.get_default_graph()
+        if not hasattr(self, "_mxrec_slot_refills"):
+            self._mxrec_slot_refills = weakref.WeakKeyDictionary()
+        built = self._mxrec_slot_refills.setdefault(graph, {})
+        if handle.name not in built:
+            built[handle.name] = table.slot_refills(self, handle, graph)
+        resets = built[handle.name]
         with tf.control_dependencies(resets):
             return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices,
                                                                     **kwargs)
