@@ -281,7 +281,8 @@ class StoreSaveable(HostStateSaveable):
     def restore(self, restored_tensors, restored_shapes):
         host = super().restore(restored_tensors[:-1], restored_shapes)
         with tf.device(_CPU), tf.control_dependencies([host]):
-            return tf.py_function(self._import, [restored_tensors[-1]], tf.int64,
+            blob = tf.reshape(restored_tensors[-1], [])
+            return tf.py_function(self._import, [blob], tf.int64,
                                   name=f"{self._table.table_name}_import_store").op
 
 

@@ -72,15 +72,43 @@ class HostStateSaveable(saveable_object.SaveableObject):
         super().__init__(keys, specs, f"{table_name}/mxrec_host")
 
     def restore(self, restored_tensors, restored_shapes):
+        """Imports the snapshot, unless it equals the table's state at the step boundary.
+
+        An Estimator's evaluation during train_and_evaluate restores, in its own graph, the
+        checkpoint training has just written, while training keeps batches planned ahead
+        of their steps in the same host tables. That snapshot is the tables' state at the
+        step boundary already, so importing it would change nothing but drop the planned
+        batches, and training would then stop at the next one. Any other snapshot replaces
+        the state (and drops the planned batches: their plans refer to the old state).
+        """
         del restored_shapes
+        fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
         with tf.device("/device:CPU:0"):
             inputs = [tf.cast(t, dtype) if dtype != tf.string else t
-                      for t, (_, dtype) in zip(restored_tensors, _FIELDS + _TIER_FIELDS)]
+                      for t, (_, dtype) in zip(restored_tensors, fields)]
+            current = loader.op_library().mxrec_export_table(
+                table_key=self._table_key, name="current_host_state")[:len(fields)]
+            same = tf.reduce_all(tf.stack([_same(a, b) for a, b in zip(inputs, current)]))
+            return tf.cond(same, tf.no_op, lambda: self._import_host(inputs),
+                           name="restore_unless_current")
+
+    def _import_host(self, inputs):
+        with tf.device("/device:CPU:0"):
             if not self._tiered:  # device-only tables save no tier fields
-                return loader.op_library().mxrec_import_table(*inputs,
-                                                              table_key=self._table_key)
-            return loader.op_library().mxrec_import_table_tiered(*inputs,
-                                                                 table_key=self._table_key)
+                op = loader.op_library().mxrec_import_table(*inputs, table_key=self._table_key)
+            else:
+                op = loader.op_library().mxrec_import_table_tiered(*inputs,
+                                                                   table_key=self._table_key)
+            with tf.control_dependencies([op]):
+                return tf.no_op()
+
+
+def _same(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """Whether two tensors have the same shape and values (a scalar bool)."""
+    a, b = tf.reshape(a, [-1]), tf.reshape(b, [-1])
+    return tf.cond(tf.equal(tf.size(a), tf.size(b)),
+                   lambda: tf.reduce_all(tf.equal(a, b)), lambda: tf.constant(False))
+
 
 def _keys_with_sparse_folder(keys: tf.Tensor, table_name: str) -> tf.Tensor:
     """The keys to save, once they are also written to the save's sparse folder.
