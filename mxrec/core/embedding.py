@@ -26,7 +26,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     SPARSE_TABLE_COLLECTION,
     TIMESTAMP_COLLECTION,
 )
-from mxrec.core import dynamic, host_state, sharding, tiers
+from mxrec.core import dynamic, host_state, multi_hot, sharding, tiers
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import planned_tensors
 from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
@@ -448,6 +448,8 @@ def sparse_lookup(
     is_grad: bool = True,
     serving_default_value=None,
     dim=None,
+    combiner: Optional[str] = None,
+    weights=None,
     **kwargs,
 ) -> tf.Tensor:
     """Looks up the rows of `ids` in `hashtable`.
@@ -474,6 +476,13 @@ def sparse_lookup(
             yet, or unseen in evaluation and serving) instead of zeros; padding keys stay
             zeros.
         dim: None or the table's dim (mx_rec passes it; another value is an error).
+        combiner: (beyond mx_rec) None, "sum", "mean" or "sqrtn": combine the rows of each
+            row's IDs into one, as tf.nn.safe_embedding_lookup_sparse (see
+            mxrec.core.multi_hot). Needed for a tf.SparseTensor [B, K] (-> [B, dim]);
+            optional for a tf.RaggedTensor [B, (k)] (None -> ragged [B, (k), dim]); a dense
+            [*S, K] combines over its last axis (-> [*S, dim]).
+        weights: per-ID combiner weights with the structure of `ids` (IDs of weight <= 0
+            are dropped before the lookup).
         **kwargs: mx_rec's internal feature_spec_name_ids_dict, multi_lookup and lookup_ids
             raise NotImplementedError; any other name is a TypeError.
 
@@ -491,6 +500,21 @@ def sparse_lookup(
         raise TypeError(f"sparse_lookup on table {hashtable.table_name!r}: is_train must be a "
                         f"bool, got {is_train!r}")
     get_config_initializer().lookup_modes.add(is_train)
+    if (combiner is not None or weights is not None
+            or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor))):
+        where = f"sparse_lookup on table {hashtable.table_name!r}"
+        if isinstance(ids, FeatureSpec):
+            raise NotImplementedError(f"{where}: combiner and weights are not available with "
+                                      "a FeatureSpec; look up SparseTensor, RaggedTensor or "
+                                      "dense IDs")
+        multi_hot.check_combiner(where, ids, combiner, weights)
+
+        def flat_lookup(values):
+            return sparse_lookup(hashtable, values, send_count, is_train, name, modify_graph,
+                                 batch, access_and_evict_config, is_grad, serving_default_value,
+                                 dim)
+
+        return multi_hot.lookup(ids, combiner, weights, flat_lookup, where)
     if isinstance(ids, FeatureSpec):
         hashtable.lookup_names.add(ids.name)
         if access_and_evict_config:
