@@ -66,6 +66,11 @@ class FeatureSpec:
         elif not isinstance(self.table_name, str) or not self.table_name:
             raise ValueError(f"FeatureSpec {self.name!r}: table_name must be a non-empty "
                              f"string, got {self.table_name!r}")
+        if self.index_key is not None and not isinstance(self.index_key, str):
+            raise NotImplementedError(
+                f"FeatureSpec {self.name!r}: index_key={self.index_key!r} (mx_rec's position in "
+                "a tuple batch) is not available; batches are dicts of features, so name the "
+                "feature's key")
         if self.eviction_threshold is not None and self.access_threshold is None:
             raise ValueError(f"FeatureSpec {self.name!r}: eviction_threshold needs "
                              "access_threshold")
