@@ -7,8 +7,7 @@ in every mode, FeatureSpec lists kept by the input function for `model_fn`,
 run modes train, train_and_evaluate and predict. NPURunConfig / NPUEstimator /
 npu_hooks_append become tf.estimator's RunConfig / Estimator / the hook list, and
 the rest keeps mx_rec's import paths with `mx_rec` renamed to `mxrec`
-(`npu_ops.dropout` included). One line differs from mx_rec's demo: predict returns
-`tf.identity(features["label_0"])` instead of the raw feature (see model_fn).
+(`npu_ops.dropout` included).
 
 Environment: RUN_MODE (train | train_and_evaluate | predict), CACHE_MODE (HBM |
 DDR | SSD; SSD without ssd_data_path, as mx_rec's demo), USE_MODIFY_GRAPH,
@@ -239,11 +238,8 @@ def get_model_fn(cfg):
                                               training_hooks=[hook])
         if mode == tf.estimator.ModeKeys.EVAL:
             return tf.estimator.EstimatorSpec(mode=mode, loss=loss, evaluation_hooks=[hook])
-        # mx_rec's demo returns features["label_0"] itself. With the graph modifier a raw
-        # output of the replaced get_next() cannot be fetched (its iterator no longer runs,
-        # see mxrec.graph.modifier.rewritten_tensor); an op on it is rewired, so take one.
         outputs = {"task_1": prediction[0], "task_2": prediction[1],
-                   "label": tf.identity(features["label_0"])}
+                   "label": features["label_0"]}
         return tf.estimator.EstimatorSpec(
             mode=mode, predictions=outputs,
             export_outputs={"predictor": tf.estimator.export.PredictOutput(outputs)})

@@ -52,3 +52,13 @@ def test_train_and_evaluate_then_predict(monkeypatch, tmp_path, modify_graph, ca
     outputs = _run(monkeypatch, "predict", env)
     probs = np.concatenate([o[0] for o in outputs])
     assert probs.shape == (3 * 32,) and np.all((probs > 0) & (probs < 1))
+    # The raw label feature in the predictions is the predicted batch's own (the graph
+    # modifier's hook swaps a replaced get_next output in the fetched dict).
+    labels = np.concatenate([o[2] for o in outputs])
+    rng = np.random.default_rng(2)  # the script's evaluation data: seed 2, 3 batches of 32
+    want = []
+    for _ in range(3):
+        rng.integers(0, 3000, (32, 4)), rng.integers(0, 2000, (32, 6))
+        want.append(rng.integers(0, 2, 32).astype(np.float32))
+        rng.integers(0, 2, 32)
+    np.testing.assert_array_equal(labels, np.concatenate(want))
