@@ -19,6 +19,7 @@ from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.optimizers import gradient_descent, lazy_adam_by_addr
 from mxrec.util import initialize
 from mxrec.util.initialize import init
+from mxrec.util.variable import get_dense_and_sparse_variable
 
 _v1 = tf.compat.v1
 
@@ -328,3 +329,34 @@ def test_acg_push_ops_hook_refuses_string_ops_it_cannot_move():
     tf.strings.to_number(features["b"], tf.int64)  # feeds no lookup: would stay in the step
     with pytest.raises(NotImplementedError, match="feeds no sparse_lookup"):
         hook.begin()
+
+
+def test_restoring_the_current_state_keeps_planned_batches(tmp_path):
+    """An evaluation graph restoring the checkpoint training just wrote (Estimator's
+    train_and_evaluate) must not drop the batches training planned ahead; restoring any
+    other state still drops them, and a step reading one says so."""
+    from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
+
+    init(prefetch_batch_number=2)
+    table = create_table(tf.int64, 3, "t", tf.constant_initializer(0.5),
+                         device_vocabulary_size=8, host_vocabulary_size=64)
+    ids = np.arange(40, dtype=np.int64).reshape(10, 4)
+    dataset = tf.data.Dataset.from_tensor_slices(ids).batch(1)
+    batch = _v1.data.make_initializable_iterator(dataset).get_next()
+    emb = sparse_lookup(table, batch, modify_graph=True)
+    _, sparse_vars = get_dense_and_sparse_variable()
+    train = gradient_descent.create_hash_optimizer(0.1).apply_gradients(
+        zip(tf.gradients(tf.reduce_sum(emb), sparse_vars), sparse_vars))
+    modify_graph_and_start_emb_cache()
+    saver = _v1.train.Saver()
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(get_initializer(True))
+        sess.run(train)
+        first = saver.save(sess, str(tmp_path / "m"), global_step=1)
+        saver.restore(sess, first)  # the state as it is: planned batches stay
+        sess.run(train)
+        sess.run(train)
+        saver.restore(sess, first)  # an older state: planned batches are dropped
+        with pytest.raises(tf.errors.InvalidArgumentError, match="planned before the table"):
+            sess.run(train)
