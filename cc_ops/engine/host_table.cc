@@ -284,7 +284,9 @@ Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float*
     std::lock_guard<std::mutex> lock(mu_);
     // At the step boundary: where pending swap plans have not moved values yet.
     std::unordered_map<int64_t, Physical> physical;
-    if (tier_->pending_plans() > 0) MXREC_RETURN_IF_ERROR(PhysicalView(&physical, nullptr));
+    if (tier_->pending_plans() > 0) {
+      MXREC_RETURN_IF_ERROR(PhysicalView(&physical, nullptr, component));
+    }
     for (int64_t i = 0; i < n; ++i) {
       auto moved = physical.find(keys[i]);
       if (moved != physical.end()) {
@@ -496,7 +498,8 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     w.journal = &journal;
   }
   if (!train && tier_ != nullptr && tier_->pending_plans() > 0) {
-    MXREC_RETURN_IF_ERROR(PhysicalView(&w.physical, nullptr));
+    // Evaluation reads the embedding (component 0) where its values are.
+    MXREC_RETURN_IF_ERROR(PhysicalView(&w.physical, nullptr, 0));
   }
   HashAndGroup(w, pool);
   if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
@@ -761,13 +764,21 @@ TableStats HostTable::Stats() const {
 }
 
 Status HostTable::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
-                               std::unordered_map<int32_t, int64_t>* row_owner) const {
+                               std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
+                               int component) const {
   // Batches planned ahead of their step have moved IDs between the device rows
   // and the host tier in the records, but not yet their values.
   std::vector<SwapPlan> pending;
   bool partly_applied = false;
   tier_->PendingPlans(&pending, &partly_applied);
-  if (partly_applied) {
+  if (component >= 0) {
+    // Plans this component applied already moved its values.
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [component](const SwapPlan& plan) {
+                                   return (plan.applied >> component) & 1u;
+                                 }),
+                  pending.end());
+  } else if (partly_applied) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                        "': cannot read the host tier's state in the middle of a training "
                        "step (a swap plan is applied in part); save and evaluate between steps");
@@ -787,7 +798,10 @@ Status HostTable::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
         out.row = row;
         (*physical)[plan->out_keys[i]] = out;
       }
-      if (row_owner != nullptr) (*row_owner)[row] = plan->has_out[i] ? plan->out_keys[i] : kFreeRow;
+      if (row_owner != nullptr) {
+        (*row_owner)[row] =
+            plan->has_out[i] ? std::optional<int64_t>(plan->out_keys[i]) : std::nullopt;
+      }
     }
   }
   return Status::Ok();
@@ -796,8 +810,9 @@ Status HostTable::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
 Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState* state) {
   std::lock_guard<std::mutex> lock(mu_);
   std::unordered_map<int64_t, Physical> physical;  // IDs a pending plan moved
-  std::unordered_map<int32_t, int64_t> row_owner;  // rows a pending plan refilled
-  if (tier_) MXREC_RETURN_IF_ERROR(PhysicalView(&physical, &row_owner));
+  // Rows a pending plan refilled -> their owner before it (nullopt: free).
+  std::unordered_map<int32_t, std::optional<int64_t>> row_owner;
+  if (tier_) MXREC_RETURN_IF_ERROR(PhysicalView(&physical, &row_owner, -1));
   // The pending batches undone, newest first, so that the oldest one's "before"
   // is what remains: each ID's values at the step boundary, or absent.
   std::unordered_map<int64_t, const Undo*> before;
@@ -864,7 +879,7 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   }
   if (tier_) {
     for (const auto& [row, owner] : row_owner) {
-      if (owner == kFreeRow) unowned.insert(row);
+      if (!owner.has_value()) unowned.insert(row);
     }
     std::vector<int64_t> host_keys;
     std::vector<int32_t> host_slots;

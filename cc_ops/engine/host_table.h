@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -246,10 +247,12 @@ class HostTable {
   };
   // IDs that pending swap plans moved: where their values still are. `row_owner`
   // (optional): each row a pending plan refilled -> its owner at the boundary,
-  // or kFreeRow. Fails while a plan is applied in part (inside a step).
-  static constexpr int64_t kFreeRow = INT64_MIN;
+  // or nullopt where the row was free. `component` >= 0: the view of that
+  // component's values (plans it applied already are not undone); -1: of all
+  // components, which fails while a plan is applied in part (inside a step).
   Status PhysicalView(std::unordered_map<int64_t, Physical>* physical,
-                      std::unordered_map<int32_t, int64_t>* row_owner) const;
+                      std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
+                      int component) const;
   // Keys of every pending batch.
   std::vector<int64_t> PendingKeys() const;
   // Erases records matching pred, except IDs of pending batches.
