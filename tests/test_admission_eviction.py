@@ -180,7 +180,7 @@ def test_batch_time_is_max_of_timestamp_tensor_and_wall_clock_without_one(mx, se
     mx(prefetch_batch_number=PREFETCH)
     with_ts = Net(dict(access_threshold=1, eviction_threshold=5), name="a")
     ids_b = _v1.placeholder(tf.int64, [None])
-    _v1.get_default_graph().clear_collection("mxrec_batch_timestamp")
+    _v1.get_default_graph().clear_collection("ASCEND_TIMESTAMP")
     table_b = create_table(tf.int64, DIM, "b", _v1.constant_initializer(0.0),
                            device_vocabulary_size=8)
     emb_b = sparse_lookup(table_b, ids_b, access_and_evict_config=dict(access_threshold=1))

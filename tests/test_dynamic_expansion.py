@@ -324,13 +324,6 @@ def test_store_is_dropped_with_its_host_table(engine):
         engine.dynamic_store_stats(old_key)
 
 
-def test_modify_graph_is_refused():
-    init(use_dynamic_expansion=True)
-    table = create_table(tf.int64, DIM, "t", _v1.zeros_initializer())
-    with pytest.raises(ValueError, match="modify_graph=True is not available"):
-        sparse_lookup(table, _v1.placeholder(tf.int64, [None]), modify_graph=True)
-
-
 def _dynamic_state(tables, slots):
     state = {}
     for table in tables:

@@ -15,8 +15,7 @@ def test_feature_spec_checks():
     assert FeatureSpec("user", table_name="t").ids_key == "user"
     assert FeatureSpec("u", table_name="t", index_key="user").ids_key == "user"
     FeatureSpec("timestamp", is_timestamp=True)
-    with pytest.raises(ValueError, match="table_name is required"):
-        FeatureSpec("user")
+    assert FeatureSpec("user").table_name == "user"  # mx_rec: the table named like the feature
     with pytest.raises(ValueError, match="eviction_threshold needs access_threshold"):
         FeatureSpec("user", table_name="t", eviction_threshold=10)
     with pytest.raises(ValueError, match="faae_coefficient"):

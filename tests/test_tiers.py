@@ -340,7 +340,6 @@ def test_plans_applied_behind_the_key_stage(tmp_path, engine, ahead, swap_thread
     ({"host_vocabulary_size": -1}, "host_vocabulary_size must be an int >= 0"),
     ({"host_vocabulary_size": 1.5}, "host_vocabulary_size must be an int >= 0"),
     ({"ssd_vocabulary_size": 10}, "needs host_vocabulary_size > 0"),
-    ({"host_vocabulary_size": 10, "ssd_vocabulary_size": 10}, "needs ssd_data_path"),
     ({"host_vocabulary_size": 10, "ssd_vocabulary_size": 10, "ssd_data_path": "/no/such/dir"},
      "not an existing directory"),
 ])

@@ -36,19 +36,23 @@ Example:
     ...     list(zip(grads, addresses)))
 """
 
+import io
 from typing import Dict, Tuple
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object
 
 from mxrec._lib import loader
 from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old import path)
     ASCEND_SPARSE_LOOKUP_ID_OFFSET,
     ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
+    ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS,
     ID_OFFSET_COLLECTION,
     LOCAL_EMB_COLLECTION,
 )
-from mxrec.core.table import FEATURE_SPEC, MODIFY_GRAPH, SparseEmbedding, restore_rows
+from mxrec.core.host_state import HostStateSaveable
+from mxrec.core.table import SparseEmbedding, restore_rows
 
 # The host table of a dynamic table never runs out of rows: its rows are the
 # store's addresses, and the store grows to hold them.
@@ -96,28 +100,21 @@ class DynamicTable(SparseEmbedding):
         raise TypeError(
             f"table {self.table_name!r} was created with init(use_dynamic_expansion=True): its "
             "rows live in a dynamic store, not in a tf.Variable. Look it up with "
-            "sparse_lookup(table, ids) (FeatureSpec and modify_graph lookups are not available "
-            "in this mode), train it with create_hash_optimizer_by_address on the pairs of "
+            "sparse_lookup (tensor IDs, modify_graph=True or a FeatureSpec), train it with "
+            "create_hash_optimizer_by_address on the pairs of "
             "ASCEND_SPARSE_LOOKUP_LOCAL_EMB gradients and ASCEND_SPARSE_LOOKUP_ID_OFFSET "
             "addresses, and read it with mxrec.core.dynamic.export_values")
 
     def check_can_evict(self):
-        raise ValueError(f"table {self.table_name!r}: eviction is not available with "
-                         "init(use_dynamic_expansion=True), as in mx_rec")
+        raise ValueError(f"table {self.table_name!r}: {EVICTION_REFUSED}")
 
     def store_stats(self) -> Dict[str, int]:
         """The dynamic store: rows in use, rows allocated, chunks, chunk_rows, slots."""
         return dict(loader.engine().dynamic_store_stats(self.table_key))
 
-    def check_lookup(self, source: str) -> None:
-        if source == MODIFY_GRAPH:
-            raise ValueError(f"sparse_lookup on table {self.table_name!r}: modify_graph=True is "
-                             "not available with init(use_dynamic_expansion=True)")
-        if source == FEATURE_SPEC:
-            raise TypeError(
-                f"sparse_lookup on table {self.table_name!r}: FeatureSpec lookups are not "
-                "available with init(use_dynamic_expansion=True); look it up with "
-                "sparse_lookup(table, ids)")
+    def capacity(self) -> int:
+        """Rows the store has allocated so far (it grows by chunk_rows when full)."""
+        return int(self.store_stats()["capacity"])
 
     def lookup_planned(self, ids, rows, restore, reused, is_train, default=None, is_grad=True,
                        send_count=None, scope=""):
@@ -152,19 +149,31 @@ class DynamicTable(SparseEmbedding):
             addresses._mxrec_dynamic_table = self  # lets the by-address optimizers find it
             for collection in (ASCEND_SPARSE_LOOKUP_LOCAL_EMB, LOCAL_EMB_COLLECTION):
                 tf.compat.v1.add_to_collection(collection, local_emb)
-            for collection in (ASCEND_SPARSE_LOOKUP_ID_OFFSET, ID_OFFSET_COLLECTION):
+            for collection in (ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS,
+                               ID_OFFSET_COLLECTION):
                 tf.compat.v1.add_to_collection(collection, addresses)
         return out
+
+
+# What mx_rec documents (its user guide, appendix "training features", section on the
+# "on-chip memory dynamic expansion mode"): the mode grows device (on-chip) tables, and
+# "in on-chip memory dynamic expansion mode, feature eviction is not supported"; its code
+# refuses DDR mode (a host tier) together with dynamic expansion.
+EVICTION_REFUSED = (
+    "eviction is not available with init(use_dynamic_expansion=True): mx_rec's user guide "
+    "states that its on-chip memory dynamic expansion mode does not support feature eviction")
+TIERS_REFUSED = (
+    "host_vocabulary_size and ssd_vocabulary_size must be 0 with "
+    "init(use_dynamic_expansion=True): mx_rec's user guide describes the mode as dynamic "
+    "expansion of on-chip (device) memory, and mx_rec refuses DDR mode with it; the store "
+    "grows in device memory and has no host or SSD tier")
 
 
 def check_settings(name: str, host_vocabulary_size: int, ssd_vocabulary_size: int,
                    use_dynamic: bool) -> None:
     """create_table's checks of a table of this mode: no tiers, dynamic shapes."""
     if host_vocabulary_size or ssd_vocabulary_size:
-        raise ValueError(
-            f"create_table {name!r}: host_vocabulary_size and ssd_vocabulary_size must be 0 "
-            "with init(use_dynamic_expansion=True): the dynamic store grows in device memory "
-            "and has no host or SSD tier")
+        raise ValueError(f"create_table {name!r}: {TIERS_REFUSED}")
     if not use_dynamic:
         raise NotImplementedError(
             f"create_table {name!r}: init(use_dynamic=False) (static shapes, unique rows "
@@ -211,3 +220,74 @@ def write_rows(table: DynamicTable, addresses, values, slot: str = "",
     every row at `initial`."""
     loader.engine().dynamic_store_write(table.table_key, np.asarray(addresses, np.int64),
                                         np.asarray(values, np.float32), slot, float(initial))
+
+
+def _slot_initials(table: DynamicTable) -> Dict[str, float]:
+    """{store slot name: initial value} of the by-address optimizers that train `table`."""
+    out = {}
+    for optimizer in table.optimizers:
+        for slot in optimizer.get_slot_names():
+            out[optimizer.store_slot(slot)] = optimizer.slot_initial_value(slot)
+    return out
+
+
+class StoreSaveable(HostStateSaveable):
+    """A dynamic table's host state and the rows and slots of its store, for any TF Saver.
+
+    A dynamic table has no variable, so the host state alone (ID -> address) would lose
+    its rows in a tf.compat.v1.train.Saver (or Estimator) checkpoint. One more string
+    tensor, `<table>/mxrec_host/dynamic_store`, holds as an .npz the addresses of the IDs
+    admitted at the step boundary and their embedding and slot rows. Restoring imports
+    the host state first (it hands out the addresses), then writes the rows back.
+    """
+
+    def __init__(self, table: DynamicTable):
+        super().__init__(table.table_name, table.table_key)
+        self._table = table
+        with tf.device(_CPU):
+            blob = tf.py_function(self._export, [], tf.string,
+                                  name=f"{table.table_name}_export_store")
+        blob.set_shape([])
+        self.specs.append(saveable_object.SaveSpec(
+            blob, "", f"{table.table_name}/mxrec_host/dynamic_store"))
+
+    def _export(self):
+        table = self._table
+        engine = loader.engine()
+        host = engine.export_state(table.table_key, 0, False)
+        addresses = host["rows"][host["rows"] >= 0].astype(np.int64)
+        existing = set(engine.dynamic_store_stats(table.table_key)["slot_names"])
+        arrays = {"addresses": addresses,
+                  "embedding": engine.dynamic_store_read(table.table_key, addresses, "")}
+        for slot, initial in _slot_initials(table).items():
+            arrays[f"slot/{slot}"] = (
+                engine.dynamic_store_read(table.table_key, addresses, slot) if slot in existing
+                else np.full((len(addresses), table.dim), initial, np.float32))
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    def _import(self, blob):
+        table = self._table
+        arrays = np.load(io.BytesIO(blob.numpy()))
+        addresses = arrays["addresses"]
+        write_rows(table, addresses, arrays["embedding"])
+        for slot, initial in _slot_initials(table).items():
+            key = f"slot/{slot}"
+            if key in arrays.files:
+                write_rows(table, addresses, arrays[key], slot=slot, initial=initial)
+        return np.int64(len(addresses))
+
+    def restore(self, restored_tensors, restored_shapes):
+        host = super().restore(restored_tensors[:-1], restored_shapes)
+        with tf.device(_CPU), tf.control_dependencies([host]):
+            blob = tf.reshape(restored_tensors[-1], [])
+            return tf.py_function(self._import, [blob], tf.int64,
+                                  name=f"{self._table.table_name}_import_store").op
+
+
+def register_saveable(table: DynamicTable) -> StoreSaveable:
+    """Adds the table's host state and store to the graph's SAVEABLE_OBJECTS collection."""
+    saveable = StoreSaveable(table)
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
+    return saveable

@@ -26,7 +26,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     SPARSE_TABLE_COLLECTION,
     TIMESTAMP_COLLECTION,
 )
-from mxrec.core import dynamic, host_state, sharding, tiers
+from mxrec.core import dynamic, host_state, multi_hot, sharding, tiers
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import planned_tensors
 from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
@@ -160,6 +160,8 @@ def create_table(
     shard_num: int = 1,
     fusion_optimizer_var: bool = True,
     hashtable_threshold: int = 0,
+    *,
+    optimizer_list=None,
 ) -> SparseEmbedding:
     """Creates a sparse table addressed by raw IDs.
 
@@ -177,8 +179,9 @@ def create_table(
         host_vocabulary_size: rows kept in host memory for IDs outside the device table,
             which becomes a cache ("DDR mode", see mxrec.core.tiers); 0 = device-only.
         ssd_vocabulary_size: rows kept on disk once host memory is full ("SSD mode");
-            needs host_vocabulary_size > 0 and ssd_data_path.
-        ssd_data_path: a directory (or a one-element list of one) for the SSD tier's file.
+            needs host_vocabulary_size > 0.
+        ssd_data_path: a directory (or a one-element list of one) for the SSD tier's file;
+            the working directory when not given, as mx_rec's default (os.getcwd(),).
         is_save: save and restore the table (device rows, slots and host state) with the
             graph's Saver.
         is_dp: data-parallel table; with one process the same table as is_dp=False.
@@ -199,6 +202,10 @@ def create_table(
             keeps slots as their own variables whatever the value, with the same updates.
         hashtable_threshold: only 0, a hash map for every table (NotImplementedError
             otherwise).
+        optimizer_list: (keyword only; mx_rec's older signature) the hash optimizers that
+            will train the table. mxrec makes slots when an optimizer first applies, so the
+            list is not needed; when given, an optimizer not in it that applies to the table
+            is an error.
 
     Returns:
         The SparseEmbedding.
@@ -296,13 +303,37 @@ def create_table(
         table = DeviceTable(*args, device=accelerator_device(),
                             static_shapes=not runtime.config.use_dynamic, key_stage_chain=chain)
     if is_save and lookup_override(graph) is None:
-        # A dynamic table saves its host state (ID -> address) like any table; its rows
-        # do not go into the graph's Saver (see dynamic.export_values).
-        host_state.register(name, table_key)
+        # A dynamic table saves its host state (ID -> address) like any table, and its
+        # store's rows and slots (no variable holds them) as one more saveable.
+        if runtime.config.use_dynamic_expansion:
+            dynamic.register_saveable(table)
+        else:
+            host_state.register(name, table_key)
     table.all2all_gradients_op = all2all_gradients_op
+    table.declared_optimizers = _check_optimizer_list(name, optimizer_list)
     runtime.tables[name] = table
     register_in_graph(graph, table)
     return table
+
+
+def _check_optimizer_list(name: str, optimizer_list):
+    if optimizer_list is None:
+        return None
+    if not isinstance(optimizer_list, (list, tuple)):
+        optimizer_list = [optimizer_list]
+    for optimizer in optimizer_list:
+        if not callable(getattr(optimizer, "apply_gradients", None)):
+            raise TypeError(f"create_table {name!r}: optimizer_list must hold hash optimizers "
+                            f"(create_hash_optimizer...), got {type(optimizer).__name__}")
+    return list(optimizer_list)
+
+
+def _normalized_policy(config: Dict) -> Dict:
+    """access_and_evict_config with faae_coefficient's default (1) filled in and unset keys
+    dropped, so that equal policies compare equal however they were written."""
+    out = {key: config.get(key) for key in _EVICT_CONFIG_KEYS if config.get(key) is not None}
+    out.setdefault("faae_coefficient", 1)
+    return out
 
 
 def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
@@ -332,11 +363,12 @@ def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
                          "re-initialises evicted rows, which "
                          f"{table._initializer_failure()}") from table.initializer_error
     if eviction is not None and get_config_initializer().config.use_dynamic_expansion:
-        raise ValueError(f"table {table.table_name!r}: eviction is not available with "
-                         "init(use_dynamic_expansion=True), as in mx_rec")
+        raise ValueError(f"table {table.table_name!r}: {dynamic.EVICTION_REFUSED}")
+    config = _normalized_policy(config)
     if table.access_and_evict_config not in (None, config):
         raise ValueError(f"table {table.table_name!r}: two lookups give different "
-                         "access_and_evict_config; one table has one policy")
+                         f"access_and_evict_config ({table.access_and_evict_config} and "
+                         f"{config}); one table has one policy")
     table.access_and_evict_config = dict(config)
     table.eviction_threshold = None if eviction is None else int(eviction)
     # The host table outlives graphs: configure it once per policy, so that
@@ -416,6 +448,8 @@ def sparse_lookup(
     is_grad: bool = True,
     serving_default_value=None,
     dim=None,
+    combiner: Optional[str] = None,
+    weights=None,
     **kwargs,
 ) -> tf.Tensor:
     """Looks up the rows of `ids` in `hashtable`.
@@ -442,6 +476,13 @@ def sparse_lookup(
             yet, or unseen in evaluation and serving) instead of zeros; padding keys stay
             zeros.
         dim: None or the table's dim (mx_rec passes it; another value is an error).
+        combiner: (beyond mx_rec) None, "sum", "mean" or "sqrtn": combine the rows of each
+            row's IDs into one, as tf.nn.safe_embedding_lookup_sparse (see
+            mxrec.core.multi_hot). Needed for a tf.SparseTensor [B, K] (-> [B, dim]);
+            optional for a tf.RaggedTensor [B, (k)] (None -> ragged [B, (k), dim]); a dense
+            [*S, K] combines over its last axis (-> [*S, dim]).
+        weights: per-ID combiner weights with the structure of `ids` (IDs of weight <= 0
+            are dropped before the lookup).
         **kwargs: mx_rec's internal feature_spec_name_ids_dict, multi_lookup and lookup_ids
             raise NotImplementedError; any other name is a TypeError.
 
@@ -455,8 +496,29 @@ def sparse_lookup(
         raise TypeError(f"sparse_lookup: hashtable must come from create_table, "
                         f"got {type(hashtable).__name__}")
     _check_lookup_args(hashtable, send_count, is_grad, dim, kwargs)
+    if not isinstance(is_train, bool):
+        raise TypeError(f"sparse_lookup on table {hashtable.table_name!r}: is_train must be a "
+                        f"bool, got {is_train!r}")
+    get_config_initializer().lookup_modes.add(is_train)
+    if (combiner is not None or weights is not None
+            or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor))):
+        where = f"sparse_lookup on table {hashtable.table_name!r}"
+        if isinstance(ids, FeatureSpec):
+            raise NotImplementedError(f"{where}: combiner and weights are not available with "
+                                      "a FeatureSpec; look up SparseTensor, RaggedTensor or "
+                                      "dense IDs")
+        multi_hot.check_combiner(where, ids, combiner, weights)
+
+        def flat_lookup(values):
+            return sparse_lookup(hashtable, values, send_count, is_train, name, modify_graph,
+                                 batch, access_and_evict_config, is_grad, serving_default_value,
+                                 dim)
+
+        return multi_hot.lookup(ids, combiner, weights, flat_lookup, where)
     if isinstance(ids, FeatureSpec):
         hashtable.lookup_names.add(ids.name)
+        if access_and_evict_config:
+            _apply_access_and_evict_config(hashtable, access_and_evict_config)
         return _feature_spec_lookup(hashtable, ids, batch, is_train, name, send_count,
                                     serving_default_value, is_grad)
     if access_and_evict_config:

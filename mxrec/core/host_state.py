@@ -3,6 +3,15 @@
 The table registers it at creation (create_table's is_save), so the graph's own
 Saver, CheckpointSaverHook and Estimator checkpoints carry the host state with
 the device rows. Its old import path, mxrec.saver.host_state, re-exports it.
+
+Each save also writes mx_rec's sparse checkpoint folder next to the TF checkpoint:
+a save to `<dir>/<name>` (`saver.save(sess, "saved-model/model-0", global_step=100)`
+saves to `saved-model/model-0-100`) writes `<dir>/sparse-<name>/<table>/keys`, the
+table's IDs at the save (a serialized int64 tensor). mx_rec scripts look for that
+folder (`glob("./saved-model/sparse-model-0-*")`) to decide whether a checkpoint
+exists; everything a restore needs is in the TF checkpoint itself, which
+`saver.restore(sess, "saved-model/model-0-100")` reads. TF's Saver deletes old
+checkpoints beyond max_to_keep; their sparse folders stay.
 """
 
 import tensorflow as tf
@@ -57,22 +66,77 @@ class HostStateSaveable(saveable_object.SaveableObject):
         fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
         specs = [
             saveable_object.SaveSpec(tensor, "", f"{table_name}/mxrec_host/{field}")
-            for tensor, (field, _) in zip(tensors, fields)
+            for tensor, (field, _) in zip(tensors[1:], fields[1:])
         ]
-        super().__init__(tensors[0], specs, f"{table_name}/mxrec_host")
+        keys = tensors[0]
+        specs.insert(0, saveable_object.SaveSpec(
+            lambda: _keys_with_sparse_folder(keys, table_name), "",
+            f"{table_name}/mxrec_host/keys", dtype=tf.int64, device="/device:CPU:0"))
+        super().__init__(keys, specs, f"{table_name}/mxrec_host")
 
     def restore(self, restored_tensors, restored_shapes):
+        """Imports the snapshot, unless it equals the table's state at the step boundary.
+
+        An Estimator's evaluation during train_and_evaluate restores, in its own graph, the
+        checkpoint training has just written, while training keeps batches planned ahead
+        of their steps in the same host tables. That snapshot is the tables' state at the
+        step boundary already, so importing it would change nothing but drop the planned
+        batches, and training would then stop at the next one. Any other snapshot replaces
+        the state (and drops the planned batches: their plans refer to the old state).
+        """
         del restored_shapes
+        fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
         if communication.get_rank_size() > 1:
             restored_tensors = [_refused(self.name.split("/")[0], t) for t in restored_tensors]
         with tf.device("/device:CPU:0"):
             inputs = [tf.cast(t, dtype) if dtype != tf.string else t
-                      for t, (_, dtype) in zip(restored_tensors, _FIELDS + _TIER_FIELDS)]
+                      for t, (_, dtype) in zip(restored_tensors, fields)]
+            current = loader.op_library().mxrec_export_table(
+                table_key=self._table_key, name="current_host_state")[:len(fields)]
+            same = tf.reduce_all(tf.stack([_same(a, b) for a, b in zip(inputs, current)]))
+            return tf.cond(same, tf.no_op, lambda: self._import_host(inputs),
+                           name="restore_unless_current")
+
+    def _import_host(self, inputs):
+        with tf.device("/device:CPU:0"):
             if not self._tiered:  # device-only tables save no tier fields
-                return loader.op_library().mxrec_import_table(*inputs,
-                                                              table_key=self._table_key)
-            return loader.op_library().mxrec_import_table_tiered(*inputs,
-                                                                 table_key=self._table_key)
+                op = loader.op_library().mxrec_import_table(*inputs, table_key=self._table_key)
+            else:
+                op = loader.op_library().mxrec_import_table_tiered(*inputs,
+                                                                   table_key=self._table_key)
+            with tf.control_dependencies([op]):
+                return tf.no_op()
+
+
+def _same(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """Whether two tensors have the same shape and values (a scalar bool)."""
+    a, b = tf.reshape(a, [-1]), tf.reshape(b, [-1])
+    return tf.cond(tf.equal(tf.size(a), tf.size(b)),
+                   lambda: tf.reduce_all(tf.equal(a, b)), lambda: tf.constant(False))
+
+
+def _keys_with_sparse_folder(keys: tf.Tensor, table_name: str) -> tf.Tensor:
+    """The keys to save, once they are also written to the save's sparse folder.
+
+    Called while a tf.compat.v1.train.Saver builds its save ops, in its name scope, where
+    `<scope>/Const` is the checkpoint path the Saver feeds at each save (the name TF keeps
+    "for backwards compatibility"). Built elsewhere, there is no path: keys only.
+    """
+    graph = keys.graph
+    try:
+        path = graph.get_tensor_by_name(f"{graph.get_name_scope()}/Const:0")
+    except (KeyError, ValueError):
+        return tf.identity(keys)
+    if path.dtype != tf.string:
+        return tf.identity(keys)
+    with tf.device("/device:CPU:0"):
+        folder = tf.strings.join([tf.strings.regex_replace(path, "[^/]*$", ""), "sparse-",
+                                  tf.strings.regex_replace(path, "^.*/", "")])
+        write = tf.io.write_file(tf.strings.join([folder, f"/{table_name}/keys"]),
+                                 tf.io.serialize_tensor(keys))
+        with tf.control_dependencies([write]):
+            return tf.identity(keys)
+
 
 def _refused(table_name: str, tensor: tf.Tensor) -> tf.Tensor:
     """`tensor` behind an assert that always fails: TF's Saver on several ranks would save

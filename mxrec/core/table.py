@@ -161,6 +161,17 @@ class SparseEmbedding:
         """Host statistics: rows in use, IDs seen, admitted, rejected, evicted, ..."""
         return dict(loader.engine().stats(self.table_key))
 
+    def size(self) -> int:
+        """IDs that hold a row now, in every tier (mx_rec's `table.size()`)."""
+        stats = self.stats()
+        return int(stats["rows_in_use"] + stats.get("tier_ids", 0))
+
+    def capacity(self) -> int:
+        """Rows the table can hold: device + host + SSD rows (mx_rec's `table.capacity()`);
+        a dynamic-expansion table answers with the rows its store has allocated."""
+        return int(self.device_vocabulary_size + self.host_vocabulary_size
+                   + self.ssd_vocabulary_size)
+
     def export_rows(self):
         """(ids, rows): the device row of every admitted ID, ordered by row."""
         return loader.engine().export_rows(self.table_key)

@@ -80,8 +80,7 @@ def check_settings(table_name: str, host_vocabulary_size, ssd_vocabulary_size,
             raise ValueError(f"create_table {table_name!r}: ssd_vocabulary_size > 0 needs "
                              "host_vocabulary_size > 0 (the SSD tier lies under the host tier)")
         if not path:
-            raise ValueError(f"create_table {table_name!r}: ssd_vocabulary_size > 0 needs "
-                             "ssd_data_path, a directory for the SSD tier's files")
+            path = os.getcwd()  # mx_rec's default ssd_data_path: (os.getcwd(),)
         if not os.path.isdir(path):
             raise ValueError(f"create_table {table_name!r}: ssd_data_path {path!r} is not an "
                              "existing directory")

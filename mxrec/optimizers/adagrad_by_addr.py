@@ -45,3 +45,7 @@ def create_hash_optimizer_by_address(learning_rate=0.001, initial_accumulator_va
     del use_locking  # every update holds the store's lock
     return AdagradByAddress(learning_rate, initial_accumulator_value=initial_accumulator_value,
                             name=name)
+
+
+# mx_rec's other spelling (its Estimator example imports this one).
+create_hash_optimizer_by_addr = create_hash_optimizer_by_address

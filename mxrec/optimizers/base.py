@@ -1,5 +1,7 @@
 """What every hash optimizer shares: checks on what it is asked to apply."""
 
+import weakref
+
 import tensorflow as tf
 
 
@@ -16,8 +18,16 @@ class HashOptimizerMixin:
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         table = handle._mxrec_table
         # Slot rows change owner with their rows: reset to their initial values, or (a
-        # tiered table) swapped with the host tier, lookup by lookup in plan order.
-        resets = table.slot_refills(self, handle, tf.compat.v1.get_default_graph())
+        # tiered table) swapped with the host tier, lookup by lookup in plan order. Built
+        # once per graph and variable: a script that applies this optimizer once per loss
+        # (mx_rec's demo) must not swap a step's slot rows twice.
+        graph = tf.compat.v1.get_default_graph()
+        if not hasattr(self, "_mxrec_slot_refills"):
+            self._mxrec_slot_refills = weakref.WeakKeyDictionary()
+        built = self._mxrec_slot_refills.setdefault(graph, {})
+        if handle.name not in built:
+            built[handle.name] = table.slot_refills(self, handle, graph)
+        resets = built[handle.name]
         with tf.control_dependencies(resets):
             return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices,
                                                                     **kwargs)
@@ -43,9 +53,20 @@ class HashOptimizerMixin:
                     f"{type(self).__name__}: the gradient of table {table.table_name!r} must be "
                     f"IndexedSlices from tf.gradients(loss, table variable), got "
                     f"{type(grad).__name__}")
+            check_declared(self, table)
             if self not in table.optimizers:
                 table.optimizers.append(self)
         return super().apply_gradients(grads_and_vars, global_step=global_step, name=name)
+
+
+def check_declared(optimizer, table) -> None:
+    """create_table(optimizer_list=[...]) names the optimizers that train the table."""
+    declared = getattr(table, "declared_optimizers", None)
+    if declared is not None and not any(optimizer is d for d in declared):
+        raise ValueError(
+            f"{type(optimizer).__name__} applies gradients to table {table.table_name!r}, whose "
+            "create_table(optimizer_list=...) does not list it; add it to the list or leave "
+            "optimizer_list out")
 
 
 def check_learning_rate(learning_rate, optimizer: str):

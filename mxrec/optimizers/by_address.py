@@ -15,7 +15,7 @@ from typing import List, Tuple
 import tensorflow as tf
 
 from mxrec.core import dynamic
-from mxrec.optimizers.base import check_learning_rate
+from mxrec.optimizers.base import check_declared, check_learning_rate
 
 _CPU = "/device:CPU:0"
 
@@ -68,6 +68,7 @@ class ByAddressOptimizer:
                                 f"{pair!r}")
             grad, address = pair
             table = dynamic.table_of_address(address, label)
+            check_declared(self, table)
             if grad is None:
                 continue
             if isinstance(grad, tf.IndexedSlices):

@@ -24,3 +24,7 @@ def create_hash_optimizer_by_address(learning_rate, use_locking=False, name="SGD
     """
     del use_locking  # every update holds the store's lock
     return SGDByAddr(learning_rate, name=name)
+
+
+# mx_rec's other spelling (its Estimator example imports this one).
+create_hash_optimizer_by_addr = create_hash_optimizer_by_address

@@ -81,3 +81,7 @@ def create_hash_optimizer_by_address(learning_rate=0.001, beta1=0.9, beta2=0.999
     del use_locking  # every update holds the store's lock
     return LazyAdamByAddress(learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon,
                              name=name)
+
+
+# mx_rec's other spelling (its Estimator example imports this one).
+create_hash_optimizer_by_addr = create_hash_optimizer_by_address

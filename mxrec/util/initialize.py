@@ -16,7 +16,9 @@ from typing import Callable, Dict, List, Optional
 from mxrec._lib import loader
 from mxrec.constants.constants import ENV_KEY_PROCESS_THREAD_NUM as _ENV_THREADS
 from mxrec.constants.constants import ENV_USE_COMBINE_FAAE as _ENV_COMBINE_FAAE
+from mxrec.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
 from mxrec.util import communication
+from mxrec.util import ops as _ops
 
 _MAX_THREADS = 64
 
@@ -171,8 +173,31 @@ class ConfigInitializer:
 
     @property
     def if_load(self) -> bool:
-        """The `if_load` given to init(): whether the script loads a trained model."""
+        """The `if_load` given to init() or set_if_load(): whether the script loads a model."""
         return self.config.if_load
+
+    @property
+    def use_dynamic(self) -> bool:
+        return self.config.use_dynamic
+
+    @property
+    def use_static(self) -> bool:
+        """mx_rec's name for init(use_dynamic=False)."""
+        return not self.config.use_dynamic
+
+    @property
+    def use_dynamic_expansion(self) -> bool:
+        return self.config.use_dynamic_expansion
+
+    @property
+    def host_pipeline_ops(self) -> "_ops.HostPipelineOps":
+        """mx_rec's object of host ops (set_threshold, return_timestamp, clear_channel)."""
+        return _ops.import_host_pipeline_ops()
+
+    @property
+    def train_params_config(self) -> "TrainParamsConfig":
+        """mx_rec's training parameters: get_initializer, get_training_mode_channel_id."""
+        return TrainParamsConfig(self)
 
     def __init__(self, config: MxrecConfig):
         self.config = config
@@ -181,6 +206,8 @@ class ConfigInitializer:
         self.admission_configs: Dict[str, Dict] = {}
         self.shared_key_stage_chain: Dict = {}
         self.train_iterator_initializers: List[object] = []
+        # is_train of the lookups built under this init() (mx_rec's channels in use).
+        self.lookup_modes = set()
         self.eval_iterator_initializers: List[object] = []
         loader.engine().set_num_threads(config.key_process_thread_num)
 
@@ -194,6 +221,28 @@ class ConfigInitializer:
         self.tables.clear()
         self.admission_configs.clear()
         self.shared_key_stage_chain.clear()
+
+
+class TrainParamsConfig:
+    """mx_rec's `ConfigInitializer.get_instance().train_params_config`."""
+
+    def __init__(self, runtime: ConfigInitializer):
+        self._runtime = runtime
+
+    @staticmethod
+    def get_initializer(is_training: bool):
+        """See `get_initializer` (the rewritten iterators' initializer)."""
+        return get_initializer(is_training)
+
+    def get_training_mode_channel_id(self, is_training: bool) -> Optional[int]:
+        """0 (training) or 1 (evaluation) once a lookup of that mode was built under this
+        init(), else None, as in mx_rec."""
+        if not isinstance(is_training, bool):
+            raise TypeError(f"get_training_mode_channel_id: is_training must be a bool, got "
+                            f"{is_training!r}")
+        if is_training not in self._runtime.lookup_modes:
+            return None
+        return TRAIN_CHANNEL_ID if is_training else EVAL_CHANNEL_ID
 
 
 _current: Optional[ConfigInitializer] = None
@@ -283,6 +332,43 @@ def get_config_initializer() -> ConfigInitializer:
 
 def is_initialized() -> bool:
     return _current is not None
+
+
+_ops.register_runtime(get_config_initializer)
+
+
+def set_if_load(if_load: bool) -> None:
+    """Sets the `if_load` flag of the init() in force (mx_rec: scripts set it once they
+    found a checkpoint; `ConfigInitializer.get_instance().if_load` reads it)."""
+    if not isinstance(if_load, bool):
+        raise TypeError(f"set_if_load: if_load must be a bool, got {if_load!r}")
+    get_config_initializer().config.if_load = if_load
+
+
+def get_host_pipeline_ops() -> "_ops.HostPipelineOps":
+    """mx_rec's host ops object (set_threshold, return_timestamp, clear_channel); the same
+    as mxrec.util.ops.import_host_pipeline_ops()."""
+    return _ops.import_host_pipeline_ops()
+
+
+def get_training_mode_channel_id(is_training: bool) -> Optional[int]:
+    """See TrainParamsConfig.get_training_mode_channel_id."""
+    return TrainParamsConfig(get_config_initializer()).get_training_mode_channel_id(is_training)
+
+
+def clear_channel(is_train_channel: bool = False) -> None:
+    """mx_rec resets its evaluation (or training) channel's batch counter before a new
+    round. mxrec has no per-channel counters: every evaluation round reads its iterator
+    from the start, so there is nothing to reset. Checks its argument and that init() ran.
+
+    Raises:
+        TypeError: is_train_channel is not a bool.
+        RuntimeError: init() was not called.
+    """
+    if not isinstance(is_train_channel, bool):
+        raise TypeError(f"clear_channel: is_train_channel must be a bool, got "
+                        f"{is_train_channel!r}")
+    get_config_initializer()
 
 
 def _getter(name):

@@ -1,10 +1,21 @@
 """Python wrappers of mxrec's TensorFlow ops."""
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
+
+# The ConfigInitializer in force, as mxrec.util.initialize registers it (that module
+# imports this one, so this one does not import it).
+_runtime: Optional[Callable[[], object]] = None
+
+
+def register_runtime(provider: Callable[[], object]) -> None:
+    """Lets set_threshold find the tables of the init() in force (called by initialize)."""
+    global _runtime
+    _runtime = provider
 
 
 def key_stage(
@@ -68,9 +79,9 @@ class HostPipelineOps:
         Raises:
             ValueError: no table `emb_name`, or no lookup `ids_name` of it.
         """
-        from mxrec.util.initialize import get_config_initializer
-
-        runtime = get_config_initializer()
+        if _runtime is None:
+            raise RuntimeError("set_threshold: call mxrec.util.initialize.init() first")
+        runtime = _runtime()
         if emb_name not in runtime.tables:
             raise ValueError(f"set_threshold: no table named {emb_name!r} was created")
         if ids_name is not None:
@@ -82,6 +93,35 @@ class HostPipelineOps:
             return loader.op_library().mxrec_set_threshold(
                 threshold=threshold, table_key=runtime.table_key(emb_name), name=name
             )
+
+
+    def return_timestamp(self, tensor, name=None) -> tf.Tensor:
+        """The wall clock in whole seconds (int64 scalar) when `tensor` has been computed,
+        as mx_rec's op: a dataset map stamps each batch with it (`batch["timestamp"]`).
+
+        Example:
+            >>> dataset = dataset.map(lambda b: dict(b, timestamp=ops.return_timestamp(
+            ...     tf.cast(b["label"], tf.int64))))
+        """
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.dtype != tf.int64:
+            raise TypeError(f"return_timestamp: the input must be int64, got {tensor.dtype.name}")
+        with tf.device("/device:CPU:0"), tf.control_dependencies([tensor]):
+            return tf.cast(tf.floor(tf.timestamp()), tf.int64, name=name or "return_timestamp")
+
+    def clear_channel(self, channel_id: int, name=None) -> tf.Operation:
+        """mx_rec's reset of a channel's batch counter before a new round of it. mxrec keeps
+        no counter per channel (training batches are matched to their step by the batch id
+        that travels with them, evaluation batches need none), so a new round needs no reset:
+        the op checks `channel_id` and does nothing else.
+
+        Raises:
+            ValueError: channel_id is not 0 (training) or 1 (evaluation).
+        """
+        if channel_id not in (TRAIN_CHANNEL_ID, EVAL_CHANNEL_ID) or isinstance(channel_id, bool):
+            raise ValueError(f"clear_channel: channel_id must be {TRAIN_CHANNEL_ID} (training) "
+                             f"or {EVAL_CHANNEL_ID} (evaluation), got {channel_id!r}")
+        return tf.no_op(name=name or f"clear_channel_{channel_id}")
 
 
 def import_host_pipeline_ops() -> HostPipelineOps:

@@ -15,6 +15,7 @@ Example:
     >>> rows, restore, reused = planned_tensors(batch, specs[0])
 """
 
+import os
 from typing import Dict, Sequence, Tuple
 
 import tensorflow as tf
@@ -33,26 +34,63 @@ def _check_specs(specs) -> Tuple[FeatureSpec, ...]:
                         "FeatureSpec")
     if sum(bool(s.is_timestamp) for s in specs) > 1:
         raise ValueError("get_asc_insert_func: at most one FeatureSpec may be is_timestamp")
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"get_asc_insert_func: FeatureSpec names must be unique, got {names}")
+    if len({id(s) for s in specs}) != len(specs):
+        raise ValueError("get_asc_insert_func: a FeatureSpec instance is listed twice; to look "
+                         "a feature up several times, make one FeatureSpec per lookup")
     return specs
 
 
-def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec], is_training: bool = True,
+# mx_rec's older form of the insert function, without FeatureSpecs.
+_MX_REC_LEGACY_ARGS = ("args_index_list", "feature_numbers", "table_names")
+DUMP_DIR = "export_graph"
+
+
+def _check_shape(spec: FeatureSpec, ids: tf.Tensor) -> list:
+    """Asserts that a batch has the spec's batch_size and feat_count, where given."""
+    checks = []
+    shape = tf.shape(ids, out_type=tf.int64)
+    if spec.batch_size is not None:
+        checks.append(tf.debugging.assert_equal(
+            shape[0], tf.constant(spec.batch_size, tf.int64),
+            message=f"FeatureSpec {spec.name!r}: batch_size={spec.batch_size}, but a batch of "
+                    f"{spec.ids_key!r} has another number of rows"))
+    if spec.feat_count is not None:
+        checks.append(tf.debugging.assert_equal(
+            tf.reduce_prod(shape[1:]), tf.constant(spec.feat_count, tf.int64),
+            message=f"FeatureSpec {spec.name!r}: feat_count={spec.feat_count}, but a batch of "
+                    f"{spec.ids_key!r} has another number of IDs per row"))
+    return checks
+
+
+def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training: bool = True,
                         dump_graph: bool = False, **kwargs):
     """A function for `dataset.map` that plans each spec's IDs in the host key stage.
 
     Args:
-        tgt_key_specs: the FeatureSpecs of the batch (and at most one timestamp spec).
+        tgt_key_specs: the FeatureSpecs of the batch (and at most one timestamp spec). Several
+            specs may name one feature and table: each is one lookup (mx_rec's multi-lookup).
         is_training: count and insert IDs (True), or only look them up (False).
-        dump_graph: accepted for mx_rec compatibility.
+        dump_graph: write the insert function's graph, as traced, to
+            `export_graph/asc_insert_func_{train,eval}.pbtxt` under the working directory.
+        **kwargs: mx_rec's older arguments args_index_list, feature_numbers and table_names
+            (the form without FeatureSpecs) raise NotImplementedError; others TypeError.
 
     Returns:
         fn(batch) -> batch with the planned tensors added; `batch` is a dict of
         features, or a tuple whose first item is that dict.
     """
-    del dump_graph, kwargs
+    unknown = sorted(set(kwargs) - set(_MX_REC_LEGACY_ARGS))
+    if unknown:
+        raise TypeError(f"get_asc_insert_func() got unexpected keyword argument(s) {unknown}")
+    legacy = sorted(k for k, v in kwargs.items() if v is not None)
+    if legacy:
+        raise NotImplementedError(
+            f"get_asc_insert_func({', '.join(legacy)}=...): mx_rec's form without FeatureSpecs "
+            "is not available; pass tgt_key_specs=[FeatureSpec(...), ...]")
+    if tgt_key_specs is None:
+        raise TypeError("get_asc_insert_func: tgt_key_specs (a list of FeatureSpec) is required")
+    if not isinstance(is_training, bool) or not isinstance(dump_graph, bool):
+        raise TypeError("get_asc_insert_func: is_training and dump_graph must be bools")
     specs = _check_specs(tgt_key_specs)
     runtime = get_config_initializer()
 
@@ -79,7 +117,7 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec], is_training: bool 
                 raise TypeError(f"FeatureSpec {spec.name!r}: IDs must be int32 or int64, got "
                                 f"{ids.dtype.name}")
             # One table's specs plan in order; the engine would race them in one call.
-            with tf.control_dependencies(previous):
+            with tf.control_dependencies(previous + _check_shape(spec, ids)):
                 (rows,), (restore,), (reused,), batch_id = mxrec_ops.key_stage(
                     [tf.reshape(ids, [-1])], [runtime.table_key(spec.table_name)],
                     is_training, timestamp=timestamp, deferred=True)
@@ -87,6 +125,10 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec], is_training: bool 
             added.update({spec.rows_key: rows, spec.restore_key: restore,
                           spec.reused_key: reused, spec.batch_id_key: batch_id})
         features = dict(features, **added)
+        if dump_graph:
+            os.makedirs(DUMP_DIR, exist_ok=True)
+            tf.io.write_graph(tf.compat.v1.get_default_graph().as_graph_def(), DUMP_DIR,
+                              f"asc_insert_func_{'train' if is_training else 'eval'}.pbtxt")
         if len(element) == 1:
             return features
         return (features,) + tuple(element[1:])
