@@ -22,6 +22,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from mxrec.core.table import pad_to_send_count
 from mxrec.graph import trace
 from mxrec.util import ops as mxrec_ops
 
@@ -98,30 +99,6 @@ def _key_stage_rounds(lookups: List[PlannedLookup]) -> List[List[int]]:
     return rounds
 
 
-def _pad_to_send_count(lookup: PlannedLookup, rows: tf.Tensor, restore: tf.Tensor):
-    """Pads unique rows to send_count with the table's padding row.
-
-    Tables built under init(use_dynamic=False) have one device row more than
-    device_vocabulary_size, never given to an ID; the padding points there, so
-    whatever an optimizer does to it (Adam's moments move even on a zero
-    gradient) touches no ID's row. The default index (len(rows)) moves to
-    send_count.
-    """
-    send_count = lookup.send_count
-    num_unique = tf.size(rows)
-    check = tf.debugging.assert_less_equal(
-        num_unique, send_count,
-        message=(f"sparse_lookup {lookup.name!r} on table {lookup.record.table.table_name!r}: a "
-                 f"batch has more unique IDs than send_count={send_count}; raise send_count or "
-                 "use init(use_dynamic=True)"))
-    with tf.control_dependencies([check]):
-        pad_row = tf.constant(lookup.record.table.pad_row, tf.int32)
-        padded = tf.concat([rows, tf.fill([send_count - num_unique], pad_row)], axis=0)
-    padded.set_shape([send_count])
-    restore = tf.where(restore >= num_unique, tf.fill(tf.shape(restore), send_count), restore)
-    return padded, restore
-
-
 def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: tf.Graph):
     get_next_name = source.get_next.name
     graph_defs = [trace.subgraph_def(lookup.source, graph) for lookup in lookups]
@@ -157,7 +134,9 @@ def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: 
                 reused[i] = reused_rows[slot]
         for i, lookup in enumerate(lookups):
             if lookup.send_count is not None:
-                rows[i], restore[i] = _pad_to_send_count(lookup, rows[i], restore[i])
+                rows[i], restore[i] = pad_to_send_count(lookup.record.table, rows[i],
+                                                        restore[i], lookup.send_count,
+                                                        lookup.name)
             restore[i].set_shape(lookup.record.restore.shape)
         return tuple(components), tuple(rows), tuple(restore), tuple(reused), tuple(batch_ids)
 

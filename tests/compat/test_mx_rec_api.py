@@ -357,6 +357,12 @@ def test_restoring_the_current_state_keeps_planned_batches(tmp_path):
         saver.restore(sess, first)  # the state as it is: planned batches stay
         sess.run(train)
         sess.run(train)
+        # The pipeline plans asynchronously: wait until its two batches are planned, so the
+        # restore below finds them pending (a batch planned after it would be valid).
+        engine, deadline = loader.engine(), time.monotonic() + 10
+        while engine.pending_batches(table.table_key) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert engine.pending_batches(table.table_key) == 2
         saver.restore(sess, first)  # an older state: planned batches are dropped
         with pytest.raises(tf.errors.InvalidArgumentError, match="planned before the table"):
             sess.run(train)
