@@ -51,7 +51,7 @@ class ModelConfig:
     cross_layers: int = 2
     vocabulary: int = 200_000
     init_stddev: float = 0.01
-    access_threshold: Optional[float] = None
+    access_threshold: Optional[int] = None
     eviction_threshold: Optional[int] = None
     seed: int = 0
 
@@ -81,9 +81,8 @@ def table(name: str, dim: int, vocabulary: int, initializer):
 def _lookup_config(config: ModelConfig):
     if config.access_threshold is None and config.eviction_threshold is None:
         return None
-    settings = {}
-    if config.access_threshold is not None:
-        settings["access_threshold"] = config.access_threshold
+    # eviction needs an access threshold in mxrec's config; 0 admits at once
+    settings = {"access_threshold": int(config.access_threshold or 0)}
     if config.eviction_threshold is not None:
         settings["eviction_threshold"] = config.eviction_threshold
     return settings
