@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--full_every", default="day",
                        help="'day' (a full version on each day's first partition, default) or "
                             "N partitions; the others are deltas")
+    train.add_argument("--delta_export", choices=("savedmodel", "delta_only"),
+                       default="savedmodel",
+                       help="a delta partition's serving version: a complete SavedModel plus "
+                            "the delta file (savedmodel, default; TF Serving loads it), or only "
+                            "the delta file (delta_only: costs in proportion to the rows "
+                            "changed; for mxrec.serving)")
     train.add_argument("--max_bad_lines", type=int, default=0,
                        help="malformed lines allowed per partition before the run stops (0)")
     train.add_argument("--watch", action="store_true",
@@ -161,7 +167,8 @@ def _train(args, parser) -> int:
             deadline=None if args.deadline is None else time.time() + args.deadline,
             max_partitions=args.max_partitions, dense_learning_rate=args.dense_lr,
             sparse_learning_rate=args.sparse_lr, progress=not args.no_progress,
-            tensorboard=not args.no_tensorboard, threads=args.threads)
+            tensorboard=not args.no_tensorboard, threads=args.threads,
+            delta_export=args.delta_export)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     import tensorflow as tf

@@ -46,6 +46,7 @@ from mxrec.saver import serving
 from mxrec.saver.checkpoint import Saver
 from mxrec.saver.manifest import list_versions as checkpoint_versions
 from mxrec.serving import versions as serving_versions
+from mxrec.serving.predictor import DELTA_FILE, write_delta
 from mxrec.streaming import donefile, metrics
 from mxrec.streaming.parsers import BadLineCounter, Schema, make_dataset
 from mxrec.streaming.partitions import DONE_MARKER, Partition, list_partitions
@@ -86,6 +87,11 @@ class StreamConfig:
         progress: print a progress line per partition.
         tensorboard: write per-partition scalars.
         threads: intra/inter op threads of the session (0: TensorFlow's default).
+        delta_export: a delta partition's serving version holds "savedmodel" (a complete
+            SavedModel, the previous one with the delta applied: TF Serving loads it; costs
+            in proportion to the table) or "delta_only" (only the changed rows and the dense
+            values: costs in proportion to the rows changed; mxrec's predictor applies it
+            in place, TF Serving cannot load it). Both hold the delta file.
     """
 
     data: str
@@ -109,8 +115,12 @@ class StreamConfig:
     progress: bool = True
     tensorboard: bool = True
     threads: int = 0
+    delta_export: str = "savedmodel"
 
     def __post_init__(self):
+        if self.delta_export not in ("savedmodel", "delta_only"):
+            raise ValueError("delta_export must be 'savedmodel' or 'delta_only', got "
+                             f"{self.delta_export!r}")
         if self.validation not in VALIDATION_MODES:
             raise ValueError(f"validation must be one of {VALIDATION_MODES}, got "
                              f"{self.validation!r}")
@@ -290,8 +300,12 @@ class StreamingTrainer:
                         if previous_version is not None else None)
         if kind == "delta" and previous_dir and tf.io.gfile.exists(previous_dir):
             _, arrays = self._saver._read_version("delta", step)
-            serving.apply_delta(previous_dir, self._saver.serving_delta(step), staging,
-                                dense=arrays["dense.npz"])
+            tables, dense = self._saver.serving_delta(step), arrays["dense.npz"]
+            if cfg.delta_export == "savedmodel":
+                serving.apply_delta(previous_dir, tables, staging, dense=dense)
+            else:
+                tf.io.gfile.makedirs(staging)
+            write_delta(posixpath.join(staging, DELTA_FILE), tables, dense)
             info = {"kind": "delta", "base": previous_version}
         else:
             scratch = posixpath.join(cfg.workdir, "export_scratch")
