@@ -12,13 +12,13 @@ import urllib.request
 
 import numpy as np
 import pytest
+from test_streaming_trainer import PARTITIONS, SCHEMA_SPEC, write_stream
 
 from mxrec.serving import versions
 from mxrec.serving.predictor import DELTA_FILE, ModelInstance, Predictor
 from mxrec.serving.server import ModelServer
 from mxrec.streaming import models, parsers
 from mxrec.streaming.trainer import StreamConfig, StreamingTrainer
-from test_streaming_trainer import PARTITIONS, SCHEMA_SPEC, write_stream
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

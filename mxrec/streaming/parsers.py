@@ -166,7 +166,11 @@ def parse_schema_spec(spec: str, delimiter: str = "\t", header: bool = False) ->
 
 def named_schema(name: str, delimiter: Optional[str] = None,
                  header: Optional[bool] = None) -> Schema:
-    """ "criteo" (TSV, no header), "criteo_csv" (the shared sample's form), "avazu" (CSV, header)."""
+    """A named format's schema.
+
+    "criteo" (TSV, no header), "criteo_csv" (the shared sample's form: CSV with a header),
+    "avazu" (CSV, header); delimiter and header override the format's.
+    """
     if name == "criteo":
         base = criteo_schema()
     elif name == "criteo_csv":

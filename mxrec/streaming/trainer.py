@@ -392,9 +392,9 @@ class StreamingTrainer:
     @staticmethod
     def _print_progress(entry: Dict) -> None:
         m = entry["metrics"] or {}
-        auc = m.get("auc", float("nan"))
+        auc, loss = m.get("auc", float("nan")), m.get("logloss", float("nan"))
         print(f"[{entry['step']:>5}] {entry['partition']:<12} {entry['checkpoint']:<5} "
-              f"rows {entry['rows']:>8}  auc {auc:.4f}  logloss {m.get('logloss', float('nan')):.4f}"
+              f"rows {entry['rows']:>8}  auc {auc:.4f}  logloss {loss:.4f}"
               f"  calib {m.get('calibration', float('nan')):.3f}  table rows "
               f"{sum(entry['table_rows'].values()):>8}  bad {entry['bad_lines']}  "
               f"{entry['rows'] / max(entry['train_seconds'], 1e-9):,.0f} samples/s  "
