@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="admission: a row once an ID is seen this often (default: at once)")
     train.add_argument("--eviction_threshold", type=int, default=None,
                        help="eviction: seconds of data time an ID may stay unseen")
+    train.add_argument("--buckets", type=int, default=None,
+                       help="plain-TensorFlow baseline: tables are tf.Variables of this many "
+                            "rows read at ID mod buckets (no mxrec tables, no admission)")
     train.add_argument("--evict_daily", action="store_true",
                        help="evict on each new day's first partition (needs "
                             "--eviction_threshold)")
@@ -156,7 +159,8 @@ def _train(args, parser) -> int:
                                    cross_layers=args.cross_layers, vocabulary=args.vocabulary,
                                    init_stddev=args.init_stddev,
                                    access_threshold=args.access_threshold,
-                                   eviction_threshold=args.eviction_threshold, seed=args.seed)
+                                   eviction_threshold=args.eviction_threshold, seed=args.seed,
+                                   buckets=args.buckets)
         config = StreamConfig(
             data=args.data, schema=_schema(args), workdir=args.workdir,
             export_base=args.export_base, batch_size=args.batch_size,

@@ -24,6 +24,9 @@ from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.util.initialize import get_config_initializer
 
 MODELS = ("wide_deep", "dlrm", "dcn")
+# Plain TensorFlow bucket variables (ModelConfig.buckets): the trainer updates them with
+# Adagrad at the sparse learning rate, as mxrec's tables.
+BUCKET_VARIABLES = "mxrec_streaming_bucket_variables"
 ModelFn = Callable[[Dict[str, tf.Tensor], bool], tf.Tensor]
 
 
@@ -43,6 +46,9 @@ class ModelConfig:
         access_threshold: admission count (None: every ID gets a row at once).
         eviction_threshold: seconds of data time an ID may stay unseen (None: no eviction).
         seed: seeds every initializer.
+        buckets: the plain-TensorFlow baseline instead of mxrec tables: each table is a
+            tf.Variable of this many rows, an ID reads row ID mod buckets (collisions
+            share a row); no admission or eviction.
     """
 
     kind: str = "wide_deep"
@@ -54,8 +60,13 @@ class ModelConfig:
     access_threshold: Optional[int] = None
     eviction_threshold: Optional[int] = None
     seed: int = 0
+    buckets: Optional[int] = None
 
     def __post_init__(self):
+        if self.buckets is not None and (self.buckets < 1 or self.access_threshold is not None
+                                         or self.eviction_threshold is not None):
+            raise ValueError("model: buckets must be >= 1 and excludes access_threshold and "
+                             f"eviction_threshold, got {self.buckets}")
         if self.kind not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.kind!r}")
         if self.dim < 1 or self.vocabulary < 1 or self.cross_layers < 0:
@@ -117,6 +128,24 @@ def _dense_input(features) -> Optional[tf.Tensor]:
     return tf.sign(dense) * tf.math.log1p(tf.abs(dense))
 
 
+def _bucket_lookup(name: str, dim: int, buckets: int, initializer, ids: tf.Tensor):
+    """The baseline: ids [B, S] -> rows of a [buckets, dim] variable at ID mod buckets."""
+    graph = tf.compat.v1.get_default_graph()
+    with tf.compat.v1.variable_scope("buckets", reuse=tf.compat.v1.AUTO_REUSE):
+        variable = tf.compat.v1.get_variable(name, [buckets, dim], initializer=initializer)
+    if variable.ref() not in {v.ref() for v in graph.get_collection(BUCKET_VARIABLES)}:
+        graph.add_to_collection(BUCKET_VARIABLES, variable)
+    return tf.gather(variable, tf.math.floormod(ids, buckets))
+
+
+def _embed(config: ModelConfig, name: str, dim: int, initializer, sparse, is_train, access):
+    if config.buckets is not None:
+        return _bucket_lookup(name, dim, config.buckets, initializer, sparse)
+    return sparse_lookup(table(name, dim, config.vocabulary, initializer), sparse,
+                         is_train=is_train, name=f"{name}_{'train' if is_train else 'eval'}",
+                         access_and_evict_config=access)
+
+
 def make_model_fn(config: ModelConfig) -> ModelFn:
     """A model function (features, is_train) -> logits [B] for a built-in model."""
 
@@ -124,15 +153,11 @@ def make_model_fn(config: ModelConfig) -> ModelFn:
         sparse = features["sparse"]  # [B, S]
         num_sparse = sparse.shape[1]
         access = _lookup_config(config)
-        emb_table = table("embedding", config.dim, config.vocabulary, _initializer(config, 1))
-        emb = sparse_lookup(emb_table, sparse, is_train=is_train,
-                            name=f"embedding_{'train' if is_train else 'eval'}",
-                            access_and_evict_config=access)  # [B, S, dim]
+        emb = _embed(config, "embedding", config.dim, _initializer(config, 1), sparse,
+                     is_train, access)  # [B, S, dim]
         if config.kind == "wide_deep":  # tables outside variable scopes: names as given
-            wide_table = table("wide", 1, config.vocabulary, tf.compat.v1.zeros_initializer())
-            wide = sparse_lookup(wide_table, sparse, is_train=is_train,
-                                 name=f"wide_{'train' if is_train else 'eval'}",
-                                 access_and_evict_config=access)  # [B, S, 1]
+            wide = _embed(config, "wide", 1, tf.compat.v1.zeros_initializer(), sparse,
+                          is_train, access)  # [B, S, 1]
         dense = _dense_input(features)
         with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
             flat = tf.reshape(emb, [-1, num_sparse * config.dim])
@@ -175,4 +200,4 @@ def make_model_fn(config: ModelConfig) -> ModelFn:
     return model_fn
 
 
-__all__ = ["MODELS", "ModelConfig", "make_model_fn", "table"]
+__all__ = ["MODELS", "BUCKET_VARIABLES", "ModelConfig", "make_model_fn", "table"]

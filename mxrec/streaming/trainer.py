@@ -48,6 +48,7 @@ from mxrec.saver.manifest import list_versions as checkpoint_versions
 from mxrec.serving import versions as serving_versions
 from mxrec.serving.predictor import DELTA_FILE, write_delta
 from mxrec.streaming import donefile, metrics
+from mxrec.streaming.models import BUCKET_VARIABLES
 from mxrec.streaming.parsers import BadLineCounter, Schema, make_dataset
 from mxrec.streaming.partitions import DONE_MARKER, Partition, list_partitions
 from mxrec.util import initialize
@@ -206,12 +207,20 @@ class StreamingTrainer:
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits))
         dense_vars, sparse_vars = get_dense_and_sparse_variable()
-        grads = tf.gradients(loss, dense_vars + sparse_vars)
-        train_op = tf.group(
-            tf.compat.v1.train.AdamOptimizer(cfg.dense_learning_rate).apply_gradients(
-                zip(grads[:len(dense_vars)], dense_vars)),
-            create_hash_optimizer(cfg.sparse_learning_rate).apply_gradients(
-                zip(grads[len(dense_vars):], sparse_vars)))
+        buckets = tf.compat.v1.get_collection(BUCKET_VARIABLES)
+        bucket_refs = {v.ref() for v in buckets}
+        dense_vars = [v for v in dense_vars if v.ref() not in bucket_refs]
+        grads = tf.gradients(loss, dense_vars + sparse_vars + buckets)
+        updates = [tf.compat.v1.train.AdamOptimizer(cfg.dense_learning_rate).apply_gradients(
+            zip(grads[:len(dense_vars)], dense_vars))]
+        if sparse_vars:
+            updates.append(create_hash_optimizer(cfg.sparse_learning_rate).apply_gradients(
+                zip(grads[len(dense_vars):len(dense_vars) + len(sparse_vars)], sparse_vars)))
+        if buckets:  # the plain-TF baseline's tables: Adagrad as mxrec's (same accumulator)
+            updates.append(tf.compat.v1.train.AdagradOptimizer(
+                cfg.sparse_learning_rate, initial_accumulator_value=0.9).apply_gradients(
+                zip(grads[len(dense_vars) + len(sparse_vars):], buckets)))
+        train_op = tf.group(*updates)
         report = {k: batch[k] for k in ("bad_file", "bad_line", "bad_column", "lines")}
         self._train_fetch = dict(report, train=train_op, logits=logits, label=labels)
         self._eval_fetch = {k: eval_batch[k] for k in ("bad_file", "bad_line", "bad_column",
