@@ -191,3 +191,10 @@ def test_builtin_models_train_and_export(tmp_path, kind):
     assert os.listdir(tmp_path / "w" / "tensorboard")
     with open(tmp_path / "w" / "donefile.jsonl") as f:
         assert len([json.loads(line) for line in f]) == 2
+    if kind == "dcn":
+        pytest.importorskip("matplotlib")
+        from mxrec.streaming import report
+
+        png = report.write_png(str(tmp_path / "w" / "donefile.jsonl"), str(tmp_path / "r.png"))
+        with open(png, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
