@@ -42,6 +42,7 @@ from absl import logging
 
 from mxrec.core.embedding import add_timestamp
 from mxrec.optimizers.adagrad import create_hash_optimizer
+from mxrec.saver import manifest as checkpoint_manifest
 from mxrec.saver import serving
 from mxrec.saver.checkpoint import Saver
 from mxrec.saver.manifest import list_versions as checkpoint_versions
@@ -308,7 +309,7 @@ class StreamingTrainer:
         previous_dir = (posixpath.join(cfg.export_base, str(previous_version))
                         if previous_version is not None else None)
         if kind == "delta" and previous_dir and tf.io.gfile.exists(previous_dir):
-            _, arrays = self._saver._read_version("delta", step)
+            _, arrays = checkpoint_manifest.read_version(cfg.checkpoint_dir, "delta", step)
             tables, dense = self._saver.serving_delta(step), arrays["dense.npz"]
             if cfg.delta_export == "savedmodel":
                 serving.apply_delta(previous_dir, tables, staging, dense=dense)
