@@ -288,7 +288,8 @@ def bench_delta(sizes, changed: int) -> None:
     shutil.rmtree(work)
 
 
-def bench_movielens(root: str, batch_size: int, buckets: int) -> None:
+def bench_movielens(root: str, batch_size: int, buckets: int, sparse_lr: float,
+                    dense_lr: float) -> None:
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     from movielens_partitions import SCHEMA
 
@@ -302,14 +303,16 @@ def bench_movielens(root: str, batch_size: int, buckets: int) -> None:
             **common, access_threshold=2, eviction_threshold=30 * 86400)),
     ]
     print(f"\n### MovieLens-100k, daily partitions ({root}), wide_deep dim 8, batch "
-          f"{batch_size}, progressive validation (each day scored before training on it)\n")
+          f"{batch_size}, Adagrad {sparse_lr} on tables, Adam {dense_lr} on dense; progressive "
+          f"validation (each day scored before training on it); {machine()}\n")
     print("| model | progressive AUC (row-weighted over days) | pooled log loss | "
           "rows in use at the end | seconds |\n|---|---|---|---|---|")
     for label, model in variants:
         work = tempfile.mkdtemp(prefix="bench_ml_")
         config = StreamConfig(data=root, schema=schema, workdir=work, batch_size=batch_size,
                               validation="partition", full_every=30, evict_daily=True,
-                              progress=False, tensorboard=False)
+                              progress=False, tensorboard=False,
+                              sparse_learning_rate=sparse_lr, dense_learning_rate=dense_lr)
         start = time.perf_counter()
         entries = StreamingTrainer(config, models.make_model_fn(model)).run()
         seconds = time.perf_counter() - start
@@ -344,6 +347,10 @@ def main(argv=None) -> int:
                         help="data root of scripts/movielens_partitions.py (movielens section)")
     parser.add_argument("--buckets", type=int, default=1000,
                         help="hash buckets per table of the plain-TF baseline (1000)")
+    parser.add_argument("--sparse_lr", type=float, default=0.05,
+                        help="movielens: Adagrad learning rate of the tables (0.05)")
+    parser.add_argument("--dense_lr", type=float, default=0.001,
+                        help="movielens: Adam learning rate of the dense part (0.001)")
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - {"parse", "overhead", "delivery", "delta", "movielens"})
@@ -368,7 +375,7 @@ def main(argv=None) -> int:
     if "delta" in sections:
         bench_delta([int(s) for s in args.delta_sizes.split(",")], 1000)
     if "movielens" in sections:
-        bench_movielens(args.movielens, 256, args.buckets)
+        bench_movielens(args.movielens, 256, args.buckets, args.sparse_lr, args.dense_lr)
     return 0
 
 

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                  "--hidden", "32,16", "--vocabulary", "20000", "--access_threshold",
                  str(args.access_threshold), "--eviction_threshold",
                  str(args.eviction_threshold), "--evict_daily", "--full_every", "7",
-                 "--delta_export", args.delta_export,
+                 "--delta_export", args.delta_export, "--sparse_lr", "0.3", "--dense_lr", "0.02",
                  "--report", os.path.join(work, "report.png")]
         if subprocess.run(train, env=env).returncode != 0:
             print("streaming demo: training failed", file=sys.stderr)
