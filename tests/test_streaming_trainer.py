@@ -140,8 +140,8 @@ def test_watch_mode_bad_lines_and_cli_errors(tmp_path):
     # Allowing it, watch mode picks up the failed partition and one that lands later.
     proc = _cli(data, tmp_path / "w", tmp_path / "e",
                 ["--max_bad_lines", "1", "--watch", "--poll_interval", "0.5", "--deadline",
-                 "40"])
-    deadline = time.time() + 60
+                 "200"])
+    deadline = time.time() + 180
     while time.time() < deadline and len(donefile.read(
             str(tmp_path / "w" / "donefile.jsonl"))) < 2:
         time.sleep(0.5)

@@ -103,15 +103,17 @@ class _Table:
 
     def load(self, sess):
         """Fills the hash table from the restored variables (row i holds ids[i])."""
-        ids, emb = sess.run([self.read_ids, self.read_emb])
+        ids = sess.run(self.read_ids)
         self.capacity = len(ids)
         self.free = []
         if len(ids):
             sess.run(self.insert, {self.keys: ids, self.values: np.arange(len(ids))})
+        # Headroom, so that deltas add IDs without copying the table (loading copies it anyway)
+        self._grow(sess, len(ids) // 4 + 1024, double=False)
 
-    def _grow(self, sess, needed: int):
+    def _grow(self, sess, needed: int, double: bool = True):
         emb = sess.run(self.read_emb)[:self.capacity]
-        capacity = max(2 * self.capacity, self.capacity + needed, 16)
+        capacity = max(2 * self.capacity if double else 0, self.capacity + needed, 16)
         grown = np.zeros([capacity + 1, self.dim], np.float32)  # the last row: zeros
         grown[:self.capacity] = emb
         # The ids variable's size is the zero row's index; its contents are not read.
