@@ -123,7 +123,7 @@ def _hourly_stream(root: str, partitions: int, rows: int, seed: int = 0) -> list
     return names
 
 
-MODEL = dict(kind="wide_deep", dim=8, hidden=(64, 32), vocabulary=400_000)
+MODEL = dict(kind="wide_deep", dim=8, hidden=(64, 32), vocabulary=1_500_000)
 
 
 def _plain_loop(files, batch_size: int, threads: int) -> float:
@@ -212,7 +212,7 @@ def bench_delivery(partitions: int, rows: int, mode: str) -> list:
         [sys.executable, "-m", "mxrec.streaming", "train", "--data", root, "--workdir",
          os.path.join(work, "w"), "--export_base", export, "--watch", "--poll_interval", "0.1",
          "--deadline", "600", "--validation", "none", "--delta_export", mode, "--vocabulary",
-         "400000", "--no_progress", "--no_tensorboard"], env=env, stdout=subprocess.DEVNULL,
+         "1500000", "--no_progress", "--no_tensorboard"], env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     latencies = []
     try:

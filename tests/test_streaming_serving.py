@@ -214,7 +214,7 @@ def test_replay_client_and_cli_errors(exports, tmp_path):
             env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"))
         assert result.returncode == 0, result.stderr[-2000:]
         report = json.loads(result.stdout.strip().splitlines()[-1])
-        assert report["rows"] == 120 and report["requests"] == 3 and 0 <= report["auc"] <= 1
+        assert report["rows"] == 120 and report["requests"] == 4 and 0 <= report["auc"] <= 1
         with pytest.raises(urllib.error.HTTPError) as error:
             _post(f"http://127.0.0.1:{server.port}/v1/models/ctr:predict",
                   {"inputs": {"sparse": [[1, 2, 3]]}})

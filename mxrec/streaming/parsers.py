@@ -248,24 +248,16 @@ def _salts(count: int) -> List[int]:
             for index in range(count)]
 
 
-@tf.autograph.experimental.do_not_convert
-def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
-                schema: Schema) -> Dict[str, tf.Tensor]:
-    """A batch of lines -> the dict described in the module docstring.
-
-    Args:
-        lines: string [B].
-        file_index: int32 [B], each line's file (for the report).
-        line_number: int64 [B], each line's number in its file (1-based).
-    """
+def _first_bad_column(lines: tf.Tensor, schema: Schema) -> tf.Tensor:
+    """int32 [N]: each line's first column at fault, -1 for a wrong field count, or
+    len(columns) when the line is good. Column by column: used on the few lines the
+    one-regex check turned away."""
     ncols = len(schema.columns)
     split = tf.strings.split(lines, sep=schema.delimiter)
     counts = split.row_lengths()
-    fields = split.to_tensor(default_value="", shape=[None, ncols])  # [B, ncols]
-    batch = tf.shape(lines)[0]
-    # first failing column per line: -1 field count, ncols = none
-    first_bad = tf.where(tf.equal(counts, ncols), tf.fill([batch], ncols),
-                         tf.fill([batch], -1))
+    fields = split.to_tensor(default_value="", shape=[None, ncols])  # [N, ncols]
+    size = tf.shape(lines)[0]
+    first_bad = tf.where(tf.equal(counts, ncols), tf.fill([size], ncols), tf.fill([size], -1))
     for index in reversed(range(ncols)):
         kind = schema.columns[index].kind
         column = fields[:, index]
@@ -274,39 +266,88 @@ def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
             if kind == "uint64":
                 ok = tf.logical_and(ok, _uint64_checks(column))
             first_bad = tf.where(tf.logical_and(tf.logical_not(ok), first_bad >= 0),
-                                 tf.fill([batch], index), first_bad)
-    valid = tf.equal(first_bad, ncols)
-    bad = tf.logical_not(valid)
-    good = tf.boolean_mask(fields, valid)
+                                 tf.fill([size], index), first_bad)
+    return first_bad
+
+
+def _line_pattern(schema: Schema) -> str:
+    """One RE2 pattern a good line matches whole (the uint64 range is checked apart)."""
+    delimiter = f"\\x{{{ord(schema.delimiter):x}}}"
+    parts = [f"(?:{_PATTERNS[c.kind]})" if c.kind in _PATTERNS else f"[^{delimiter}]*"
+             for c in schema.columns]
+    return delimiter.join(parts)
+
+
+_DEFAULTS = {"label": 0.0, "dense": 0.0, "timestamp": tf.constant(0, tf.int64)}
+
+
+@tf.autograph.experimental.do_not_convert
+def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
+                schema: Schema) -> Dict[str, tf.Tensor]:
+    """A batch of lines -> the dict described in the module docstring.
+
+    Good lines are recognised by one regular expression per line and split by
+    `tf.io.decode_csv` (quotes are ordinary characters); only the lines it turns away
+    are checked column by column, to name the column at fault.
+
+    Args:
+        lines: string [B].
+        file_index: int32 [B], each line's file (for the report).
+        line_number: int64 [B], each line's number in its file (1-based).
+    """
+    ncols = len(schema.columns)
+    batch = tf.shape(lines)[0]
+    matched = tf.strings.regex_full_match(lines, _line_pattern(schema))
+    defaults = [[_DEFAULTS.get(c.kind, "")] for c in schema.columns]
+    fields = tf.io.decode_csv(tf.boolean_mask(lines, matched), defaults,
+                              field_delim=schema.delimiter, use_quote_delim=False)
+    position = tf.range(batch)
+    first_bad = tf.fill([batch], ncols)
+    turned_away = tf.logical_not(matched)
+    first_bad = tf.tensor_scatter_nd_update(
+        first_bad, tf.expand_dims(tf.boolean_mask(position, turned_away), 1),
+        _first_bad_column(tf.boolean_mask(lines, turned_away), schema))
+    in_range = tf.ones_like(tf.boolean_mask(position, matched), tf.bool)
+    for index in schema.indices("uint64"):
+        in_range = _uint64_checks(fields[index])
+        first_bad = tf.tensor_scatter_nd_update(
+            first_bad, tf.expand_dims(tf.boolean_mask(position, matched), 1),
+            tf.where(in_range, ncols, index))
+    bad = tf.not_equal(first_bad, ncols)
     out = {
         "bad_file": tf.boolean_mask(file_index, bad),
         "bad_line": tf.boolean_mask(line_number, bad),
         "bad_column": tf.boolean_mask(first_bad, bad),
         "lines": tf.cast(batch, tf.int64),
     }
-    label = schema.indices("label")[0]
-    out["label"] = tf.strings.to_number(good[:, label], tf.float32)
+
+    has_uint64 = bool(schema.indices("uint64"))
+
+    def column(index):
+        return tf.boolean_mask(fields[index], in_range) if has_uint64 else fields[index]
+
+    out["label"] = column(schema.indices("label")[0])
     dense = schema.indices("dense")
     if dense:
-        values = tf.gather(good, dense, axis=1)
-        values = tf.where(tf.equal(values, ""), tf.fill(tf.shape(values), "0"), values)
-        out["dense"] = tf.strings.to_number(values, tf.float32)
+        out["dense"] = tf.stack([column(i) for i in dense], axis=1)
     categorical = schema.indices("categorical")
     if categorical:
-        out["sparse"] = hash_categorical(tf.gather(good, categorical, axis=1),
-                                         _salts(len(categorical)))
+        values = tf.stack([column(i) for i in categorical], axis=1)
+        out["sparse"] = hash_categorical(values, _salts(len(categorical)))
     for index in schema.indices("uint64"):
-        out["row_id"] = _uint64_as_int64(good[:, index])
+        out["row_id"] = _uint64_as_int64(column(index))
     for index in schema.indices("yymmddhh"):
-        out["time"] = _yymmddhh_seconds(good[:, index])
+        out["time"] = _yymmddhh_seconds(column(index))
     for index in schema.indices("timestamp"):
-        out["time"] = tf.strings.to_number(good[:, index], tf.int64)
+        out["time"] = column(index)
     return out
 
 
 def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_size: int,
                  num_parallel_calls: int = tf.data.AUTOTUNE, prefetch: int = 2) -> tf.data.Dataset:
     """Batches of parsed records from `files`, read in order, line numbers kept.
+
+    Batches do not span files: a file's last batch may be smaller.
 
     Args:
         files: file names, or a string tensor [N] of them (a placeholder: one graph for
@@ -320,16 +361,23 @@ def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_s
     count = tf.shape(files, out_type=tf.int32)[0]
     first_line = 2 if schema.header else 1
 
-    def lines_of(name, index):
+    def batches_of(name, index):
+        # Batched per file, so line numbers come per batch (no per-record work): every
+        # batch but a file's last is full.
         lines = tf.data.TextLineDataset(name)
         if schema.header:
             lines = lines.skip(1)
-        return lines.enumerate(first_line).map(lambda n, line: (line, index, n))
 
-    dataset = tf.data.Dataset.from_tensor_slices((files, tf.range(count))).flat_map(lines_of)
-    dataset = dataset.batch(batch_size).map(
-        lambda line, index, n: parse_lines(line, index, n, schema),
-        num_parallel_calls=num_parallel_calls, deterministic=True)
+        def numbered(k, batch):
+            size = tf.shape(batch, out_type=tf.int64)[0]
+            first = k * batch_size + first_line
+            return batch, tf.fill(tf.shape(batch), index), tf.range(first, first + size)
+
+        return lines.batch(batch_size).enumerate().map(numbered)
+
+    dataset = tf.data.Dataset.from_tensor_slices((files, tf.range(count))).flat_map(batches_of)
+    dataset = dataset.map(lambda line, index, n: parse_lines(line, index, n, schema),
+                          num_parallel_calls=num_parallel_calls, deterministic=True)
     return dataset.prefetch(prefetch)
 
 
