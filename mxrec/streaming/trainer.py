@@ -223,7 +223,8 @@ class StreamingTrainer:
                 zip(grads[len(dense_vars) + len(sparse_vars):], buckets)))
         train_op = tf.group(*updates)
         report = {k: batch[k] for k in ("bad_file", "bad_line", "bad_column", "lines")}
-        self._train_fetch = dict(report, train=train_op, logits=logits, label=labels)
+        self._train_fetch = dict(report, train=train_op)
+        self._train_fetch_scored = dict(self._train_fetch, logits=logits, label=labels)
         self._eval_fetch = {k: eval_batch[k] for k in ("bad_file", "bad_line", "bad_column",
                                                        "lines")}
         self._eval_fetch.update(logits=eval_logits, label=eval_batch["label"])
@@ -352,8 +353,10 @@ class StreamingTrainer:
             scored = metrics.evaluate(labels, logits)
         train_start = time.monotonic()
         lines, labels, logits = self._run_pass(
-            sess, self._train_iter, self._train_fetch, partition.files, partition,
-            None if cfg.validation == "partition" else counter, cfg.validation == "batch")
+            sess, self._train_iter,
+            self._train_fetch_scored if cfg.validation == "batch" else self._train_fetch,
+            partition.files, partition, None if cfg.validation == "partition" else counter,
+            cfg.validation == "batch")
         train_seconds = time.monotonic() - train_start
         if cfg.validation == "batch":
             scored = metrics.evaluate(labels, logits)
