@@ -180,11 +180,14 @@ def bench_overhead(partitions: int, rows: int, batch_size: int, threads: int,
     files = [os.path.join(root, n, "part-00000") for n in names]
     total = partitions * rows
     plain, stream, stream_train = [], [], []
-    for r in range(repeats):
-        plain.append(_plain_loop(files, batch_size, threads))
+    for r in range(repeats):  # alternating which goes first
+        if r % 2 == 0:
+            plain.append(_plain_loop(files, batch_size, threads))
         entries, _ = _streaming(root, os.path.join(work, f"w{r}"), batch_size, threads)
         stream.append(sum(e["seconds"] for e in entries))
         stream_train.append(sum(e["train_seconds"] for e in entries))
+        if r % 2 == 1:
+            plain.append(_plain_loop(files, batch_size, threads))
     print(f"\n### Streaming overhead ({partitions} partitions x {rows:,} rows, batch "
           f"{batch_size}, wide_deep dim 8, {threads or 'default'} threads, best of "
           f"{repeats}; {machine()})\n")
@@ -339,14 +342,14 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", default="parse,overhead,delivery,delta",
                         help="comma-separated: parse, overhead, delivery, delta, movielens")
     parser.add_argument("--parse_rows", type=int, default=200_000, help="rows parsed (200000)")
-    parser.add_argument("--partitions", type=int, default=6,
-                        help="partitions of the overhead run (6)")
-    parser.add_argument("--rows", type=int, default=20_000,
-                        help="rows per partition of the overhead run (20000)")
+    parser.add_argument("--partitions", type=int, default=2,
+                        help="partitions of the overhead run (2)")
+    parser.add_argument("--rows", type=int, default=60_000,
+                        help="rows per partition of the overhead run (60000)")
     parser.add_argument("--batch_size", type=int, default=1024, help="batch size (1024)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow threads (0: default)")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats, best taken (3)")
+    parser.add_argument("--repeats", type=int, default=4, help="repeats, best taken (4)")
     parser.add_argument("--delta_sizes", default="100000,1000000",
                         help="table sizes of the delta section (100000,1000000)")
     parser.add_argument("--movielens", default=None,

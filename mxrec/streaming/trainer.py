@@ -192,14 +192,19 @@ class StreamingTrainer:
             stamp = self._partition_time
             train_data = train_data.map(
                 lambda b: dict(b, time=tf.fill(tf.shape(b["label"]), stamp)))
-        eval_data = make_dataset(self._files, cfg.schema, cfg.batch_size)
         self._train_iter = tf.compat.v1.data.make_initializable_iterator(train_data)
-        self._eval_iter = tf.compat.v1.data.make_initializable_iterator(eval_data)
-        # The scoring branch first: lookups stamp IDs with the newest add_timestamp, and
-        # scoring must not read the training iterator.
-        eval_batch = self._eval_iter.get_next()
-        eval_logits = self.model_fn({k: eval_batch[k] for k in ("sparse", "dense")
-                                     if k in eval_batch}, False)
+        self._eval_iter = self._eval_fetch = None
+        if cfg.validation == "partition":
+            # The scoring branch first: lookups stamp IDs with the newest add_timestamp,
+            # and scoring must not read the training iterator.
+            self._eval_iter = tf.compat.v1.data.make_initializable_iterator(
+                make_dataset(self._files, cfg.schema, cfg.batch_size))
+            eval_batch = self._eval_iter.get_next()
+            eval_logits = self.model_fn({k: eval_batch[k] for k in ("sparse", "dense")
+                                         if k in eval_batch}, False)
+            self._eval_fetch = {k: eval_batch[k] for k in ("bad_file", "bad_line",
+                                                           "bad_column", "lines")}
+            self._eval_fetch.update(logits=eval_logits, label=eval_batch["label"])
         batch = self._train_iter.get_next()
         features = {k: batch[k] for k in ("sparse", "dense") if k in batch}
         add_timestamp(batch["time"])
@@ -225,9 +230,6 @@ class StreamingTrainer:
         report = {k: batch[k] for k in ("bad_file", "bad_line", "bad_column", "lines")}
         self._train_fetch = dict(report, train=train_op)
         self._train_fetch_scored = dict(self._train_fetch, logits=logits, label=labels)
-        self._eval_fetch = {k: eval_batch[k] for k in ("bad_file", "bad_line", "bad_column",
-                                                       "lines")}
-        self._eval_fetch.update(logits=eval_logits, label=eval_batch["label"])
         self._runtime = initialize.get_config_initializer()
         self._saver = Saver(cfg.checkpoint_dir, max_to_keep=cfg.keep_full_versions)
         self._tf_saver = tf.compat.v1.train.Saver(sharded=False, max_to_keep=1)
