@@ -182,3 +182,25 @@ def test_partitions_in_time_order_with_done_markers(tmp_path):
         list_partitions(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="yyyyMMdd"):
         partition_at(str(tmp_path), "2024-01-01")
+
+
+def test_parsers_build_in_a_graph_after_an_eager_import(tmp_path):
+    """The CLI imports the parsers before it turns eager execution off."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "part-0"
+    path.write_text("1\tx\t874724710\n0\ty\t874724711\n")
+    code = ("import sys, tensorflow as tf\n"
+            "from mxrec.streaming import parsers\n"
+            "tf.compat.v1.disable_eager_execution()\n"
+            "s = parsers.parse_schema_spec('y:label,c:categorical,t:timestamp')\n"
+            "b = tf.compat.v1.data.make_one_shot_iterator(\n"
+            "    parsers.make_dataset([sys.argv[1]], s, 8)).get_next()\n"
+            "print(tf.compat.v1.Session().run(b['time']).tolist())\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                            text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[874724710, 874724711]"

@@ -278,7 +278,11 @@ def _line_pattern(schema: Schema) -> str:
     return delimiter.join(parts)
 
 
-_DEFAULTS = {"label": 0.0, "dense": 0.0, "timestamp": tf.constant(0, tf.int64)}
+def _default(kind: str):
+    """decode_csv's record default of a column kind (built in the caller's graph)."""
+    if kind == "timestamp":
+        return tf.constant(0, tf.int64)
+    return 0.0 if kind in ("label", "dense") else ""
 
 
 @tf.autograph.experimental.do_not_convert
@@ -298,7 +302,7 @@ def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
     ncols = len(schema.columns)
     batch = tf.shape(lines)[0]
     matched = tf.strings.regex_full_match(lines, _line_pattern(schema))
-    defaults = [[_DEFAULTS.get(c.kind, "")] for c in schema.columns]
+    defaults = [[_default(c.kind)] for c in schema.columns]
     fields = tf.io.decode_csv(tf.boolean_mask(lines, matched), defaults,
                               field_delim=schema.delimiter, use_quote_delim=False)
     position = tf.range(batch)
