@@ -109,17 +109,34 @@ def test_boundaries_accepted(kwargs):
         assert getattr(config, name) == value
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(use_mpi=True), "use_mpi"),
-    (dict(rank_id=0, rank_size=2), "rank_size"),
-    (dict(rank_id=2, rank_size=3), "rank_size"),
-])
-def test_multi_worker_is_refused(kwargs, name):
-    """Several processes would each train a full copy alone: refused until it exists."""
-    with pytest.raises(NotImplementedError, match=f"{name}.*multi-worker training is not "
-                       "available yet"):
-        init(**kwargs)
+def test_multi_worker_settings_need_a_launcher(monkeypatch):
+    """Several ranks need their addresses: without a launcher's environment, init() says
+    how to start them (the multi-worker tests start real ranks: test_multiworker.py)."""
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="mxrec.launch.*mpirun"):
+        init(use_mpi=True)
+    monkeypatch.setenv("MXREC_CLUSTER", "127.0.0.1:1")
+    with pytest.raises(ValueError, match="MXREC_CLUSTER lists 1 addresses for rank_size 2"):
+        init(rank_id=0, rank_size=2)
+    with pytest.raises(NotImplementedError, match="use_dynamic_expansion"):
+        init(rank_id=0, rank_size=2, use_dynamic_expansion=True)
     assert not initialize.is_initialized()
+
+
+def test_ranks_come_from_the_launchers_environment(monkeypatch):
+    from mxrec.util import communication
+
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    assert communication.ranks_from_environment(True, 0, 1) == (1, 3)
+    monkeypatch.setenv("MXREC_RANK", "2")
+    monkeypatch.setenv("MXREC_SIZE", "4")
+    assert communication.ranks_from_environment(False, 0, 1) == (2, 4)
+    monkeypatch.setenv("MXREC_SIZE", "four")
+    with pytest.raises(ValueError, match="MXREC_RANK/MXREC_SIZE must be integers"):
+        communication.ranks_from_environment(False, 0, 1)
 
 
 @pytest.mark.parametrize("kwargs,name", [

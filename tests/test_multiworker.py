@@ -92,6 +92,12 @@ def test_send_count_overflow_names_the_table_and_setting(tmp_path):
     assert "send_count=3" in result.stdout
 
 
+def test_ranks_with_different_tables_fail_with_a_clear_error(tmp_path):
+    result = _train(2, tmp_path, ["--dim_on_rank1", "4", "--steps", "2"], timeout=200)
+    assert result.returncode != 0
+    assert "the ranks built different lookups" in result.stdout, result.stdout[-3000:]
+
+
 def test_a_rank_that_dies_ends_the_others_in_bounded_time(tmp_path):
     """Ranks started by hand (no launcher to stop them): rank 1 exits at step 3 and rank 0
     fails on its next collective within the timeout instead of hanging."""
@@ -139,3 +145,45 @@ def test_mpirun_launch_equals_one_process(tmp_path):
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5)
+
+
+def test_checkpoints_reshard_between_rank_counts(tmp_path):
+    """mxrec's Saver on N ranks writes each rank's shard into one version; restored on M
+    ranks, each takes the IDs it owns there. 4 ranks train 10 steps (full save at 6, delta
+    at 10); 2 ranks restore and train to 20 (full save at 14); from that save 1 process and
+    4 ranks train to 20: each equals 20 straight steps of one process."""
+    import shutil
+
+    common = ["--optimizer", "adagrad", "--threshold", "2", "--steps", "20"]
+    straight = _train(1, tmp_path / "straight", common)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    want, (want_w,) = _shards(tmp_path / "straight", 1)
+    ckpt = tmp_path / "ckpt"
+    first = _train(4, tmp_path / "unused", common + ["--ckpt", str(ckpt), "--full_at", "6",
+                                                     "--delta_at", "10", "--stop_at", "10"])
+    assert first.returncode == 0, first.stdout[-3000:]
+    runs = [(2, ckpt, ["--full_at", "14"])]
+    for ranks, source, extra in runs + [(1, None, []), (4, None, [])]:
+        directory = source
+        if directory is None:  # the 2-rank save at step 14, without its later versions
+            directory = tmp_path / f"from14-{ranks}"
+            shutil.copytree(ckpt, directory)
+            shutil.rmtree(directory / "full-000000000006")
+            shutil.rmtree(directory / "delta-000000000010")
+        out = tmp_path / f"out-{ranks}"
+        result = _train(ranks, out, common + ["--ckpt", str(directory), "--restore"] + extra)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        got, got_w = _shards(out, ranks)
+        assert sorted(got) == sorted(want), ranks
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=str(ranks))
+        for w in got_w:
+            np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
+
+
+def test_tf_saver_refuses_sharded_tables(tmp_path):
+    """TF's Saver would write one rank's shard under names every rank shares: an error."""
+    result = _train(2, tmp_path, ["--steps", "2", "--tf_save", str(tmp_path / "tf")],
+                    timeout=200)
+    assert result.returncode != 0
+    assert "use mxrec.saver.checkpoint.Saver" in result.stdout, result.stdout[-3000:]

@@ -1,5 +1,8 @@
 // The host side of one sparse table: the ID -> device row map, admission
 // counts, last-seen times and the free device rows. Plain C++, no TensorFlow.
+// One class in three files: host_table.cc (key-stage planning, admission,
+// eviction), host_table_tier.cc (the device-cache planner of tiered tables)
+// and host_table_state.cc (checkpoint export and import).
 #ifndef MXREC_ENGINE_HOST_TABLE_H_
 #define MXREC_ENGINE_HOST_TABLE_H_
 
@@ -8,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -220,6 +224,11 @@ class HostTable {
   void SetSwapProtect(uint32_t batches);
 
  private:
+  // The top 4 bits of an ID's hash pick its shard, so that the buckets inside
+  // a shard use the low ones.
+  static constexpr int kShardShift = 60;
+  static_assert(kNumShards == 16, "kShardShift assumes 16 shards");
+
   // What a deferred training batch changed, to undo in views of the state at
   // the step boundary.
   struct Undo {
@@ -244,12 +253,35 @@ class HostTable {
     uint8_t in_host = 0;
     int32_t host_slot = -1;
   };
-  // IDs that pending swap plans moved: where their values still are. `row_owner`
-  // (optional): each row a pending plan refilled -> its owner at the boundary,
-  // or kFreeRow. Fails while a plan is applied in part (inside a step).
-  static constexpr int64_t kFreeRow = INT64_MIN;
-  Status PhysicalView(std::unordered_map<int64_t, Physical>* physical,
-                      std::unordered_map<int32_t, int64_t>* row_owner) const;
+
+  // Key-stage planning, admission and eviction (host_table.cc).
+  //
+  // The phases of Process, on its scratch: hash the IDs and group their
+  // positions by shard; find (in training: insert and count) each ID per
+  // shard; number the batch's IDs and hand out rows in input order. Each
+  // distinct ID gets its index in unique_rows from the slot function of the
+  // batch's mode: EvalSlot (evaluation), TieredSlot (training, host tier:
+  // rows are handed out once the batch is known, by AssignTieredRows) or
+  // DeviceSlot (training, device-only: a row at once, or a shortfall).
+  struct BatchWork;
+  void HashAndGroup(BatchWork& w, ThreadPool* pool);
+  void FindAndCount(BatchWork& w, ThreadPool* pool);
+  Status AssignRows(BatchWork& w, BatchPlan* plan);
+  int32_t EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const;
+  // TieredSlot and DeviceSlot run once per distinct ID, and so do
+  // TakeDeviceRow, MoveToHost and PlaceArrival below once per arriving ID:
+  // they are inline, defined in the one file that calls them, because the
+  // -fPIC build would keep a plain member function out of line.
+  inline int32_t TieredSlot(BatchWork& w, KeyRecord* rec, BatchPlan* plan);
+  inline int32_t DeviceSlot(BatchWork& w, KeyRecord* rec, BatchPlan* plan);
+  // A device-only batch that brings more new IDs than there are rows: takes
+  // back the rows it was given and returns the error.
+  Status RefuseBatch(BatchWork& w, BatchPlan* plan);
+  // Records in a deferred batch's journal the rows a device-only batch took.
+  void JournalGrants(BatchWork& w);
+  KeyRecord* FindRecord(int64_t key);
+  bool Admits(const KeyRecord& rec) const;
+  bool IsPadding(int64_t key) const;
   // Keys of every pending batch.
   std::vector<int64_t> PendingKeys() const;
   // Erases records matching pred, except IDs of pending batches.
@@ -257,22 +289,32 @@ class HostTable {
   // Newest trained batch time.
   int64_t BoundaryNewest() const;
 
-  // The phases of Process, on its scratch (host_table.cc): hash the IDs and
-  // group their positions by shard; find (in training: insert and count)
-  // each ID per shard; number the batch's IDs and hand out rows in input
-  // order. EvalSlot gives an evaluation batch's ID its index in unique_rows.
-  struct BatchWork;
-  void HashAndGroup(BatchWork& w, ThreadPool* pool);
-  void FindAndCount(BatchWork& w, ThreadPool* pool);
-  Status AssignRows(BatchWork& w, BatchPlan* plan);
-  int32_t EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const;
-
-  // Tiered tables: hands device rows to `need` (in order), choosing victims
-  // among rows no batch of this step uses, and queues the swap plan.
-  // A deferred batch's `journal` records the rows taken and the IDs admitted.
+  // The tiered device-cache planner (host_table_tier.cc).
+  //
+  // Hands device rows to `need` (in order), choosing victims among rows no
+  // batch of this step uses, and queues the swap plan. A deferred batch's
+  // `journal` records the rows taken and the IDs admitted.
   Status AssignTieredRows(const std::vector<KeyRecord*>& need, const std::vector<int32_t>& slots,
                           BatchPlan* plan, PendingBatch* journal);
-  KeyRecord* FindRecord(int64_t key);
+  // Its scratch, and the device row one arriving ID gets (with what leaves it).
+  struct TierBatch;
+  struct RowGrant;
+  // Whether `need` fits: in the table's tiers, and in the device rows that
+  // the step's batches leave to victims.
+  Status CheckTierRoom(const std::vector<KeyRecord*>& need) const;
+  // Takes `count` victims off the recency list, in the order they are used.
+  Status PickVictims(int64_t count, TierBatch& t);
+  // A free row, else a never used one, else the next victim (its owner moves
+  // to a host slot).
+  inline RowGrant TakeDeviceRow(TierBatch& t, const KeyRecord& rec);
+  inline void MoveToHost(KeyRecord* victim);
+  // Gives `rec` the granted row, at index `slot` of unique_rows, and adds the
+  // row's swap to the plan.
+  inline void PlaceArrival(KeyRecord* rec, const RowGrant& grant, int32_t slot, TierBatch& t,
+                           BatchPlan* plan);
+  int32_t PickVictim();
+  // The recency list (head: least recently used): `row` taken off it, or put
+  // back at one end.
   void LruUnlink(int32_t row);
   void LruPushTail(int32_t row);
   void LruPushHead(int32_t row);
@@ -280,10 +322,48 @@ class HostTable {
   // Chooses the oldest host-resident IDs to go to disk while host memory is
   // over host_vocabulary_size (SSD tier only), adding them to `plan`.
   void PlanSpills(SwapPlan* plan);
-  int32_t PickVictim();
-  bool Admits(const KeyRecord& rec) const;
-  bool IsPadding(int64_t key) const;
+  // IDs that pending swap plans moved: where their values still are. `row_owner`
+  // (optional): each row a pending plan refilled -> its owner at the boundary,
+  // or nullopt where the row was free. `component` >= 0: the view of that
+  // component's values (plans it applied already are not undone); -1: of all
+  // components, which fails while a plan is applied in part (inside a step).
+  Status PhysicalView(std::unordered_map<int64_t, Physical>* physical,
+                      std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
+                      int component) const;
 
+  // Checkpoint export and import (host_table_state.cc).
+  //
+  // The state at the step boundary as ExportState sees it (pending batches
+  // and swap plans undone), and one exported ID.
+  struct Boundary;
+  struct ExportedRecord;
+  Status ViewBoundary(Boundary* boundary) const;
+  // The IDs to export (since_epoch > 0: those changed after it), ordered by
+  // (row, key) at the boundary.
+  std::vector<ExportedRecord> CollectRecords(const Boundary& boundary, uint32_t since_epoch);
+  // Tiered tables: in_host flags, the device cache's recency order and the
+  // host-tier values of `records`.
+  Status ExportTier(const std::vector<ExportedRecord>& records, const Boundary& boundary,
+                    TableState* state) const;
+  // IDs of pending batches and of pending swap plans: changed for the next delta.
+  void MarkPendingChanged(const Boundary& boundary);
+  // ImportState's checks of a TableState, in this order: host-tier flags
+  // against the table, array lengths and rows, and (tiered) the host-tier IDs
+  // (collected into *host_keys) and the device cache's recency order.
+  Status CheckTierFlags(const TableState& state) const;
+  Status CheckRows(const TableState& state) const;
+  Status CheckTierRows(const TableState& state, std::vector<int64_t>* host_keys) const;
+  Status CheckCacheOrder(const TableState& state) const;
+  // The state's records in new maps (built aside: a bad checkpoint leaves the
+  // table as it was).
+  Status BuildMaps(const TableState& state, std::vector<KeyMap>* maps) const;
+  // Tiered tables: replaces the host tier's values and the planner's host
+  // slots and recency list; *stamp: the batch stamp to continue from.
+  Status RestoreTier(const TableState& state, const std::vector<int64_t>& host_keys,
+                     std::vector<KeyMap>* maps, uint32_t* stamp);
+  // The device cache's recency list from the state (rows keep their order
+  // and their ages in batches); returns the batch stamp to continue from.
+  uint32_t RebuildRecency(const TableState& state);
 
   const TableOptions options_;
   mutable std::mutex mu_;

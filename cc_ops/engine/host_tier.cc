@@ -15,6 +15,18 @@ namespace {
 constexpr int64_t kAhead = 16;
 // Plans with fewer rows are copied on the calling thread.
 std::atomic<int64_t> parallel_min_rows{1 << 15};
+
+// Runs fn(part, begin, end) on `parts` equal parts of [0, n), on the pool's
+// threads when there are several.
+void ForParts(ThreadPool* pool, int64_t parts, int64_t n,
+              const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const auto part = [&](int64_t p) { fn(p, n * p / parts, n * (p + 1) / parts); };
+  if (parts > 1) {
+    pool->ParallelFor(parts, part);
+  } else {
+    part(0);
+  }
+}
 }  // namespace
 
 void HostTier::SetParallelMinRows(int64_t rows) { parallel_min_rows.store(std::max<int64_t>(1, rows)); }
@@ -113,11 +125,7 @@ Status HostTier::RegisterLocked(const std::string& name, int* index) {
   // Plans queued before this component existed are complete without it.
   for (auto& plan : plans_) plan.applied |= 1u << (components_.size() - 1);
   *index = static_cast<int>(components_.size()) - 1;
-  while (!plans_.empty() && plans_.front().applied == AllMask()) {
-    MXREC_RETURN_IF_ERROR(FinishPlanLocked(plans_.front()));
-    plans_.pop_front();
-  }
-  return Status::Ok();
+  return RetireAppliedLocked();
 }
 
 void HostTier::Enqueue(SwapPlan plan) {
@@ -280,12 +288,7 @@ Status HostTier::SwapInPlace(int component, const int32_t* rows, int64_t n, floa
                          [&] { return SwapRows(component, rows, n, row, row, fresh, pool); });
 }
 
-template <typename CurrentRow, typename IncomingRow>
-Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
-                          IncomingRow incoming, bool* fresh, ThreadPool* pool) {
-  if (n == 0) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
-  DrainLocked();
+Status HostTier::NextPlanLocked(int component, const int32_t* rows, int64_t n, SwapPlan** next) {
   if (component < 0 || component >= static_cast<int>(components_.size())) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                        "': unknown swap component ", component);
@@ -320,37 +323,31 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
                        "re-initialised with batches in flight?), so host-tier rows are out of "
                        "step. Host-tier tables need every planned training batch to be trained.");
   }
-  const int64_t dim = options_.dim;
-  // Every value block a victim is written to exists before the copies start,
-  // so that the copy loops allocate nothing and may run on several threads,
-  // and so that running out of memory leaves the plan unapplied.
-  try {
-    for (int64_t i = 0; i < n; ++i) {
-      if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
-    }
-  } catch (const std::bad_alloc&) {
-    return ChunkOutOfMemory(components_[component]);
+  *next = &plan;
+  return Status::Ok();
+}
+
+Status HostTier::RetireAppliedLocked() {
+  while (!plans_.empty() && plans_.front().applied == AllMask()) {
+    MXREC_RETURN_IF_ERROR(FinishPlanLocked(plans_.front()));
+    plans_.pop_front();
   }
-  const int64_t parts =
-      (pool != nullptr && pool->num_threads() > 1 && n >= parallel_min_rows.load())
-          ? std::min<int64_t>(pool->num_threads(), n)
-          : 1;
-  const auto for_parts = [&](const std::function<void(int64_t, int64_t, int64_t)>& fn) {
-    const auto part = [&](int64_t p) { fn(p, n * p / parts, n * (p + 1) / parts); };
-    if (parts > 1) {
-      pool->ParallelFor(parts, part);
-    } else {
-      part(0);
-    }
-  };
+  return Status::Ok();
+}
+
+template <typename CurrentRow>
+Status HostTier::StoreVictimsLocked(int component, const SwapPlan& plan, CurrentRow current,
+                                    ThreadPool* pool, int64_t parts, int64_t* outs) {
+  const int64_t n = static_cast<int64_t>(plan.rows.size());
+  const int64_t dim = options_.dim;
+  const uint32_t bit = 1u << component;
   // A plan's out slots are distinct, and so are its rows: the parts write apart.
   std::vector<int64_t> part_outs(parts, 0);
   std::vector<int64_t> part_live(parts, 0);
   std::vector<int64_t> bad_out(parts, -1);
-  // Victims first: their values go to the slots the planner gave them. Rows
-  // kAhead ahead are prefetched in the loops' bodies: GCC drops a prefetch
+  // Rows kAhead ahead are prefetched in the loop's body: GCC drops a prefetch
   // made in a lambda of its own (it sees a call without effects).
-  for_parts([&](int64_t p, int64_t begin, int64_t end) {
+  ForParts(pool, parts, n, [&](int64_t p, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t j = i + kAhead;
       if (j < end) {
@@ -374,7 +371,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
       ++part_outs[p];
     }
   });
-  int64_t outs = 0;
+  *outs = 0;
   for (int64_t p = 0; p < parts; ++p) {
     if (bad_out[p] >= 0) {
       // Each component alternates out, in, out, ... for a slot; two outs in a
@@ -384,14 +381,21 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
                          plan.out_slots[i], " of ID ", plan.out_keys[i],
                          " is written twice without being read (", components_[component], ")");
     }
-    outs += part_outs[p];
+    *outs += part_outs[p];
     live_ += part_live[p];
   }
-  // Then the new owners' values: from their host slots here, from disk below.
+  return Status::Ok();
+}
+
+template <typename IncomingRow>
+Status HostTier::LoadArrivalsLocked(int component, const SwapPlan& plan, IncomingRow incoming,
+                                    bool* fresh, ThreadPool* pool, int64_t parts, int64_t* ins) {
+  const int64_t n = static_cast<int64_t>(plan.rows.size());
+  const int64_t dim = options_.dim;
   std::vector<int64_t> part_ins(parts, 0);
   std::vector<int64_t> bad_in(parts, -1);
   std::vector<std::vector<int64_t>> spilled(parts);
-  for_parts([&](int64_t p, int64_t begin, int64_t end) {
+  ForParts(pool, parts, n, [&](int64_t p, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t j = i + kAhead;
       if (j < end && plan.from_host[j]) {
@@ -421,7 +425,7 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
       }
     }
   });
-  int64_t ins = 0;
+  *ins = 0;
   for (int64_t p = 0; p < parts; ++p) {
     if (bad_in[p] >= 0) {
       const int64_t i = bad_in[p];
@@ -430,15 +434,48 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
                          "': host slot ", slot, " holds ID ", meta_[slot].key, ", not ID ",
                          plan.in_keys[i], " that the plan reads from it");
     }
-    ins += part_ins[p];
+    *ins += part_ins[p];
     for (int64_t i : spilled[p]) {
       bool found = false;
       MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, plan.in_keys[i], plan.seq,
                                               incoming(i), &found, /*stage=*/true));
       fresh[i] = !found;
-      ins += found ? 1 : 0;
+      *ins += found ? 1 : 0;
     }
   }
+  return Status::Ok();
+}
+
+template <typename CurrentRow, typename IncomingRow>
+Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
+                          IncomingRow incoming, bool* fresh, ThreadPool* pool) {
+  if (n == 0) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  DrainLocked();
+  SwapPlan* next = nullptr;
+  MXREC_RETURN_IF_ERROR(NextPlanLocked(component, rows, n, &next));
+  SwapPlan& plan = *next;
+  const uint64_t seq = cursor_[component];
+  // Every value block a victim is written to exists before the copies start,
+  // so that the copy loops allocate nothing and may run on several threads,
+  // and so that running out of memory leaves the plan unapplied.
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      if (plan.has_out[i]) ValueLocked(component, plan.out_slots[i]);
+    }
+  } catch (const std::bad_alloc&) {
+    return ChunkOutOfMemory(components_[component]);
+  }
+  const int64_t parts =
+      (pool != nullptr && pool->num_threads() > 1 && n >= parallel_min_rows.load())
+          ? std::min<int64_t>(pool->num_threads(), n)
+          : 1;
+  // Victims first: their values go to the slots the planner gave them. Then
+  // the new owners' values: from their host slots, or from disk.
+  int64_t outs = 0;
+  MXREC_RETURN_IF_ERROR(StoreVictimsLocked(component, plan, current, pool, parts, &outs));
+  int64_t ins = 0;
+  MXREC_RETURN_IF_ERROR(LoadArrivalsLocked(component, plan, incoming, fresh, pool, parts, &ins));
   if (component == 0) {
     // With several lookups of the table in one step, "last" is the last plan.
     stats_.swap_out_total += outs;
@@ -447,13 +484,9 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
     stats_.swap_out_last = outs;
     stats_.swap_in_last = ins;
   }
-  plan.applied |= bit;
+  plan.applied |= 1u << component;
   cursor_[component] = seq + 1;
-  while (!plans_.empty() && plans_.front().applied == AllMask()) {
-    MXREC_RETURN_IF_ERROR(FinishPlanLocked(plans_.front()));
-    plans_.pop_front();
-  }
-  return Status::Ok();
+  return RetireAppliedLocked();
 }
 
 Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, int64_t n,
@@ -597,6 +630,21 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
   });
 }
 
+// A tier's new contents, built aside by ReplaceLocked.
+struct HostTier::Rebuilt {
+  // The registered components, then the checkpoint's new ones; the
+  // checkpoint's component c is names[index[c]].
+  std::vector<std::string> names;
+  std::vector<int> index;
+  std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta;
+  std::vector<std::vector<Chunk>> chunks;
+  int64_t live = 0;
+  std::vector<int32_t> slots;  // per key: its host slot (-1: on disk or no values)
+  std::vector<int64_t> disk_keys;
+  std::vector<SsdRecord> disk_records;
+  std::unique_ptr<SsdTier> ssd;
+};
+
 Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
                                const std::vector<std::string>& components,
                                const std::vector<uint32_t>& present,
@@ -605,51 +653,56 @@ Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
   // The new state is built aside and replaces the old one only once all of it,
   // the SSD file included, is written: a restore that fails on the way (disk,
   // memory, a bad checkpoint) leaves the tier as it was.
+  Rebuilt next;
+  MXREC_RETURN_IF_ERROR(MapComponents(components, &next));
+  MXREC_RETURN_IF_ERROR(FillAside(keys, components, present, values, &next));
+  // A new file: the old one keeps serving the old state until the swap below.
+  if (!next.disk_keys.empty()) {
+    MXREC_RETURN_IF_ERROR(
+        SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &next.ssd));
+    MXREC_RETURN_IF_ERROR(next.ssd->PutBatch(next.disk_keys, next.disk_records));
+  }
+  cursor_.reserve(next.names.size());
+  // Nothing below fails: the new state replaces the old one.
+  InstallLocked(&next, slots);
+  return Status::Ok();
+}
+
+Status HostTier::MapComponents(const std::vector<std::string>& components, Rebuilt* next) const {
   // Components of the checkpoint that are new here are registered with it.
-  std::vector<std::string> names = components_;
-  std::vector<int> index(components.size());
+  next->names = components_;
+  next->index.resize(components.size());
   for (size_t c = 0; c < components.size(); ++c) {
-    auto it = std::find(names.begin(), names.end(), components[c]);
-    if (it == names.end()) {
-      if (names.size() >= kMaxComponents) {
+    auto it = std::find(next->names.begin(), next->names.end(), components[c]);
+    if (it == next->names.end()) {
+      if (next->names.size() >= kMaxComponents) {
         return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                            "': more than ", kMaxComponents,
                            " optimizer slots swap through the host tier");
       }
-      it = names.insert(names.end(), components[c]);
+      it = next->names.insert(next->names.end(), components[c]);
     }
-    index[c] = static_cast<int>(it - names.begin());
+    next->index[c] = static_cast<int>(it - next->names.begin());
   }
-  const int64_t dim = options_.dim;
-  const size_t width = components.size() * static_cast<size_t>(dim);
+  return Status::Ok();
+}
+
+Status HostTier::FillAside(const std::vector<int64_t>& keys,
+                           const std::vector<std::string>& components,
+                           const std::vector<uint32_t>& present, const std::vector<float>& values,
+                           Rebuilt* next) const {
+  const size_t width = components.size() * static_cast<size_t>(options_.dim);
   const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
-  std::vector<int32_t> new_slots(keys.size(), -1);
-  std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta;
-  std::vector<std::vector<Chunk>> chunks(names.size());
-  int64_t live = 0;
+  next->slots.assign(keys.size(), -1);
+  next->chunks.resize(next->names.size());
   int32_t next_slot = 0;
-  std::vector<int64_t> disk_keys;
-  std::vector<SsdRecord> disk_records;
   for (size_t i = 0; i < keys.size(); ++i) {
     if ((present[i] & mask) == 0) continue;  // no values: restarts from the initializer
     const float* row = values.data() + i * width;
     if (next_slot < options_.host_capacity) {
       const int32_t slot = next_slot++;
-      meta.resize(static_cast<size_t>(slot) + 1);
-      meta[slot].key = keys[i];
-      for (size_t c = 0; c < components.size(); ++c) {
-        if (!(present[i] & (1u << c))) continue;
-        float* value = nullptr;
-        try {
-          value = ValueIn(&chunks, index[c], slot);
-        } catch (const std::bad_alloc&) {
-          return ChunkOutOfMemory(components[c]);
-        }
-        std::memcpy(value, row + c * dim, dim * sizeof(float));
-        meta[slot].present |= 1u << index[c];
-      }
-      ++live;
-      new_slots[i] = slot;
+      MXREC_RETURN_IF_ERROR(StoreAside(slot, keys[i], present[i], row, components, next));
+      next->slots[i] = slot;
       continue;
     }
     if (options_.ssd_capacity <= 0) {
@@ -658,34 +711,55 @@ Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
                          "host_vocabulary_size (", options_.host_capacity,
                          ") and the table has no SSD tier");
     }
-    SsdRecord record;
-    int top = 0;
-    for (size_t c = 0; c < components.size(); ++c) {
-      if (present[i] & (1u << c)) {
-        record.present |= 1u << index[c];
-        top = std::max(top, index[c] + 1);
-      }
-    }
-    record.values.assign(static_cast<size_t>(top * dim), 0.0f);
-    for (size_t c = 0; c < components.size(); ++c) {
-      if (present[i] & (1u << c)) {
-        std::memcpy(record.values.data() + index[c] * dim, row + c * dim, dim * sizeof(float));
-      }
-    }
-    disk_keys.push_back(keys[i]);
-    disk_records.push_back(std::move(record));
+    next->disk_keys.push_back(keys[i]);
+    next->disk_records.push_back(RecordAside(present[i], row, components.size(), next->index));
   }
-  // A new file: the old one keeps serving the old state until the swap below.
-  std::unique_ptr<SsdTier> ssd;
-  if (!disk_keys.empty()) {
-    MXREC_RETURN_IF_ERROR(
-        SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &ssd));
-    MXREC_RETURN_IF_ERROR(ssd->PutBatch(disk_keys, disk_records));
+  return Status::Ok();
+}
+
+Status HostTier::StoreAside(int32_t slot, int64_t key, uint32_t present, const float* row,
+                            const std::vector<std::string>& components, Rebuilt* next) const {
+  const int64_t dim = options_.dim;
+  next->meta.resize(static_cast<size_t>(slot) + 1);
+  next->meta[slot].key = key;
+  for (size_t c = 0; c < components.size(); ++c) {
+    if (!(present & (1u << c))) continue;
+    float* value = nullptr;
+    try {
+      value = ValueIn(&next->chunks, next->index[c], slot);
+    } catch (const std::bad_alloc&) {
+      return ChunkOutOfMemory(components[c]);
+    }
+    std::memcpy(value, row + c * dim, dim * sizeof(float));
+    next->meta[slot].present |= 1u << next->index[c];
   }
-  cursor_.reserve(names.size());
-  // Nothing below fails: the new state replaces the old one.
-  while (components_.size() < names.size()) {
-    components_.push_back(names[components_.size()]);
+  ++next->live;
+  return Status::Ok();
+}
+
+SsdRecord HostTier::RecordAside(uint32_t present, const float* row, size_t count,
+                                const std::vector<int>& index) const {
+  const int64_t dim = options_.dim;
+  SsdRecord record;
+  int top = 0;
+  for (size_t c = 0; c < count; ++c) {
+    if (present & (1u << c)) {
+      record.present |= 1u << index[c];
+      top = std::max(top, index[c] + 1);
+    }
+  }
+  record.values.assign(static_cast<size_t>(top * dim), 0.0f);
+  for (size_t c = 0; c < count; ++c) {
+    if (present & (1u << c)) {
+      std::memcpy(record.values.data() + index[c] * dim, row + c * dim, dim * sizeof(float));
+    }
+  }
+  return record;
+}
+
+void HostTier::InstallLocked(Rebuilt* next, std::vector<int32_t>* slots) {
+  while (components_.size() < next->names.size()) {
+    components_.push_back(next->names[components_.size()]);
     cursor_.push_back(next_seq_);
   }
   plans_.clear();
@@ -696,12 +770,11 @@ Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
   }
   pending_spills_.clear();
   staged_.clear();
-  meta_.swap(meta);
-  live_ = live;
-  chunks_.swap(chunks);
-  ssd_ = std::move(ssd);  // removes the old file; a new one is opened on the next spill
-  slots->swap(new_slots);
-  return Status::Ok();
+  meta_.swap(next->meta);
+  live_ = next->live;
+  chunks_.swap(next->chunks);
+  ssd_ = std::move(next->ssd);  // removes the old file; a new one is opened on the next spill
+  slots->swap(next->slots);
 }
 
 TierStats HostTier::Stats() const {

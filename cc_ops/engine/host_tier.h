@@ -194,6 +194,21 @@ class HostTier {
   template <typename CurrentRow, typename IncomingRow>
   Status SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
                   IncomingRow incoming, bool* fresh, ThreadPool* pool);
+  // SwapRows' steps: the plan the step of `component` applies next (plans
+  // with spills only are applied on the way), after checking that its rows
+  // are `rows`; the victims' values into their host slots; the arriving IDs'
+  // values from their host slots or from disk (fresh[i]: none). The copy
+  // loops run in `parts` parts on `pool`.
+  Status NextPlanLocked(int component, const int32_t* rows, int64_t n, SwapPlan** next);
+  template <typename CurrentRow>
+  Status StoreVictimsLocked(int component, const SwapPlan& plan, CurrentRow current,
+                            ThreadPool* pool, int64_t parts, int64_t* outs);
+  template <typename IncomingRow>
+  Status LoadArrivalsLocked(int component, const SwapPlan& plan, IncomingRow incoming,
+                            bool* fresh, ThreadPool* pool, int64_t parts, int64_t* ins);
+  // Finishes and drops the plans at the queue's front that every component
+  // applied.
+  Status RetireAppliedLocked();
   // The value of `key` for `component` kept for a plan of sequence `seq`:
   // from a slot whose spill to disk is still pending, else from disk.
   // `stage`: keep a record read from disk for the plan's other components
@@ -225,6 +240,20 @@ class HostTier {
   Status ReplaceLocked(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
                        const std::vector<uint32_t>& present, const std::vector<float>& values,
                        std::vector<int32_t>* slots);
+  // ReplaceLocked's steps: the tier's new contents, built aside (the
+  // checkpoint's components mapped to this tier's, then the keys' values in
+  // new host slots up to host_capacity and in SSD records beyond), and the
+  // swap that installs them once nothing can fail.
+  struct Rebuilt;
+  Status MapComponents(const std::vector<std::string>& components, Rebuilt* next) const;
+  Status FillAside(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
+                   const std::vector<uint32_t>& present, const std::vector<float>& values,
+                   Rebuilt* next) const;
+  Status StoreAside(int32_t slot, int64_t key, uint32_t present, const float* row,
+                    const std::vector<std::string>& components, Rebuilt* next) const;
+  SsdRecord RecordAside(uint32_t present, const float* row, size_t count,
+                        const std::vector<int>& index) const;
+  void InstallLocked(Rebuilt* next, std::vector<int32_t>* slots);
   // Moves the plans queued by Enqueue into plans_ (numbering them), so that
   // the key stage never waits for a swap in progress to queue its plan.
   void DrainLocked();

@@ -12,8 +12,10 @@ what one process trains on it. With --out DIR each rank writes its shard of the 
 """
 
 import argparse
+import json
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -22,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam  # noqa: E402
+from mxrec.saver.checkpoint import Saver  # noqa: E402
 from mxrec.util.communication import (  # noqa: E402
     allreduce,
     get_rank_id,
@@ -40,10 +43,10 @@ OPTIMIZERS = {
 }
 
 
-def make_data(steps: int, batch: int, features: int, seed: int = 0):
-    """The global stream: power-law IDs over the int64 range, labels, batch times."""
+def make_data(steps: int, batch: int, features: int, seed: int = 0, pool: int = 400):
+    """The global stream: power-law IDs (over `pool` keys spread over the int64 range),
+    labels, batch times."""
     rng = np.random.default_rng(seed)
-    pool = 400
     weights = 1.0 / np.arange(1, pool + 1) ** 1.1
     keys = rng.integers(-2**62, 2**62, size=pool)
     ids = keys[rng.choice(pool, size=(steps * batch, features), p=weights / weights.sum())]
@@ -52,17 +55,19 @@ def make_data(steps: int, batch: int, features: int, seed: int = 0):
     return ids.astype(np.int64), labels, times
 
 
-def build(args, rank: int, size: int):
-    ids, labels, times = make_data(args.steps, args.batch, args.features)
+def build(args, rank: int, size: int, first_step: int):
+    ids, labels, times = make_data(args.steps, args.batch, args.features, pool=args.pool)
     n = len(labels)
     # Rank r's slice of each global batch: rows r, r + N, ... of the batch.
     take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
                            for s in range(args.steps)])
     dataset = tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
-    iterator = _v1.data.make_initializable_iterator(dataset.batch(args.batch // size))
+    iterator = _v1.data.make_initializable_iterator(
+        dataset.batch(args.batch // size).skip(first_step))
     features, label, stamp = iterator.get_next()
     add_timestamp(stamp)
-    table = create_table(tf.int64, args.dim, "emb", _v1.constant_initializer(0.05),
+    dim = args.dim_on_rank1 if rank == 1 and args.dim_on_rank1 else args.dim
+    table = create_table(tf.int64, dim, "emb", _v1.constant_initializer(0.05),
                          device_vocabulary_size=args.capacity,
                          host_vocabulary_size=args.host,
                          all2all_gradients_op="sum_gradients_and_div_by_ranksize")
@@ -73,7 +78,7 @@ def build(args, rank: int, size: int):
             config["eviction_threshold"] = args.eviction
     emb = sparse_lookup(table, features, access_and_evict_config=config,
                         send_count=args.send_count, name="lookup")
-    weights = _v1.get_variable("w", [args.dim, 1],
+    weights = _v1.get_variable("w", [dim, 1],
                                initializer=_v1.glorot_uniform_initializer(seed=1))
     logits = tf.matmul(tf.reduce_sum(emb, 1), weights)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
@@ -87,12 +92,39 @@ def build(args, rank: int, size: int):
     return iterator.initializer, train_op, loss, table, weights
 
 
+def _traced_step(sess, train_op):
+    """Runs one step with a trace; returns the busy time of its ops by kind (ms): the
+    collectives (including the time they wait for the other ranks) and everything else."""
+    options = _v1.RunOptions(trace_level=_v1.RunOptions.FULL_TRACE)
+    metadata = _v1.RunMetadata()
+    start = time.perf_counter()
+    sess.run(train_op, options=options, run_metadata=metadata)
+    wall = time.perf_counter() - start
+    collective = other = 0.0
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            ms = (node.all_end_rel_micros or node.op_end_rel_micros) / 1000.0
+            if "Collective" in node.timeline_label or "Collective" in node.node_name:
+                collective += ms
+            else:
+                other += ms
+    return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other)
+
+
+def _latest_step(directory: str) -> int:
+    names = [n for n in os.listdir(directory) if n.startswith(("full-", "delta-"))]
+    if not names:
+        raise SystemExit(f"--restore: no checkpoint in {directory}")
+    return max(int(n.split("-")[1]) for n in names)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=64, help="global batch size")
     parser.add_argument("--features", type=int, default=4)
     parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--pool", type=int, default=400, help="distinct IDs in the stream")
     parser.add_argument("--capacity", type=int, default=512, help="device rows per rank")
     parser.add_argument("--host", type=int, default=0, help="host_vocabulary_size per rank")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adagrad")
@@ -101,6 +133,22 @@ def main(argv=None):
     parser.add_argument("--send_count", type=int, default=None,
                         help="static shapes: unique IDs per peer and step")
     parser.add_argument("--out", default=None, help="write each rank's shard here")
+    parser.add_argument("--ckpt", default=None,
+                        help="mxrec Saver directory: --full_at and --delta_at save there")
+    parser.add_argument("--full_at", type=int, default=None, help="full save after this step")
+    parser.add_argument("--delta_at", type=int, default=None, help="delta save after this step")
+    parser.add_argument("--stop_at", type=int, default=None, help="stop after this step")
+    parser.add_argument("--restore", action="store_true",
+                        help="restore the latest version of --ckpt (saved by any number of "
+                        "ranks) and go on from its step")
+    parser.add_argument("--timing", default=None,
+                        help="write samples/s (after 5 warm-up steps) and where one traced "
+                        "step's time goes to this JSON file (rank 0)")
+    parser.add_argument("--tf_save", default=None,
+                        help="save with tf.compat.v1.train.Saver to this prefix at the end "
+                        "(refused for sharded tables: tests)")
+    parser.add_argument("--dim_on_rank1", type=int, default=None,
+                        help="rank 1 builds its table with this dim (failure tests)")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
     args = parser.parse_args(argv)
@@ -109,18 +157,40 @@ def main(argv=None):
     rank, size = get_rank_id(), get_rank_size()
     if args.batch % size:
         raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
-    start, train_op, loss, table, weights = build(args, rank, size)
+    first = _latest_step(args.ckpt) if args.restore else 0
+    start, train_op, loss, table, weights = build(args, rank, size, first)
+    saver = Saver(args.ckpt) if args.ckpt else None
     with _v1.Session(**session_kwargs()) as sess:
         sess.run(_v1.global_variables_initializer())
+        if args.restore:
+            assert saver.restore(sess) == first
         sess.run(start)
-        for step in range(1, args.steps + 1):
+        timed_from, breakdown = None, None
+        for step in range(first + 1, (args.stop_at or args.steps) + 1):
             if args.die_at is not None and rank == 1 and step == args.die_at:
                 os._exit(3)
+            if args.timing and step == first + 6:
+                timed_from = time.perf_counter()
+            if args.timing and step == (args.stop_at or args.steps):
+                seconds = time.perf_counter() - timed_from
+                breakdown = _traced_step(sess, train_op)  # the last step, not timed
+                continue
             _, value = sess.run([train_op, loss])
             if args.eviction is not None:
                 table.evict(args.eviction)
             if step % 10 == 0 and rank == 0:
                 print(f"step {step}: loss {value:.4f} (rank 0's slice)", flush=True)
+            if step == args.full_at:
+                saver.save(sess, step, kind="full")
+            if step == args.delta_at:
+                saver.save(sess, step, kind="delta")
+        if args.tf_save:
+            _v1.train.Saver().save(sess, args.tf_save)
+        if args.timing and rank == 0:
+            steps = (args.stop_at or args.steps) - first - 6
+            with open(args.timing, "w") as f:
+                json.dump(dict(ranks=size, steps=steps, samples_per_second=steps * args.batch /
+                               seconds, step_ms=1000 * seconds / steps, **breakdown), f)
         ids, rows = table.export_rows()
         values = sess.run(table.variable)[rows] if len(rows) else np.zeros((0, args.dim))
         if args.host:

@@ -9,6 +9,7 @@ import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 from mxrec._lib import loader
+from mxrec.util import communication
 
 _FIELDS = (
     ("keys", tf.int64),
@@ -51,6 +52,8 @@ class HostStateSaveable(saveable_object.SaveableObject):
         with tf.device("/device:CPU:0"):
             tensors = loader.op_library().mxrec_export_table(
                 table_key=table_key, name=f"{table_name}_export_host_state")
+        if communication.get_rank_size() > 1:
+            tensors = [_refused(table_name, t) for t in tensors]
         fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
         specs = [
             saveable_object.SaveSpec(tensor, "", f"{table_name}/mxrec_host/{field}")
@@ -60,6 +63,8 @@ class HostStateSaveable(saveable_object.SaveableObject):
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
+        if communication.get_rank_size() > 1:
+            restored_tensors = [_refused(self.name.split("/")[0], t) for t in restored_tensors]
         with tf.device("/device:CPU:0"):
             inputs = [tf.cast(t, dtype) if dtype != tf.string else t
                       for t, (_, dtype) in zip(restored_tensors, _FIELDS + _TIER_FIELDS)]
@@ -68,6 +73,18 @@ class HostStateSaveable(saveable_object.SaveableObject):
                                                               table_key=self._table_key)
             return loader.op_library().mxrec_import_table_tiered(*inputs,
                                                                  table_key=self._table_key)
+
+def _refused(table_name: str, tensor: tf.Tensor) -> tf.Tensor:
+    """`tensor` behind an assert that always fails: TF's Saver on several ranks would save
+    (or restore) one rank's shard under the others' names."""
+    check = tf.debugging.Assert(False, [
+        f"table {table_name!r} is sharded across {communication.get_rank_size()} ranks: TF's "
+        "Saver (and CheckpointSaverHook, Estimator checkpoints) cannot save or restore it; "
+        "use mxrec.saver.checkpoint.Saver, which writes every rank's shard into one version "
+        "and restores it on any number of ranks"])
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
+
 
 def register(table_name: str, table_key: str) -> HostStateSaveable:
     """Adds the table's host state to the graph's SAVEABLE_OBJECTS collection."""

@@ -3,9 +3,9 @@
 One lookup on N ranks (direct path), per step:
 
     ids ─► unique (local) ─► occurrences per unique ID, owner per unique ID
-        ─► buckets [N, chunk] of IDs and occurrence counts (chunk: the largest bucket of any
+        ─► buckets [N, chunk, 2] of (ID, occurrence count) (chunk: the largest bucket of any
            rank, from an all-reduce; send_count under init(use_dynamic=False))
-        ─► all-to-all: rank r receives every rank's IDs that r owns
+        ─► one all-to-all: rank r receives every rank's IDs that r owns
         ─► owner: the IDs repeated by their occurrences ─► the table's own key stage and
            device lookup (admission counts every occurrence of the global batch; eviction,
            tiers and reused rows run on the owner as in one process)
@@ -20,6 +20,7 @@ The owner of an ID (`owner_of`) is documented and independent of the rank count'
 written by N ranks is re-partitioned by the same function on M ranks.
 """
 
+import zlib
 from typing import Callable, Optional
 
 import numpy as np
@@ -44,6 +45,12 @@ def owner_of_numpy(ids: np.ndarray, size: int) -> np.ndarray:
     """owner_of in NumPy (checkpoints, tests)."""
     mixed = np.asarray(ids, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     return ((mixed >> np.uint64(_SHIFT)) % np.uint64(size)).astype(np.int32)
+
+
+def _fingerprint(table, send_count, is_train) -> int:
+    text = (f"{table.table_name}|{table.dim}|{table.key_dtype.name}|{send_count}|{is_train}|"
+            f"{table.all2all_gradients_op}")
+    return zlib.crc32(text.encode()) & 0x3FFFFFFF
 
 
 def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
@@ -76,7 +83,19 @@ def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
     counts = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
     starts = tf.cumsum(counts, exclusive=True)
     position = tf.range(num) - tf.gather(starts, owner_sorted)
-    largest = communication.allreduce(tf.reduce_max(counts), "max")
+    # One all-reduce gives the largest bucket and checks that every rank built this lookup
+    # of the same table (name, dim, key type, send_count): max and -min of a fingerprint.
+    fingerprint = _fingerprint(table, send_count, is_train)
+    summary = communication.allreduce(
+        tf.stack([tf.reduce_max(counts), tf.constant(fingerprint), tf.constant(-fingerprint)]),
+        "max")
+    agree = tf.debugging.Assert(
+        tf.equal(summary[1], -summary[2]),
+        [f"sparse_lookup on table {table.table_name!r}: the ranks built different lookups "
+         "(table name, dim, key dtype, send_count or is_train differ between ranks, or the "
+         "ranks build their graphs in different orders); every rank must run the same model"])
+    with tf.control_dependencies([agree]):
+        largest = tf.identity(summary[0])
     if send_count is None:
         chunk = tf.maximum(largest, 1)
     else:
@@ -90,10 +109,11 @@ def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
             chunk = tf.identity(tf.constant(send_count, tf.int32))
     where = tf.stack([owner_sorted, position], axis=1)
     shape = tf.stack([size, chunk])
-    send_ids = tf.scatter_nd(where, tf.gather(uniq, order), shape)
-    send_occ = tf.scatter_nd(where, tf.gather(occurrences, order), shape)
-    recv_ids = tf.reshape(communication.alltoall(send_ids), [-1])
-    recv_occ = tf.reshape(communication.alltoall(send_occ), [-1])
+    # IDs and their occurrence counts travel together: [N, chunk, 2] int64.
+    pairs = tf.stack([tf.gather(uniq, order), tf.gather(occurrences, order)], axis=1)
+    send = tf.scatter_nd(where, pairs, tf.concat([shape, [2]], axis=0))
+    received = tf.reshape(communication.alltoall(send), [-1, 2])
+    recv_ids, recv_occ = received[:, 0], received[:, 1]
     valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
     owned = tf.gather(recv_ids, valid)
     owned_occ = tf.gather(recv_occ, valid)

@@ -62,7 +62,7 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
-from mxrec.core import dynamic
+from mxrec.core import dynamic, sharding
 from mxrec.core.table import graph_tables
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver import merge
@@ -73,6 +73,7 @@ from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSIO
     sha256,
     version_name,
 )
+from mxrec.util import communication
 from mxrec.util.initialize import get_config_initializer
 
 _HOST_SCALARS = ("next_row", "newest_timestamp", "counting_frozen", "access_threshold")
@@ -231,6 +232,19 @@ class Saver:
         self._last_epochs: Optional[Dict[str, int]] = None
         self._last_step: Optional[int] = None
         self._last_full: Optional[int] = None
+        # Several ranks: each saves the shard it owns of every table into one version.
+        self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
+        self._barrier = None
+        if self._size > 1:
+            if graph.finalized:
+                raise ValueError("mxrec Saver on several ranks: build it before the graph is "
+                                 "finalized (its saves synchronise the ranks with a collective)")
+            with tf.name_scope("mxrec_checkpoint/barrier"):
+                self._barrier = communication.allreduce(tf.constant(1, tf.int32), "sum")
+
+    def _wait_for_every_rank(self, session):
+        if session.run(self._barrier) != self._size:
+            raise CheckpointError("mxrec Saver: the ranks' barrier did not count every rank")
 
     @property
     def last_step(self) -> Optional[int]:
@@ -272,15 +286,17 @@ class Saver:
             arrays.update({f"state/{name}": value for name, value in values.items()})
             if "in_host" in host:  # a table with a host tier: its host-tier rows too
                 arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
-            file_name = f"table-{index:03d}.npz"
+            file_name = (f"table-{index:03d}.npz" if self._size == 1
+                         else f"table-{index:03d}-rank{self._rank:05d}.npz")
             files[file_name] = npz_bytes(arrays)
             tables_meta[table.table_name] = {"file": file_name, "dim": table.dim,
                                              "ids": int(len(host["keys"])),
                                              "removed": int(len(host["removed"])),
                                              "state": io_.state_names()}
         dense_values = session.run(self._dense)
-        files["dense.npz"] = npz_bytes(
-            {v.op.name: value for v, value in zip(self._dense, dense_values)})
+        if self._rank == 0:  # dense variables are the same on every rank
+            files["dense.npz"] = npz_bytes(
+                {v.op.name: value for v, value in zip(self._dense, dense_values)})
         manifest = {
             "format": FORMAT_VERSION,
             "kind": kind,
@@ -292,7 +308,12 @@ class Saver:
             "files": {name: {"bytes": len(data), "sha256": sha256(data)}
                       for name, data in files.items()},
         }
-        path = self._write_atomically(version_name(kind, step), files, manifest)
+        if self._size == 1:
+            path = self._write_atomically(version_name(kind, step), files, manifest)
+        else:
+            path = manifest_io.write_version_sharded(
+                self.directory, version_name(kind, step), files, manifest, self._rank,
+                self._size, lambda: self._wait_for_every_rank(session))
         self._last_epochs = epochs
         self._last_step = step
         # The next delta starts from this save: removals it holds are done with.
@@ -330,21 +351,41 @@ class Saver:
             CheckpointError: nothing to restore, a broken chain, or a bad file, named.
         """
         chain = self._chain(version)
-        state: Dict[str, Dict] = {}
-        dense = None
+        versions = []
         previous_step = None
-        last_manifest = None
         for kind, step in chain:
             manifest, arrays = self._read_version(kind, step)
             if kind == "delta" and manifest["previous"] != previous_step:
                 raise CheckpointError(
                     f"delta checkpoint at step {step} follows step {manifest['previous']}, "
                     f"which is missing from {self.directory}; cannot apply it")
-            for name, meta in manifest["tables"].items():
-                merge.merge_table(state.setdefault(name, {}), arrays[meta["file"]], kind, name)
-            dense = arrays["dense.npz"]
+            versions.append((kind, manifest, arrays))
             previous_step = step
-            last_manifest = manifest
+        last_manifest = versions[-1][1]
+        dense = versions[-1][2]["dense.npz"]
+        state: Dict[str, Dict] = {}
+        if all(m.get("ranks", 1) == self._size for _, m, _ in versions):
+            # Saved by as many ranks as restore it: each rank takes back its own shard.
+            for kind, manifest, arrays in versions:
+                for name in manifest["tables"]:
+                    files = manifest_io.table_files(manifest, name)
+                    merge.merge_table(state.setdefault(name, {}), arrays[files[self._rank]],
+                                      kind, name)
+        else:
+            # Saved by another number of ranks: every shard, re-partitioned by owner.
+            for kind, manifest, arrays in versions:
+                for name in manifest["tables"]:
+                    merge.merge_ranks(state.setdefault(name, {}),
+                                      [arrays[f] for f in manifest_io.table_files(manifest, name)],
+                                      kind, name)
+            for io_ in self._tables:
+                name = io_.table.table_name
+                if name in state:
+                    state[name] = merge.reshard(
+                        state[name],
+                        lambda keys: sharding.owner_of_numpy(keys, self._size) == self._rank,
+                        tiered=getattr(io_.table, "host_vocabulary_size", 0) > 0,
+                        capacity=io_.table.device_vocabulary_size, name=name)
         self._load_into_graph(session, state, dense)
         epochs = {}
         engine = loader.engine()

@@ -16,7 +16,7 @@ import json
 import posixpath
 import re
 import uuid
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -59,6 +59,62 @@ def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: 
         f.write(json.dumps(manifest, indent=1, sort_keys=True))
     gfile.rename(tmp, final)
     return final
+
+
+def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], manifest: Dict,
+                          rank: int, size: int, barrier: Callable[[], None]) -> str:
+    """The same as `write_version` for one rank of `size`, every rank calling it together.
+
+    Each rank writes its own files (and a `rank-R.json` listing them) into one temporary
+    folder; rank 0 then writes the manifest of all of them and renames the folder into
+    place. `barrier()` returns once every rank has called it.
+    """
+    gfile = tf.io.gfile
+    final = posixpath.join(directory, name)
+    tmp = posixpath.join(directory, f".tmp-{name}-ranks")
+    if rank == 0:
+        gfile.makedirs(directory)
+        if gfile.exists(final):
+            raise CheckpointError(f"checkpoint {final} already exists; save under another step")
+        if gfile.exists(tmp):  # left by a save that died
+            gfile.rmtree(tmp)
+        gfile.makedirs(tmp)
+    barrier()
+    for file_name, data in files.items():
+        with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
+            f.write(data)
+    part = dict(manifest, files={n: {"bytes": len(d), "sha256": sha256(d)}
+                                 for n, d in files.items()})
+    with gfile.GFile(posixpath.join(tmp, f"rank-{rank}.json"), "w") as f:
+        f.write(json.dumps(part, sort_keys=True))
+    barrier()
+    if rank == 0:
+        parts = []
+        for r in range(size):
+            with gfile.GFile(posixpath.join(tmp, f"rank-{r}.json"), "r") as f:
+                parts.append(json.loads(f.read()))
+        whole = dict(manifest, ranks=size, files={}, tables={})
+        for part in parts:
+            whole["files"].update(part["files"])
+        for table in manifest["tables"]:
+            metas = [part["tables"][table] for part in parts]
+            whole["tables"][table] = dict(
+                metas[0], files=[m["file"] for m in metas], ids=sum(m["ids"] for m in metas),
+                removed=sum(m["removed"] for m in metas))
+            del whole["tables"][table]["file"]
+        with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
+            f.write(json.dumps(whole, indent=1, sort_keys=True))
+        for r in range(size):
+            gfile.remove(posixpath.join(tmp, f"rank-{r}.json"))
+        gfile.rename(tmp, final)
+    barrier()
+    return final
+
+
+def table_files(manifest: Dict, table: str) -> List[str]:
+    """The files of `table` in a version, one per rank that wrote it (one when unsharded)."""
+    meta = manifest["tables"][table]
+    return list(meta["files"]) if "files" in meta else [meta["file"]]
 
 
 def list_versions(directory: str) -> List[Tuple[str, int]]:

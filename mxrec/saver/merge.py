@@ -6,7 +6,7 @@ after it, in step order, and folds their table files into one state per table
 and overwrites the records and rows of the IDs it holds.
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -84,3 +84,63 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
     for field in ("lru_rows", "lru_ages"):
         if f"host/{field}" in arrays:
             table_state[field] = arrays[f"host/{field}"]
+
+
+def merge_ranks(table_state: Dict, files: List[Dict[str, np.ndarray]], kind: str, name: str):
+    """Folds the files that the ranks of one version wrote for a table (each holds the IDs
+    its rank owned) into one state of the whole table; rows stay those of each rank's own
+    device table, so the result is only good for `reshard`."""
+    newest = table_state.get("newest", -1)
+    for index, arrays in enumerate(files):
+        merge_table(table_state, arrays, kind if index == 0 else "delta", name)
+        newest = max(newest, int(arrays["host/scalars"][1]))
+    table_state["newest"] = newest
+
+
+def reshard(table_state: Dict, keep: Callable[[np.ndarray], np.ndarray], tiered: bool,
+            capacity: int, name: str) -> Dict:
+    """The part of a whole table's state that one rank owns now (`keep(keys)` is a mask),
+    with its rows given anew: a table with a host tier takes every admitted ID into the host
+    tier (the device cache fills again as training reads them); a device-only table gives
+    its admitted IDs rows 0, 1, ... in ID order.
+
+    Raises:
+        CheckpointError: a device-only shard needs more rows than `capacity`.
+    """
+    records = table_state["records"]
+    keys = np.fromiter(records.keys(), np.int64, len(records))
+    kept = keys[keep(keys)] if len(keys) else keys
+    kept.sort()
+    out_records, values, tier_values = {}, {}, {}
+    next_row = 0
+    for key in kept.tolist():
+        row, count, seen, host = records[key]
+        value = table_state["values"].get(key) if row >= 0 else None
+        if row < 0 and host:
+            value = table_state["tier_values"].get(key, {})
+        admitted = row >= 0 or host
+        if not admitted:
+            out_records[key] = (-1, count, seen, 0)
+        elif tiered:
+            out_records[key] = (-1, count, seen, 1)
+            tier_values[key] = value
+        else:
+            out_records[key] = (next_row, count, seen, 0)
+            values[key] = value
+            next_row += 1
+    if next_row > capacity:
+        raise CheckpointError(
+            f"table {name!r}: this rank's share of the checkpoint has {next_row} admitted IDs "
+            f"but device_vocabulary_size is {capacity}; raise device_vocabulary_size (per "
+            "rank) or restore on more ranks")
+    scalars = np.array(table_state["scalars"], np.int64)
+    scalars[0] = next_row
+    scalars[1] = table_state.get("newest", scalars[1])
+    out = dict(table_state, records=out_records, values=values, tier_values=tier_values,
+               free_rows=np.zeros(0, np.int32), scalars=scalars)
+    out.pop("lru_rows", None)
+    out.pop("lru_ages", None)
+    if tiered:
+        out["lru_rows"] = np.zeros(0, np.int32)
+        out["lru_ages"] = np.zeros(0, np.uint32)
+    return out

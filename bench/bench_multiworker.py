@@ -1,0 +1,106 @@
+"""Multi-worker training: samples/s for 1, 2 and 4 local ranks on the same global batch, and
+the bytes each rank exchanges per step against the minimum.
+
+Each configuration runs examples/multiworker/train.py (one sharded table, 26 features,
+power-law IDs over a pool of distinct keys, Adagrad; dense gradients all-reduced) under
+`python -m mxrec.launch -n N`, times the steps after 6 warm-up steps, and traces one more step
+to split its op time into collectives (all-to-all and all-reduce, including the time a rank
+waits for the others) and the rest. All ranks share this machine's cores, so more ranks do
+not mean more compute here: the figures show the cost of the exchange, not a speed-up.
+
+Bytes per rank and step are computed from the same data the ranks read: what this rank sends
+to the others (IDs with their occurrence counts, int64 pairs, padded to the step's chunk;
+embeddings back from the owner; gradients to the owner, float32 [chunk, dim] per peer; the
+chunk to itself
+does not travel) against the minimum, unique IDs sent to other ranks x (8 + 4 dim) one way
+and 4 dim back (embedding) plus 4 dim out (gradient).
+
+Run from the repository root:
+    PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py [--ranks 1,2,4 --steps 40]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from bench.machine import cpu_name
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples", "multiworker"))
+
+from train import make_data  # noqa: E402
+
+from mxrec.core.sharding import owner_of_numpy  # noqa: E402
+from mxrec.util.communication import _LADDER  # noqa: E402
+
+
+def exchange_bytes(ids: np.ndarray, ranks: int, batch: int, dim: int, steps: int):
+    """(bytes sent per rank and step, minimum), averaged over ranks and steps."""
+    sent, minimum = [], []
+    for step in range(steps):
+        rows = np.arange(step * batch, (step + 1) * batch)
+        uniques = [np.unique(ids[rows[rank::ranks]].ravel()) for rank in range(ranks)]
+        counts = [np.bincount(owner_of_numpy(u, ranks), minlength=ranks) for u in uniques]
+        largest = max(int(c.max()) for c in counts)
+        chunk = next(r for r in _LADDER if r >= max(largest, 1))
+        for rank in range(ranks):
+            remote = int(counts[rank].sum() - counts[rank][rank])
+            peers = ranks - 1
+            sent.append(peers * chunk * (8 + 8 + 4 * dim + 4 * dim))
+            minimum.append(remote * (8 + 4 * dim + 4 * dim))
+    return float(np.mean(sent)), float(np.mean(minimum))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--features", type=int, default=26)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--pool", type=int, default=1_000_000)
+    args = parser.parse_args(argv)
+    script = os.path.join(ROOT, "examples", "multiworker", "train.py")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    common = ["--steps", str(args.steps), "--batch", str(args.batch), "--features",
+              str(args.features), "--dim", str(args.dim), "--pool", str(args.pool),
+              "--capacity", str(min(args.pool, 2**31 - 1))]
+    ids, _, _ = make_data(args.steps, args.batch, args.features, pool=args.pool)
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores; global batch {args.batch} x "
+          f"{args.features} IDs, dim {args.dim}, {args.pool:,} distinct keys")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks in [int(r) for r in args.ranks.split(",")]:
+            timing = os.path.join(tmp, f"timing-{ranks}.json")
+            command = [sys.executable, script, "--timing", timing] + common
+            if ranks > 1:
+                command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + command[1:]
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(done.stdout[-2000:], done.stderr[-2000:])
+                return 1
+            with open(timing) as f:
+                results[ranks] = json.load(f)
+    base = results.get(1, {}).get("samples_per_second")
+    for ranks, r in results.items():
+        line = (f"{ranks} rank(s): {r['samples_per_second']:,.0f} samples/s "
+                f"({r['step_ms']:.1f} ms/step")
+        if base:
+            line += f", {r['samples_per_second'] / base:.2f} x 1 process"
+        line += (f"); traced step: collectives {r['collective_ms']:.0f} ms, other ops "
+                 f"{r['other_ops_ms']:.0f} ms (summed over threads)")
+        if ranks > 1:
+            sent, minimum = exchange_bytes(ids, ranks, args.batch, args.dim, args.steps)
+            line += (f"; sent per rank and step {sent / 2**20:.2f} MiB vs minimum "
+                     f"{minimum / 2**20:.2f} MiB ({sent / minimum:.2f} x)")
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

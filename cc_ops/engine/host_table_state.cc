@@ -1,0 +1,395 @@
+// HostTable's checkpoints: ExportState (the state at the step boundary, full
+// or delta) and ImportState (checked, then built aside and swapped in). See
+// "Checkpoints" and "The step boundary: pending batches" in
+// docs/ARCHITECTURE.md.
+
+#include "host_table.h"
+
+#include <algorithm>
+#include <array>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace mxrec {
+
+struct HostTable::Boundary {
+  // The pending batches undone, newest first, so that the oldest one's
+  // "before" is what remains: each ID's values at the step boundary, or
+  // absent.
+  std::unordered_map<int64_t, const Undo*> before;
+  std::unordered_set<int64_t> unadmitted;  // IDs the pending batches admitted
+  int64_t next_row = 0;
+  std::vector<int32_t> free_rows;
+  // Rows without an owner at the boundary: taken by pending batches, or
+  // refilled from free by pending swap plans.
+  std::unordered_set<int32_t> unowned;
+  std::unordered_map<int64_t, Physical> physical;  // IDs a pending plan moved
+};
+
+struct HostTable::ExportedRecord {
+  KeyRecord* rec;
+  const Undo* undo;  // its values at the boundary, if a pending batch changed them
+  Physical where;
+};
+
+Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState* state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Boundary boundary;
+  MXREC_RETURN_IF_ERROR(ViewBoundary(&boundary));
+  const std::vector<ExportedRecord> records = CollectRecords(boundary, since_epoch);
+  *state = TableState();
+  for (const ExportedRecord& e : records) {
+    state->keys.push_back(e.rec->key);
+    state->rows.push_back(e.where.row);
+    state->counts.push_back(e.undo != nullptr ? e.undo->count : e.rec->count);
+    state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.rec->last_seen);
+  }
+  state->free_rows = std::move(boundary.free_rows);
+  state->next_row = boundary.next_row;
+  state->newest_timestamp = BoundaryNewest();
+  state->counting_frozen = counting_frozen_;
+  state->access_threshold = admission_.access_threshold;
+  if (since_epoch > 0) {
+    for (const auto& [key, epoch] : removed_log_) {
+      if (epoch > since_epoch) state->removed.push_back(key);
+    }
+  }
+  if (tier_) MXREC_RETURN_IF_ERROR(ExportTier(records, boundary, state));
+  state->epoch = epoch_++;
+  if (delta_chain) {
+    track_removals_ = true;
+    for (const ExportedRecord& e : records) e.rec->in_chain = 1;
+  }
+  MarkPendingChanged(boundary);
+  return Status::Ok();
+}
+
+Status HostTable::ViewBoundary(Boundary* boundary) const {
+  // Rows a pending plan refilled -> their owner before it (nullopt: free).
+  std::unordered_map<int32_t, std::optional<int64_t>> row_owner;
+  if (tier_) MXREC_RETURN_IF_ERROR(PhysicalView(&boundary->physical, &row_owner, -1));
+  boundary->next_row = next_row_;
+  boundary->free_rows = free_rows_;
+  for (auto batch = pending_.rbegin(); batch != pending_.rend(); ++batch) {
+    for (const Undo& u : batch->undo) boundary->before[u.key] = &u;
+    boundary->unadmitted.insert(batch->admitted.begin(), batch->admitted.end());
+    boundary->next_row -= batch->fresh_rows;
+    for (auto row = batch->popped_free.rbegin(); row != batch->popped_free.rend(); ++row) {
+      boundary->free_rows.push_back(*row);
+      boundary->unowned.insert(*row);
+    }
+  }
+  for (const auto& [row, owner] : row_owner) {
+    if (!owner.has_value()) boundary->unowned.insert(row);
+  }
+  return Status::Ok();
+}
+
+std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary& boundary,
+                                                                 uint32_t since_epoch) {
+  const auto physical_of = [&boundary](const KeyRecord* rec) {
+    Physical now;
+    auto it = boundary.physical.find(rec->key);
+    if (it != boundary.physical.end()) {
+      now = it->second;
+    } else {
+      now.row = rec->row;
+      now.in_host = rec->in_host;
+      now.host_slot = rec->host_slot;
+    }
+    if (!boundary.unadmitted.empty() && boundary.unadmitted.count(rec->key) > 0) now = Physical();
+    return now;
+  };
+  std::vector<ExportedRecord> records;
+  for (auto& shard : shards_) {
+    shard.ForEach([&](KeyRecord& rec) {
+      auto it = boundary.before.find(rec.key);
+      const Undo* undo = it == boundary.before.end() ? nullptr : it->second;
+      if (undo != nullptr && undo->inserted) return;  // not known at the boundary
+      const uint32_t epoch = undo != nullptr ? undo->epoch : rec.epoch;
+      if (since_epoch == 0 || epoch > since_epoch) records.push_back({&rec, undo, physical_of(&rec)});
+    });
+  }
+  std::sort(records.begin(), records.end(), [](const ExportedRecord& a, const ExportedRecord& b) {
+    return a.where.row != b.where.row ? a.where.row < b.where.row : a.rec->key < b.rec->key;
+  });
+  return records;
+}
+
+Status HostTable::ExportTier(const std::vector<ExportedRecord>& records, const Boundary& boundary,
+                             TableState* state) const {
+  std::vector<int64_t> host_keys;
+  std::vector<int32_t> host_slots;
+  state->in_host.reserve(records.size());
+  for (const ExportedRecord& e : records) {
+    state->in_host.push_back(e.where.in_host);
+    if (e.where.in_host) {
+      host_keys.push_back(e.rec->key);
+      host_slots.push_back(e.where.host_slot);
+    }
+  }
+  for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
+    if (row >= boundary.next_row || boundary.unowned.count(row) > 0) continue;
+    state->lru_rows.push_back(row);
+    state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
+  }
+  return tier_->Gather(host_keys, host_slots, &state->tier_components, &state->tier_present,
+                       &state->tier_values);
+}
+
+void HostTable::MarkPendingChanged(const Boundary& boundary) {
+  // What the pending batches' steps will change, and IDs saved where a pending
+  // plan moves them from: the next delta holds them as they are then.
+  for (const auto& [key, undo] : boundary.before) {
+    KeyRecord* rec = FindRecord(key);
+    if (rec != nullptr) rec->epoch = epoch_;
+  }
+  for (const auto& entry : boundary.physical) {
+    KeyRecord* rec = FindRecord(entry.first);
+    if (rec != nullptr) rec->epoch = epoch_;
+  }
+}
+
+void HostTable::PruneRemovedLog(uint32_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  removed_log_.erase(std::remove_if(removed_log_.begin(), removed_log_.end(),
+                                    [epoch](const auto& entry) { return entry.second <= epoch; }),
+                     removed_log_.end());
+}
+
+int64_t HostTable::removed_log_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(removed_log_.size());
+}
+
+Status HostTable::ImportState(const TableState& state) {
+  // One critical section: nothing plans a batch between the checks and the
+  // replacement.
+  std::lock_guard<std::mutex> lock(mu_);
+  MXREC_RETURN_IF_ERROR(CheckTierFlags(state));
+  MXREC_RETURN_IF_ERROR(CheckRows(state));
+  std::vector<int64_t> host_keys;  // tiered: the IDs in the host tier, in state order
+  if (tier_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_keys));
+  std::vector<KeyMap> fresh(kNumShards);
+  MXREC_RETURN_IF_ERROR(BuildMaps(state, &fresh));
+  uint32_t stamp = 0;
+  if (tier_) MXREC_RETURN_IF_ERROR(RestoreTier(state, host_keys, &fresh, &stamp));
+  for (int s = 0; s < kNumShards; ++s) shards_[s] = std::move(fresh[s]);
+  free_rows_ = state.free_rows;
+  next_row_ = state.next_row;
+  newest_timestamp_ = state.newest_timestamp;
+  counting_frozen_ = state.counting_frozen;
+  admission_.access_threshold = state.access_threshold;
+  stamp_ = stamp;
+  removed_log_.clear();
+  // Batches planned against the state replaced never train: committing one
+  // is an error (Commit), and HostTier::Replace dropped their swap plans.
+  pending_.clear();
+  pending_admitted_.clear();
+  import_barrier_ = next_batch_id_;
+  return Status::Ok();
+}
+
+Status HostTable::CheckTierFlags(const TableState& state) const {
+  if (state.in_host.empty()) return Status::Ok();
+  if (!tier_) {
+    int64_t host_ids = 0;
+    for (uint8_t flag : state.in_host) host_ids += flag ? 1 : 0;
+    if (host_ids > 0) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': the checkpoint holds ", host_ids,
+                         " IDs in a host tier, but this table has none "
+                         "(host_vocabulary_size is 0)");
+    }
+  } else if (state.in_host.size() != state.keys.size()) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': checkpointed host-tier flags do not match the IDs");
+  }
+  return Status::Ok();
+}
+
+Status HostTable::CheckRows(const TableState& state) const {
+  const size_t n = state.keys.size();
+  if (state.rows.size() != n || state.counts.size() != n || state.last_seen.size() != n) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': checkpointed host state has arrays of different lengths");
+  }
+  if (state.next_row < 0 || state.next_row > options_.device_capacity) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': checkpoint uses ", state.next_row,
+                       " rows but device_vocabulary_size is ", options_.device_capacity);
+  }
+  std::vector<uint8_t> taken(state.next_row, 0);
+  auto claim = [&](int32_t row) {
+    if (row < 0 || row >= state.next_row || taken[row]) return false;
+    taken[row] = 1;
+    return true;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (state.rows[i] >= 0 && !claim(state.rows[i])) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': checkpointed row ", state.rows[i], " of ID ", state.keys[i],
+                         " is out of range or used twice");
+    }
+  }
+  for (int32_t row : state.free_rows) {
+    if (!claim(row)) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': checkpointed free row ", row, " is out of range or in use");
+    }
+  }
+  return Status::Ok();
+}
+
+Status HostTable::CheckTierRows(const TableState& state, std::vector<int64_t>* host_keys) const {
+  for (size_t i = 0; i < state.keys.size() && !state.in_host.empty(); ++i) {
+    if (!state.in_host[i]) continue;
+    if (state.rows[i] >= 0) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': checkpointed ID ", state.keys[i],
+                         " has both a device row and a host-tier row");
+    }
+    host_keys->push_back(state.keys[i]);
+  }
+  const int64_t host_ids = static_cast<int64_t>(host_keys->size());
+  if (host_ids > options_.host_capacity + options_.ssd_capacity) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': the checkpoint holds ", host_ids,
+                       " IDs in the host tier but host_vocabulary_size + ssd_vocabulary_size "
+                       "is ", options_.host_capacity + options_.ssd_capacity);
+  }
+  return CheckCacheOrder(state);
+}
+
+Status HostTable::CheckCacheOrder(const TableState& state) const {
+  int64_t owned = 0;
+  for (int32_t row : state.rows) owned += row >= 0 ? 1 : 0;
+  if (state.lru_rows.empty()) return Status::Ok();
+  if (state.lru_rows.size() != static_cast<size_t>(owned) ||
+      state.lru_ages.size() != state.lru_rows.size()) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': the checkpoint's device-cache order lists ", state.lru_rows.size(),
+                       " rows but ", owned, " rows have an ID");
+  }
+  std::vector<uint8_t> listed(state.next_row, 0);
+  for (int32_t row : state.rows) {
+    if (row >= 0) listed[row] = 1;
+  }
+  for (int32_t row : state.lru_rows) {
+    if (row < 0 || row >= state.next_row || listed[row] != 1) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': the checkpoint's device-cache order names row ", row,
+                         ", which has no ID or is listed twice");
+    }
+    listed[row] = 2;
+  }
+  return Status::Ok();
+}
+
+Status HostTable::BuildMaps(const TableState& state, std::vector<KeyMap>* maps) const {
+  std::vector<KeyMap>& fresh = *maps;
+  std::array<int64_t, kNumShards> per_shard{};
+  for (int64_t key : state.keys) ++per_shard[HashKey(key) >> kShardShift];
+  for (int s = 0; s < kNumShards; ++s) fresh[s].Reserve(per_shard[s]);
+  for (size_t i = 0; i < state.keys.size(); ++i) {
+    const uint64_t hash = HashKey(state.keys[i]);
+    bool inserted = false;
+    KeyRecord* rec = fresh[hash >> kShardShift].FindOrInsert(state.keys[i], hash, &inserted);
+    if (!inserted) {
+      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                         "': ID ", state.keys[i], " appears twice in the checkpoint");
+    }
+    rec->row = state.rows[i];
+    rec->count = state.counts[i];
+    rec->last_seen = state.last_seen[i];
+    if (tier_ && !state.in_host.empty()) rec->in_host = state.in_host[i];
+    rec->in_chain = 1;  // a restored save: its removals matter to a later delta
+  }
+  return Status::Ok();
+}
+
+Status HostTable::RestoreTier(const TableState& state, const std::vector<int64_t>& host_keys,
+                              std::vector<KeyMap>* maps, uint32_t* stamp) {
+  // The new records of host_keys, in order (pointers hold: the maps are full).
+  std::vector<KeyRecord*> host_records;
+  host_records.reserve(host_keys.size());
+  for (int64_t key : host_keys) {
+    const uint64_t hash = HashKey(key);
+    host_records.push_back((*maps)[hash >> kShardShift].Find(key, hash));
+  }
+  std::vector<int32_t> host_slots;
+  MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
+                                       state.tier_values, &host_slots));
+  // Nothing below fails.
+  free_host_slots_.clear();
+  host_arrival_.clear();
+  next_host_slot_ = 0;
+  host_resident_ = 0;
+  for (size_t i = 0; i < host_records.size(); ++i) {
+    host_records[i]->host_slot = host_slots[i];
+    if (host_slots[i] < 0) continue;
+    next_host_slot_ = std::max(next_host_slot_, host_slots[i] + 1);
+    ++host_resident_;
+    if (options_.ssd_capacity > 0) host_arrival_.emplace_back(host_keys[i], host_slots[i]);
+  }
+  *stamp = RebuildRecency(state);
+  tier_ids_ = static_cast<int64_t>(host_keys.size());
+  return Status::Ok();
+}
+
+uint32_t HostTable::RebuildRecency(const TableState& state) {
+  uint32_t max_age = 0;
+  for (uint32_t age : state.lru_ages) max_age = std::max(max_age, age);
+  const uint32_t stamp = max_age + 1;
+  std::fill(row_key_.begin(), row_key_.end(), 0);
+  std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
+  std::fill(row_count_.begin(), row_count_.end(), 0.0f);
+  std::fill(lru_prev_.begin(), lru_prev_.end(), -1);
+  std::fill(lru_next_.begin(), lru_next_.end(), -1);
+  lru_head_ = lru_tail_ = -1;
+  for (size_t i = 0; i < state.keys.size(); ++i) {
+    if (state.rows[i] >= 0) {
+      row_key_[state.rows[i]] = state.keys[i];
+      row_count_[state.rows[i]] = state.counts[i];
+    }
+  }
+  for (size_t i = 0; i < state.lru_rows.size(); ++i) {
+    const int32_t row = state.lru_rows[i];
+    row_stamp_[row] = stamp - state.lru_ages[i];
+    LruPushTail(row);
+  }
+  if (state.lru_rows.empty()) {
+    // A snapshot without the cache order (a device-only table's, a warm
+    // start): owned rows in row order, all equally old.
+    std::vector<int32_t> owned_rows;
+    for (int32_t row : state.rows) {
+      if (row >= 0) owned_rows.push_back(row);
+    }
+    std::sort(owned_rows.begin(), owned_rows.end());
+    for (int32_t row : owned_rows) {
+      row_stamp_[row] = stamp;
+      LruPushTail(row);
+    }
+  }
+  return stamp;
+}
+
+void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<int32_t, int64_t>> pairs;
+  for (const auto& shard : shards_) {
+    shard.ForEach([&](const KeyRecord& rec) {
+      if (rec.row >= 0) pairs.emplace_back(rec.row, rec.key);
+    });
+  }
+  std::sort(pairs.begin(), pairs.end());
+  keys->clear();
+  rows->clear();
+  for (const auto& [row, key] : pairs) {
+    rows->push_back(row);
+    keys->push_back(key);
+  }
+}
+
+}  // namespace mxrec

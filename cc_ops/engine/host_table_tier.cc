@@ -1,0 +1,364 @@
+// The tiered device-cache planner of HostTable: residency, swap victims (the
+// recency list), host slot numbers, spills to the SSD tier, and where values
+// are while swap plans are pending. See "Host and SSD tiers" in
+// docs/ARCHITECTURE.md.
+
+#include "host_table.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace mxrec {
+
+namespace {
+// Records are prefetched this many places ahead of their use in the planning
+// loops.
+constexpr int64_t kAhead = 8;
+}  // namespace
+
+// The scratch of one AssignTieredRows call.
+struct HostTable::TierBatch {
+  PendingBatch* journal = nullptr;  // deferred training batches
+  // Rows to take from their owners, in the order they are handed out, and
+  // the hashes of those owners' IDs.
+  std::vector<int32_t> victims;
+  std::vector<uint64_t> victim_hash;
+  int64_t next_victim = 0;
+  SwapPlan swaps;
+};
+
+struct HostTable::RowGrant {
+  int32_t row = -1;
+  // The row needs the arriving ID's values (from the host tier or the
+  // initializer); a never used row holds the initializer's already.
+  bool refill = true;
+  // The owner leaving the row, and the host slot its values go to.
+  bool has_out = false;
+  int64_t out_key = 0;
+  int32_t out_slot = -1;
+};
+
+void HostTable::SetSwapProtect(uint32_t batches) {
+  std::lock_guard<std::mutex> lock(mu_);
+  swap_protect_ = std::max<uint32_t>(1, batches);
+}
+
+Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
+                                   const std::vector<int32_t>& slots, BatchPlan* plan,
+                                   PendingBatch* journal) {
+  MXREC_RETURN_IF_ERROR(CheckTierRoom(need));
+  tier_->TakeReleased(&free_host_slots_);
+  // Victims, in the order the loop below hands out rows: free rows first, then
+  // never used ones, then victims. Picking them all up front picks the same
+  // rows (the rows handed out meanwhile join the recency list's tail as
+  // protected), and lets the victims' records load ahead of their use.
+  const int64_t spare =
+      static_cast<int64_t>(free_rows_.size()) + (options_.device_capacity - next_row_);
+  const int64_t victim_count = std::max<int64_t>(0, static_cast<int64_t>(need.size()) - spare);
+  TierBatch t;
+  t.journal = journal;
+  MXREC_RETURN_IF_ERROR(PickVictims(victim_count, t));
+  for (size_t i = 0; i < need.size(); ++i) {
+    if (i + kAhead < need.size()) __builtin_prefetch(need[i + kAhead], 1);
+    const RowGrant grant = TakeDeviceRow(t, *need[i]);
+    PlaceArrival(need[i], grant, slots[i], t, plan);
+  }
+  PlanSpills(&t.swaps);
+  tier_->Enqueue(std::move(t.swaps));
+  return Status::Ok();
+}
+
+Status HostTable::CheckTierRoom(const std::vector<KeyRecord*>& need) const {
+  const int64_t device = options_.device_capacity;
+  const int64_t total = device + options_.host_capacity + options_.ssd_capacity;
+  int64_t brand_new = 0;
+  for (const KeyRecord* rec : need) brand_new += rec->in_host ? 0 : 1;
+  const int64_t owned = next_row_ - static_cast<int64_t>(free_rows_.size());
+  if (owned + tier_ids_ + brand_new > total) {
+    return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
+                       "' is full: ", owned + tier_ids_, " IDs have rows (",
+                       device, " device_vocabulary_size + ", options_.host_capacity,
+                       " host_vocabulary_size + ", options_.ssd_capacity,
+                       " ssd_vocabulary_size = ", total, ") and this batch brings ", brand_new,
+                       " more new IDs. Raise host_vocabulary_size (or ssd_vocabulary_size) in "
+                       "create_table(), or keep rarely seen IDs out with access_threshold and "
+                       "remove stale ones with eviction_threshold.");
+  }
+  // Rows the step's batches use cannot be victims: count them from the
+  // recency list's tail, where they are.
+  int64_t protected_rows = 0;
+  for (int32_t row = lru_tail_; row >= 0 && stamp_ - row_stamp_[row] < swap_protect_;
+       row = lru_prev_[row]) {
+    ++protected_rows;
+  }
+  const int64_t available = static_cast<int64_t>(free_rows_.size()) + (device - next_row_) +
+                            (owned - protected_rows);
+  if (static_cast<int64_t>(need.size()) > available) {
+    return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
+                       "': the device cache cannot hold the batches of one step: they use ",
+                       protected_rows, " device rows and this batch needs ", need.size(),
+                       " more, but device_vocabulary_size is ", device, " (", swap_protect_,
+                       " lookup(s) of the table per step). Raise device_vocabulary_size "
+                       "to at least the unique IDs of one step.");
+  }
+  return Status::Ok();
+}
+
+Status HostTable::PickVictims(int64_t count, TierBatch& t) {
+  t.victims.resize(static_cast<size_t>(count));
+  t.victim_hash.resize(static_cast<size_t>(count));
+  for (int64_t v = 0; v < count; ++v) {
+    const int32_t row = PickVictim();
+    if (row < 0) {
+      // Put the rows back at the head, least recent first, as they were.
+      for (int64_t u = v - 1; u >= 0; --u) LruPushHead(t.victims[u]);
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                         "': no swap victim although the cache count said there was one");
+    }
+    LruUnlink(row);
+    t.victims[v] = row;
+    t.victim_hash[v] = HashKey(row_key_[row]);
+  }
+  for (int64_t v = 0; v < std::min(count, kAhead); ++v) {
+    shards_[t.victim_hash[v] >> kShardShift].Prefetch(t.victim_hash[v]);
+  }
+  return Status::Ok();
+}
+
+HostTable::RowGrant HostTable::TakeDeviceRow(TierBatch& t, const KeyRecord& rec) {
+  RowGrant grant;
+  if (!free_rows_.empty()) {
+    grant.row = free_rows_.back();
+    free_rows_.pop_back();
+    if (t.journal != nullptr) t.journal->popped_free.push_back(grant.row);
+    return grant;
+  }
+  if (next_row_ < options_.device_capacity) {
+    grant.row = static_cast<int32_t>(next_row_++);
+    if (t.journal != nullptr) ++t.journal->fresh_rows;
+    // A never used row holds the variable initializer's value already, as in
+    // device-only mode.
+    grant.refill = rec.in_host != 0;
+    return grant;
+  }
+  const int64_t ahead = t.next_victim + kAhead;
+  if (ahead < static_cast<int64_t>(t.victims.size())) {
+    shards_[t.victim_hash[ahead] >> kShardShift].Prefetch(t.victim_hash[ahead]);
+  }
+  const uint64_t hash = t.victim_hash[t.next_victim];
+  grant.row = t.victims[t.next_victim++];
+  KeyRecord* victim = shards_[hash >> kShardShift].Find(row_key_[grant.row], hash);
+  MoveToHost(victim);
+  grant.has_out = true;
+  grant.out_key = victim->key;
+  grant.out_slot = victim->host_slot;
+  return grant;
+}
+
+void HostTable::MoveToHost(KeyRecord* victim) {
+  victim->row = -1;
+  victim->in_host = 1;
+  victim->host_slot = AllocHostSlot();
+  victim->epoch = epoch_;  // its tier changed: the next delta holds it
+  ++tier_ids_;
+  ++host_resident_;
+  if (options_.ssd_capacity > 0) host_arrival_.emplace_back(victim->key, victim->host_slot);
+}
+
+void HostTable::PlaceArrival(KeyRecord* rec, const RowGrant& grant, int32_t slot, TierBatch& t,
+                             BatchPlan* plan) {
+  const int32_t row = grant.row;
+  rec->row = row;
+  row_key_[row] = rec->key;
+  row_stamp_[row] = stamp_;
+  row_count_[row] = rec->count;
+  LruPushTail(row);
+  const bool from_host = rec->in_host != 0;
+  const int32_t in_slot = from_host ? rec->host_slot : -1;
+  if (from_host) {
+    rec->in_host = 0;
+    rec->host_slot = -1;
+    --tier_ids_;
+    if (in_slot >= 0) --host_resident_;
+  } else {
+    ++plan->new_ids;
+    ++stats_.admitted;
+    if (t.journal != nullptr) t.journal->admitted.push_back(rec->key);
+  }
+  plan->unique_rows[slot] = row;
+  if (!grant.refill) return;
+  plan->reused_rows.push_back(row);
+  SwapPlan& swaps = t.swaps;
+  swaps.rows.push_back(row);
+  swaps.out_keys.push_back(grant.out_key);
+  swaps.has_out.push_back(grant.has_out ? 1 : 0);
+  swaps.out_slots.push_back(grant.out_slot);
+  swaps.in_keys.push_back(rec->key);
+  swaps.from_host.push_back(from_host ? 1 : 0);
+  swaps.in_slots.push_back(in_slot);
+}
+
+int32_t HostTable::PickVictim() {
+  // Least recently used first; among rows last used by the same batch, the
+  // least frequently counted of the first few goes.
+  constexpr int kFrequencyWindow = 8;
+  const int32_t head = lru_head_;
+  if (head < 0 || stamp_ - row_stamp_[head] < swap_protect_) return -1;
+  // row_count_ mirrors the owners' counts, so no record lookups are needed.
+  const uint32_t head_stamp = row_stamp_[head];
+  int32_t best = head;
+  float best_count = row_count_[head];
+  int32_t row = lru_next_[head];
+  for (int i = 1; i < kFrequencyWindow && row >= 0 && row_stamp_[row] == head_stamp; ++i) {
+    const float count = row_count_[row];
+    if (count < best_count) {
+      best = row;
+      best_count = count;
+    }
+    row = lru_next_[row];
+  }
+  return best;
+}
+
+void HostTable::LruUnlink(int32_t row) {
+  const int32_t prev = lru_prev_[row];
+  const int32_t next = lru_next_[row];
+  if (prev >= 0) {
+    lru_next_[prev] = next;
+  } else {
+    lru_head_ = next;
+  }
+  if (next >= 0) {
+    lru_prev_[next] = prev;
+  } else {
+    lru_tail_ = prev;
+  }
+  lru_prev_[row] = lru_next_[row] = -1;
+}
+
+void HostTable::LruPushTail(int32_t row) {
+  lru_prev_[row] = lru_tail_;
+  lru_next_[row] = -1;
+  if (lru_tail_ >= 0) {
+    lru_next_[lru_tail_] = row;
+  } else {
+    lru_head_ = row;
+  }
+  lru_tail_ = row;
+}
+
+void HostTable::LruPushHead(int32_t row) {
+  lru_prev_[row] = -1;
+  lru_next_[row] = lru_head_;
+  if (lru_head_ >= 0) {
+    lru_prev_[lru_head_] = row;
+  } else {
+    lru_tail_ = row;
+  }
+  lru_head_ = row;
+}
+
+int32_t HostTable::AllocHostSlot() {
+  if (!free_host_slots_.empty()) {
+    const int32_t slot = free_host_slots_.back();
+    free_host_slots_.pop_back();
+    return slot;
+  }
+  return next_host_slot_++;
+}
+
+void HostTable::PlanSpills(SwapPlan* plan) {
+  if (options_.ssd_capacity <= 0) return;
+  // IDs on disk (or with no values yet) are the tier's IDs without a host slot.
+  // With the SSD tier full, host memory holds the rest beyond its size for a
+  // while (the tier's total size is checked when rows are handed out).
+  while (host_resident_ > options_.host_capacity && !host_arrival_.empty() &&
+         tier_ids_ - host_resident_ < options_.ssd_capacity) {
+    const auto [key, slot] = host_arrival_.front();
+    host_arrival_.pop_front();
+    KeyRecord* rec = FindRecord(key);
+    if (rec == nullptr || !rec->in_host || rec->host_slot != slot) continue;  // moved since
+    rec->host_slot = -1;
+    --host_resident_;
+    plan->spill_keys.push_back(key);
+    plan->spill_slots.push_back(slot);
+  }
+  // Keep the arrival queue from growing without bound with entries long stale.
+  if (static_cast<int64_t>(host_arrival_.size()) > 2 * host_resident_ + 1024) {
+    std::deque<std::pair<int64_t, int32_t>> kept;
+    for (const auto& entry : host_arrival_) {
+      const KeyRecord* rec = FindRecord(entry.first);
+      if (rec != nullptr && rec->in_host && rec->host_slot == entry.second) kept.push_back(entry);
+    }
+    host_arrival_.swap(kept);
+  }
+}
+
+Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float* values,
+                           bool* found) {
+  std::vector<int32_t> slots(static_cast<size_t>(n), -2);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // At the step boundary: where pending swap plans have not moved values yet.
+    std::unordered_map<int64_t, Physical> physical;
+    if (tier_->pending_plans() > 0) {
+      MXREC_RETURN_IF_ERROR(PhysicalView(&physical, nullptr, component));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      auto moved = physical.find(keys[i]);
+      if (moved != physical.end()) {
+        if (moved->second.in_host) slots[i] = moved->second.host_slot;
+        continue;
+      }
+      const KeyRecord* rec = FindRecord(keys[i]);
+      if (rec != nullptr && rec->in_host) slots[i] = rec->host_slot;
+    }
+  }
+  return tier_->Read(component, keys, slots.data(), n, values, found);
+}
+
+Status HostTable::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
+                               std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
+                               int component) const {
+  // Batches planned ahead of their step have moved IDs between the device rows
+  // and the host tier in the records, but not yet their values.
+  std::vector<SwapPlan> pending;
+  bool partly_applied = false;
+  tier_->PendingPlans(&pending, &partly_applied);
+  if (component >= 0) {
+    // Plans this component applied already moved its values.
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [component](const SwapPlan& plan) {
+                                   return (plan.applied >> component) & 1u;
+                                 }),
+                  pending.end());
+  } else if (partly_applied) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': cannot read the host tier's state in the middle of a training "
+                       "step (a swap plan is applied in part); save and evaluate between steps");
+  }
+  // Undo the plans newest first: what is left is the state before the oldest.
+  for (auto plan = pending.rbegin(); plan != pending.rend(); ++plan) {
+    for (size_t i = plan->rows.size(); i-- > 0;) {
+      const int32_t row = plan->rows[i];
+      Physical in;
+      if (plan->from_host[i]) {
+        in.in_host = 1;
+        in.host_slot = plan->in_slots[i];
+      }
+      (*physical)[plan->in_keys[i]] = in;  // a new ID: no row yet
+      if (plan->has_out[i]) {
+        Physical out;
+        out.row = row;
+        (*physical)[plan->out_keys[i]] = out;
+      }
+      if (row_owner != nullptr) {
+        (*row_owner)[row] =
+            plan->has_out[i] ? std::optional<int64_t>(plan->out_keys[i]) : std::nullopt;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace mxrec
