@@ -138,7 +138,7 @@ def test_atomic_reload_under_concurrent_requests_and_damaged_versions(exports, t
                  for s, d in zip(query["sparse"], query["dense"])]
 
     def client(columnar):
-        for _ in range(400):  # bounded
+        for _ in range(20000):  # bounded; ends when the reloads are done (stop)
             if stop.is_set():
                 return
             try:
@@ -162,12 +162,15 @@ def test_atomic_reload_under_concurrent_requests_and_damaged_versions(exports, t
     try:
         for v in (2, 3, 4):
             _publish(str(source), str(base), v)
-            for _ in range(200):
+            for _ in range(1200):
                 if predictor.version == v:
                     break
                 threading.Event().wait(0.05)
             assert predictor.version == v
-            threading.Event().wait(0.3)
+            for _ in range(600):  # until a request has been answered by it (bounded)
+                if v in seen:
+                    break
+                threading.Event().wait(0.05)
         # Damaged versions: a delta with a changed byte, a SavedModel with a truncated file.
         shutil.copytree(source / "3", base / ".tmp-5")
         delta = base / ".tmp-5" / DELTA_FILE
@@ -179,7 +182,7 @@ def test_atomic_reload_under_concurrent_requests_and_damaged_versions(exports, t
         variables = sorted((base / ".tmp-6" / "variables").glob("variables.data-*"))[0]
         variables.write_bytes(variables.read_bytes()[:100])
         os.rename(base / ".tmp-6", base / "6")
-        for _ in range(200):
+        for _ in range(1200):
             if len(predictor.refused) == 2:
                 break
             threading.Event().wait(0.05)
