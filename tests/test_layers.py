@@ -25,6 +25,8 @@ LAYERS: Tuple[Tuple[str, int], ...] = (
     ("mxrec.optimizers", 3),
     ("mxrec.saver", 3),
     ("mxrec.hooks", 4),
+    ("mxrec.serving", 5),  # the predictor: follows an export base, answers REST requests
+    ("mxrec.streaming", 6),  # the streaming trainer: data in, checkpoints and exports out
 )
 
 # Imports against the direction that are allowed, and why.

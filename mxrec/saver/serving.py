@@ -33,7 +33,7 @@ Example:
 
 import os
 import uuid
-from typing import Callable, Dict, Mapping, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -360,7 +360,7 @@ def _copy_tree(src: str, dst: str, skip: str):
 
 
 def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
-                output_dir: str) -> str:
+                output_dir: str, dense: Optional[Mapping[str, np.ndarray]] = None) -> str:
     """Writes a new export: `export_dir` with a delta of its tables applied.
 
     The graph is copied as it is; only the variables change. Per table, the rows of the
@@ -373,13 +373,15 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
         delta: {table_name: {"ids": int64 [D], "embeddings": float32 [D, dim],
             "removed": int64 [R]}}; each key of a table optional.
         output_dir: a directory that does not exist yet.
+        dense: new values of dense variables of the export, by name (a delta checkpoint's
+            `dense.npz`); names the export does not have are ignored (optimizer slots).
 
     Returns:
         output_dir.
 
     Raises:
-        ValueError: a table of the delta not in the export, a malformed delta, or output_dir
-            exists.
+        ValueError: a table of the delta not in the export, a malformed delta, a dense value
+            of another shape, or output_dir exists.
     """
     if tf.io.gfile.exists(output_dir):
         raise ValueError(f"apply_delta: output_dir {output_dir!r} already exists")
@@ -401,6 +403,13 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
         tensors[serving_variable_name(name, _IDS)] = updated["ids"]
         tensors[serving_variable_name(name, _EMBEDDINGS)] = np.concatenate(
             [updated["embeddings"], np.zeros([1, dim], np.float32)])
+    for name, value in (dense or {}).items():
+        if name in tensors and not name.startswith(SERVING_SCOPE + "/"):
+            if np.shape(value) != tensors[name].shape:
+                raise ValueError(f"apply_delta: dense variable {name!r} has shape "
+                                 f"{list(tensors[name].shape)} in the export, "
+                                 f"{list(np.shape(value))} in the delta")
+            tensors[name] = np.asarray(value, tensors[name].dtype)
     staging = f"{output_dir.rstrip('/')}.tmp-{uuid.uuid4().hex}"
     variables_dir = os.path.join(export_dir, "variables")
     try:

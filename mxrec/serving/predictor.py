@@ -1,0 +1,365 @@
+"""A predictor that follows an export base and hot-reloads its versions.
+
+Each version is served by a `ModelInstance`: the version's SavedModel imported into
+a graph of its own, with each mxrec table's `StaticHashTable` replaced by a
+`MutableHashTable` (same lookups, same zero row for unseen IDs), so that a delta
+can be applied in place: changed rows are scattered, new IDs take free rows,
+removed IDs are dropped, dense variables assigned. That costs in proportion to
+the rows changed, not to the table (a table grows by doubling its capacity).
+
+Atomic switch, double buffered: the `Predictor` keeps two instances, the one
+serving and a standby one. A new full version is loaded into fresh instances; a
+delta whose base is the serving version is applied to the standby (after its
+pending deltas, and once the requests still using it have finished) and the two
+swap. A request takes the serving instance once, under a lock, and runs on it
+alone: it is answered entirely by the old or entirely by the new version.
+
+A version is verified (`mxrec.serving.versions.verify`: every file against its
+SHA-256) and loaded before it serves; a damaged one is refused, logged, kept in
+`status()`, and the serving version stays.
+
+Example:
+    >>> predictor = Predictor("/serving/ctr")
+    >>> predictor.poll()                       # load the newest valid version
+    >>> predictor.predict({"sparse": ids, "dense": dense})["prob"]
+"""
+
+import io
+import posixpath
+import threading
+from typing import Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.protobuf import saved_model_pb2
+
+from mxrec.serving import versions
+
+DELTA_FILE = "mxrec_delta.npz"
+_SCOPE = "mxrec_serving"
+
+
+def write_delta(path: str, tables: Dict[str, Dict[str, np.ndarray]],
+                dense: Dict[str, np.ndarray]) -> None:
+    """Writes a delta file: per table ids/embeddings/removed, and dense values."""
+    arrays = {}
+    for name, delta in tables.items():
+        for field in ("ids", "embeddings", "removed"):
+            if field in delta:
+                arrays[f"table/{name}/{field}"] = np.asarray(delta[field])
+    for name, value in dense.items():
+        arrays[f"dense/{name}"] = np.asarray(value)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(buffer.getvalue())
+
+
+def read_delta(path: str):
+    """(tables, dense) of a delta file."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        data = np.load(io.BytesIO(f.read()))
+        tables: Dict[str, Dict[str, np.ndarray]] = {}
+        dense = {}
+        for key in data.files:
+            kind, rest = key.split("/", 1)
+            if kind == "table":
+                name, field = rest.rsplit("/", 1)
+                tables.setdefault(name, {})[field] = data[key]
+            else:
+                dense[rest] = data[key]
+    return tables, dense
+
+
+class _Table:
+    """One table of an instance: a MutableHashTable ID -> row, rows in a variable."""
+
+    def __init__(self, name: str, handle: tf.Tensor, ids_var: tf.Tensor, emb_var: tf.Tensor,
+                 dim: int):
+        self.name = name
+        self.dim = dim
+        self.keys = tf.compat.v1.placeholder(tf.int64, [None])
+        self.values = tf.compat.v1.placeholder(tf.int64, [None])
+        self.rows = tf.compat.v1.placeholder(tf.int64, [None])
+        self.updates = tf.compat.v1.placeholder(tf.float32, [None, dim])
+        self.new_ids = tf.compat.v1.placeholder(tf.int64, [None])
+        self.new_emb = tf.compat.v1.placeholder(tf.float32, [None, dim])
+        self.find = tf.raw_ops.LookupTableFindV2(table_handle=handle, keys=self.keys,
+                                                 default_value=tf.constant(-1, tf.int64))
+        self.insert = tf.raw_ops.LookupTableInsertV2(table_handle=handle, keys=self.keys,
+                                                     values=self.values)
+        self.remove = tf.raw_ops.LookupTableRemoveV2(table_handle=handle, keys=self.keys)
+        self.scatter = tf.raw_ops.ResourceScatterUpdate(resource=emb_var, indices=self.rows,
+                                                        updates=self.updates)
+        self.assign_ids = tf.raw_ops.AssignVariableOp(resource=ids_var, value=self.new_ids,
+                                                      validate_shape=False)
+        self.assign_emb = tf.raw_ops.AssignVariableOp(resource=emb_var, value=self.new_emb,
+                                                      validate_shape=False)
+        self.read_ids = tf.raw_ops.ReadVariableOp(resource=ids_var, dtype=tf.int64)
+        self.read_emb = tf.raw_ops.ReadVariableOp(resource=emb_var, dtype=tf.float32)
+        self.capacity = 0
+        self.free: List[int] = []
+
+    def load(self, sess):
+        """Fills the hash table from the restored variables (row i holds ids[i])."""
+        ids = sess.run(self.read_ids)
+        self.capacity = len(ids)
+        self.free = []
+        if len(ids):
+            sess.run(self.insert, {self.keys: ids, self.values: np.arange(len(ids))})
+        # Headroom, so that deltas add IDs without copying the table (loading copies it anyway)
+        self._grow(sess, len(ids) // 4 + 1024, double=False)
+
+    def _grow(self, sess, needed: int, double: bool = True):
+        emb = sess.run(self.read_emb)[:self.capacity]
+        capacity = max(2 * self.capacity if double else 0, self.capacity + needed, 16)
+        grown = np.zeros([capacity + 1, self.dim], np.float32)  # the last row: zeros
+        grown[:self.capacity] = emb
+        # The ids variable's size is the zero row's index; its contents are not read.
+        sess.run([self.assign_ids, self.assign_emb],
+                 {self.new_ids: np.zeros([capacity], np.int64), self.new_emb: grown})
+        self.free.extend(range(capacity - 1, self.capacity - 1, -1))
+        self.capacity = capacity
+
+    def apply(self, sess, delta: Dict[str, np.ndarray]):
+        removed = np.asarray(delta.get("removed", np.zeros([0], np.int64)), np.int64)
+        ids = np.asarray(delta.get("ids", np.zeros([0], np.int64)), np.int64)
+        emb = np.asarray(delta.get("embeddings", np.zeros([0, self.dim], np.float32)),
+                         np.float32).reshape(len(ids), self.dim)
+        if len(removed):
+            rows = sess.run(self.find, {self.keys: removed})
+            present = rows >= 0
+            sess.run(self.remove, {self.keys: removed[present]})
+            self.free.extend(rows[present].tolist())
+        if not len(ids):
+            return
+        rows = sess.run(self.find, {self.keys: ids})
+        new = rows < 0
+        count = int(new.sum())
+        if count > len(self.free):
+            self._grow(sess, count - len(self.free))
+        if count:
+            taken = np.array([self.free.pop() for _ in range(count)], np.int64)
+            rows[new] = taken
+            sess.run(self.insert, {self.keys: ids[new], self.values: taken})
+        sess.run(self.scatter, {self.rows: rows, self.updates: emb})
+
+
+class ModelInstance:
+    """One loaded model (a version plus the deltas applied to it since)."""
+
+    def __init__(self, export_dir: str, signature: str = "serving_default",
+                 threads: int = 0):
+        self.version = int(posixpath.basename(export_dir.rstrip("/")))
+        self.readers = 0
+        proto = saved_model_pb2.SavedModel()
+        with tf.io.gfile.GFile(posixpath.join(export_dir, "saved_model.pb"), "rb") as f:
+            proto.ParseFromString(f.read())
+        meta = next((m for m in proto.meta_graphs
+                     if tf.saved_model.SERVING in m.meta_info_def.tags), None)
+        if meta is None or signature not in meta.signature_def:
+            raise versions.DamagedVersionError(f"{export_dir}: no serving signature "
+                                               f"{signature!r}")
+        nodes = {n.name: n for n in meta.graph_def.node}
+        static = [n for n in nodes.values() if n.op == "HashTableV2"
+                  and n.name.startswith(_SCOPE + "/") and n.name.endswith("/id_to_index")]
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            handles = {n.name: tf.raw_ops.MutableHashTableV2(
+                key_dtype=tf.int64, value_dtype=tf.int64, name=n.name.replace("/", "_") + "_mut")
+                for n in static}
+            saver = tf.compat.v1.train.import_meta_graph(
+                meta, clear_devices=True, input_map={f"{k}:0": v for k, v in handles.items()})
+            self.tables: Dict[str, _Table] = {}
+            for node_name, handle in handles.items():
+                table = node_name[len(_SCOPE) + 1: -len("/id_to_index")]
+                emb = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/embeddings:0")
+                ids = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/ids:0")
+                dim = nodes[f"{_SCOPE}/{table}/embeddings_value"].attr["shape"].shape.dim[1].size
+                self.tables[table] = _Table(table, handle, ids, emb, dim)
+            self.dense = {}
+            for var in self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+                name = var.op.name
+                if not name.startswith(_SCOPE + "/"):
+                    holder = tf.compat.v1.placeholder(var.dtype.base_dtype)
+                    self.dense[name] = (holder, tf.raw_ops.AssignVariableOp(
+                        resource=var.handle, value=holder, validate_shape=False))
+            sig = meta.signature_def[signature]
+            self.inputs = {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
+            self.outputs = {k: self.graph.get_tensor_by_name(v.name)
+                            for k, v in sig.outputs.items()}
+            config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                              inter_op_parallelism_threads=threads)
+            self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+            saver.restore(self.session, posixpath.join(export_dir, "variables", "variables"))
+            for table in self.tables.values():
+                table.load(self.session)
+            self.graph.finalize()
+
+    def predict(self, inputs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        missing = sorted(set(self.inputs) - set(inputs))
+        unknown = sorted(set(inputs) - set(self.inputs))
+        if missing or unknown:
+            raise ValueError(f"inputs must be {sorted(self.inputs)}; missing {missing}, "
+                             f"unknown {unknown}")
+        feed = {self.inputs[k]: np.asarray(v, self.inputs[k].dtype.as_numpy_dtype)
+                for k, v in inputs.items()}
+        return self.session.run(self.outputs, feed)
+
+    def apply_delta(self, version: int, tables: Dict, dense: Dict) -> None:
+        unknown = sorted(set(tables) - set(self.tables))
+        if unknown:
+            raise versions.DamagedVersionError(f"delta {version} names tables {unknown} the "
+                                               f"model does not have ({sorted(self.tables)})")
+        for name, delta in tables.items():
+            self.tables[name].apply(self.session, delta)
+        for name, value in dense.items():
+            if name in self.dense:
+                holder, assign = self.dense[name]
+                self.session.run(assign, {holder: value})
+        self.version = version
+
+    def close(self):
+        self.session.close()
+
+
+class Predictor:
+    """Serves the newest valid version of an export base; see the module docstring.
+
+    Args:
+        export_base: the folder of numeric version folders.
+        signature: the SavedModel signature to serve.
+        threads: TensorFlow threads per instance (0: default).
+    """
+
+    def __init__(self, export_base: str, signature: str = "serving_default", threads: int = 0):
+        self.export_base = export_base
+        self.signature = signature
+        self.threads = threads
+        self._lock = threading.Condition()
+        self._current: Optional[ModelInstance] = None
+        self._standby: Optional[ModelInstance] = None
+        self._pending: List = []  # deltas the standby still needs: (version, tables, dense)
+        self.refused: Dict[int, str] = {}
+        self.loaded: List[int] = []
+
+    # ---------------------------------------------------------------- requests
+
+    @property
+    def version(self) -> Optional[int]:
+        current = self._current
+        return None if current is None else current.version
+
+    def predict(self, inputs: Dict[str, np.ndarray]):
+        """(outputs, version) from the serving instance, all of one version."""
+        with self._lock:
+            instance = self._current
+            if instance is None:
+                raise LookupError("no model version is loaded")
+            instance.readers += 1
+        try:
+            return instance.predict(inputs), instance.version
+        finally:
+            with self._lock:
+                instance.readers -= 1
+                self._lock.notify_all()
+
+    # ---------------------------------------------------------------- versions
+
+    def _dir(self, version: int) -> str:
+        return posixpath.join(self.export_base, str(version))
+
+    def _load_full(self, version: int) -> None:
+        fresh = ModelInstance(self._dir(version), self.signature, self.threads)
+        standby = ModelInstance(self._dir(version), self.signature, self.threads)
+        self._swap(fresh, standby, [])
+
+    def _swap(self, serving: ModelInstance, standby: ModelInstance, pending: List):
+        with self._lock:
+            old = [i for i in (self._current, self._standby)
+                   if i is not None and i is not serving and i is not standby]
+            self._current, self._standby, self._pending = serving, standby, pending
+            for instance in old:  # close once no request uses it
+                while instance.readers:
+                    self._lock.wait()
+        for instance in old:
+            instance.close()
+
+    def _apply_delta(self, version: int, manifest: Dict) -> None:
+        tables, dense = read_delta(posixpath.join(self._dir(version), DELTA_FILE))
+        standby = self._standby
+        with self._lock:  # requests that took it while it was serving finish first
+            while standby.readers:
+                self._lock.wait()
+        try:
+            for pending_version, pending_tables, pending_dense in self._pending:
+                standby.apply_delta(pending_version, pending_tables, pending_dense)
+            standby.apply_delta(version, tables, dense)
+        except BaseException:
+            # Half applied: the standby is dropped; the next version must be a SavedModel.
+            with self._lock:
+                self._standby = None
+            standby.close()
+            raise
+        previous = self._current
+        with self._lock:
+            self._current, self._standby = standby, previous
+            self._pending = [(version, tables, dense)]
+
+    def _load(self, version: int) -> None:
+        manifest = versions.verify(self._dir(version))
+        current = self.version
+        if (manifest.get("kind") == "delta" and manifest.get("base") == current
+                and self._standby is not None and tf.io.gfile.exists(
+                    posixpath.join(self._dir(version), DELTA_FILE))):
+            self._apply_delta(version, manifest)
+        elif tf.io.gfile.exists(posixpath.join(self._dir(version), "saved_model.pb")):
+            self._load_full(version)
+        else:
+            raise versions.DamagedVersionError(
+                f"version {version} is a delta of version {manifest.get('base')} without a "
+                f"SavedModel, and version {current} is serving")
+
+    def poll(self) -> Optional[int]:
+        """Loads versions newer than the serving one, oldest first (so deltas chain);
+        refuses damaged ones. Returns the serving version."""
+        candidates = [v for v in versions.list_versions(self.export_base)
+                      if (self.version is None or v > self.version) and v not in self.refused]
+        if self.version is None and candidates:
+            # Start from the newest version that has a SavedModel, then chain the rest.
+            with_model = [v for v in candidates if tf.io.gfile.exists(
+                posixpath.join(self._dir(v), "saved_model.pb"))]
+            if with_model:
+                candidates = [v for v in candidates if v >= with_model[-1]]
+        for version in candidates:
+            try:
+                self._load(version)
+                self.loaded.append(version)
+                logging.info("predictor: serving version %d", version)
+            except (versions.DamagedVersionError, tf.errors.OpError, ValueError, OSError,
+                    KeyError) as error:
+                self.refused[version] = f"{type(error).__name__}: {error}"
+                logging.error("predictor: refused version %d: %s", version, error)
+        return self.version
+
+    def status(self) -> Dict:
+        """TF Serving's GetModelStatus shape: the serving version AVAILABLE, refused ones END
+        with their error."""
+        out = []
+        if self.version is not None:
+            out.append({"version": str(self.version), "state": "AVAILABLE",
+                        "status": {"error_code": "OK", "error_message": ""}})
+        for version, error in sorted(self.refused.items()):
+            out.append({"version": str(version), "state": "END",
+                        "status": {"error_code": "DATA_LOSS", "error_message": error}})
+        return {"model_version_status": out}
+
+    def close(self):
+        for instance in (self._current, self._standby):
+            if instance is not None:
+                instance.close()
+        self._current = self._standby = None
+
+
+__all__ = ["Predictor", "ModelInstance", "write_delta", "read_delta", "DELTA_FILE"]

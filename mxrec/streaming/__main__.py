@@ -1,0 +1,265 @@
+"""python -m mxrec.streaming train|replay: the streaming trainer and a replay client.
+
+    python -m mxrec.streaming train --data ROOT --workdir DIR [--export_base DIR] ...
+    python -m mxrec.streaming replay --data ROOT/PARTITION --url http://127.0.0.1:P/v1/models/NAME
+
+`train` trains every ready partition of ROOT once, in time order (and, with --watch,
+those that arrive), with a built-in model; `replay` sends a partition's records to a
+TF Serving REST endpoint (mxrec.serving or TensorFlow Serving) and prints the AUC of
+the answers. Run a subcommand with --help for its flags.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import List, Optional
+
+FORMATS = ("criteo", "criteo_csv", "avazu")
+
+
+def _schema(args):
+    from mxrec.streaming import parsers
+
+    delimiter = None if args.delimiter is None else args.delimiter.encode().decode(
+        "unicode_escape")
+    if args.schema:
+        return parsers.parse_schema_spec(args.schema, delimiter or "\t", bool(args.header))
+    return parsers.named_schema(args.format, delimiter,
+                                None if args.header is None else bool(args.header))
+
+
+def _add_data_flags(parser):
+    parser.add_argument("--format", choices=FORMATS, default="criteo",
+                        help="record format: criteo (TSV, no header), criteo_csv (CSV with a "
+                             "header, as the shared sample), avazu (CSV with a header); "
+                             "default criteo")
+    parser.add_argument("--schema", default=None,
+                        help="a declared schema instead of --format: 'name:kind,...' with kinds "
+                             "label, dense, categorical, uint64, yymmddhh, timestamp, skip")
+    parser.add_argument("--delimiter", default=None,
+                        help="field delimiter (escapes like \\t allowed); default the format's")
+    parser.add_argument("--header", type=int, choices=(0, 1), default=None,
+                        help="1: every file starts with a header line; default the format's")
+    parser.add_argument("--batch_size", type=int, default=512, help="lines per batch (512)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mxrec.streaming", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train ready partitions once, in time order",
+                                description="Streaming training with delivery.")
+    train.add_argument("--data", required=True,
+                       help="data root: ROOT/yyyyMMdd/hh/ or ROOT/yyyyMMdd/ partitions")
+    train.add_argument("--workdir", required=True,
+                       help="checkpoints, donefile.jsonl and TensorBoard scalars go here")
+    train.add_argument("--export_base", default=None,
+                       help="serving versions go to EXPORT_BASE/<version>/ (TF Serving "
+                            "layout); default: no export")
+    _add_data_flags(train)
+    train.add_argument("--done_marker", default="_SUCCESS",
+                       help="file that marks a partition ready (_SUCCESS)")
+    train.add_argument("--model", choices=("wide_deep", "dlrm", "dcn"), default="wide_deep",
+                       help="built-in model (wide_deep)")
+    train.add_argument("--dim", type=int, default=8, help="embedding width (8)")
+    train.add_argument("--hidden", default="64,32",
+                       help="MLP widths, comma-separated (64,32)")
+    train.add_argument("--cross_layers", type=int, default=2, help="dcn cross layers (2)")
+    train.add_argument("--vocabulary", type=int, default=200_000,
+                       help="device rows per table (200000)")
+    train.add_argument("--init_stddev", type=float, default=0.01,
+                       help="stddev of new rows (0.01); 0: zeros")
+    train.add_argument("--access_threshold", type=int, default=None,
+                       help="admission: a row once an ID is seen this often (default: at once)")
+    train.add_argument("--eviction_threshold", type=int, default=None,
+                       help="eviction: seconds of data time an ID may stay unseen")
+    train.add_argument("--buckets", type=int, default=None,
+                       help="plain-TensorFlow baseline: tables are tf.Variables of this many "
+                            "rows read at ID mod buckets (no mxrec tables, no admission)")
+    train.add_argument("--evict_daily", action="store_true",
+                       help="evict on each new day's first partition (needs "
+                            "--eviction_threshold)")
+    train.add_argument("--shrink_days", type=int, default=None,
+                       help="on each new day, remove IDs unseen for this many days")
+    train.add_argument("--validation", choices=("partition", "batch", "none"),
+                       default="partition",
+                       help="progressive validation: score the whole partition before training "
+                            "on it (partition, default), each batch before its update (batch), "
+                            "or none")
+    train.add_argument("--full_every", default="day",
+                       help="'day' (a full version on each day's first partition, default) or "
+                            "N partitions; the others are deltas")
+    train.add_argument("--delta_export", choices=("savedmodel", "delta_only"),
+                       default="savedmodel",
+                       help="a delta partition's serving version: a complete SavedModel plus "
+                            "the delta file (savedmodel, default; TF Serving loads it), or only "
+                            "the delta file (delta_only: costs in proportion to the rows "
+                            "changed; for mxrec.serving)")
+    train.add_argument("--max_bad_lines", type=int, default=0,
+                       help="malformed lines allowed per partition before the run stops (0)")
+    train.add_argument("--watch", action="store_true",
+                       help="keep polling for new partitions")
+    train.add_argument("--poll_interval", type=float, default=60.0,
+                       help="seconds between polls with --watch (60)")
+    train.add_argument("--deadline", type=float, default=None,
+                       help="with --watch, stop when idle this many seconds after the start")
+    train.add_argument("--max_partitions", type=int, default=None,
+                       help="stop after this many partitions")
+    train.add_argument("--dense_lr", type=float, default=0.001,
+                       help="Adam learning rate of the dense part (0.001)")
+    train.add_argument("--sparse_lr", type=float, default=0.05,
+                       help="Adagrad learning rate of the tables (0.05)")
+    train.add_argument("--seed", type=int, default=0, help="initializer seed (0)")
+    train.add_argument("--threads", type=int, default=0,
+                       help="TensorFlow intra/inter-op threads (0: TensorFlow's default)")
+    train.add_argument("--no_progress", action="store_true",
+                       help="no progress line per partition")
+    train.add_argument("--no_tensorboard", action="store_true",
+                       help="no TensorBoard scalars")
+    train.add_argument("--report", default=None,
+                       help="write a PNG report of the donefile (needs matplotlib) to this path")
+
+    replay = commands.add_parser("replay", help="send a partition to a predictor, print AUC",
+                                 description="Replays a partition against a TF Serving REST "
+                                             "endpoint and prints the AUC of its answers.")
+    replay.add_argument("--data", required=True,
+                        help="a partition folder (ROOT/yyyyMMdd/hh) or a data file")
+    replay.add_argument("--url", required=True,
+                        help="model URL, e.g. http://127.0.0.1:8501/v1/models/ctr")
+    _add_data_flags(replay)
+    replay.add_argument("--max_requests", type=int, default=1000,
+                        help="stop after this many requests (1000)")
+    replay.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds per request (30)")
+    return parser
+
+
+def _train(args, parser) -> int:
+    from mxrec.streaming import models
+    from mxrec.streaming.trainer import StreamConfig, StreamingTrainer, summary
+
+    if not os.path.isdir(args.data) and "://" not in args.data:
+        parser.error(f"--data {args.data!r} is not a folder")
+    if args.evict_daily and args.eviction_threshold is None:
+        parser.error("--evict_daily needs --eviction_threshold")
+    full_every = args.full_every if args.full_every == "day" else None
+    if full_every is None:
+        try:
+            full_every = int(args.full_every)
+        except ValueError:
+            parser.error(f"--full_every must be 'day' or a number, got {args.full_every!r}")
+    try:
+        hidden = tuple(int(h) for h in args.hidden.split(",") if h)
+        model = models.ModelConfig(args.model, dim=args.dim, hidden=hidden,
+                                   cross_layers=args.cross_layers, vocabulary=args.vocabulary,
+                                   init_stddev=args.init_stddev,
+                                   access_threshold=args.access_threshold,
+                                   eviction_threshold=args.eviction_threshold, seed=args.seed,
+                                   buckets=args.buckets)
+        config = StreamConfig(
+            data=args.data, schema=_schema(args), workdir=args.workdir,
+            export_base=args.export_base, batch_size=args.batch_size,
+            done_marker=args.done_marker, validation=args.validation, full_every=full_every,
+            shrink_days=args.shrink_days, evict_daily=args.evict_daily,
+            max_bad_lines=args.max_bad_lines, watch=args.watch,
+            poll_interval=args.poll_interval,
+            deadline=None if args.deadline is None else time.time() + args.deadline,
+            max_partitions=args.max_partitions, dense_learning_rate=args.dense_lr,
+            sparse_learning_rate=args.sparse_lr, progress=not args.no_progress,
+            tensorboard=not args.no_tensorboard, threads=args.threads,
+            delta_export=args.delta_export)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    entries = StreamingTrainer(config, models.make_model_fn(model)).run()
+    print(summary(entries))
+    if args.report:
+        from mxrec.streaming import report
+
+        report.write_png(config.donefile, args.report)
+        print(f"report: {args.report}")
+    return 0
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def _replay(args, parser) -> int:
+    import numpy as np
+    import tensorflow as tf
+
+    from mxrec.streaming import metrics, parsers
+
+    if os.path.isdir(args.data):
+        files = sorted(os.path.join(args.data, f) for f in os.listdir(args.data)
+                       if not f.startswith(("_", ".")))
+    elif os.path.isfile(args.data):
+        files = [args.data]
+    else:
+        parser.error(f"--data {args.data!r} is neither a partition folder nor a file")
+    if not files:
+        parser.error(f"--data {args.data!r} holds no data files")
+    if args.max_requests < 1:
+        parser.error("--max_requests must be >= 1")
+    try:
+        schema = _schema(args)
+    except ValueError as error:
+        parser.error(str(error))
+    tf.compat.v1.disable_eager_execution()
+    url = args.url.rstrip("/") + ":predict"
+    labels, probs = [], []
+    requests = 0
+    with tf.Graph().as_default():
+        batch = tf.compat.v1.data.make_one_shot_iterator(
+            parsers.make_dataset(files, schema, args.batch_size)).get_next()
+        with tf.compat.v1.Session() as sess:
+            while requests < args.max_requests:
+                try:
+                    out = sess.run(batch)
+                except tf.errors.OutOfRangeError:
+                    break
+                if len(out["label"]) == 0:
+                    continue
+                inputs = {"sparse": out["sparse"].tolist()}
+                if "dense" in out:
+                    inputs["dense"] = out["dense"].tolist()
+                try:
+                    answer = _post(url, {"inputs": inputs}, args.timeout)
+                except urllib.error.URLError as error:
+                    print(f"replay: request to {url} failed: {error}", file=sys.stderr)
+                    return 1
+                requests += 1
+                labels.append(out["label"])
+                probs.append(np.asarray(answer["outputs"]["prob"], np.float64).reshape(-1))
+    if not labels:
+        print("replay: no records", file=sys.stderr)
+        return 1
+    labels, probs = np.concatenate(labels), np.concatenate(probs)
+    print(json.dumps({"requests": requests, "rows": int(len(labels)),
+                      "auc": metrics.roc_auc(labels, probs),
+                      "mean_prediction": float(probs.mean()),
+                      "mean_label": float(labels.mean())}))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]
+    return _train(args, sub) if args.command == "train" else _replay(args, sub)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The streaming trainer's donefile: one JSON line per trained partition, replaced atomically.
+
+A line is written only after the partition's checkpoint version (and serving
+version, when exporting) is complete, so the last line names the newest state a
+restart may resume from. The file is rewritten whole into a temporary name and
+renamed over the old one: a reader (or a restart) sees the old or the new file,
+never a torn line.
+
+Line fields: partition, day, step (= checkpoint version), checkpoint ("full" or
+"delta"), export_version (or null), metrics (progressive validation), rows
+(trained), lines, bad_lines, evicted, table_rows, seconds, time.
+"""
+
+import json
+import posixpath
+import uuid
+from typing import Dict, List
+
+import tensorflow as tf
+
+
+def read(path: str) -> List[Dict]:
+    """Every entry of the donefile at `path`; [] when there is none."""
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path, "r") as f:
+        text = f.read()
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"donefile {path}:{number} is not JSON: {error}") from error
+    return entries
+
+
+def append(path: str, entry: Dict) -> None:
+    """Adds one line, atomically (write a new file, rename it over the old)."""
+    lines = [json.dumps(e, sort_keys=True) for e in read(path)]
+    lines.append(json.dumps(entry, sort_keys=True))
+    directory = posixpath.dirname(path) or "."
+    tf.io.gfile.makedirs(directory)
+    tmp = posixpath.join(directory, f".{posixpath.basename(path)}.tmp-{uuid.uuid4().hex}")
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+__all__ = ["read", "append"]

@@ -1,0 +1,431 @@
+"""tf.data parsers for CTR text data: Criteo TSV, Avazu CSV, or a declared schema.
+
+Every record is parsed by vectorised TensorFlow ops on a batch of lines (no
+Python per record). A batch becomes a dict of tensors:
+
+    label      float32 [B]         the label column
+    dense      float32 [B, D]      dense columns (empty -> 0); absent when D = 0
+    sparse     int64   [B, S]      categorical columns as IDs (below)
+    time       int64   [B]         seconds since the epoch, from a time column; absent without one
+    row_id     int64   [B]         an unsigned 64-bit column, bit-cast to int64; absent without one
+    bad_file   int32   [K]         index into the file list of each malformed line of the batch
+    bad_line   int64   [K]         its line number in its file (1-based, header included)
+    bad_column int32   [K]         the first column at fault, or -1: wrong field count
+    lines      int64   []          lines read (good and bad)
+
+Malformed lines (a wrong field count, a label or dense value that is not a
+number, an unsigned value out of range, a bad YYMMDDHH) are dropped from the
+batch and reported; `BadLineCounter` turns the report into messages with file
+and line and fails once a partition has more than a set number.
+
+Categorical IDs (stable across runs, machines and TensorFlow versions):
+
+    id = (feature_index << 56) | (FarmHash Fingerprint64(utf-8 value) mod 2**56)
+
+with `tf.strings.to_hash_bucket_fast` (documented to be FarmHash's Fingerprint64,
+which is frozen). The top 8 bits are the categorical feature's index among the
+schema's categorical columns, so two features never share an ID, whatever their
+values; an empty field hashes like any value (a per-feature "missing" ID). At
+most 256 categorical columns.
+
+Example:
+    >>> ds = make_dataset(["/data/20240101/00/part-0"], CRITEO_TSV, batch_size=512)
+    >>> batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    >>> batch["sparse"]       # int64 [B, 26]
+"""
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Union
+
+import tensorflow as tf
+
+KINDS = ("label", "dense", "categorical", "uint64", "yymmddhh", "timestamp", "skip")
+HASH_BITS = 56
+MAX_CATEGORICAL = 1 << (64 - HASH_BITS)
+
+_PATTERNS = {
+    "label": r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?",
+    "dense": r"|[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?",
+    "uint64": r"[0-9]{1,20}",
+    "yymmddhh": r"[0-9]{2}(0[1-9]|1[0-2])(0[1-9]|[12][0-9]|3[01])([01][0-9]|2[0-3])",
+    "timestamp": r"-?[0-9]{1,18}",
+}
+
+
+class MalformedDataError(ValueError):
+    """More malformed lines in a partition than allowed; the message names them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column of a text record.
+
+    Attributes:
+        name: its name (used in error messages).
+        kind: "label" (a number), "dense" (a number, empty -> 0), "categorical" (any
+            string, hashed to an ID), "uint64" (an unsigned 64-bit integer, kept as the
+            int64 with the same bits in `row_id`), "yymmddhh" (an hour, UTC, into `time`),
+            "timestamp" (seconds since the epoch, into `time`) or "skip".
+    """
+
+    name: str
+    kind: str
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"column {self.name!r}: kind must be one of {KINDS}, got "
+                             f"{self.kind!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """The columns of a record, the field delimiter and whether files start with a header.
+
+    Raises:
+        ValueError: no label or more than one, more than one time or uint64 column, more
+            than 256 categorical columns, or a delimiter that is not one character.
+    """
+
+    columns: tuple
+    delimiter: str = "\t"
+    header: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "columns", tuple(self.columns))
+        kinds = [c.kind for c in self.columns]
+        if kinds.count("label") != 1:
+            raise ValueError(f"schema: exactly one label column needed, got {kinds.count('label')}")
+        if kinds.count("yymmddhh") + kinds.count("timestamp") > 1:
+            raise ValueError("schema: at most one time column (yymmddhh or timestamp)")
+        if kinds.count("uint64") > 1:
+            raise ValueError("schema: at most one uint64 column")
+        if kinds.count("categorical") > MAX_CATEGORICAL:
+            raise ValueError(f"schema: at most {MAX_CATEGORICAL} categorical columns, got "
+                             f"{kinds.count('categorical')}")
+        if len(self.delimiter) != 1:
+            raise ValueError(f"schema: delimiter must be one character, got {self.delimiter!r}")
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"schema: column names repeat: {names}")
+
+    def names(self, kind: str) -> List[str]:
+        return [c.name for c in self.columns if c.kind == kind]
+
+    def indices(self, kind: str) -> List[int]:
+        return [i for i, c in enumerate(self.columns) if c.kind == kind]
+
+    @property
+    def num_dense(self) -> int:
+        return len(self.indices("dense"))
+
+    @property
+    def num_sparse(self) -> int:
+        return len(self.indices("categorical"))
+
+    @property
+    def has_time(self) -> bool:
+        return bool(self.indices("yymmddhh") or self.indices("timestamp"))
+
+
+def criteo_schema(delimiter: str = "\t", header: bool = False) -> Schema:
+    """Criteo's columns: label, I1..I13 (dense), C1..C26 (categorical)."""
+    return Schema(tuple([Column("label", "label")]
+                        + [Column(f"I{i}", "dense") for i in range(1, 14)]
+                        + [Column(f"C{i}", "categorical") for i in range(1, 27)]),
+                  delimiter, header)
+
+
+AVAZU_CATEGORICAL = ("C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
+                     "app_domain", "app_category", "device_id", "device_ip", "device_model",
+                     "device_type", "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19",
+                     "C20", "C21")
+
+
+def avazu_schema(delimiter: str = ",", header: bool = True) -> Schema:
+    """Avazu's columns: id (unsigned 64-bit), click (label), hour (YYMMDDHH), 21 categorical."""
+    return Schema(tuple([Column("id", "uint64"), Column("click", "label"),
+                         Column("hour", "yymmddhh")]
+                        + [Column(name, "categorical") for name in AVAZU_CATEGORICAL]),
+                  delimiter, header)
+
+
+CRITEO_TSV = criteo_schema()
+AVAZU_CSV = avazu_schema()
+
+
+def parse_schema_spec(spec: str, delimiter: str = "\t", header: bool = False) -> Schema:
+    """A schema from "name:kind,name:kind,..." (kinds as in `Column`)."""
+    columns = []
+    for item in spec.split(","):
+        name, sep, kind = item.strip().partition(":")
+        if not sep or not name:
+            raise ValueError(f"schema spec item {item!r} is not name:kind")
+        columns.append(Column(name, kind))
+    return Schema(tuple(columns), delimiter, header)
+
+
+def named_schema(name: str, delimiter: Optional[str] = None,
+                 header: Optional[bool] = None) -> Schema:
+    """A named format's schema.
+
+    "criteo" (TSV, no header), "criteo_csv" (the shared sample's form: CSV with a header),
+    "avazu" (CSV, header); delimiter and header override the format's.
+    """
+    if name == "criteo":
+        base = criteo_schema()
+    elif name == "criteo_csv":
+        base = criteo_schema(",", True)
+    elif name == "avazu":
+        base = avazu_schema()
+    else:
+        raise ValueError(f"unknown format {name!r}; known: criteo, criteo_csv, avazu, or a "
+                         "schema spec")
+    return dataclasses.replace(base, delimiter=base.delimiter if delimiter is None else delimiter,
+                               header=base.header if header is None else header)
+
+
+# --------------------------------------------------------------------- TF parsing
+
+
+def _days_from_civil(year, month, day):
+    """Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm)."""
+    year = year - tf.cast(month <= 2, tf.int64)
+    era = tf.math.floordiv(year, 400)
+    yoe = year - era * 400
+    mp = tf.math.floormod(month + 9, 12)
+    doy = tf.math.floordiv(153 * mp + 2, 5) + day - 1
+    doe = yoe * 365 + tf.math.floordiv(yoe, 4) - tf.math.floordiv(yoe, 100) + doy
+    return era * 146097 + doe - 719468
+
+
+def _yymmddhh_seconds(text: tf.Tensor) -> tf.Tensor:
+    digits = tf.strings.to_number(text, tf.int64)
+    year = 2000 + digits // 1000000
+    month = digits // 10000 % 100
+    day = digits // 100 % 100
+    hour = digits % 100
+    return _days_from_civil(year, month, day) * 86400 + hour * 3600
+
+
+def _uint64_parts(text: tf.Tensor):
+    """Decimal strings -> (high 11 digits, low 9 digits) as int64, zero-padded to 20 digits.
+
+    Strings that are not 1-20 digits give (0, 0)."""
+    ok = tf.strings.regex_full_match(text, _PATTERNS["uint64"])
+    text = tf.where(ok, text, tf.fill(tf.shape(text), "0"))
+    length = tf.strings.length(text)
+    padded = tf.strings.substr(tf.strings.join([tf.fill(tf.shape(text), "0" * 20), text]),
+                               length, tf.fill(tf.shape(length), 20))
+    high = tf.strings.to_number(tf.strings.substr(padded, 0, 11), tf.int64)
+    low = tf.strings.to_number(tf.strings.substr(padded, 11, 9), tf.int64)
+    return high, low
+
+
+def _uint64_checks(text: tf.Tensor) -> tf.Tensor:
+    """True where a 1-20 digit string is <= 2**64 - 1 = 18446744073 709551615."""
+    high, low = _uint64_parts(text)
+    return tf.logical_or(high < 18446744073,
+                         tf.logical_and(tf.equal(high, 18446744073), low <= 709551615))
+
+
+def _uint64_as_int64(text: tf.Tensor) -> tf.Tensor:
+    """Decimal strings of 0..2**64-1 -> the int64 with the same bits."""
+    high, low = _uint64_parts(text)
+    value = tf.cast(high, tf.uint64) * tf.constant(10 ** 9, tf.uint64) + tf.cast(low, tf.uint64)
+    return tf.bitcast(value, tf.int64)
+
+
+def hash_categorical(values: tf.Tensor, feature_offsets: Sequence[int]) -> tf.Tensor:
+    """string [B, S] -> int64 [B, S] IDs: feature index in the top 8 bits, FarmHash below."""
+    hashed = tf.strings.to_hash_bucket_fast(values, 1 << HASH_BITS)
+    salt = tf.constant([index << HASH_BITS for index in feature_offsets], tf.int64)
+    return tf.bitwise.bitwise_or(hashed, salt)
+
+
+def _salts(count: int) -> List[int]:
+    # index << 56 as a signed int64 (indices >= 128 set the sign bit)
+    return [index - MAX_CATEGORICAL if index >= MAX_CATEGORICAL // 2 else index
+            for index in range(count)]
+
+
+def _first_bad_column(lines: tf.Tensor, schema: Schema) -> tf.Tensor:
+    """int32 [N]: each line's first column at fault, -1 for a wrong field count, or
+    len(columns) when the line is good. Column by column: used on the few lines the
+    one-regex check turned away."""
+    ncols = len(schema.columns)
+    split = tf.strings.split(lines, sep=schema.delimiter)
+    counts = split.row_lengths()
+    fields = split.to_tensor(default_value="", shape=[None, ncols])  # [N, ncols]
+    size = tf.shape(lines)[0]
+    first_bad = tf.where(tf.equal(counts, ncols), tf.fill([size], ncols), tf.fill([size], -1))
+    for index in reversed(range(ncols)):
+        kind = schema.columns[index].kind
+        column = fields[:, index]
+        if kind in _PATTERNS:
+            ok = tf.strings.regex_full_match(column, _PATTERNS[kind])
+            if kind == "uint64":
+                ok = tf.logical_and(ok, _uint64_checks(column))
+            first_bad = tf.where(tf.logical_and(tf.logical_not(ok), first_bad >= 0),
+                                 tf.fill([size], index), first_bad)
+    return first_bad
+
+
+def _line_pattern(schema: Schema) -> str:
+    """One RE2 pattern a good line matches whole (the uint64 range is checked apart)."""
+    delimiter = f"\\x{{{ord(schema.delimiter):x}}}"
+    parts = [f"(?:{_PATTERNS[c.kind]})" if c.kind in _PATTERNS else f"[^{delimiter}]*"
+             for c in schema.columns]
+    return delimiter.join(parts)
+
+
+def _default(kind: str):
+    """decode_csv's record default of a column kind (built in the caller's graph)."""
+    if kind == "timestamp":
+        return tf.constant(0, tf.int64)
+    return 0.0 if kind in ("label", "dense") else ""
+
+
+@tf.autograph.experimental.do_not_convert
+def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
+                schema: Schema) -> Dict[str, tf.Tensor]:
+    """A batch of lines -> the dict described in the module docstring.
+
+    Good lines are recognised by one regular expression per line and split by
+    `tf.io.decode_csv` (quotes are ordinary characters); only the lines it turns away
+    are checked column by column, to name the column at fault.
+
+    Args:
+        lines: string [B].
+        file_index: int32 [B], each line's file (for the report).
+        line_number: int64 [B], each line's number in its file (1-based).
+    """
+    ncols = len(schema.columns)
+    batch = tf.shape(lines)[0]
+    matched = tf.strings.regex_full_match(lines, _line_pattern(schema))
+    defaults = [[_default(c.kind)] for c in schema.columns]
+    fields = tf.io.decode_csv(tf.boolean_mask(lines, matched), defaults,
+                              field_delim=schema.delimiter, use_quote_delim=False)
+    position = tf.range(batch)
+    first_bad = tf.fill([batch], ncols)
+    turned_away = tf.logical_not(matched)
+    first_bad = tf.tensor_scatter_nd_update(
+        first_bad, tf.expand_dims(tf.boolean_mask(position, turned_away), 1),
+        _first_bad_column(tf.boolean_mask(lines, turned_away), schema))
+    in_range = tf.ones_like(tf.boolean_mask(position, matched), tf.bool)
+    for index in schema.indices("uint64"):
+        in_range = _uint64_checks(fields[index])
+        first_bad = tf.tensor_scatter_nd_update(
+            first_bad, tf.expand_dims(tf.boolean_mask(position, matched), 1),
+            tf.where(in_range, ncols, index))
+    bad = tf.not_equal(first_bad, ncols)
+    out = {
+        "bad_file": tf.boolean_mask(file_index, bad),
+        "bad_line": tf.boolean_mask(line_number, bad),
+        "bad_column": tf.boolean_mask(first_bad, bad),
+        "lines": tf.cast(batch, tf.int64),
+    }
+
+    has_uint64 = bool(schema.indices("uint64"))
+
+    def column(index):
+        return tf.boolean_mask(fields[index], in_range) if has_uint64 else fields[index]
+
+    out["label"] = column(schema.indices("label")[0])
+    dense = schema.indices("dense")
+    if dense:
+        out["dense"] = tf.stack([column(i) for i in dense], axis=1)
+    categorical = schema.indices("categorical")
+    if categorical:
+        values = tf.stack([column(i) for i in categorical], axis=1)
+        out["sparse"] = hash_categorical(values, _salts(len(categorical)))
+    for index in schema.indices("uint64"):
+        out["row_id"] = _uint64_as_int64(column(index))
+    for index in schema.indices("yymmddhh"):
+        out["time"] = _yymmddhh_seconds(column(index))
+    for index in schema.indices("timestamp"):
+        out["time"] = column(index)
+    return out
+
+
+def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_size: int,
+                 num_parallel_calls: int = tf.data.AUTOTUNE, prefetch: int = 2) -> tf.data.Dataset:
+    """Batches of parsed records from `files`, read in order, line numbers kept.
+
+    Batches do not span files: a file's last batch may be smaller.
+
+    Args:
+        files: file names, or a string tensor [N] of them (a placeholder: one graph for
+            every partition).
+        schema: the records' columns (CRITEO_TSV, AVAZU_CSV, parse_schema_spec(...)).
+        batch_size: lines per batch (malformed lines are dropped from their batch).
+    """
+    if batch_size < 1:
+        raise ValueError(f"make_dataset: batch_size must be >= 1, got {batch_size}")
+    files = tf.convert_to_tensor(files, tf.string)
+    count = tf.shape(files, out_type=tf.int32)[0]
+    first_line = 2 if schema.header else 1
+
+    def batches_of(name, index):
+        # Batched per file, so line numbers come per batch (no per-record work): every
+        # batch but a file's last is full.
+        lines = tf.data.TextLineDataset(name)
+        if schema.header:
+            lines = lines.skip(1)
+
+        def numbered(k, batch):
+            size = tf.shape(batch, out_type=tf.int64)[0]
+            first = k * batch_size + first_line
+            return batch, tf.fill(tf.shape(batch), index), tf.range(first, first + size)
+
+        return lines.batch(batch_size).enumerate().map(numbered)
+
+    dataset = tf.data.Dataset.from_tensor_slices((files, tf.range(count))).flat_map(batches_of)
+    dataset = dataset.map(lambda line, index, n: parse_lines(line, index, n, schema),
+                          num_parallel_calls=num_parallel_calls, deterministic=True)
+    return dataset.prefetch(prefetch)
+
+
+class BadLineCounter:
+    """Counts the malformed lines of one partition and fails past a limit.
+
+    Args:
+        files: the partition's files (bad_file indexes them).
+        schema: for column names in messages.
+        limit: malformed lines allowed per partition; one more raises MalformedDataError.
+        keep: messages kept for the report.
+    """
+
+    def __init__(self, files: Sequence[str], schema: Schema, limit: int, keep: int = 20):
+        if limit < 0:
+            raise ValueError(f"bad-line limit must be >= 0, got {limit}")
+        self.files = list(files)
+        self.schema = schema
+        self.limit = limit
+        self.keep = keep
+        self.count = 0
+        self.messages: List[str] = []
+
+    def message(self, file_index: int, line: int, column: int) -> str:
+        where = f"{self.files[file_index]}:{line}"
+        if column < 0:
+            return f"{where}: not {len(self.schema.columns)} fields"
+        col = self.schema.columns[column]
+        return f"{where}: column {col.name} is not a valid {col.kind} value"
+
+    def add(self, bad_file, bad_line, bad_column) -> None:
+        """Records a batch's malformed lines; raises MalformedDataError past the limit."""
+        for f, n, c in zip(bad_file.tolist(), bad_line.tolist(), bad_column.tolist()):
+            self.count += 1
+            text = self.message(f, n, c)
+            if len(self.messages) < self.keep:
+                self.messages.append(text)
+            if self.count > self.limit:
+                raise MalformedDataError(
+                    f"more than {self.limit} malformed lines in the partition (set "
+                    f"--max_bad_lines to allow more); this one: {text}; earlier: "
+                    f"{self.messages[:5]}")
+
+
+__all__ = ["Column", "Schema", "CRITEO_TSV", "AVAZU_CSV", "criteo_schema", "avazu_schema",
+           "parse_schema_spec", "named_schema", "parse_lines", "make_dataset", "hash_categorical",
+           "BadLineCounter", "MalformedDataError", "HASH_BITS"]

@@ -1,0 +1,496 @@
+"""The streaming trainer: each ready partition once, in time order, with delivery.
+
+Per partition (ElasticCTR's loop, PaddlePaddle's day/pass structure):
+
+    first partition of a new day: evict/shrink the tables (per-day shrink)
+    score the partition with the current model (progressive validation: AUC, log loss,
+        calibration), before any update from it
+    train one pass over it
+    save a checkpoint version (full on the first partition of a day, or every N; else delta)
+    write a serving version EXPORT_BASE/<step> (full: a fresh SavedModel; delta: the
+        previous version with the changed rows and the dense variables applied)
+    append a donefile line (atomically)
+
+Exactly once: the donefile line is written last, so after a crash (at any point) a
+restart restores the checkpoint version of the donefile's last line, deletes the
+checkpoint and serving versions written after it, and continues with the partition
+after the last one recorded. Training is deterministic for a fixed data order, so the
+model equals that of a run that never stopped.
+
+Faults for tests: the environment variable MXREC_STREAMING_FAULT="<stage>:<step>" (stage
+one of after_train, after_checkpoint, after_export, after_donefile) kills the process
+with SIGKILL at that point of that step.
+
+Example:
+    >>> config = StreamConfig(data="/data/stream", workdir="/ckpt", export_base="/serving/ctr")
+    >>> StreamingTrainer(config, make_model_fn(ModelConfig("wide_deep"))).run()
+"""
+
+import dataclasses
+import json
+import os
+import posixpath
+import re
+import signal
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from mxrec.core.embedding import add_timestamp
+from mxrec.optimizers.adagrad import create_hash_optimizer
+from mxrec.saver import manifest as checkpoint_manifest
+from mxrec.saver import serving
+from mxrec.saver.checkpoint import Saver
+from mxrec.saver.manifest import list_versions as checkpoint_versions
+from mxrec.serving import versions as serving_versions
+from mxrec.serving.predictor import DELTA_FILE, write_delta
+from mxrec.streaming import donefile, metrics
+from mxrec.streaming.models import BUCKET_VARIABLES
+from mxrec.streaming.parsers import BadLineCounter, Schema, make_dataset
+from mxrec.streaming.partitions import DONE_MARKER, Partition, list_partitions
+from mxrec.util import initialize
+from mxrec.util.variable import get_dense_and_sparse_variable
+
+FAULT_ENV = "MXREC_STREAMING_FAULT"
+VALIDATION_MODES = ("partition", "batch", "none")
+
+
+@dataclasses.dataclass
+class StreamConfig:
+    """What the streaming trainer reads, writes and how often.
+
+    Attributes:
+        data: the data root (ROOT/yyyyMMdd/hh or ROOT/yyyyMMdd partitions).
+        schema: the records' schema (parsers.CRITEO_TSV, ...).
+        workdir: checkpoints (`workdir/checkpoints`), the donefile (`workdir/donefile.jsonl`),
+            TensorBoard scalars (`workdir/tensorboard`).
+        export_base: where serving versions go (EXPORT_BASE/<step>); None: no export.
+        batch_size: lines per batch.
+        done_marker: the file that marks a partition ready.
+        validation: "partition" (score the whole partition before training on it),
+            "batch" (each batch's logits before its update: no extra pass), or "none".
+        full_every: "day" (a full version on a day's first partition) or a number of
+            partitions between full versions; the others are deltas.
+        shrink_days: on a new day, remove IDs unseen for this many days of shrink calls
+            (PaddlePaddle's shrink); None: no shrink.
+        evict_daily: on a new day, evict IDs older than their table's eviction_threshold
+            (data time: the records' time column, else the partition's start).
+        max_bad_lines: malformed lines allowed per partition; more stop the run.
+        watch: keep polling for new partitions; otherwise stop when none is left.
+        poll_interval: seconds between polls in watch mode.
+        deadline: in watch mode, stop at this time.time() when idle; None: never.
+        max_partitions: stop after training this many partitions in this run (None: all).
+        dense_learning_rate, sparse_learning_rate: Adam on dense, Adagrad on tables.
+        keep_full_versions: full checkpoint versions kept (with their deltas).
+        progress: print a progress line per partition.
+        tensorboard: write per-partition scalars.
+        threads: intra/inter op threads of the session (0: TensorFlow's default).
+        delta_export: a delta partition's serving version holds "savedmodel" (a complete
+            SavedModel, the previous one with the delta applied: TF Serving loads it; costs
+            in proportion to the table) or "delta_only" (only the changed rows and the dense
+            values: costs in proportion to the rows changed; mxrec's predictor applies it
+            in place, TF Serving cannot load it). Both hold the delta file.
+    """
+
+    data: str
+    schema: Schema
+    workdir: str
+    export_base: Optional[str] = None
+    batch_size: int = 512
+    done_marker: str = DONE_MARKER
+    validation: str = "partition"
+    full_every: object = "day"
+    shrink_days: Optional[int] = None
+    evict_daily: bool = False
+    max_bad_lines: int = 0
+    watch: bool = False
+    poll_interval: float = 60.0
+    deadline: Optional[float] = None
+    max_partitions: Optional[int] = None
+    dense_learning_rate: float = 0.001
+    sparse_learning_rate: float = 0.05
+    keep_full_versions: Optional[int] = 3
+    progress: bool = True
+    tensorboard: bool = True
+    threads: int = 0
+    delta_export: str = "savedmodel"
+
+    def __post_init__(self):
+        if self.delta_export not in ("savedmodel", "delta_only"):
+            raise ValueError("delta_export must be 'savedmodel' or 'delta_only', got "
+                             f"{self.delta_export!r}")
+        if self.validation not in VALIDATION_MODES:
+            raise ValueError(f"validation must be one of {VALIDATION_MODES}, got "
+                             f"{self.validation!r}")
+        if self.full_every != "day" and (not isinstance(self.full_every, int)
+                                         or self.full_every < 1):
+            raise ValueError(f"full_every must be 'day' or an int >= 1, got {self.full_every!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.shrink_days is not None and self.shrink_days < 1:
+            raise ValueError(f"shrink_days must be >= 1, got {self.shrink_days}")
+        if self.max_bad_lines < 0:
+            raise ValueError(f"max_bad_lines must be >= 0, got {self.max_bad_lines}")
+        if self.poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0, got {self.poll_interval}")
+        if not tf.io.gfile.isdir(self.data):
+            raise FileNotFoundError(f"data root {self.data!r} is not a folder")
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return posixpath.join(self.workdir, "checkpoints")
+
+    @property
+    def donefile(self) -> str:
+        return posixpath.join(self.workdir, "donefile.jsonl")
+
+
+def _fault(stage: str, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec and spec == f"{stage}:{step}":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _serving_inputs(schema: Schema) -> Dict[str, tf.Tensor]:
+    inputs = {"sparse": tf.compat.v1.placeholder(tf.int64, [None, schema.num_sparse],
+                                                 name="sparse")}
+    if schema.num_dense:
+        inputs["dense"] = tf.compat.v1.placeholder(tf.float32, [None, schema.num_dense],
+                                                   name="dense")
+    return inputs
+
+
+class StreamingTrainer:
+    """Trains a model function on a stream of partitions; see the module docstring.
+
+    Args:
+        config: a StreamConfig.
+        model_fn: (features, is_train) -> logits [B]; features has "sparse" int64 [B, S]
+            and, when the schema has dense columns, "dense" float32 [B, D]. It is called
+            for training, for scoring and in each serving export (see models.make_model_fn).
+    """
+
+    def __init__(self, config: StreamConfig, model_fn: Callable):
+        self.config = config
+        self.model_fn = model_fn
+        self.entries: List[Dict] = []
+
+    # ------------------------------------------------------------------ graph
+
+    def _build(self):
+        cfg = self.config
+        self._files = tf.compat.v1.placeholder(tf.string, [None], name="partition_files")
+        self._partition_time = tf.compat.v1.placeholder(tf.int64, [], name="partition_time")
+        train_data = make_dataset(self._files, cfg.schema, cfg.batch_size)
+        if not cfg.schema.has_time:  # data time for eviction: the partition's start
+            stamp = self._partition_time
+            train_data = train_data.map(
+                lambda b: dict(b, time=tf.fill(tf.shape(b["label"]), stamp)))
+        self._train_iter = tf.compat.v1.data.make_initializable_iterator(train_data)
+        self._eval_iter = self._eval_fetch = None
+        if cfg.validation == "partition":
+            # The scoring branch first: lookups stamp IDs with the newest add_timestamp,
+            # and scoring must not read the training iterator.
+            self._eval_iter = tf.compat.v1.data.make_initializable_iterator(
+                make_dataset(self._files, cfg.schema, cfg.batch_size))
+            eval_batch = self._eval_iter.get_next()
+            eval_logits = self.model_fn({k: eval_batch[k] for k in ("sparse", "dense")
+                                         if k in eval_batch}, False)
+            self._eval_fetch = {k: eval_batch[k] for k in ("bad_file", "bad_line",
+                                                           "bad_column", "lines")}
+            self._eval_fetch.update(logits=eval_logits, label=eval_batch["label"])
+        batch = self._train_iter.get_next()
+        features = {k: batch[k] for k in ("sparse", "dense") if k in batch}
+        add_timestamp(batch["time"])
+        logits = self.model_fn(features, True)
+        labels = batch["label"]
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                      logits=logits))
+        dense_vars, sparse_vars = get_dense_and_sparse_variable()
+        buckets = tf.compat.v1.get_collection(BUCKET_VARIABLES)
+        bucket_refs = {v.ref() for v in buckets}
+        dense_vars = [v for v in dense_vars if v.ref() not in bucket_refs]
+        grads = tf.gradients(loss, dense_vars + sparse_vars + buckets)
+        updates = [tf.compat.v1.train.AdamOptimizer(cfg.dense_learning_rate).apply_gradients(
+            zip(grads[:len(dense_vars)], dense_vars))]
+        if sparse_vars:
+            updates.append(create_hash_optimizer(cfg.sparse_learning_rate).apply_gradients(
+                zip(grads[len(dense_vars):len(dense_vars) + len(sparse_vars)], sparse_vars)))
+        if buckets:  # the plain-TF baseline's tables: Adagrad as mxrec's (same accumulator)
+            updates.append(tf.compat.v1.train.AdagradOptimizer(
+                cfg.sparse_learning_rate, initial_accumulator_value=0.9).apply_gradients(
+                zip(grads[len(dense_vars) + len(sparse_vars):], buckets)))
+        train_op = tf.group(*updates)
+        report = {k: batch[k] for k in ("bad_file", "bad_line", "bad_column", "lines")}
+        self._train_fetch = dict(report, train=train_op)
+        self._train_fetch_scored = dict(self._train_fetch, logits=logits, label=labels)
+        self._runtime = initialize.get_config_initializer()
+        self._saver = Saver(cfg.checkpoint_dir, max_to_keep=cfg.keep_full_versions)
+        self._tf_saver = tf.compat.v1.train.Saver(sharded=False, max_to_keep=1)
+        self._init_op = tf.compat.v1.global_variables_initializer()
+        tf.compat.v1.get_default_graph().finalize()
+
+    # --------------------------------------------------------------- resuming
+
+    def _clean_after(self, step: int) -> None:
+        """Removes checkpoint and serving versions newer than `step` (written before a crash
+        and never recorded) and unfinished temporary folders."""
+        cfg = self.config
+        if tf.io.gfile.isdir(cfg.checkpoint_dir):
+            for kind, saved in checkpoint_versions(cfg.checkpoint_dir):
+                if saved > step:
+                    tf.io.gfile.rmtree(posixpath.join(cfg.checkpoint_dir, f"{kind}-{saved:012d}"))
+            for entry in tf.io.gfile.listdir(cfg.checkpoint_dir):
+                if entry.startswith(".tmp-"):
+                    tf.io.gfile.rmtree(posixpath.join(cfg.checkpoint_dir, entry.rstrip("/")))
+        if cfg.export_base and tf.io.gfile.isdir(cfg.export_base):
+            for version in serving_versions.list_versions(cfg.export_base):
+                if version > step:
+                    tf.io.gfile.rmtree(posixpath.join(cfg.export_base, str(version)))
+            for entry in tf.io.gfile.listdir(cfg.export_base):
+                if entry.startswith(".tmp-"):
+                    tf.io.gfile.rmtree(posixpath.join(cfg.export_base, entry.rstrip("/")))
+
+    def _resume(self, sess) -> Optional[Dict]:
+        self.entries = donefile.read(self.config.donefile)
+        last = self.entries[-1] if self.entries else None
+        self._clean_after(last["step"] if last else 0)
+        if last is not None:
+            restored = self._saver.restore(sess, version=last["step"])
+            logging.info("streaming: resumed at step %d after partition %s", restored,
+                         last["partition"])
+        return last
+
+    # --------------------------------------------------------------- one pass
+
+    def _run_pass(self, sess, iterator, fetch, files, partition, counter, collect):
+        sess.run(iterator.initializer, {self._files: list(files),
+                                        self._partition_time: partition.timestamp})
+        labels, logits = [], []
+        lines = 0
+        while True:
+            try:
+                out = sess.run(fetch)
+            except tf.errors.OutOfRangeError:
+                break
+            lines += int(out["lines"])
+            if counter is not None:
+                counter.add(out["bad_file"], out["bad_line"], out["bad_column"])
+            if collect:
+                labels.append(out["label"])
+                logits.append(out["logits"])
+        if collect and labels:
+            return lines, np.concatenate(labels), np.concatenate(logits)
+        return lines, np.zeros([0]), np.zeros([0])
+
+    def _table_rows(self) -> Dict[str, int]:
+        return {name: int(t.stats().get("rows_in_use", 0))
+                for name, t in sorted(self._runtime.tables.items())}
+
+    def _new_day_maintenance(self) -> int:
+        cfg = self.config
+        removed = 0
+        for t in self._runtime.tables.values():
+            if cfg.evict_daily and t.eviction_threshold is not None:
+                removed += t.evict(t.eviction_threshold)
+            if cfg.shrink_days is not None:
+                removed += t.shrink(cfg.shrink_days)
+        return removed
+
+    # ----------------------------------------------------------------- export
+
+    def _export(self, sess, step: int, kind: str, previous_version: Optional[int]) -> int:
+        cfg = self.config
+        tf.io.gfile.makedirs(cfg.export_base)
+        staging = serving_versions.staging_dir(cfg.export_base, step)
+        previous_dir = (posixpath.join(cfg.export_base, str(previous_version))
+                        if previous_version is not None else None)
+        if kind == "delta" and previous_dir and tf.io.gfile.exists(previous_dir):
+            _, arrays = checkpoint_manifest.read_version(cfg.checkpoint_dir, "delta", step)
+            tables, dense = self._saver.serving_delta(step), arrays["dense.npz"]
+            if cfg.delta_export == "savedmodel":
+                serving.apply_delta(previous_dir, tables, staging, dense=dense)
+            else:
+                tf.io.gfile.makedirs(staging)
+            write_delta(posixpath.join(staging, DELTA_FILE), tables, dense)
+            info = {"kind": "delta", "base": previous_version}
+        else:
+            scratch = posixpath.join(cfg.workdir, "export_scratch")
+            if tf.io.gfile.exists(scratch):
+                tf.io.gfile.rmtree(scratch)
+            prefix = self._tf_saver.save(sess, posixpath.join(scratch, "model"),
+                                         write_meta_graph=False)
+            schema = cfg.schema
+
+            def build():
+                inputs = _serving_inputs(schema)
+                logits = self.model_fn(dict(inputs), False)
+                return inputs, {"prob": tf.sigmoid(logits), "logits": logits}
+
+            serving.export_saved_model(staging, prefix, build)
+            tf.io.gfile.rmtree(scratch)
+            info = {"kind": "full", "base": None}
+        serving_versions.publish(staging, cfg.export_base, step, info)
+        return step
+
+    # ------------------------------------------------------------------ loop
+
+    def _train_partition(self, sess, partition: Partition, step: int, previous: Optional[Dict],
+                         writer) -> Dict:
+        cfg = self.config
+        start = time.monotonic()
+        new_day = previous is None or previous["day"] != partition.day
+        evicted = self._new_day_maintenance() if new_day and previous is not None else 0
+        counter = BadLineCounter(partition.files, cfg.schema, cfg.max_bad_lines)
+        scored = None
+        if cfg.validation == "partition":
+            _, labels, logits = self._run_pass(sess, self._eval_iter, self._eval_fetch,
+                                               partition.files, partition, counter, True)
+            scored = metrics.evaluate(labels, logits)
+        train_start = time.monotonic()
+        lines, labels, logits = self._run_pass(
+            sess, self._train_iter,
+            self._train_fetch_scored if cfg.validation == "batch" else self._train_fetch,
+            partition.files, partition, None if cfg.validation == "partition" else counter,
+            cfg.validation == "batch")
+        train_seconds = time.monotonic() - train_start
+        if cfg.validation == "batch":
+            scored = metrics.evaluate(labels, logits)
+        _fault("after_train", step)
+        if cfg.full_every == "day":
+            kind = "full" if new_day else "delta"
+        else:
+            kind = "full" if previous is None or (step - 1) % cfg.full_every == 0 else "delta"
+        self._saver.save(sess, step, kind=kind)
+        _fault("after_checkpoint", step)
+        export_version = None
+        if cfg.export_base:
+            export_version = self._export(sess, step, kind,
+                                          previous.get("export_version") if previous else None)
+        _fault("after_export", step)
+        rows = lines - counter.count
+        entry = {"partition": partition.name, "day": partition.day, "step": step,
+                 "checkpoint": kind, "export_version": export_version,
+                 "metrics": scored, "rows": rows, "lines": lines, "bad_lines": counter.count,
+                 "bad_line_examples": counter.messages[:5], "evicted": int(evicted),
+                 "table_rows": self._table_rows(),
+                 "train_seconds": round(train_seconds, 4),
+                 "seconds": round(time.monotonic() - start, 4), "time": time.time()}
+        donefile.append(cfg.donefile, entry)
+        _fault("after_donefile", step)
+        if writer is not None:
+            self._write_scalars(writer, entry)
+        if cfg.progress:
+            self._print_progress(entry)
+        return entry
+
+    @staticmethod
+    def _write_scalars(writer, entry: Dict) -> None:
+        values = [tf.compat.v1.Summary.Value(tag=f"progressive/{k}", simple_value=float(v))
+                  for k, v in (entry["metrics"] or {}).items() if v == v]
+        values += [tf.compat.v1.Summary.Value(tag=f"table_rows/{k}", simple_value=float(v))
+                   for k, v in entry["table_rows"].items()]
+        values.append(tf.compat.v1.Summary.Value(
+            tag="train/samples_per_second",
+            simple_value=entry["rows"] / max(entry["train_seconds"], 1e-9)))
+        values.append(tf.compat.v1.Summary.Value(tag="train/bad_lines",
+                                                 simple_value=float(entry["bad_lines"])))
+        writer.add_summary(tf.compat.v1.Summary(value=values), entry["step"])
+        writer.flush()
+
+    @staticmethod
+    def _print_progress(entry: Dict) -> None:
+        m = entry["metrics"] or {}
+        auc, loss = m.get("auc", float("nan")), m.get("logloss", float("nan"))
+        print(f"[{entry['step']:>5}] {entry['partition']:<12} {entry['checkpoint']:<5} "
+              f"rows {entry['rows']:>8}  auc {auc:.4f}  logloss {loss:.4f}"
+              f"  calib {m.get('calibration', float('nan')):.3f}  table rows "
+              f"{sum(entry['table_rows'].values()):>8}  bad {entry['bad_lines']}  "
+              f"{entry['rows'] / max(entry['train_seconds'], 1e-9):,.0f} samples/s  "
+              f"export {entry['export_version']}", flush=True)
+
+    def _pending(self, last: Optional[Dict]) -> List[Partition]:
+        ready = list_partitions(self.config.data, self.config.done_marker)
+        if last is None:
+            return ready
+        done_key = _name_key(last["partition"])
+        late = [p.name for p in ready if p.sort_key <= done_key and
+                p.name not in {e["partition"] for e in self.entries}]
+        if late:
+            logging.warning("streaming: partitions %s became ready after later ones were "
+                            "trained; they are not trained", late)
+        return [p for p in ready if p.sort_key > done_key]
+
+    def run(self) -> List[Dict]:
+        """Trains every pending partition (and, in watch mode, those that arrive); returns
+        the donefile entries of this run."""
+        cfg = self.config
+        done_now: List[Dict] = []
+        owns_runtime = False
+        if not initialize.is_initialized():
+            initialize.init()
+            owns_runtime = True
+        graph = tf.Graph()
+        session_config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=cfg.threads, inter_op_parallelism_threads=cfg.threads)
+        try:
+            with graph.as_default():
+                self._build()
+                with tf.compat.v1.Session(graph=graph, config=session_config) as sess:
+                    sess.run(self._init_op)
+                    last = self._resume(sess)
+                    writer = (tf.compat.v1.summary.FileWriter(
+                        posixpath.join(cfg.workdir, "tensorboard")) if cfg.tensorboard else None)
+                    try:
+                        while True:
+                            pending = self._pending(last)
+                            for partition in pending:
+                                if cfg.max_partitions is not None and \
+                                        len(done_now) >= cfg.max_partitions:
+                                    return done_now
+                                step = (last["step"] if last else 0) + 1
+                                last = self._train_partition(sess, partition, step, last, writer)
+                                self.entries.append(last)
+                                done_now.append(last)
+                            if pending:
+                                continue
+                            if not cfg.watch or (cfg.deadline is not None
+                                                 and time.time() >= cfg.deadline):
+                                return done_now
+                            wait = cfg.poll_interval
+                            if cfg.deadline is not None:
+                                wait = max(0.0, min(wait, cfg.deadline - time.time()))
+                            time.sleep(wait)
+                    finally:
+                        if writer is not None:
+                            writer.close()
+        finally:
+            if owns_runtime:
+                initialize.terminate_config_initializer()
+
+
+_NAME_RE = re.compile(r"^(\d{8})(?:/(\d{2}))?$")
+
+
+def _name_key(name: str):
+    match = _NAME_RE.match(name)
+    if not match:
+        raise ValueError(f"donefile names partition {name!r}, not yyyyMMdd[/hh]")
+    return (match.group(1), -1 if match.group(2) is None else int(match.group(2)))
+
+
+def summary(entries: List[Dict]) -> str:
+    """A one-line JSON summary of a run's entries (partitions, rows, mean progressive AUC)."""
+    aucs = [e["metrics"]["auc"] for e in entries if e.get("metrics")
+            and e["metrics"]["auc"] == e["metrics"]["auc"]]
+    return json.dumps({"partitions": len(entries), "rows": sum(e["rows"] for e in entries),
+                       "mean_progressive_auc": float(np.mean(aucs)) if aucs else None})
+
+
+__all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary"]
