@@ -12,10 +12,11 @@ import tensorflow as tf
 from mxrec.streaming import parsers
 from mxrec.streaming.partitions import list_partitions, partition_at
 
-DATA = "/work/shared/data"
-if not os.path.isdir(DATA):
-    DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "shared", "data")
+# The project's shared data sets lie beside the checkout (../shared/data), as in CI.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = next((d for d in (os.path.join(os.path.dirname(_ROOT), "shared", "data"),
+                         os.path.join(_ROOT, "shared", "data")) if os.path.isdir(d)),
+            os.path.join(os.path.dirname(_ROOT), "shared", "data"))
 needs_data = pytest.mark.skipif(not os.path.isfile(os.path.join(DATA, "criteo_sample.csv")),
                                 reason="shared/data samples not present")
 
