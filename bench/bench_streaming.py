@@ -42,7 +42,7 @@ from mxrec.streaming.trainer import StreamConfig, StreamingTrainer  # noqa: E402
 from mxrec.util import initialize  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLE = "/work/shared/data/criteo_sample.csv"
+SAMPLE = os.path.join(os.path.dirname(REPO), "shared", "data", "criteo_sample.csv")  # beside the checkout
 
 
 def machine() -> str:
