@@ -42,7 +42,8 @@ from mxrec.streaming.trainer import StreamConfig, StreamingTrainer  # noqa: E402
 from mxrec.util import initialize  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLE = os.path.join(os.path.dirname(REPO), "shared", "data", "criteo_sample.csv")  # beside the checkout
+# The shared samples lie beside the checkout.
+SAMPLE = os.path.join(os.path.dirname(REPO), "shared", "data", "criteo_sample.csv")
 
 
 def machine() -> str:
