@@ -36,8 +36,14 @@ Batches planned by the key stage and not yet trained (the graph modifier's
 prefetched batches) have moved IDs between the device cache and the host tier
 in the host state but not yet their values: a save then records where the
 values are (residency as before those plans; their counts and new IDs are
-included, as for device-only tables). Restoring is refused while batches are
-planned: restore before the iterator initializer runs.
+undone, as for device-only tables: a save is the state at the step boundary).
+Restore before the iterator initializer runs: a restore drops the batches planned
+against the state it replaces.
+
+Several ranks: each rank writes `table-XXX-rankRRRRR.npz` with the IDs it owns, rank 0
+writes `dense.npz` and, after every rank's files are in, the manifest (`"ranks": N`, each
+table's `"files"` per rank). Restored on N ranks, each takes back its file; on another
+count, every rank folds all files and keeps the IDs it owns there (`merge.reshard`).
 
 This module holds the Saver (what a table file contains, reading and writing
 rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,
