@@ -35,7 +35,7 @@ engine = loader.engine()
 ops = loader.op_library()  # tf.load_op_library of Bazel's _mxrec_ops.so
 key = "bazel_check/t"
 engine.create_table(key=key, name="t", dim=4, capacity=16)
-unique_rows, restore, _ = ops.mxrec_key_stage(
+unique_rows, restore, _, _ = ops.mxrec_key_stage(
     ids=[tf.constant([7, -3, 7], tf.int64)], timestamp=tf.constant(0, tf.int64), table_keys=[key])
 np.testing.assert_array_equal(unique_rows[0].numpy(), [0, 1])
 np.testing.assert_array_equal(restore[0].numpy(), [0, 1, 0])
