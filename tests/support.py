@@ -2,10 +2,12 @@
 
 import glob
 import os
+import time
 
 import pytest
 import tensorflow as tf
 
+from mxrec._lib import loader
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
 
 
@@ -37,3 +39,17 @@ def read_scalars(logdir) -> dict:
             for value in event.summary.value:
                 values.setdefault(value.tag, {})[event.step] = value.simple_value
     return values
+
+
+def wait_for_planned_batches(table, batches: int, timeout: float = 10.0) -> None:
+    """Waits until `batches` batches of `table` are planned ahead of their step.
+
+    The graph modifier's pipeline plans asynchronously: how many batches are pending when a
+    test evicts or restores depends on its progress. Waiting for the refilled prefetch buffer
+    makes runs comparable.
+    """
+    engine = loader.engine()
+    deadline = time.monotonic() + timeout
+    while engine.pending_batches(table.table_key) < batches and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert engine.pending_batches(table.table_key) == batches

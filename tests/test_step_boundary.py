@@ -9,12 +9,11 @@ evaluation or eviction: each is compared with a run where nothing is planned ahe
   batches in between: equals the same run without evaluation.
 """
 
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from support import needs_estimator
+from support import needs_estimator, wait_for_planned_batches
 
 from mxrec._lib import loader
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
@@ -169,7 +168,7 @@ def test_a_save_holds_no_planned_batch(tmp_path):
             for _ in range(3):
                 sess.run(model.train_op)
             engine = loader.engine()
-            _wait_for_the_pipeline(model.table, 4)  # prefetch 4: four batches planned
+            wait_for_planned_batches(model.table, 4)  # prefetch 4: four batches planned
             saved = engine.export_state(model.table.table_key)
     seen = DATA[0][: 3 * BATCH].ravel()
     keys, counts = np.unique(seen, return_counts=True)
@@ -194,26 +193,12 @@ def test_evaluation_between_steps_equals_the_direct_path(prefetch, host):
     _close(got_probe, want_probe)
 
 
-def _wait_for_the_pipeline(table, batches):
-    """Waits until `batches` batches are planned ahead (the prefetch buffer refilled).
-
-    The pipeline plans asynchronously: how many batches are pending when eviction runs
-    depends on its progress, and an ID of a batch planned in time is kept where one planned
-    later would find it gone. Waiting makes the runs comparable.
-    """
-    engine = loader.engine()
-    deadline = time.monotonic() + 10
-    while engine.pending_batches(table.table_key) < batches and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert engine.pending_batches(table.table_key) == batches
-
-
 def _evict_every_step(kind, with_eval, prefetch, lookups):
     def after_step(model, step, sess):
         if with_eval:  # three evaluation batches between steps
             for _ in range(3):
                 model.evaluate(sess)
-        _wait_for_the_pipeline(model.table, lookups * min(prefetch, STEPS - step))
+        wait_for_planned_batches(model.table, lookups * min(prefetch, STEPS - step))
         if kind == "evict":
             model.table.evict(20)
         else:

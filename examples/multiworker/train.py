@@ -57,7 +57,6 @@ def make_data(steps: int, batch: int, features: int, seed: int = 0, pool: int = 
 
 def build(args, rank: int, size: int, first_step: int):
     ids, labels, times = make_data(args.steps, args.batch, args.features, pool=args.pool)
-    n = len(labels)
     # Rank r's slice of each global batch: rows r, r + N, ... of the batch.
     take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
                            for s in range(args.steps)])
@@ -88,7 +87,6 @@ def build(args, rank: int, size: int, first_step: int):
     train_op = tf.group(
         _v1.train.GradientDescentOptimizer(0.2).apply_gradients(zip(dense_grads, dense)),
         OPTIMIZERS[args.optimizer]().apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
-    del n
     return iterator.initializer, train_op, loss, table, weights
 
 

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from support import wait_for_planned_batches
 
 from mxrec._lib import loader
 from mxrec.constants import constants
@@ -357,12 +358,9 @@ def test_restoring_the_current_state_keeps_planned_batches(tmp_path):
         saver.restore(sess, first)  # the state as it is: planned batches stay
         sess.run(train)
         sess.run(train)
-        # The pipeline plans asynchronously: wait until its two batches are planned, so the
-        # restore below finds them pending (a batch planned after it would be valid).
-        engine, deadline = loader.engine(), time.monotonic() + 10
-        while engine.pending_batches(table.table_key) < 2 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert engine.pending_batches(table.table_key) == 2
+        # The restore below must find the pipeline's two batches pending (a batch planned
+        # after it would be valid).
+        wait_for_planned_batches(table, 2)
         saver.restore(sess, first)  # an older state: planned batches are dropped
         with pytest.raises(tf.errors.InvalidArgumentError, match="planned before the table"):
             sess.run(train)
