@@ -260,9 +260,3 @@ def alltoall(tensor: tf.Tensor, grad_scale: Optional[float] = None) -> tf.Tensor
         return _alltoall_laddered(x, forward), grad
 
     return exchange(tensor)
-
-
-def reset():
-    """Forgets the cluster (tests); the server itself lives until the process ends."""
-    global _CLUSTER
-    _CLUSTER = None
