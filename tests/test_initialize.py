@@ -120,7 +120,7 @@ def test_multi_worker_settings_need_a_launcher(monkeypatch):
     monkeypatch.setenv("MXREC_CLUSTER", "127.0.0.1:1")
     with pytest.raises(ValueError, match="MXREC_CLUSTER lists 1 addresses for rank_size 2"):
         init(rank_id=0, rank_size=2)
-    with pytest.raises(NotImplementedError, match="use_dynamic_expansion"):
+    with pytest.raises(ValueError, match="MXREC_CLUSTER lists 1 addresses"):
         init(rank_id=0, rank_size=2, use_dynamic_expansion=True)
     assert not initialize.is_initialized()
 

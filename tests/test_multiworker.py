@@ -60,6 +60,9 @@ CASES = {
     "adagrad-2-host_tier": (2, ["--optimizer", "adagrad", "--capacity", "150",
                                 "--host", "1000"]),
     "sgd-2-send_count": (2, ["--optimizer", "sgd", "--send_count", "80"]),
+    # Dynamic expansion: each owner's store grows with its IDs, trained by address.
+    "lazy_adam-2-dynamic-admission": (2, ["--optimizer", "lazy_adam", "--dynamic",
+                                          "--threshold", "2"]),
 }
 
 

@@ -22,8 +22,20 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
+from mxrec.constants.constants import (  # noqa: E402
+    ASCEND_SPARSE_LOOKUP_ID_OFFSET,
+    ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
+)
+from mxrec.core import dynamic  # noqa: E402
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
-from mxrec.optimizers import adagrad, gradient_descent, lazy_adam  # noqa: E402
+from mxrec.optimizers import (  # noqa: E402
+    adagrad,
+    adagrad_by_addr,
+    gradient_descent,
+    gradient_descent_by_addr,
+    lazy_adam,
+    lazy_adam_by_addr,
+)
 from mxrec.saver.checkpoint import Saver  # noqa: E402
 from mxrec.util.communication import (  # noqa: E402
     allreduce,
@@ -40,6 +52,12 @@ OPTIMIZERS = {
     "sgd": lambda: gradient_descent.create_hash_optimizer(0.2),
     "adagrad": lambda: adagrad.create_hash_optimizer(0.2),
     "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.02),
+}
+# The same optimizers by address, for tables of init(use_dynamic_expansion=True).
+BY_ADDRESS = {
+    "sgd": lambda: gradient_descent_by_addr.create_hash_optimizer_by_address(0.2),
+    "adagrad": lambda: adagrad_by_addr.create_hash_optimizer_by_address(0.2),
+    "lazy_adam": lambda: lazy_adam_by_addr.create_hash_optimizer_by_address(0.02),
 }
 
 
@@ -84,9 +102,17 @@ def build(args, rank: int, size: int, first_step: int):
         labels=label[:, None], logits=logits))
     dense, sparse = get_dense_and_sparse_variable()
     dense_grads = [allreduce(g, "sum") / size for g in tf.gradients(loss, dense)]
+    if args.dynamic:  # the owner's store rows, trained by address
+        local_emb = _v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
+        addresses = _v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)
+        sparse_update = BY_ADDRESS[args.optimizer]().apply_gradients(
+            list(zip(tf.gradients(loss, local_emb), addresses)))
+    else:
+        sparse_update = OPTIMIZERS[args.optimizer]().apply_gradients(
+            zip(tf.gradients(loss, sparse), sparse))
     train_op = tf.group(
         _v1.train.GradientDescentOptimizer(0.2).apply_gradients(zip(dense_grads, dense)),
-        OPTIMIZERS[args.optimizer]().apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
+        sparse_update)
     return iterator.initializer, train_op, loss, table, weights
 
 
@@ -126,6 +152,8 @@ def main(argv=None):
     parser.add_argument("--capacity", type=int, default=512, help="device rows per rank")
     parser.add_argument("--host", type=int, default=0, help="host_vocabulary_size per rank")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adagrad")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="init(use_dynamic_expansion=True): the table grows in a store")
     parser.add_argument("--threshold", type=int, default=0, help="access_threshold")
     parser.add_argument("--eviction", type=int, default=None, help="eviction_threshold (s)")
     parser.add_argument("--send_count", type=int, default=None,
@@ -151,7 +179,8 @@ def main(argv=None):
                         help="rank 1 exits at this step (failure tests)")
     args = parser.parse_args(argv)
     init(use_mpi=True if "MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
-         else False, prefetch_batch_number=0, use_dynamic=args.send_count is None)
+         else False, prefetch_batch_number=0, use_dynamic=args.send_count is None,
+         use_dynamic_expansion=args.dynamic)
     rank, size = get_rank_id(), get_rank_size()
     if args.batch % size:
         raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
@@ -189,8 +218,11 @@ def main(argv=None):
             with open(args.timing, "w") as f:
                 json.dump(dict(ranks=size, steps=steps, samples_per_second=steps * args.batch /
                                seconds, step_ms=1000 * seconds / steps, **breakdown), f)
-        ids, rows = table.export_rows()
-        values = sess.run(table.variable)[rows] if len(rows) else np.zeros((0, args.dim))
+        if args.dynamic:
+            ids, values = dynamic.export_values(table)
+        else:
+            ids, rows = table.export_rows()
+            values = sess.run(table.variable)[rows] if len(rows) else np.zeros((0, args.dim))
         if args.host:
             from mxrec.core import tiers
             exported = tiers.export_values(sess, table, slots=False)

@@ -581,8 +581,10 @@ def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, sco
             previous = table.key_stage_dependency(graph, is_train, rows.op)
             if previous is not None:
                 rows.op._add_control_input(previous)
+            # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out
+            # of the by-address optimizers' collections.
             return table.lookup_planned(owned, rows, restore, reused, is_train,
-                                        default=default, scope=scope)
+                                        default=default, is_grad=is_grad, scope=scope)
 
         out = sharding.lookup(table, ids, is_train, send_count, grad_scale, lookup_owned)
     return out if is_grad else tf.stop_gradient(out)

@@ -391,7 +391,7 @@ class Saver:
                         state[name],
                         lambda keys: sharding.owner_of_numpy(keys, self._size) == self._rank,
                         tiered=getattr(io_.table, "host_vocabulary_size", 0) > 0,
-                        capacity=io_.table.device_vocabulary_size, name=name)
+                        capacity=_reshard_capacity(io_.table), name=name)
         self._load_into_graph(session, state, dense)
         epochs = {}
         engine = loader.engine()
@@ -486,6 +486,13 @@ class Saver:
         session.run(self._dense_assign, {placeholder: dense[variable.op.name] for
                                          variable, placeholder in zip(self._dense,
                                                                       self._dense_feeds)})
+
+
+def _reshard_capacity(table) -> int:
+    """Rows a re-partitioned shard may take: a dynamic table's store grows to any count."""
+    if isinstance(table, dynamic.DynamicTable):
+        return dynamic.HOST_CAPACITY
+    return table.device_vocabulary_size
 
 
 def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.ndarray]:

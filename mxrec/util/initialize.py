@@ -101,11 +101,6 @@ class MxrecConfig:
             raise ValueError(
                 f"init(): rank_id must be in [0, rank_size={self.rank_size}), got {self.rank_id}"
             )
-        if self.rank_size > 1 and self.use_dynamic_expansion:
-            raise NotImplementedError(
-                f"init(rank_size={self.rank_size}, use_dynamic_expansion=True): dynamic "
-                "expansion is not available with several ranks yet; use fixed-size tables "
-                "(device_vocabulary_size per rank)")
         if self.bind_cpu:
             raise NotImplementedError(
                 "init(bind_cpu=True): binding processes to the cores of their device is not "
@@ -267,7 +262,7 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
         TypeError: an unknown setting, or a value of the wrong type.
         ValueError: a value out of range.
         NotImplementedError: a setting mxrec does not offer (bind_cpu=True, use_lccl=True,
-            recent_key_count_threshold > 0, dynamic expansion on several ranks).
+            recent_key_count_threshold > 0).
 
     Example:
         >>> init(train_steps=100, eval_steps=10, prefetch_batch_number=2)
