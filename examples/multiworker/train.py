@@ -37,6 +37,7 @@ from mxrec.optimizers import (  # noqa: E402
     lazy_adam_by_addr,
 )
 from mxrec.saver.checkpoint import Saver  # noqa: E402
+from mxrec.saver.warm_start import WarmStart  # noqa: E402
 from mxrec.util.communication import (  # noqa: E402
     allreduce,
     get_rank_id,
@@ -167,6 +168,9 @@ def main(argv=None):
     parser.add_argument("--restore", action="store_true",
                         help="restore the latest version of --ckpt (saved by any number of "
                         "ranks) and go on from its step")
+    parser.add_argument("--warm_start", default=None,
+                        help="WarmStart every table and dense variable from this mxrec Saver "
+                        "directory (saved by any number of ranks) and go on from its step")
     parser.add_argument("--timing", default=None,
                         help="write samples/s (after 5 warm-up steps) and where one traced "
                         "step's time goes to this JSON file (rank 0)")
@@ -185,12 +189,17 @@ def main(argv=None):
     if args.batch % size:
         raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
     first = _latest_step(args.ckpt) if args.restore else 0
+    if args.warm_start:
+        first = _latest_step(args.warm_start)
     start, train_op, loss, table, weights = build(args, rank, size, first)
     saver = Saver(args.ckpt) if args.ckpt else None
+    warm = WarmStart(args.warm_start) if args.warm_start else None
     with _v1.Session(**session_kwargs()) as sess:
         sess.run(_v1.global_variables_initializer())
         if args.restore:
             assert saver.restore(sess) == first
+        if warm is not None:
+            warm.run(sess)
         sess.run(start)
         timed_from, breakdown = None, None
         for step in range(first + 1, (args.stop_at or args.steps) + 1):

@@ -85,7 +85,7 @@ from mxrec.util.initialize import get_config_initializer
 _HOST_SCALARS = ("next_row", "newest_timestamp", "counting_frozen", "access_threshold")
 
 
-def _load_variable(session, variable, value):
+def load_variable(session, variable, value):
     """Writes a whole variable through its initializer's feed: no new op, so it works on a
     finalized graph."""
     initializer = variable.initializer
@@ -140,7 +140,7 @@ class _TableIO:
             full = session.run(self.variables)
             for name, variable in self.variables.items():
                 full[name][rows] = values[name]
-                _load_variable(session, variable, full[name])
+                load_variable(session, variable, full[name])
             return
         feed = {self.rows: rows}
         feed.update({self.values[name]: value for name, value in values.items()})
@@ -180,7 +180,8 @@ class _DynamicTableIO:
         del session
         dynamic.write_rows(self.table, rows, values["embedding"])
         for slot, initial in self.slots.items():
-            dynamic.write_rows(self.table, rows, values[slot], slot=slot, initial=initial)
+            if slot in values:  # else the store gives the rows the slot's initial value
+                dynamic.write_rows(self.table, rows, values[slot], slot=slot, initial=initial)
 
 
 class Saver:
@@ -214,8 +215,7 @@ class Saver:
             table = in_graph.get(name)
             if table is None or table.table_key != runtime.table_key(name):
                 continue
-            self._tables.append(_DynamicTableIO(table)
-                                if isinstance(table, dynamic.DynamicTable) else _TableIO(table))
+            self._tables.append(table_io(table))
         elsewhere = sorted(set(runtime.tables) - {io_.table.table_name for io_ in self._tables})
         if elsewhere:
             message = (f"mxrec Saver({directory!r}): table(s) {elsewhere} of this init() were "
@@ -346,27 +346,14 @@ class Saver:
     def _read_version(self, kind: str, step: int):
         return manifest_io.read_version(self.directory, kind, step)
 
-    def _chain(self, version: Optional[int]) -> List[Tuple[str, int]]:
-        """The full save and the deltas to apply, for `version` (a step) or the latest."""
-        return merge.chain(self.versions(), version, self.directory)
-
     def restore(self, session, version: Optional[int] = None) -> int:
         """Loads the latest version, or the one saved at step `version`; returns its step.
 
         Raises:
             CheckpointError: nothing to restore, a broken chain, or a bad file, named.
         """
-        chain = self._chain(version)
-        versions = []
-        previous_step = None
-        for kind, step in chain:
-            manifest, arrays = self._read_version(kind, step)
-            if kind == "delta" and manifest["previous"] != previous_step:
-                raise CheckpointError(
-                    f"delta checkpoint at step {step} follows step {manifest['previous']}, "
-                    f"which is missing from {self.directory}; cannot apply it")
-            versions.append((kind, manifest, arrays))
-            previous_step = step
+        versions = merge.read_chain(self.directory, version)
+        chain = [(kind, manifest["step"]) for kind, manifest, _ in versions]
         last_manifest = versions[-1][1]
         dense = versions[-1][2]["dense.npz"]
         state: Dict[str, Dict] = {}
@@ -379,19 +366,11 @@ class Saver:
                                       kind, name)
         else:
             # Saved by another number of ranks: every shard, re-partitioned by owner.
-            for kind, manifest, arrays in versions:
-                for name in manifest["tables"]:
-                    merge.merge_ranks(state.setdefault(name, {}),
-                                      [arrays[f] for f in manifest_io.table_files(manifest, name)],
-                                      kind, name)
+            state = merge.whole_tables(versions)
             for io_ in self._tables:
                 name = io_.table.table_name
                 if name in state:
-                    state[name] = merge.reshard(
-                        state[name],
-                        lambda keys: sharding.owner_of_numpy(keys, self._size) == self._rank,
-                        tiered=getattr(io_.table, "host_vocabulary_size", 0) > 0,
-                        capacity=_reshard_capacity(io_.table), name=name)
+                    state[name] = shard_of(state[name], io_.table, self._rank, self._size)
         self._load_into_graph(session, state, dense)
         epochs = {}
         engine = loader.engine()
@@ -409,90 +388,126 @@ class Saver:
     def serving_delta(self, step: int) -> Dict[str, Dict[str, np.ndarray]]:
         """The delta saved at `step` in the form `mxrec.saver.serving.apply_delta` takes:
         {table: {"ids", "embeddings", "removed"}} (admitted IDs changed since the save
-        before it, and the IDs removed since then)."""
-        manifest, arrays = self._read_version("delta", int(step))
-        delta = {}
-        for name, meta in manifest["tables"].items():
-            table_arrays = arrays[meta["file"]]
-            admitted = table_arrays["host/rows"] >= 0
-            ids = table_arrays["host/keys"][admitted]
-            embeddings = table_arrays["state/embedding"]
-            if "host/in_host" in table_arrays:  # rows in the host tier are rows too
-                in_host = table_arrays["host/in_host"].astype(bool)
-                ids = np.concatenate([ids, table_arrays["host/keys"][in_host]])
-                embeddings = np.concatenate([embeddings, table_arrays["tier/embedding"]])
-            # An ID removed and admitted again since the last save is a change.
-            removed = np.setdiff1d(table_arrays["host/removed"], ids)
-            delta[name] = {"ids": ids, "embeddings": embeddings, "removed": removed}
-        return delta
+        before it, and the IDs removed since then); a delta written by N ranks gives the
+        whole table's (each rank's file holds the IDs it owned)."""
+        return serving_delta(self.directory, step)
 
     def _load_into_graph(self, session, state, dense):
-        engine = loader.engine()
         for io_ in self._tables:
             name = io_.table.table_name
             if name not in state:
                 raise CheckpointError(f"table {name!r} is not in the checkpoint in "
                                       f"{self.directory}")
-            table_state = state[name]
-            records = table_state["records"]
-            keys = np.fromiter(records.keys(), np.int64, len(records))
-            fields = np.array(list(records.values()), dtype=np.float64).reshape(-1, 4)
-            rows = fields[:, 0].astype(np.int32)
-            in_host = fields[:, 3].astype(bool)
-            scalars = table_state["scalars"]
-            tier_args = {}
-            if in_host.any() or "lru_rows" in table_state:
-                tier_keys = keys[in_host]
-                tier_values = table_state["tier_values"]
-                names = sorted({n for key in tier_keys.tolist() for n in tier_values[key]})
-                present = np.zeros(len(tier_keys), np.uint32)
-                packed = np.zeros((len(tier_keys), len(names), io_.table.dim), np.float32)
-                for i, key in enumerate(tier_keys.tolist()):
-                    for c, state_name in enumerate(names):
-                        value = tier_values[key].get(state_name)
-                        if value is not None:
-                            present[i] |= np.uint32(1 << c)
-                            packed[i, c] = value
-                tier_args = dict(
-                    in_host=in_host.astype(np.uint8),
-                    lru_rows=table_state.get("lru_rows", np.zeros(0, np.int32)),
-                    lru_ages=table_state.get("lru_ages", np.zeros(0, np.uint32)),
-                    tier_components=names, tier_present=present, tier_values=packed)
-            engine.import_state(
-                io_.table.table_key, keys=keys, rows=rows,
-                counts=fields[:, 1].astype(np.float32), last_seen=fields[:, 2].astype(np.int64),
-                free_rows=table_state["free_rows"], next_row=int(scalars[0]),
-                newest_timestamp=int(scalars[1]), counting_frozen=bool(scalars[2]),
-                access_threshold=float(table_state["access_threshold"]), **tier_args)
-            values = table_state["values"]
-            device = rows >= 0
-            if device.any():
-                missing = [n for n in io_.state_names() if n not in table_state["state_names"]]
-                if missing:
-                    raise CheckpointError(f"table {name!r}: the checkpoint has no {missing}; "
-                                          "was it saved with another optimizer?")
-                device_keys = keys[device].tolist()
-                io_.write_rows(session, rows[device], {
-                    state_name: np.stack([values[key][state_name] for key in device_keys])
-                    for state_name in io_.state_names()})
+            load_table_state(session, io_, state[name])
         missing = [v.op.name for v in self._dense if v.op.name not in dense]
         if missing:
             raise CheckpointError(f"dense variable {missing[0]!r} is not in the checkpoint in "
                                   f"{self.directory}")
         if self._dense_feeds is None:  # built on a finalized graph
             for variable in self._dense:
-                _load_variable(session, variable, dense[variable.op.name])
+                load_variable(session, variable, dense[variable.op.name])
             return
         session.run(self._dense_assign, {placeholder: dense[variable.op.name] for
                                          variable, placeholder in zip(self._dense,
                                                                       self._dense_feeds)})
 
 
-def _reshard_capacity(table) -> int:
-    """Rows a re-partitioned shard may take: a dynamic table's store grows to any count."""
-    if isinstance(table, dynamic.DynamicTable):
-        return dynamic.HOST_CAPACITY
-    return table.device_vocabulary_size
+def table_io(table):
+    """The reader and writer of a table's rows and slot rows (device variables, or the
+    dynamic store)."""
+    return _DynamicTableIO(table) if isinstance(table, dynamic.DynamicTable) else _TableIO(table)
+
+
+def load_table_state(session, io_, table_state: Dict, missing_states: str = "error") -> None:
+    """Imports one table's folded state (`merge`) into its host table, then writes the rows
+    and slot rows of its device IDs.
+
+    missing_states: what a state of the table (an optimizer slot) that the checkpoint lacks
+        gets: "error" (CheckpointError), or "keep" (the rows keep their current values, e.g.
+        the slot's initial value after the variables' initialiser).
+    """
+    name = io_.table.table_name
+    engine = loader.engine()
+    records = table_state["records"]
+    keys = np.fromiter(records.keys(), np.int64, len(records))
+    fields = np.array(list(records.values()), dtype=np.float64).reshape(-1, 4)
+    rows = fields[:, 0].astype(np.int32)
+    in_host = fields[:, 3].astype(bool)
+    scalars = table_state["scalars"]
+    tier_args = {}
+    if in_host.any() or "lru_rows" in table_state:
+        tier_keys = keys[in_host]
+        tier_values = table_state["tier_values"]
+        names = sorted({n for key in tier_keys.tolist() for n in tier_values[key]})
+        present = np.zeros(len(tier_keys), np.uint32)
+        packed = np.zeros((len(tier_keys), len(names), io_.table.dim), np.float32)
+        for i, key in enumerate(tier_keys.tolist()):
+            for c, state_name in enumerate(names):
+                value = tier_values[key].get(state_name)
+                if value is not None:
+                    present[i] |= np.uint32(1 << c)
+                    packed[i, c] = value
+        tier_args = dict(
+            in_host=in_host.astype(np.uint8),
+            lru_rows=table_state.get("lru_rows", np.zeros(0, np.int32)),
+            lru_ages=table_state.get("lru_ages", np.zeros(0, np.uint32)),
+            tier_components=names, tier_present=present, tier_values=packed)
+    engine.import_state(
+        io_.table.table_key, keys=keys, rows=rows,
+        counts=fields[:, 1].astype(np.float32), last_seen=fields[:, 2].astype(np.int64),
+        free_rows=table_state["free_rows"], next_row=int(scalars[0]),
+        newest_timestamp=int(scalars[1]), counting_frozen=bool(scalars[2]),
+        access_threshold=float(table_state["access_threshold"]), **tier_args)
+    values = table_state["values"]
+    device = rows >= 0
+    if not device.any():
+        return
+    missing = [n for n in io_.state_names() if n not in table_state["state_names"]]
+    current = {}
+    if missing and missing_states == "error":
+        raise CheckpointError(f"table {name!r}: the checkpoint has no {missing}; "
+                              "was it saved with another optimizer?")
+    if missing and io_.variables_in_graph:
+        current = io_.read_rows(session, rows[device])
+    device_keys = keys[device].tolist()
+    written = {state_name: np.stack([values[key][state_name] for key in device_keys])
+               for state_name in io_.state_names() if state_name not in missing}
+    written.update(current)  # a dynamic table's store starts a slot it lacks at its initial
+    io_.write_rows(session, rows[device], written)
+
+
+def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]:
+    """`Saver.serving_delta` of the delta saved at `step` in `directory`."""
+    manifest, arrays = manifest_io.read_version(directory, "delta", int(step))
+    delta = {}
+    for name in manifest["tables"]:
+        ids, embeddings, removed = [], [], []
+        for file_name in manifest_io.table_files(manifest, name):
+            table_arrays = arrays[file_name]
+            admitted = table_arrays["host/rows"] >= 0
+            ids.append(table_arrays["host/keys"][admitted])
+            embeddings.append(table_arrays["state/embedding"])
+            if "host/in_host" in table_arrays:  # rows in the host tier are rows too
+                in_host = table_arrays["host/in_host"].astype(bool)
+                ids.append(table_arrays["host/keys"][in_host])
+                embeddings.append(table_arrays["tier/embedding"])
+            removed.append(table_arrays["host/removed"])
+        ids = np.concatenate(ids)
+        # An ID removed and admitted again since the last save is a change.
+        delta[name] = {"ids": ids, "embeddings": np.concatenate(embeddings),
+                       "removed": np.setdiff1d(np.concatenate(removed), ids)}
+    return delta
+
+
+def shard_of(table_state: Dict, table, rank: int, size: int) -> Dict:
+    """The part of a whole table's folded state that `rank` of `size` owns, rows given anew
+    for `table` (`merge.reshard`): a tiered table takes its IDs into the host tier, a dynamic
+    table's store grows to any count."""
+    capacity = (dynamic.HOST_CAPACITY if isinstance(table, dynamic.DynamicTable)
+                else table.device_vocabulary_size)
+    return merge.reshard(table_state, lambda keys: sharding.owner_of_numpy(keys, size) == rank,
+                         tiered=getattr(table, "host_vocabulary_size", 0) > 0,
+                         capacity=capacity, name=table.table_name)
 
 
 def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.ndarray]:

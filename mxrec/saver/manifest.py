@@ -16,7 +16,7 @@ import json
 import posixpath
 import re
 import uuid
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -112,9 +112,20 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
 
 
 def table_files(manifest: Dict, table: str) -> List[str]:
-    """The files of `table` in a version, one per rank that wrote it (one when unsharded)."""
+    """The files of `table` in a version, one per rank that wrote it (one when unsharded).
+
+    Raises:
+        CheckpointError: the manifest lists another number of files than its `ranks`.
+    """
     meta = manifest["tables"][table]
-    return list(meta["files"]) if "files" in meta else [meta["file"]]
+    files = list(meta["files"]) if "files" in meta else [meta["file"]]
+    ranks = manifest.get("ranks", 1)
+    if len(files) != ranks:
+        raise CheckpointError(
+            f"checkpoint {version_name(manifest['kind'], manifest['step'])}: table {table!r} "
+            f"has {len(files)} rank file(s) {files} but the manifest says it was saved by "
+            f"{ranks} ranks; the version is damaged (restore an earlier one)")
+    return files
 
 
 def list_versions(directory: str) -> List[Tuple[str, int]]:
@@ -143,29 +154,21 @@ def delete_old_versions(directory: str, max_to_keep: Optional[int]) -> None:
             tf.io.gfile.rmtree(posixpath.join(directory, version_name(kind, step)))
 
 
-def read_version(directory: str, kind: str, step: int
+def read_version(directory: str, kind: str, step: int, only: Optional[Iterable[str]] = None
                  ) -> Tuple[Dict, Dict[str, Dict[str, np.ndarray]]]:
-    """(manifest, {file name: {array name: array}}) of one version, every file verified.
+    """(manifest, {file name: {array name: array}}) of one version, every file verified
+    (or only the files named in `only`).
 
     Raises:
         CheckpointError: no manifest, a corrupted manifest, another format, or a file
             missing, truncated or not matching its SHA-256.
     """
+    manifest = read_manifest(directory, kind, step)
     path = posixpath.join(directory, version_name(kind, step))
-    manifest_path = posixpath.join(path, "manifest.json")
-    if not tf.io.gfile.exists(manifest_path):
-        raise CheckpointError(f"checkpoint {path} has no manifest.json: it is incomplete")
-    try:
-        with tf.io.gfile.GFile(manifest_path, "r") as f:
-            manifest = json.loads(f.read())
-    except ValueError as err:
-        raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupted: {err}") \
-            from None
-    if manifest.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format {manifest.get('format')!r}; "
-                              f"this mxrec reads format {FORMAT_VERSION}")
     arrays = {}
     for file_name, expect in manifest["files"].items():
+        if only is not None and file_name not in only:
+            continue
         file_path = posixpath.join(path, file_name)
         if not tf.io.gfile.exists(file_path):
             raise CheckpointError(f"checkpoint file {file_path} is missing")
@@ -180,3 +183,25 @@ def read_version(directory: str, kind: str, step: int
         with np.load(io.BytesIO(data)) as npz:
             arrays[file_name] = {key: npz[key] for key in npz.files}
     return manifest, arrays
+
+
+def read_manifest(directory: str, kind: str, step: int) -> Dict:
+    """The manifest of one version (no file read).
+
+    Raises:
+        CheckpointError: no manifest, a corrupted manifest, or another format.
+    """
+    path = posixpath.join(directory, version_name(kind, step))
+    manifest_path = posixpath.join(path, "manifest.json")
+    if not tf.io.gfile.exists(manifest_path):
+        raise CheckpointError(f"checkpoint {path} has no manifest.json: it is incomplete")
+    try:
+        with tf.io.gfile.GFile(manifest_path, "r") as f:
+            manifest = json.loads(f.read())
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupted: {err}") \
+            from None
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format {manifest.get('format')!r}; "
+                              f"this mxrec reads format {FORMAT_VERSION}")
+    return manifest

@@ -1,16 +1,109 @@
 """Version merging: which versions a restore reads, and how they fold into one state.
 
 A restore reads the last full save at or before the wanted step and every delta
-after it, in step order, and folds their table files into one state per table
-(`merge_table`): a full save replaces the state, a delta removes its removed IDs
-and overwrites the records and rows of the IDs it holds.
+after it, in step order (`read_chain`), and folds their table files into one state
+per table (`merge_table`): a full save replaces the state, a delta removes its
+removed IDs and overwrites the records and rows of the IDs it holds. A version
+written by N ranks holds one file per rank and table; `whole_tables` folds them all
+into the state of the whole table (what one process would hold), which WarmStart,
+the serving export and a restore on another rank count start from.
 """
 
+import posixpath
+import re
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+import tensorflow as tf
 
+from mxrec.saver import manifest as manifest_io
 from mxrec.saver.manifest import CheckpointError
+
+_VERSION_DIR = re.compile(r"^(full|delta)-(\d{12})$")
+Version = Tuple[str, Dict, Dict[str, Dict[str, np.ndarray]]]  # kind, manifest, files
+
+
+def locate(path: str) -> Optional[Tuple[str, Optional[int]]]:
+    """(directory, step) when `path` is a directory of mxrec Saver versions (step None: its
+    latest) or one version of it (`<dir>/full-000000000100`); None for anything else (a TF
+    checkpoint)."""
+    if not isinstance(path, str) or not path:
+        return None
+    path = path.rstrip("/")
+    match = _VERSION_DIR.match(posixpath.basename(path))
+    if match and tf.io.gfile.exists(posixpath.join(path, "manifest.json")):
+        return posixpath.dirname(path), int(match.group(2))
+    if tf.io.gfile.isdir(path) and manifest_io.list_versions(path):
+        return path, None
+    return None
+
+
+def read_chain(directory: str, version: Optional[int] = None,
+               tables_only: bool = False) -> List[Version]:
+    """The versions a restore of `version` (a step; None: the latest) reads, in order, every
+    file verified against its manifest and each delta's predecessor checked.
+
+    tables_only: read the manifests and the last version's dense.npz only (checks before
+    the tables are read).
+
+    Raises:
+        CheckpointError: nothing to read, a broken chain, a bad or missing file.
+    """
+    out = []
+    previous_step = None
+    steps = chain(manifest_io.list_versions(directory), version, directory)
+    for index, (kind, step) in enumerate(steps):
+        only = None
+        if tables_only:
+            only = ("dense.npz",) if index == len(steps) - 1 else ()
+        manifest, arrays = manifest_io.read_version(directory, kind, step, only=only)
+        if kind == "delta" and manifest["previous"] != previous_step:
+            raise CheckpointError(
+                f"delta checkpoint at step {step} follows step {manifest['previous']}, "
+                f"which is missing from {directory}; cannot apply it")
+        for name in manifest["tables"]:
+            for file_name in manifest_io.table_files(manifest, name):
+                if file_name not in manifest["files"]:
+                    raise CheckpointError(
+                        f"checkpoint {manifest_io.version_name(kind, step)} in {directory}: "
+                        f"table {name!r} names file {file_name}, which its manifest does "
+                        "not list; the version is damaged")
+        out.append((kind, manifest, arrays))
+        previous_step = step
+    return out
+
+
+def whole_tables(versions: List[Version]) -> Dict[str, Dict]:
+    """Each table's state folded over the versions and over every rank's file of each."""
+    state: Dict[str, Dict] = {}
+    for kind, manifest, arrays in versions:
+        for name in manifest["tables"]:
+            merge_ranks(state.setdefault(name, {}),
+                        [arrays[f] for f in manifest_io.table_files(manifest, name)], kind, name)
+    return state
+
+
+def admitted_values(table_state: Dict, dim: int, state_name: str = "embedding"
+                    ) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids [K] int64 sorted, values [K, dim] float32) of one state (the embedding, or a
+    slot) of every admitted ID of a whole table, wherever its row was (device or host tier).
+
+    Raises:
+        CheckpointError: an admitted ID has no value of that state.
+    """
+    keys = []
+    rows = []
+    for key in sorted(table_state["records"]):
+        row, _, _, in_host = table_state["records"][key]
+        if row < 0 and not in_host:
+            continue  # counted, not admitted: no row
+        value = (table_state["values"] if row >= 0 else table_state["tier_values"]).get(key, {})
+        if state_name not in value:
+            raise CheckpointError(f"checkpoint holds no {state_name!r} value of ID {key}")
+        keys.append(key)
+        rows.append(value[state_name])
+    values = np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+    return np.asarray(keys, np.int64), values
 
 
 def chain(versions: List[Tuple[str, int]], version: Optional[int], directory: str

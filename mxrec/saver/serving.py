@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.core.table import set_lookup_override
-from mxrec.saver import sparse
+from mxrec.saver import merge, sparse
 
 SERVING_SCOPE = "mxrec_serving"
 _CONTEXT_COLLECTION = "mxrec_serving_export_context"
@@ -108,25 +108,81 @@ class _ServingTable:
         return out
 
 
+class _TfCheckpoint:
+    """A checkpoint of a TF Saver (prefix, or directory for its latest) as an export reads it."""
+
+    def __init__(self, checkpoint: str):
+        self.name = sparse.resolve_checkpoint(checkpoint)
+        self.reader = tf.train.load_checkpoint(self.name)
+        self._shapes = self.reader.get_variable_to_shape_map()
+
+    def table_names(self):
+        return sparse.checkpoint_tables(self.reader)
+
+    def table_dim(self, name: str) -> Optional[int]:
+        if name not in self._shapes or sparse.host_tensor_name(name, "keys") not in self._shapes:
+            return None
+        return int(self._shapes[name][1])
+
+    def table_arrays(self, name: str) -> sparse.TableArrays:
+        return sparse.table_arrays_from_reader(self.reader, name, self.name)
+
+    def dense(self, name: str) -> Optional[np.ndarray]:
+        return self.reader.get_tensor(name) if self.reader.has_tensor(name) else None
+
+
+class _SaverCheckpoint:
+    """A checkpoint of mxrec's own Saver (its directory: the latest version, or one version),
+    written by any number of ranks: every rank's files of the chain fold into whole tables
+    (`merge.whole_tables`), so the export is the same as from one process's checkpoint."""
+
+    def __init__(self, checkpoint: str, location):
+        self.name = checkpoint
+        versions = merge.read_chain(*location)
+        self._state = merge.whole_tables(versions)
+        self._dims = {name: meta["dim"] for _, manifest, _ in versions
+                      for name, meta in manifest["tables"].items()}
+        self._dense = versions[-1][2]["dense.npz"]
+
+    def table_names(self):
+        return sorted(self._state)
+
+    def table_dim(self, name: str) -> Optional[int]:
+        return self._dims.get(name) if name in self._state else None
+
+    def table_arrays(self, name: str) -> sparse.TableArrays:
+        ids, embeddings = merge.admitted_values(self._state[name], self._dims[name])
+        return {"ids": ids, "embeddings": embeddings}
+
+    def dense(self, name: str) -> Optional[np.ndarray]:
+        return self._dense.get(name)
+
+
+def _open_checkpoint(checkpoint: str):
+    location = merge.locate(checkpoint)
+    return _TfCheckpoint(checkpoint) if location is None else _SaverCheckpoint(checkpoint,
+                                                                              location)
+
+
 class _ServingContext:
     """What one export knows while the user's function builds the graph."""
 
-    def __init__(self, checkpoint: str):
-        self.checkpoint = checkpoint
-        self.reader = tf.train.load_checkpoint(checkpoint)
+    def __init__(self, source):
+        self.source = source
+        self.checkpoint = source.name
         self.tables: Dict[str, _ServingTable] = {}
 
     def table(self, hashtable) -> _ServingTable:
         name = hashtable.table_name
         if name not in self.tables:
-            shapes = self.reader.get_variable_to_shape_map()
-            if name not in shapes or sparse.host_tensor_name(name, "keys") not in shapes:
+            dim = self.source.table_dim(name)
+            if dim is None:
                 raise ValueError(f"serving export: table {name!r} is not in checkpoint "
                                  f"{self.checkpoint!r}; tables there: "
-                                 f"{sparse.checkpoint_tables(self.reader)}")
-            if shapes[name][1:] != [hashtable.dim]:
+                                 f"{self.source.table_names()}")
+            if dim != hashtable.dim:
                 raise ValueError(f"serving export: table {name!r} has dim {hashtable.dim} in "
-                                 f"the graph but rows of shape {shapes[name]} in checkpoint "
+                                 f"the graph but rows of dim {dim} in checkpoint "
                                  f"{self.checkpoint!r}")
             self.tables[name] = _ServingTable(name, hashtable.dim)
         return self.tables[name]
@@ -191,10 +247,10 @@ def _check_tensors(label: str, tensors, graph) -> Dict[str, tf.Tensor]:
     return dict(tensors)
 
 
-def _build(build_fn, checkpoint) -> Tuple[tf.compat.v1.GraphDef, list, list, tuple, dict]:
+def _build(build_fn, source) -> Tuple[tf.compat.v1.GraphDef, list, list, tuple, dict]:
     """Runs build_fn in a serving graph; returns what the pruned graph keeps."""
     graph = tf.Graph()
-    context = _ServingContext(checkpoint)
+    context = _ServingContext(source)
     with graph.as_default(), _private_runtime():
         graph.add_to_collection(_CONTEXT_COLLECTION, context)
         # sparse_lookup in this graph builds core-op lookups, and its tables save nothing.
@@ -236,14 +292,14 @@ def _build(build_fn, checkpoint) -> Tuple[tf.compat.v1.GraphDef, list, list, tup
             {"trainable": trainable, "serving": serving_vars})
 
 
-def _dense_value(reader, checkpoint, name, shape):
-    if not reader.has_tensor(name):
+def _dense_value(source, name, shape):
+    value = source.dense(name)
+    if value is None:
         raise ValueError(f"export_saved_model: variable {name!r} of the serving graph is not in "
-                         f"checkpoint {checkpoint!r}")
-    value = reader.get_tensor(name)
+                         f"checkpoint {source.name!r}")
     if not tf.TensorShape(shape).is_compatible_with(value.shape):
         raise ValueError(f"export_saved_model: variable {name!r} has shape {shape} in the "
-                         f"serving graph but {list(value.shape)} in checkpoint {checkpoint!r}")
+                         f"serving graph but {list(value.shape)} in checkpoint {source.name!r}")
     return value
 
 
@@ -254,7 +310,9 @@ def export_saved_model(export_dir: str, checkpoint: str,
 
     Args:
         export_dir: a directory that does not exist yet (TF Serving: `<base>/<version>`).
-        checkpoint: a checkpoint of the trained model (prefix, or directory for its latest).
+        checkpoint: a checkpoint of the trained model: a TF checkpoint (prefix, or directory
+            for its latest), or one of mxrec's Saver (its directory for the latest version,
+            or a version folder `<dir>/delta-000000000100`), written by any number of ranks.
         build_fn: builds the serving graph and returns (inputs, outputs), dicts of tensors:
             inputs are its placeholders, outputs the predictions. It calls `create_table` and
             `sparse_lookup` as in training (the tables' names must be those of the checkpoint);
@@ -271,9 +329,8 @@ def export_saved_model(export_dir: str, checkpoint: str,
     """
     if tf.io.gfile.exists(export_dir):
         raise ValueError(f"export_saved_model: export_dir {export_dir!r} already exists")
-    checkpoint = sparse.resolve_checkpoint(checkpoint)
-    graph_def, var_defs, table_init_names, signature, names = _build(build_fn, checkpoint)
-    reader = tf.train.load_checkpoint(checkpoint)
+    source = _open_checkpoint(checkpoint)
+    graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source)
 
     graph = tf.Graph()
     with graph.as_default():
@@ -294,12 +351,12 @@ def export_saved_model(export_dir: str, checkpoint: str,
             name = variable.op.name
             if name in names["serving"]:
                 table, field = name[len(SERVING_SCOPE) + 1:].rsplit("/", 1)
-                arrays = sparse.table_arrays_from_reader(reader, table, checkpoint)
+                arrays = source.table_arrays(table)
                 value = arrays["ids"] if field == _IDS else np.concatenate(
                     [arrays["embeddings"], np.zeros([1, arrays["embeddings"].shape[1]],
                                                     np.float32)])
             else:
-                value = _dense_value(reader, checkpoint, name, variable.shape)
+                value = _dense_value(source, name, variable.shape)
             feeds[variable.initializer.inputs[1]] = value
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run([v.initializer for v in variables], feeds)

@@ -56,8 +56,11 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.core import tiers
-from mxrec.saver import sparse
+from mxrec.core import dynamic, tiers
+from mxrec.core.table import graph_tables
+from mxrec.saver import checkpoint as saver_checkpoint
+from mxrec.saver import merge, sparse
+from mxrec.util import communication
 
 _HOST_DTYPES = {
     "keys": tf.int64, "rows": tf.int32, "counts": tf.float32, "last_seen": tf.int64,
@@ -103,7 +106,13 @@ def _as_entries(ckpt, vars_to_warm_start, vocab_info, prev_names):
 
 
 def _graph_tables(graph: tf.Graph) -> Dict[str, object]:
-    return sparse._graph_tables(graph)  # noqa: SLF001 (one module family)
+    """The graph's tables: those with a variable, and those of dynamic expansion (no
+    variable, so not in the tables' variable collection)."""
+    tables = sparse._graph_tables(graph)  # noqa: SLF001 (one module family)
+    for name, table in graph_tables(graph).items():
+        if isinstance(table, dynamic.DynamicTable) and name not in tables:
+            tables[name] = table
+    return tables
 
 
 def _slots(table) -> Dict[str, tf.Variable]:
@@ -138,6 +147,9 @@ class _Entry:
                 raise ValueError(f"var_name_to_prev_var_name: table {table.table_name!r} cannot "
                                  "be renamed; mxrec tables warm-start from the same name")
         self.op = self._build(reader)
+
+    def run(self, session) -> None:
+        session.run(self.op)
 
     def _select(self, graph, tables, sparse_owned, vars_to_warm_start):
         def dense_matches(pattern, key):
@@ -192,6 +204,11 @@ class _Entry:
         loads = []  # (checkpoint name, dtype, consumer(tensor) -> op)
         for table in self.tables:
             name = table.table_name
+            if isinstance(table, dynamic.DynamicTable):
+                raise ValueError(
+                    f"warm start: table {name!r} (init(use_dynamic_expansion=True)) keeps its "
+                    f"rows in a dynamic store; warm-start it from a checkpoint of mxrec's Saver "
+                    f"(mxrec.saver.checkpoint.Saver), not from the TF checkpoint {self.path!r}")
             if sparse.host_tensor_name(name, "keys") not in self._shapes:
                 raise ValueError(f"warm start: table {name!r} is not in checkpoint "
                                  f"{self.path!r} (no host state {name}/mxrec_host; tables "
@@ -247,6 +264,73 @@ class _Entry:
         return names
 
 
+class _VersionsEntry(_Entry):
+    """What one checkpoint of mxrec's own Saver loads: its directory (the latest version)
+    or one version of it, written by any number of ranks.
+
+    Every rank's files of the chain (full save, then its deltas) fold into the whole table,
+    of which this process keeps the IDs it owns (all of them on one process) with rows given
+    anew; what it loads per ID is what the Saver restores: record (count, last seen), row,
+    and the slots of the table's optimizers that the checkpoint holds (others keep their
+    initial values). Dense variables come from the last version's dense.npz.
+    """
+
+    def __init__(self, graph, tables, sparse_owned, checkpoint, location, vars_to_warm_start,
+                 prev_names):  # pylint: disable=super-init-not-called
+        self.path = checkpoint
+        self.directory, self.step = location
+        self.prev_names = dict(prev_names or {})
+        self.tables, self.dense = [], []
+        self._select(graph, tables, sparse_owned, vars_to_warm_start)
+        for table in self.tables:
+            if table.table_name in self.prev_names:
+                raise ValueError(f"var_name_to_prev_var_name: table {table.table_name!r} cannot "
+                                 "be renamed; mxrec tables warm-start from the same name")
+        # The manifests and the dense values now: what is missing fails here, not at run.
+        versions = merge.read_chain(self.directory, self.step, tables_only=True)
+        manifest, dense = versions[-1][1], versions[-1][2]["dense.npz"]
+        where = f"checkpoint {self.path!r} (step {manifest['step']})"
+        for table in self.tables:
+            meta = manifest["tables"].get(table.table_name)
+            if meta is None:
+                raise ValueError(f"warm start: table {table.table_name!r} is not in {where}; "
+                                 f"tables there: {sorted(manifest['tables'])}")
+            if meta["dim"] != table.dim:
+                raise ValueError(f"warm start: table {table.table_name!r} has dim {table.dim} "
+                                 f"in the graph but {meta['dim']} in {where}")
+        for variable in self.dense:
+            source = self.prev_names.get(variable.op.name, variable.op.name)
+            if source not in dense:
+                raise ValueError(f"warm start: variable {source!r} is not in {where}")
+            if list(dense[source].shape) != variable.shape.as_list():
+                raise ValueError(f"warm start: variable {source!r} has shape "
+                                 f"{variable.shape.as_list()} in the graph but "
+                                 f"{list(dense[source].shape)} in {where}")
+        # Built now, while the graph takes ops (a finalized graph is read and written whole).
+        self._ios = [saver_checkpoint.table_io(table) for table in self.tables]
+
+    def run(self, session) -> None:
+        versions = merge.read_chain(self.directory, self.step)
+        state = merge.whole_tables(versions)
+        dense = versions[-1][2]["dense.npz"]
+        rank, size = communication.get_rank_id(), communication.get_rank_size()
+        for io_ in self._ios:
+            table = io_.table
+            shard = saver_checkpoint.shard_of(state[table.table_name], table, rank, size)
+            saver_checkpoint.load_table_state(session, io_, shard, missing_states="keep")
+        for variable in self.dense:
+            source = self.prev_names.get(variable.op.name, variable.op.name)
+            saver_checkpoint.load_variable(session, variable, dense[source])
+
+
+def _entry(graph, tables, sparse_owned, checkpoint, vars_to_warm_start, prev_names) -> _Entry:
+    location = merge.locate(checkpoint)
+    if location is not None:
+        return _VersionsEntry(graph, tables, sparse_owned, checkpoint, location,
+                              vars_to_warm_start, prev_names)
+    return _Entry(graph, tables, sparse_owned, checkpoint, vars_to_warm_start, prev_names)
+
+
 class WarmStart:
     """A warm start built into a graph: run it once the variables are initialised.
 
@@ -280,14 +364,15 @@ class WarmStart:
         tables = _graph_tables(graph)
         sparse_owned = set()
         for table in tables.values():
-            sparse_owned.add(table.variable.op.name)
-            sparse_owned.update(_slots(table))
+            if not isinstance(table, dynamic.DynamicTable):  # it has no variables
+                sparse_owned.add(table.variable.op.name)
+                sparse_owned.update(_slots(table))
         self._entries = []
         with graph.as_default():
             for path, chosen, prev in _as_entries(ckpt_to_initialize_from, vars_to_warm_start,
                                                   var_name_to_vocab_info,
                                                   var_name_to_prev_var_name):
-                self._entries.append(_Entry(graph, tables, sparse_owned, path, chosen, prev))
+                self._entries.append(_entry(graph, tables, sparse_owned, path, chosen, prev))
         self.graph = graph
 
     @property
@@ -301,7 +386,7 @@ class WarmStart:
             raise ValueError("WarmStart.run: the session is not on the graph the warm start "
                              "was built in")
         for entry in self._entries:
-            session.run(entry.op)
+            entry.run(session)
 
     def init_fn(self, scaffold, session) -> None:
         """`tf.compat.v1.train.Scaffold(init_fn=...)`: runs only when not restoring."""
