@@ -184,6 +184,13 @@ def test_checkpoints_reshard_between_rank_counts(tmp_path):
             np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
 
 
+def test_is_dp_is_refused_on_several_ranks_and_says_what_to_use(tmp_path):
+    result = _train(2, tmp_path, ["--is_dp", "--steps", "2"], timeout=200)
+    assert result.returncode != 0
+    assert "create_table 'emb': is_dp=True" in result.stdout, result.stdout[-3000:]
+    assert "create it with is_dp=False (the default)" in result.stdout
+
+
 def test_tf_saver_refuses_sharded_tables(tmp_path):
     """TF's Saver would write one rank's shard under names every rank shares: an error."""
     result = _train(2, tmp_path, ["--steps", "2", "--tf_save", str(tmp_path / "tf")],

@@ -21,7 +21,7 @@ import tensorflow as tf
 from test_multiworker import _shards, _train
 
 from mxrec.core.embedding import create_table, sparse_lookup
-from mxrec.saver import checkpoint, serving
+from mxrec.saver import checkpoint, serving, sparse
 from mxrec.saver.manifest import CheckpointError
 from mxrec.saver.warm_start import WarmStart
 
@@ -100,7 +100,12 @@ def test_serving_export_from_four_ranks_equals_one_process(mx, runs, tmp_path):
     assert sorted(table["ids"].tolist()) == sorted(want)
     for key, value in zip(table["ids"].tolist(), table["embeddings"]):
         np.testing.assert_allclose(value, want[key], rtol=0, atol=1e-5)
-    # The same from the delta's version folder; the full save alone is another model.
+    # The NumPy export reads the same directory the same way.
+    arrays = sparse.export(checkpoint=str(runs / "ckpt4"))["emb"]
+    order = np.argsort(table["ids"])
+    np.testing.assert_array_equal(arrays["ids"], table["ids"][order])
+    np.testing.assert_array_equal(arrays["embeddings"], table["embeddings"][order])
+    # The same from the delta's version folder.
     version = serving.export_saved_model(str(tmp_path / "2"),
                                          str(runs / "ckpt4" / "delta-000000000010"),
                                          _build_serving)

@@ -88,7 +88,8 @@ def build(args, rank: int, size: int, first_step: int):
     table = create_table(tf.int64, dim, "emb", _v1.constant_initializer(0.05),
                          device_vocabulary_size=args.capacity,
                          host_vocabulary_size=args.host,
-                         all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+                         all2all_gradients_op="sum_gradients_and_div_by_ranksize",
+                         is_dp=args.is_dp)
     config = None
     if args.threshold:
         config = dict(access_threshold=args.threshold)
@@ -179,6 +180,8 @@ def main(argv=None):
                         "(refused for sharded tables: tests)")
     parser.add_argument("--dim_on_rank1", type=int, default=None,
                         help="rank 1 builds its table with this dim (failure tests)")
+    parser.add_argument("--is_dp", action="store_true",
+                        help="create_table(is_dp=True): refused on several ranks (tests)")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
     args = parser.parse_args(argv)

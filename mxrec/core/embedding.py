@@ -257,7 +257,9 @@ def create_table(
     if is_dp and communication.get_rank_size() > 1:
         raise NotImplementedError(
             f"create_table {name!r}: is_dp=True (a table replicated on every rank) is not "
-            "available on several ranks; tables are sharded across the ranks (is_dp=False)")
+            "available on several ranks; create it with is_dp=False (the default): the table "
+            "is then sharded across the ranks by ID and trains the same model (N ranks on a "
+            "global batch equal one process on it)")
     if emb_initializer is None:
         raise ValueError(f"create_table {name!r}: emb_initializer is required")
     initializer = emb_initializer

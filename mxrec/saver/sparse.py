@@ -5,7 +5,9 @@ Two sources give the same answer for the same state:
 * a live session: the host engine gives (ID, device row) pairs and the session
   reads the device table;
 * a checkpoint written by any `tf.compat.v1.train.Saver` of an mxrec graph: the
-  host arrays `<table>/mxrec_host/{keys,rows}` and the variable `<table>`.
+  host arrays `<table>/mxrec_host/{keys,rows}` and the variable `<table>`;
+* a directory (or version folder) of mxrec's own Saver, written by any number of ranks:
+  every rank's files of the chain folded into the whole table (`merge.whole_tables`).
 
 IDs counted but not admitted (row -1 in the host arrays) have no row and are
 left out. Rows come in device-row order, as `SparseEmbedding.export_rows` gives
@@ -24,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
+from mxrec.saver import merge
 
 HOST_SUFFIX = "/mxrec_host"
 _HOST_FIELDS = ("keys", "rows", "counts", "last_seen", "free_rows", "meta", "threshold")
@@ -140,7 +143,26 @@ def table_arrays_from_reader(reader, name: str, checkpoint: str) -> TableArrays:
             "embeddings": variable[rows.astype(np.int64)].astype(np.float32)}
 
 
+def _from_saver_versions(names, checkpoint, location) -> Dict[str, TableArrays]:
+    versions = merge.read_chain(*location)
+    state = merge.whole_tables(versions)
+    dims = {name: meta["dim"] for _, manifest, _ in versions
+            for name, meta in manifest["tables"].items()}
+    missing = [n for n in names or () if n not in state]
+    if missing:
+        raise ValueError(f"export: no table named {missing} in checkpoint {checkpoint!r}; "
+                         f"tables: {sorted(state)}")
+    out = {}
+    for name in names or sorted(state):
+        ids, embeddings = merge.admitted_values(state[name], dims[name])
+        out[name] = {"ids": ids, "embeddings": embeddings}
+    return out
+
+
 def _from_checkpoint(names, checkpoint) -> Dict[str, TableArrays]:
+    location = merge.locate(checkpoint)
+    if location is not None:
+        return _from_saver_versions(names, checkpoint, location)
     checkpoint = resolve_checkpoint(checkpoint)
     reader = tf.train.load_checkpoint(checkpoint)
     if names is None:
@@ -157,7 +179,9 @@ def export(table_list=None, session: Optional[tf.compat.v1.Session] = None,
             session's graph, or of the checkpoint).
         session: read the live tables through this session. Default: the default session,
             when no checkpoint is given.
-        checkpoint: read a checkpoint instead (a prefix, or a directory for its latest).
+        checkpoint: read a checkpoint instead: a TF checkpoint (a prefix, or a directory for
+            its latest), or a directory or version folder of mxrec's Saver (written by any
+            number of ranks; rows then come in ID order).
 
     Returns:
         {table_name: {"ids": int64 [K], "embeddings": float32 [K, dim]}}, rows in device-row

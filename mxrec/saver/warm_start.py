@@ -21,6 +21,17 @@ Choosing what to load follows `tf.estimator.WarmStartSettings` (as in mx_rec):
 * An entry that chooses nothing, or a chosen table or variable missing from its
   checkpoint, is an error naming it and the checkpoint.
 
+Checkpoints of mxrec's own Saver (`mxrec.saver.checkpoint.Saver`): `ckpt_to_initialize_from`
+may be its directory (the latest version) or one version folder (`<dir>/delta-000000000100`),
+written by one process or by N ranks. The chain (full save and deltas) of every rank's files
+folds into the whole table, and this process keeps the IDs it owns under its own rank count
+(all of them on one process), with rows given anew, their admission counts and last-seen
+times, and the slots of the table's hash optimizers that the checkpoint holds (other slots
+keep their values); dense variables come from the last version. Tables of
+init(use_dynamic_expansion=True) warm-start only from such checkpoints.
+
+    >>> WarmStart("/ckpt/sharded", ".*").run(sess)   # saved by 4 ranks, loaded on 1 or on M
+
 The multi-path form of mx_rec: `ckpt_to_initialize_from` a list of checkpoints and
 `vars_to_warm_start` (and `var_name_to_prev_var_name`, when given) lists of the same
 length; entries load in order, so later ones override earlier ones.
