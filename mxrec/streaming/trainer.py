@@ -232,7 +232,6 @@ class StreamingTrainer:
         self._train_fetch_scored = dict(self._train_fetch, logits=logits, label=labels)
         self._runtime = initialize.get_config_initializer()
         self._saver = Saver(cfg.checkpoint_dir, max_to_keep=cfg.keep_full_versions)
-        self._tf_saver = tf.compat.v1.train.Saver(sharded=False, max_to_keep=1)
         self._init_op = tf.compat.v1.global_variables_initializer()
         tf.compat.v1.get_default_graph().finalize()
 
@@ -305,7 +304,7 @@ class StreamingTrainer:
 
     # ----------------------------------------------------------------- export
 
-    def _export(self, sess, step: int, kind: str, previous_version: Optional[int]) -> int:
+    def _export(self, step: int, kind: str, previous_version: Optional[int]) -> int:
         cfg = self.config
         tf.io.gfile.makedirs(cfg.export_base)
         staging = serving_versions.staging_dir(cfg.export_base, step)
@@ -321,11 +320,9 @@ class StreamingTrainer:
             write_delta(posixpath.join(staging, DELTA_FILE), tables, dense)
             info = {"kind": "delta", "base": previous_version}
         else:
-            scratch = posixpath.join(cfg.workdir, "export_scratch")
-            if tf.io.gfile.exists(scratch):
-                tf.io.gfile.rmtree(scratch)
-            prefix = self._tf_saver.save(sess, posixpath.join(scratch, "model"),
-                                         write_meta_graph=False)
+            # From the version just saved (a full save, or a delta folded onto its chain).
+            version = posixpath.join(cfg.checkpoint_dir, checkpoint_manifest.version_name(
+                kind, step))
             schema = cfg.schema
 
             def build():
@@ -333,8 +330,7 @@ class StreamingTrainer:
                 logits = self.model_fn(dict(inputs), False)
                 return inputs, {"prob": tf.sigmoid(logits), "logits": logits}
 
-            serving.export_saved_model(staging, prefix, build)
-            tf.io.gfile.rmtree(scratch)
+            serving.export_saved_model(staging, version, build)
             info = {"kind": "full", "base": None}
         serving_versions.publish(staging, cfg.export_base, step, info)
         return step
@@ -371,7 +367,7 @@ class StreamingTrainer:
         _fault("after_checkpoint", step)
         export_version = None
         if cfg.export_base:
-            export_version = self._export(sess, step, kind,
+            export_version = self._export(step, kind,
                                           previous.get("export_version") if previous else None)
         _fault("after_export", step)
         rows = lines - counter.count
