@@ -4,7 +4,8 @@ examples/multiworker/train.py trains a logistic model over a sharded table: N ra
 1/N of every global batch (dense gradients summed by allreduce and divided by N, sparse ones
 combined by all2all_gradients_op="sum_gradients_and_div_by_ranksize") must equal one process
 on the whole batch, ID by ID, within 1e-5. Also: static shapes (send_count), its overflow
-error, and a rank that dies ends the others in bounded time.
+error, dynamic expansion, tables replicated on every rank (is_dp=True), and a rank that dies
+ends the others in bounded time.
 """
 
 import os
@@ -184,11 +185,50 @@ def test_checkpoints_reshard_between_rank_counts(tmp_path):
             np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
 
 
-def test_is_dp_is_refused_on_several_ranks_and_says_what_to_use(tmp_path):
-    result = _train(2, tmp_path, ["--is_dp", "--steps", "2"], timeout=200)
+def _replicas(out, ranks):
+    """Each rank's whole table (is_dp=True): the replicas are bitwise equal."""
+    tables = []
+    for rank in range(ranks):
+        data = np.load(out / f"rank-{rank}.npz")
+        tables.append((dict(zip(data["ids"].tolist(), data["values"])), data["w"]))
+    first, _ = tables[0]
+    for table, _ in tables[1:]:
+        assert sorted(table) == sorted(first)
+        for key, value in first.items():
+            np.testing.assert_array_equal(table[key], value)
+    return first, [w for _, w in tables]
+
+
+def test_replicated_table_equals_one_process_and_reshards(tmp_path):
+    """create_table(is_dp=True): every rank plans the global batch on its own replica. 2 ranks
+    train 20 steps (saving at 6 and 10) and 4 ranks restore the step-10 save and train to 20;
+    every replica equals one process, and the replicas are bitwise equal."""
+    common = ["--is_dp", "--optimizer", "lazy_adam", "--threshold", "2", "--eviction", "40",
+              "--steps", "20"]
+    straight = _train(1, tmp_path / "one", common[1:])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    want, (want_w,) = _shards(tmp_path / "one", 1)
+    ckpt = tmp_path / "ckpt"
+    for ranks, extra in ((2, ["--ckpt", str(ckpt), "--full_at", "6", "--delta_at", "10"]),
+                         (4, ["--ckpt", str(ckpt), "--restore"])):
+        if ranks == 4:  # from step 10: drop nothing, the 2-rank run saved nothing later
+            assert sorted(p.name for p in ckpt.iterdir()) == ["delta-000000000010",
+                                                              "full-000000000006"]
+        result = _train(ranks, tmp_path / f"dp-{ranks}", common + extra)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        got, got_w = _replicas(tmp_path / f"dp-{ranks}", ranks)
+        assert sorted(got) == sorted(want), ranks
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=str(ranks))
+        for w in got_w:
+            np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
+
+
+def test_replicated_table_with_static_shapes_is_refused(tmp_path):
+    result = _train(2, tmp_path, ["--is_dp", "--send_count", "80", "--steps", "2"], timeout=200)
     assert result.returncode != 0
     assert "create_table 'emb': is_dp=True" in result.stdout, result.stdout[-3000:]
-    assert "create it with is_dp=False (the default)" in result.stdout
+    assert "use init(use_dynamic=True), or is_dp=False" in result.stdout
 
 
 def test_tf_saver_refuses_sharded_tables(tmp_path):

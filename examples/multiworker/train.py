@@ -181,7 +181,7 @@ def main(argv=None):
     parser.add_argument("--dim_on_rank1", type=int, default=None,
                         help="rank 1 builds its table with this dim (failure tests)")
     parser.add_argument("--is_dp", action="store_true",
-                        help="create_table(is_dp=True): refused on several ranks (tests)")
+                        help="create_table(is_dp=True): the table replicated on every rank")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     SPARSE_TABLE_COLLECTION,
     TIMESTAMP_COLLECTION,
 )
-from mxrec.core import dynamic, host_state, multi_hot, sharding, tiers
+from mxrec.core import dynamic, host_state, multi_hot, replicated, sharding, tiers
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import planned_tensors
 from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
@@ -254,12 +254,12 @@ def create_table(
                                 fusion_optimizer_var, hashtable_threshold)
     if not padding_keys_mask:
         padding_keys = []  # mx_rec: without the mask, padding keys train like any ID
-    if is_dp and communication.get_rank_size() > 1:
+    if is_dp and communication.get_rank_size() > 1 and not runtime.config.use_dynamic:
         raise NotImplementedError(
-            f"create_table {name!r}: is_dp=True (a table replicated on every rank) is not "
-            "available on several ranks; create it with is_dp=False (the default): the table "
-            "is then sharded across the ranks by ID and trains the same model (N ranks on a "
-            "global batch equal one process on it)")
+            f"create_table {name!r}: is_dp=True (a table replicated on every rank) plans the "
+            "whole global batch on every rank, whose unique rows init(use_dynamic=False) "
+            "cannot pad to one send_count; use init(use_dynamic=True), or is_dp=False (the "
+            "default: the table sharded by ID, which trains the same model)")
     if emb_initializer is None:
         raise ValueError(f"create_table {name!r}: emb_initializer is required")
     initializer = emb_initializer
@@ -312,6 +312,7 @@ def create_table(
         else:
             host_state.register(name, table_key)
     table.all2all_gradients_op = all2all_gradients_op
+    table.is_dp = bool(is_dp)
     table.declared_optimizers = _check_optimizer_list(name, optimizer_list)
     runtime.tables[name] = table
     register_in_graph(graph, table)
@@ -588,7 +589,10 @@ def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, sco
             return table.lookup_planned(owned, rows, restore, reused, is_train,
                                         default=default, is_grad=is_grad, scope=scope)
 
-        out = sharding.lookup(table, ids, is_train, send_count, grad_scale, lookup_owned)
+        if table.is_dp:  # every rank plans the global batch on its replica
+            out = replicated.lookup(table, ids, is_train, grad_scale, lookup_owned)
+        else:
+            out = sharding.lookup(table, ids, is_train, send_count, grad_scale, lookup_owned)
     return out if is_grad else tf.stop_gradient(out)
 
 

@@ -76,7 +76,10 @@ class SparseEmbedding:
         table_key: the engine's key of the host state.
         pad_row: the row static-shape padding points at (init(use_dynamic=False)), or None.
         host_vocabulary_size, ssd_vocabulary_size: the off-device tiers' sizes (0 here).
+        is_dp: replicated on every rank (create_table(is_dp=True)) instead of sharded.
     """
+
+    is_dp = False
 
     def __init__(self, name: str, key_dtype: tf.DType, dim: int, initializer,
                  device_vocabulary_size: int, padding_keys: Sequence[int],

@@ -500,13 +500,19 @@ def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]
 
 
 def shard_of(table_state: Dict, table, rank: int, size: int) -> Dict:
-    """The part of a whole table's folded state that `rank` of `size` owns, rows given anew
-    for `table` (`merge.reshard`): a tiered table takes its IDs into the host tier, a dynamic
-    table's store grows to any count."""
+    """The part of a whole table's folded state that `rank` of `size` owns (all of it for a
+    table replicated on every rank, is_dp=True), rows given anew for `table`
+    (`merge.reshard`): a tiered table takes its IDs into the host tier, a dynamic table's
+    store grows to any count."""
     capacity = (dynamic.HOST_CAPACITY if isinstance(table, dynamic.DynamicTable)
                 else table.device_vocabulary_size)
-    return merge.reshard(table_state, lambda keys: sharding.owner_of_numpy(keys, size) == rank,
-                         tiered=getattr(table, "host_vocabulary_size", 0) > 0,
+
+    def keep(keys):
+        if table.is_dp:
+            return np.ones(len(keys), bool)
+        return sharding.owner_of_numpy(keys, size) == rank
+
+    return merge.reshard(table_state, keep, tiered=getattr(table, "host_vocabulary_size", 0) > 0,
                          capacity=capacity, name=table.table_name)
 
 
