@@ -184,7 +184,9 @@ def create_table(
             the working directory when not given, as mx_rec's default (os.getcwd(),).
         is_save: save and restore the table (device rows, slots and host state) with the
             graph's Saver.
-        is_dp: data-parallel table; with one process the same table as is_dp=False.
+        is_dp: data-parallel table: on several ranks replicated on every rank
+            (mxrec.core.replicated) instead of sharded by ID; with one process the same
+            table as is_dp=False. Needs init(use_dynamic=True) on several ranks.
         init_param: scale applied to the initializer's values, in [-10, 10].
         all2all_gradients_op: on several ranks, how the ranks' gradients of an ID combine
             at its owner: "sum_gradients" adds them, "sum_gradients_and_div_by_ranksize" adds
@@ -563,7 +565,9 @@ def sparse_lookup(
 def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, scope: str,
                     modify_graph: bool, serving_default_value, is_grad: bool):
     """A lookup of a table sharded across the ranks (mxrec.core.sharding): the IDs go to
-    their owners, each owner looks its IDs up in its shard like a one-process table."""
+    their owners, each owner looks its IDs up in its shard like a one-process table; or, for
+    a table replicated on every rank (is_dp=True, mxrec.core.replicated), every rank looks
+    the global batch up in its replica."""
     if modify_graph:
         raise NotImplementedError(
             f"sparse_lookup {scope!r}: modify_graph=True on several ranks is not available yet "

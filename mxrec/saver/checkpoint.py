@@ -492,9 +492,10 @@ def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]
                 ids.append(table_arrays["host/keys"][in_host])
                 embeddings.append(table_arrays["tier/embedding"])
             removed.append(table_arrays["host/removed"])
-        ids = np.concatenate(ids)
+        # Each ID once: the ranks of a replicated table (is_dp=True) all wrote it.
+        ids, first = np.unique(np.concatenate(ids), return_index=True)
         # An ID removed and admitted again since the last save is a change.
-        delta[name] = {"ids": ids, "embeddings": np.concatenate(embeddings),
+        delta[name] = {"ids": ids, "embeddings": np.concatenate(embeddings)[first],
                        "removed": np.setdiff1d(np.concatenate(removed), ids)}
     return delta
 
