@@ -43,7 +43,10 @@ against the state it replaces.
 Several ranks: each rank writes `table-XXX-rankRRRRR.npz` with the IDs it owns, rank 0
 writes `dense.npz` and, after every rank's files are in, the manifest (`"ranks": N`, each
 table's `"files"` per rank). Restored on N ranks, each takes back its file; on another
-count, every rank folds all files and keeps the IDs it owns there (`merge.reshard`).
+count, every rank folds all files and keeps the IDs it owns there (`merge.reshard`; a
+table replicated on every rank, is_dp=True, keeps them all). WarmStart, the serving export and
+`sparse.export` read such a directory as it is: every rank's files fold into the whole table
+(`merge.whole_tables`).
 
 This module holds the Saver (what a table file contains, reading and writing
 rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,

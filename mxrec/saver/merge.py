@@ -39,11 +39,11 @@ def locate(path: str) -> Optional[Tuple[str, Optional[int]]]:
 
 
 def read_chain(directory: str, version: Optional[int] = None,
-               tables_only: bool = False) -> List[Version]:
+               skip_tables: bool = False) -> List[Version]:
     """The versions a restore of `version` (a step; None: the latest) reads, in order, every
     file verified against its manifest and each delta's predecessor checked.
 
-    tables_only: read the manifests and the last version's dense.npz only (checks before
+    skip_tables: read the manifests and the last version's dense.npz only (checks before
     the tables are read).
 
     Raises:
@@ -54,7 +54,7 @@ def read_chain(directory: str, version: Optional[int] = None,
     steps = chain(manifest_io.list_versions(directory), version, directory)
     for index, (kind, step) in enumerate(steps):
         only = None
-        if tables_only:
+        if skip_tables:
             only = ("dense.npz",) if index == len(steps) - 1 else ()
         manifest, arrays = manifest_io.read_version(directory, kind, step, only=only)
         if kind == "delta" and manifest["previous"] != previous_step:
