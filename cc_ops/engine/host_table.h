@@ -121,6 +121,7 @@ class HostTable {
   static constexpr int kNumShards = 16;
 
   explicit HostTable(TableOptions options);
+  ~HostTable();
 
   const TableOptions& options() const { return options_; }
 
@@ -256,17 +257,18 @@ class HostTable {
 
   // Key-stage planning, admission and eviction (host_table.cc).
   //
-  // The phases of Process, on its scratch: hash the IDs and group their
-  // positions by shard; find (in training: insert and count) each ID per
-  // shard; number the batch's IDs and hand out rows in input order. Each
+  // The phases of Process, on its scratch: hash the IDs and count them per
+  // shard; find (in training: insert and count) each ID, the shards split
+  // among the pool's threads; number the batch's IDs and hand out rows in
+  // input order, then fill in the restore index. Each
   // distinct ID gets its index in unique_rows from the slot function of the
   // batch's mode: EvalSlot (evaluation), TieredSlot (training, host tier:
   // rows are handed out once the batch is known, by AssignTieredRows) or
   // DeviceSlot (training, device-only: a row at once, or a shortfall).
   struct BatchWork;
-  void HashAndGroup(BatchWork& w, ThreadPool* pool);
+  void HashKeys(BatchWork& w, ThreadPool* pool);
   void FindAndCount(BatchWork& w, ThreadPool* pool);
-  Status AssignRows(BatchWork& w, BatchPlan* plan);
+  Status AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
   int32_t EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const;
   // TieredSlot and DeviceSlot run once per distinct ID, and so do
   // TakeDeviceRow, MoveToHost and PlaceArrival below once per arriving ID:
@@ -367,6 +369,7 @@ class HostTable {
 
   const TableOptions options_;
   mutable std::mutex mu_;
+  std::unique_ptr<BatchWork> work_;  // Process's scratch, reused
   KeyMap shards_[kNumShards];
   std::vector<int32_t> free_rows_;  // rows freed by eviction, reused LIFO
   int64_t next_row_ = 0;            // rows [next_row_, capacity) never used
