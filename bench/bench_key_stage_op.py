@@ -85,26 +85,25 @@ def make_workloads(num_batches: int, seed: int) -> List[Workload]:
     return [large, criteo]
 
 
-def time_session(workload: Workload, build: Callable[[List[tf.Tensor]], List[tf.Tensor]]) -> float:
-    """Seconds of session.run over every batch; build maps ID tensors to outputs.
+def time_session(workload: Workload, build: Callable[[], Callable]) -> float:
+    """Seconds of session.run over every batch.
 
-    The batches live in a variable indexed by a step placeholder, so no feed
-    copies the IDs; the outputs are computed and not fetched into Python.
+    build() returns plan(ids) mapping one batch's ID tensors to its outputs (the
+    state, such as hash tables, shared by the batches). The IDs are fed (the
+    same for every contender); the outputs are computed and not fetched.
     """
     graph = tf.Graph()
     with graph.as_default():
-        stacked = np.stack([np.stack(batch) for batch in workload.batches])  # [B, T, n]
-        init = tf.compat.v1.placeholder(tf.int64, stacked.shape)
-        store = tf.compat.v1.Variable(init, trainable=False, collections=[])
-        step = tf.compat.v1.placeholder(tf.int32, [])
-        ids = [store[step, t] for t in range(workload.tables)]
-        run_op = tf.group(build(ids))
+        ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(workload.tables)]
+        step = tf.group(build()(ids))
+        init = tf.group(tf.compat.v1.tables_initializer())
     with tf.compat.v1.Session(graph=graph) as session:
-        session.run(store.initializer, {init: stacked})
-        session.run(run_op, {step: 0})  # table creation and first-run costs outside the clock
+        session.run(init)
+        # Table creation and first-run costs outside the clock.
+        session.run(step, dict(zip(ids, workload.batches[0])))
         started = time.perf_counter()
-        for b in range(1, len(workload.batches)):
-            session.run(run_op, {step: b})
+        for batch in workload.batches[1:]:
+            session.run(step, dict(zip(ids, batch)))
         return time.perf_counter() - started
 
 
@@ -115,11 +114,14 @@ def op_contender(engine, workload: Workload, run_id: int):
                             access_threshold=0.0, faae_coefficient=1.0)
     ops = loader.op_library()
 
-    def build(ids):
-        unique_rows, restore, _, _ = ops.mxrec_key_stage(
-            ids=ids, timestamp=tf.constant(_TIMESTAMP, tf.int64), table_keys=keys,
-            is_train=True, deferred=False)
-        return list(unique_rows) + list(restore)
+    def build():
+        def plan(ids):
+            unique_rows, restore, _, _ = ops.mxrec_key_stage(
+                ids=ids, timestamp=tf.constant(_TIMESTAMP, tf.int64), table_keys=keys,
+                is_train=True, deferred=False)
+            return list(unique_rows) + list(restore)
+
+        return plan
 
     return build
 
@@ -127,19 +129,26 @@ def op_contender(engine, workload: Workload, run_id: int):
 def hash_table_contender(make_table: Callable[[], object]):
     """tf.unique, then find the unique IDs and insert the new ones with fresh rows."""
 
-    def build(ids):
-        outputs = []
-        for t_ids in ids:
-            table = make_table()
-            unique, restore = tf.unique(t_ids)
-            found = table.lookup(unique)
-            new = found < 0
-            new_keys = tf.boolean_mask(unique, new)
-            fresh = table.size() + tf.range(tf.size(new_keys, out_type=tf.int64))
-            with tf.control_dependencies([table.insert(new_keys, fresh)]):
-                rows = tf.tensor_scatter_nd_update(found, tf.where(new), fresh)
-            outputs += [rows, restore]
-        return outputs
+    def build():
+        tables = []
+
+        def plan(ids):
+            while len(tables) < len(ids):
+                tables.append(make_table())
+            return [out for table, t_ids in zip(tables, ids)
+                    for out in find_or_insert(table, t_ids)]
+
+        return plan
+
+    def find_or_insert(table, t_ids):
+        unique, restore = tf.unique(t_ids)
+        found = table.lookup(unique)
+        new = found < 0
+        new_keys = tf.boolean_mask(unique, new)
+        fresh = table.size() + tf.range(tf.size(new_keys, out_type=tf.int64))
+        with tf.control_dependencies([table.insert(new_keys, fresh)]):
+            rows = tf.tensor_scatter_nd_update(found, tf.where(new), fresh)
+        return rows, restore
 
     return build
 

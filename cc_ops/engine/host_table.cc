@@ -270,7 +270,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
                           ThreadPool* pool, BatchPlan* plan, bool deferred) {
   plan->unique_rows.clear();
   plan->reused_rows.clear();
-  plan->restore.assign(n, 0);
+  if (plan->restore_out == nullptr) plan->restore.assign(n, 0);
   plan->new_ids = 0;
   plan->batch_id = 0;
 
@@ -363,6 +363,7 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   // IDs that look up as the default value point one past the unique rows;
   // AssignTieredRows fills the rows it hands out in place, so the count holds.
   const int32_t default_index = static_cast<int32_t>(plan->unique_rows.size());
+  int32_t* restore = plan->restore_out != nullptr ? plan->restore_out : plan->restore.data();
   std::atomic<int64_t> non_padding{0};
   std::atomic<int64_t> defaults{0};
   ForChunks(w.n, w.parallel, pool, [&](int64_t begin, int64_t end) {
@@ -379,7 +380,7 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
         g = default_index;
         if (l != kDefaultSlot) ++rejected;
       }
-      plan->restore[p] = g;
+      restore[p] = g;
     }
     non_padding += seen;
     defaults += rejected;

@@ -62,6 +62,10 @@ struct BatchPlan {
   // For each input position, the index into unique_rows, or unique_rows.size()
   // where the ID takes the default value (padding, unseen, not admitted).
   std::vector<int32_t> restore;
+  // Set by the caller: where Process writes the restore index instead (n
+  // entries, e.g. the op's output tensor), so that it is not copied; `restore`
+  // stays empty then.
+  int32_t* restore_out = nullptr;
   // Rows handed out in this batch that held another ID before: the step must
   // re-initialise them (and their optimizer slots) before the lookup.
   std::vector<int32_t> reused_rows;
