@@ -146,7 +146,7 @@ void ForChunks(int64_t n, bool parallel, ThreadPool* pool, Fn&& fn) {
 
 // Probes this many positions ahead of the one being planned: the map bucket
 // of a key is prefetched while the keys before it are handled.
-constexpr int64_t kPrefetchDistance = 8;
+constexpr int64_t kPrefetchDistance = 16;
 }  // namespace
 
 void HostTable::HashKeys(BatchWork& w, ThreadPool* pool) {
