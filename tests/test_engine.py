@@ -315,6 +315,19 @@ def test_large_deferred_batches_with_threshold_identical_for_any_thread_count(en
             np.testing.assert_array_equal(a, b)
 
 
+def test_id_map_bytes_counts_the_buckets(engine, table):
+    # 16 shards of 16 buckets of 48 bytes when empty; the buckets keep at most
+    # 7/10 full and double, so with n IDs they hold between n / 0.7 and twice
+    # that (plus each shard's 16).
+    key = table(1 << 20)
+    assert engine.stats(key)["id_map_bytes"] == 16 * 16 * 48
+    ids = np.arange(100_000, dtype=np.int64) * 7919
+    engine.process([key], [ids], train=True)
+    buckets = engine.stats(key)["id_map_bytes"] / 48
+    assert buckets == int(buckets)
+    assert ids.size / 0.7 <= buckets <= 2 * ids.size / 0.7 + 16 * 16
+
+
 def test_errors(engine, table):
     with pytest.raises(KeyError):
         engine.stats("no/such/table")

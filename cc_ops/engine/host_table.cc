@@ -597,7 +597,10 @@ TableStats HostTable::Stats() const {
   stats.rows_in_use = next_row_ - static_cast<int64_t>(free_rows_.size());
   stats.tier_ids = tier_ids_;
   stats.ids_tracked = 0;
-  for (const auto& shard : shards_) stats.ids_tracked += shard.size();
+  for (const auto& shard : shards_) {
+    stats.ids_tracked += shard.size();
+    stats.id_map_bytes += shard.capacity() * static_cast<int64_t>(sizeof(KeyRecord));
+  }
   return stats;
 }
 

@@ -118,6 +118,7 @@ struct TableStats {
   int64_t train_batches = 0;
   int64_t eval_batches = 0;
   int64_t tier_ids = 0;       // admitted IDs whose row is in the host (or SSD) tier
+  int64_t id_map_bytes = 0;   // the ID map's buckets (all shards), in bytes
 };
 
 class HostTable {

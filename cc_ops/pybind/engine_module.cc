@@ -271,6 +271,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
     d["evicted_rows"] = s.evicted_rows;
     d["train_batches"] = s.train_batches;
     d["eval_batches"] = s.eval_batches;
+    d["id_map_bytes"] = s.id_map_bytes;
     if (Table(key)->tiered()) d["tier_ids"] = s.tier_ids;
     return d;
   });
