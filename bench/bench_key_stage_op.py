@@ -14,6 +14,8 @@ Contenders, all run in this process and interleaved, medians reported:
 - tfra: the same with TFRA's `CuckooHashTable` (skipped with a line saying so when
   `tensorflow_recommenders_addons` does not import);
 - engine: the engine alone through pybind, no TensorFlow;
+- feed only: the session step feeding the IDs and doing nothing else (what every
+  session contender pays before its own work; reported, not compared);
 - ceiling: a bare single-thread C++ dedupe + find-or-insert loop over
   `absl::flat_hash_map` (bench/key_map_bench.cc), the least work a key stage does.
 
@@ -149,6 +151,15 @@ def hash_table_contender(make_table: Callable[[], object]):
         with tf.control_dependencies([table.insert(new_keys, fresh)]):
             rows = tf.tensor_scatter_nd_update(found, tf.where(new), fresh)
         return rows, restore
+
+    return build
+
+
+def feed_contender():
+    """Only the session step and the feed of the IDs: the harness's own cost."""
+
+    def build():
+        return lambda ids: [tf.size(t_ids) for t_ids in ids]
 
     return build
 
@@ -303,7 +314,8 @@ def main(argv=None) -> int:
         files[w.name] = work_dir / f"{len(files)}.bin"
         w.write(files[w.name])
 
-    names = ["op", "tf", "engine", "engine 1 thread", "ceiling"] + (["tfra"] if make_tfra else [])
+    names = (["op", "tf", "engine", "engine 1 thread", "ceiling", "feed only"]
+             + (["tfra"] if make_tfra else []))
     seconds = {(w.name, c): [] for w in workloads for c in names}
     run_id = 0
     try:
@@ -315,6 +327,8 @@ def main(argv=None) -> int:
                     if contender == "op":
                         s = time_session(w, op_contender(engine, w, run_id))
                         engine.drop_prefix(f"{_PREFIX}{run_id}/")
+                    elif contender == "feed only":
+                        s = time_session(w, feed_contender())
                     elif contender == "tf":
                         s = time_session(w, hash_table_contender(tf_table))
                     elif contender == "tfra":
@@ -360,6 +374,11 @@ def main(argv=None) -> int:
             goals.append(goal(f"{short}: op / TFRA cuckoo", rate["op"] / rate["tfra"], 1.2))
         goals.append(goal(f"{short}: op overhead over the engine alone",
                           rate["engine"] / rate["op"] - 1.0, 0.10, at_most=True))
+        # The op's time less the feed's (session.run and the IDs' way in, which
+        # every session contender pays) against the engine's.
+        net = 1.0 / rate["op"] - 1.0 / rate["feed only"]
+        figures[f"{short}: op overhead over the engine, net of the feed"] = round(
+            rate["engine"] * net - 1.0, 3)
         goals.append(goal(f"{short}: engine / ({args.threads} threads x ceiling)",
                           rate["engine"] / (args.threads * rate["ceiling"]), 0.8))
         if w.tables == 1 and args.threads > 1:
