@@ -83,7 +83,10 @@ class BuildNative(build_ext):
         tf_defines = [f for f in info["compile"] if not f.startswith("-I")]
         # -isystem keeps TensorFlow's own header warnings out of our -Werror.
         tf_isystem = [x for f in tf_include for x in ("-isystem", f[2:])]
-        base = [cxx, "-std=c++17", "-O3", "-fPIC", "-pthread", *WARNINGS, f"-I{CC}"]
+        # -fno-semantic-interposition: calls inside one library bind there, so
+        # the -fPIC engine inlines and calls its own functions directly.
+        base = [cxx, "-std=c++17", "-O3", "-fPIC", "-fno-semantic-interposition", "-pthread",
+                *WARNINGS, f"-I{CC}"]
         base += [d for d in tf_defines if d.startswith("-D")]
 
         def compile_all(sources, extra):

@@ -261,6 +261,73 @@ def test_large_batches_identical_for_any_thread_count(engine, table):
             np.testing.assert_array_equal(got, want)
 
 
+def _ref_thresholded(batches, threshold):
+    """Rows and restore of a table admitting IDs once their count reaches threshold
+    (every occurrence of the batch counted first), rows by first occurrence."""
+    counts, rows, out = {}, {}, []
+    for ids in batches:
+        for key in ids.tolist():
+            counts[key] = counts.get(key, 0) + 1
+        unique, index, restore = [], {}, []
+        for key in ids.tolist():
+            if key not in rows and counts[key] >= threshold:
+                rows[key] = len(rows)
+            if key not in rows:
+                restore.append(None)
+                continue
+            if key not in index:
+                index[key] = len(unique)
+                unique.append(rows[key])
+            restore.append(index[key])
+        out.append((np.array(unique, np.int32),
+                    np.array([len(unique) if r is None else r for r in restore], np.int32)))
+    return out, counts
+
+
+def test_large_deferred_batches_with_threshold_identical_for_any_thread_count(engine, table):
+    # In-table parallel planning (each thread a group of shards) with admission
+    # counts and the pending-batch journal: the same plans and, after the
+    # commits, the same host state as one thread and as the reference.
+    batches = _large_batches(seed=5)
+    want, counts = _ref_thresholded(batches, threshold=3)
+    exports = []
+    for threads in (1, 3, 16):
+        engine.set_num_threads(threads)
+        key = table(1 << 20, name=f"thr{threads}")
+        engine.configure_admission(key, access_threshold=3.0)
+        ids_of_batches = []
+        for ids, (want_rows, want_restore) in zip(batches, want):
+            rows, restore, _, batch_id = engine.process([key], [ids], train=True,
+                                                        deferred=True)[0]
+            np.testing.assert_array_equal(rows, want_rows)
+            np.testing.assert_array_equal(restore, want_restore)
+            ids_of_batches.append(batch_id)
+        assert engine.pending_batches(key) == len(batches)
+        for batch_id in ids_of_batches:
+            engine.commit(key, batch_id)
+        stats = engine.stats(key)
+        assert stats["ids_tracked"] == len(counts)
+        assert stats["admitted"] == sum(1 for c in counts.values() if c >= 3)
+        assert stats["rejected"] == sum(int((r == len(u)).sum()) for u, r in want)
+        exports.append(engine.export_rows(key))
+    for got in exports[1:]:
+        for a, b in zip(got, exports[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_id_map_bytes_counts_the_buckets(engine, table):
+    # 16 shards of 16 buckets of 48 bytes when empty; the buckets keep at most
+    # 7/10 full and double, so with n IDs they hold between n / 0.7 and twice
+    # that (plus each shard's 16).
+    key = table(1 << 20)
+    assert engine.stats(key)["id_map_bytes"] == 16 * 16 * 48
+    ids = np.arange(100_000, dtype=np.int64) * 7919
+    engine.process([key], [ids], train=True)
+    buckets = engine.stats(key)["id_map_bytes"] / 48
+    assert buckets == int(buckets)
+    assert ids.size / 0.7 <= buckets <= 2 * ids.size / 0.7 + 16 * 16
+
+
 def test_errors(engine, table):
     with pytest.raises(KeyError):
         engine.stats("no/such/table")

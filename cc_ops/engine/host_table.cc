@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <utility>
 
 namespace mxrec {
@@ -14,7 +15,6 @@ namespace {
 // Below this many IDs a batch is planned on the calling thread: handing work to
 // the pool costs more than it saves.
 constexpr int64_t kParallelMinIds = 1 << 15;
-constexpr int32_t kUnassigned = -2;
 constexpr int32_t kDefaultSlot = -1;
 }  // namespace
 
@@ -81,21 +81,27 @@ bool HostTable::IsPadding(int64_t key) const {
   return std::find(pads.begin(), pads.end(), key) != pads.end();
 }
 
-// The scratch of one Process call.
+// The scratch of Process, kept by the table between calls (under mu_) so that
+// a batch allocates nothing once the batches stop growing.
 struct HostTable::BatchWork {
   const int64_t* keys = nullptr;
   int64_t n = 0;
   bool train = false;
   int64_t timestamp = 0;
   bool parallel = false;
-  std::vector<uint64_t> hashes;
-  std::vector<uint8_t> shard_of;
-  std::array<int64_t, kNumShards + 1> offsets{};
-  std::vector<int64_t> order;                       // positions grouped by shard
-  std::vector<std::vector<KeyRecord*>> uniques;     // per shard, first-seen order
-  std::vector<int32_t> local;                       // per position: index in its shard's uniques
-  std::vector<std::vector<Undo>> undo;              // per shard (deferred batches)
-  PendingBatch* journal = nullptr;                  // deferred training batches
+  // Shard groups of FindAndCount: one task per group, each scanning the whole
+  // batch for the IDs of its shards.
+  int groups = 1;
+  std::vector<uint64_t> hashes;                   // per position
+  std::array<int64_t, kNumShards> shard_ids{};    // positions per shard (Reserve)
+  std::vector<int32_t> local;      // per position: index in its shard's uniques, or kDefaultSlot
+  std::vector<uint8_t> first;      // per position: 1 where its ID first occurs in the batch
+  std::vector<KeyRecord*> uniques[kNumShards];    // per shard, first-seen order
+  std::vector<int32_t> global[kNumShards];        // per shard unique: index in unique_rows
+  // AssignRows: (shard, local) of the distinct IDs by first occurrence.
+  std::vector<std::pair<int32_t, int32_t>> ordered;
+  std::vector<Undo> undo[kNumShards];             // per shard (deferred batches)
+  PendingBatch* journal = nullptr;                // deferred training batches
   // AssignRows: tiered tables: admitted IDs without a device row and their
   // indexes in unique_rows; device-only: the rows handed out by this batch
   // (record, row came from free_rows_), to take back if the batch cannot be
@@ -106,30 +112,59 @@ struct HostTable::BatchWork {
   int64_t shortfall = 0;
   // Evaluation while batches are pending: where moved IDs' values are.
   std::unordered_map<int64_t, Physical> physical;
+
+  // Forgets the previous batch, keeping the memory.
+  void Reset() {
+    journal = nullptr;
+    shard_ids.fill(0);
+    for (int s = 0; s < kNumShards; ++s) {
+      uniques[s].clear();
+      undo[s].clear();
+    }
+    need.clear();
+    need_slots.clear();
+    granted.clear();
+    shortfall = 0;
+    physical.clear();
+  }
 };
 
-void HostTable::HashAndGroup(BatchWork& w, ThreadPool* pool) {
+HostTable::~HostTable() = default;
+
+namespace {
+// Splits [0, n) into `chunks` ranges and runs fn(begin, end) on each, on the
+// pool when `parallel`.
+template <typename Fn>
+void ForChunks(int64_t n, bool parallel, ThreadPool* pool, Fn&& fn) {
+  if (!parallel) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t chunks = pool->num_threads() * 4;
+  pool->ParallelFor(chunks, [&](int64_t c) { fn(n * c / chunks, n * (c + 1) / chunks); });
+}
+
+// Probes this many positions ahead of the one being planned: the map bucket
+// of a key is prefetched while the keys before it are handled.
+constexpr int64_t kPrefetchDistance = 16;
+}  // namespace
+
+void HostTable::HashKeys(BatchWork& w, ThreadPool* pool) {
   const int64_t n = w.n;
   w.hashes.resize(n);
-  w.shard_of.resize(n);
-  auto hash_range = [&w](int64_t begin, int64_t end) {
+  w.local.resize(n);
+  w.first.resize(n);
+  std::mutex mu;
+  ForChunks(n, w.parallel, pool, [&](int64_t begin, int64_t end) {
+    std::array<int64_t, kNumShards> count{};
     for (int64_t i = begin; i < end; ++i) {
-      w.hashes[i] = HashKey(w.keys[i]);
-      w.shard_of[i] = static_cast<uint8_t>(w.hashes[i] >> kShardShift);
+      const uint64_t h = HashKey(w.keys[i]);
+      w.hashes[i] = h;
+      ++count[h >> kShardShift];
     }
-  };
-  if (w.parallel) {
-    const int64_t chunks = pool->num_threads() * 4;
-    pool->ParallelFor(chunks, [&](int64_t c) { hash_range(n * c / chunks, n * (c + 1) / chunks); });
-  } else {
-    hash_range(0, n);
-  }
-  for (int64_t i = 0; i < n; ++i) ++w.offsets[w.shard_of[i] + 1];
-  for (int s = 0; s < kNumShards; ++s) w.offsets[s + 1] += w.offsets[s];
-  w.order.resize(n);
-  std::array<int64_t, kNumShards> fill{};
-  std::copy(w.offsets.begin(), w.offsets.end() - 1, fill.begin());
-  for (int64_t i = 0; i < n; ++i) w.order[fill[w.shard_of[i]]++] = i;
+    std::lock_guard<std::mutex> lock(mu);
+    for (int s = 0; s < kNumShards; ++s) w.shard_ids[s] += count[s];
+  });
 }
 
 void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
@@ -140,17 +175,35 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
   const bool journal = w.journal != nullptr;
   const float weight = static_cast<float>(admission_.faae_coefficient);
   const uint32_t stamp = dedupe_stamp_;
-  w.uniques.assign(kNumShards, {});
-  w.local.resize(w.n);
-  if (journal) w.undo.assign(kNumShards, {});
-  auto plan_shard = [&](int64_t s) {
-    KeyMap& map = shards_[s];
-    std::vector<KeyRecord*>& uniq = w.uniques[s];
-    // No growth inside the loop, so the record pointers kept in `uniq` hold.
-    if (train) map.Reserve(w.offsets[s + 1] - w.offsets[s]);
-    for (int64_t j = w.offsets[s]; j < w.offsets[s + 1]; ++j) {
-      const int64_t p = w.order[j];
+  const int64_t n = w.n;
+  // Shards [lo, hi) of one group: its task visits the batch in input order and
+  // plans the IDs of those shards, so that each shard sees its IDs in input
+  // order whatever the number of groups.
+  auto plan_group = [&](int64_t group) {
+    const int lo = static_cast<int>(kNumShards * group / w.groups);
+    const int hi = static_cast<int>(kNumShards * (group + 1) / w.groups);
+    auto mine = [lo, hi](uint64_t h) {
+      const int s = static_cast<int>(h >> kShardShift);
+      return s >= lo && s < hi;
+    };
+    // No growth inside the loop, so the record pointers kept in `uniques` and
+    // the prefetched buckets hold.
+    if (train) {
+      for (int s = lo; s < hi; ++s) shards_[s].Reserve(w.shard_ids[s]);
+    }
+    for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
+      if (mine(w.hashes[p])) shards_[w.hashes[p] >> kShardShift].Prefetch(w.hashes[p]);
+    }
+    for (int64_t p = 0; p < n; ++p) {
+      if (p + kPrefetchDistance < n) {
+        const uint64_t ahead = w.hashes[p + kPrefetchDistance];
+        if (mine(ahead)) shards_[ahead >> kShardShift].Prefetch(ahead);
+      }
+      const uint64_t hash = w.hashes[p];
+      if (!mine(hash)) continue;
+      const int s = static_cast<int>(hash >> kShardShift);
       const int64_t key = w.keys[p];
+      w.first[p] = 0;
       if (has_padding && IsPadding(key)) {
         w.local[p] = kDefaultSlot;
         continue;
@@ -158,18 +211,20 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
       KeyRecord* rec;
       bool inserted = false;
       if (train) {
-        rec = map.FindOrInsert(key, w.hashes[p], &inserted);
+        rec = shards_[s].FindOrInsert(key, hash, &inserted);
       } else {
-        rec = map.Find(key, w.hashes[p]);
+        rec = shards_[s].Find(key, hash);
         if (rec == nullptr) {
           w.local[p] = kDefaultSlot;
           continue;
         }
       }
       if (rec->stamp != stamp) {
+        std::vector<KeyRecord*>& uniq = w.uniques[s];
         rec->stamp = stamp;
         rec->local = static_cast<int32_t>(uniq.size());
         uniq.push_back(rec);
+        w.first[p] = 1;
         if (train) {
           if (journal) {
             w.undo[s].push_back(Undo{key, rec->last_seen, rec->count, rec->epoch,
@@ -181,19 +236,19 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
         }
       }
       if (count) {
-        rec->count = shared_counts_ ? shared_counts_->Add(key, w.hashes[p], weight)
+        rec->count = shared_counts_ ? shared_counts_->Add(key, hash, weight)
                                     : rec->count + weight;
         // Tiered: keep the row's copy of its owner's count (rows are disjoint
-        // across shards, so the shards write apart).
+        // across shards, so the groups write apart).
         if (tiered_rows && rec->row >= 0) row_count_[rec->row] = rec->count;
       }
       w.local[p] = rec->local;
     }
   };
-  if (w.parallel) {
-    pool->ParallelFor(kNumShards, plan_shard);
+  if (w.groups > 1) {
+    pool->ParallelFor(w.groups, plan_group);
   } else {
-    for (int s = 0; s < kNumShards; ++s) plan_shard(s);
+    plan_group(0);
   }
 }
 
@@ -215,7 +270,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
                           ThreadPool* pool, BatchPlan* plan, bool deferred) {
   plan->unique_rows.clear();
   plan->reused_rows.clear();
-  plan->restore.assign(n, 0);
+  if (plan->restore_out == nullptr) plan->restore.assign(n, 0);
   plan->new_ids = 0;
   plan->batch_id = 0;
 
@@ -235,12 +290,15 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
     stamp_ = 1;
   }
-  BatchWork w;
+  if (work_ == nullptr) work_ = std::make_unique<BatchWork>();
+  BatchWork& w = *work_;
+  w.Reset();
   w.keys = keys;
   w.n = n;
   w.train = train;
   w.timestamp = timestamp;
   w.parallel = pool != nullptr && pool->num_threads() > 1 && n >= kParallelMinIds;
+  w.groups = w.parallel ? std::min(pool->num_threads(), kNumShards) : 1;
   PendingBatch journal;
   if (train && deferred) {
     journal.id = next_batch_id_;
@@ -251,12 +309,12 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     // Evaluation reads the embedding (component 0) where its values are.
     MXREC_RETURN_IF_ERROR(PhysicalView(&w.physical, nullptr, 0));
   }
-  HashAndGroup(w, pool);
+  HashKeys(w, pool);
   if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
   FindAndCount(w, pool);
-  MXREC_RETURN_IF_ERROR(AssignRows(w, plan));
+  MXREC_RETURN_IF_ERROR(AssignRows(w, pool, plan));
   if (w.journal != nullptr) {
-    for (auto& part : w.undo) {
+    for (const auto& part : w.undo) {
       journal.undo.insert(journal.undo.end(), part.begin(), part.end());
     }
     for (int64_t key : journal.admitted) pending_admitted_[key] = journal.id;
@@ -267,40 +325,69 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   return Status::Ok();
 }
 
-Status HostTable::AssignRows(BatchWork& w, BatchPlan* plan) {
+Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   // In input order, so that the result does not depend on threads: number the
   // batch's distinct IDs by first occurrence, admit, and hand out rows to
-  // newly admitted IDs.
+  // newly admitted IDs. Only the first occurrences take this sequential pass;
+  // the restore index of every position is filled in after it, in parallel.
   const bool train = w.train;
   const bool tiered = tier_ != nullptr;
-  std::vector<std::vector<int32_t>> global(kNumShards);
-  for (int s = 0; s < kNumShards; ++s) global[s].assign(w.uniques[s].size(), kUnassigned);
-  int64_t non_padding = 0;
-  int64_t defaults = 0;
+  for (int s = 0; s < kNumShards; ++s) w.global[s].resize(w.uniques[s].size());
+  // The distinct IDs in order of first occurrence, as (shard, index in its
+  // uniques); their records left the cache since FindAndCount, so each is
+  // prefetched a few IDs ahead.
+  w.ordered.clear();
   for (int64_t p = 0; p < w.n; ++p) {
-    const int32_t l = w.local[p];
-    if (l == kDefaultSlot) {
-      plan->restore[p] = kDefaultSlot;
-      continue;
+    if (w.first[p]) {
+      w.ordered.emplace_back(static_cast<int32_t>(w.hashes[p] >> kShardShift), w.local[p]);
     }
-    ++non_padding;
-    int32_t& g = global[w.shard_of[p]][l];
-    if (g == kUnassigned) {
-      KeyRecord* rec = w.uniques[w.shard_of[p]][l];
-      if (!train) {
-        g = EvalSlot(w, *rec, plan);
-      } else if (tiered) {
-        g = TieredSlot(w, rec, plan);
-      } else {
-        g = DeviceSlot(w, rec, plan);
-      }
-    }
-    plan->restore[p] = g;
-    if (g == kDefaultSlot) ++defaults;
   }
+  const int64_t distinct = static_cast<int64_t>(w.ordered.size());
+  for (int64_t i = 0; i < distinct; ++i) {
+    if (i + kPrefetchDistance < distinct) {
+      const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
+      __builtin_prefetch(w.uniques[s_ahead][l_ahead]);
+    }
+    const auto [s, l] = w.ordered[i];
+    KeyRecord* rec = w.uniques[s][l];
+    int32_t g;
+    if (!train) {
+      g = EvalSlot(w, *rec, plan);
+    } else if (tiered) {
+      g = TieredSlot(w, rec, plan);
+    } else {
+      g = DeviceSlot(w, rec, plan);
+    }
+    w.global[s][l] = g;
+  }
+  // IDs that look up as the default value point one past the unique rows;
+  // AssignTieredRows fills the rows it hands out in place, so the count holds.
+  const int32_t default_index = static_cast<int32_t>(plan->unique_rows.size());
+  int32_t* restore = plan->restore_out != nullptr ? plan->restore_out : plan->restore.data();
+  std::atomic<int64_t> non_padding{0};
+  std::atomic<int64_t> defaults{0};
+  ForChunks(w.n, w.parallel, pool, [&](int64_t begin, int64_t end) {
+    int64_t seen = 0;
+    int64_t rejected = 0;
+    for (int64_t p = begin; p < end; ++p) {
+      const int32_t l = w.local[p];
+      int32_t g = kDefaultSlot;
+      if (l != kDefaultSlot) {
+        ++seen;
+        g = w.global[w.hashes[p] >> kShardShift][l];
+      }
+      if (g == kDefaultSlot) {
+        g = default_index;
+        if (l != kDefaultSlot) ++rejected;
+      }
+      restore[p] = g;
+    }
+    non_padding += seen;
+    defaults += rejected;
+  });
   if (train) {
-    stats_.ids_seen += non_padding;
-    stats_.rejected += defaults;
+    stats_.ids_seen += non_padding.load();
+    stats_.rejected += defaults.load();
   }
   if (!w.need.empty()) {
     const Status status = AssignTieredRows(w.need, w.need_slots, plan, w.journal);
@@ -312,10 +399,6 @@ Status HostTable::AssignRows(BatchWork& w, BatchPlan* plan) {
   }
   if (w.shortfall > 0) return RefuseBatch(w, plan);
   if (w.journal != nullptr && !tiered) JournalGrants(w);
-  const int32_t default_index = static_cast<int32_t>(plan->unique_rows.size());
-  for (auto& r : plan->restore) {
-    if (r == kDefaultSlot) r = default_index;
-  }
   return Status::Ok();
 }
 
@@ -514,7 +597,10 @@ TableStats HostTable::Stats() const {
   stats.rows_in_use = next_row_ - static_cast<int64_t>(free_rows_.size());
   stats.tier_ids = tier_ids_;
   stats.ids_tracked = 0;
-  for (const auto& shard : shards_) stats.ids_tracked += shard.size();
+  for (const auto& shard : shards_) {
+    stats.ids_tracked += shard.size();
+    stats.id_map_bytes += shard.capacity() * static_cast<int64_t>(sizeof(KeyRecord));
+  }
   return stats;
 }
 

@@ -62,6 +62,10 @@ struct BatchPlan {
   // For each input position, the index into unique_rows, or unique_rows.size()
   // where the ID takes the default value (padding, unseen, not admitted).
   std::vector<int32_t> restore;
+  // Set by the caller: where Process writes the restore index instead (n
+  // entries, e.g. the op's output tensor), so that it is not copied; `restore`
+  // stays empty then.
+  int32_t* restore_out = nullptr;
   // Rows handed out in this batch that held another ID before: the step must
   // re-initialise them (and their optimizer slots) before the lookup.
   std::vector<int32_t> reused_rows;
@@ -114,6 +118,7 @@ struct TableStats {
   int64_t train_batches = 0;
   int64_t eval_batches = 0;
   int64_t tier_ids = 0;       // admitted IDs whose row is in the host (or SSD) tier
+  int64_t id_map_bytes = 0;   // the ID map's buckets (all shards), in bytes
 };
 
 class HostTable {
@@ -121,6 +126,7 @@ class HostTable {
   static constexpr int kNumShards = 16;
 
   explicit HostTable(TableOptions options);
+  ~HostTable();
 
   const TableOptions& options() const { return options_; }
 
@@ -256,17 +262,18 @@ class HostTable {
 
   // Key-stage planning, admission and eviction (host_table.cc).
   //
-  // The phases of Process, on its scratch: hash the IDs and group their
-  // positions by shard; find (in training: insert and count) each ID per
-  // shard; number the batch's IDs and hand out rows in input order. Each
+  // The phases of Process, on its scratch: hash the IDs and count them per
+  // shard; find (in training: insert and count) each ID, the shards split
+  // among the pool's threads; number the batch's IDs and hand out rows in
+  // input order, then fill in the restore index. Each
   // distinct ID gets its index in unique_rows from the slot function of the
   // batch's mode: EvalSlot (evaluation), TieredSlot (training, host tier:
   // rows are handed out once the batch is known, by AssignTieredRows) or
   // DeviceSlot (training, device-only: a row at once, or a shortfall).
   struct BatchWork;
-  void HashAndGroup(BatchWork& w, ThreadPool* pool);
+  void HashKeys(BatchWork& w, ThreadPool* pool);
   void FindAndCount(BatchWork& w, ThreadPool* pool);
-  Status AssignRows(BatchWork& w, BatchPlan* plan);
+  Status AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
   int32_t EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const;
   // TieredSlot and DeviceSlot run once per distinct ID, and so do
   // TakeDeviceRow, MoveToHost and PlaceArrival below once per arriving ID:
@@ -367,6 +374,7 @@ class HostTable {
 
   const TableOptions options_;
   mutable std::mutex mu_;
+  std::unique_ptr<BatchWork> work_;  // Process's scratch, reused
   KeyMap shards_[kNumShards];
   std::vector<int32_t> free_rows_;  // rows freed by eviction, reused LIFO
   int64_t next_row_ = 0;            // rows [next_row_, capacity) never used

@@ -51,6 +51,8 @@ class KeyMap {
   KeyMap() { Rehash(16); }
 
   int64_t size() const { return size_; }
+  // Buckets allocated (records fit in 7/10 of them).
+  int64_t capacity() const { return static_cast<int64_t>(slots_.size()); }
 
   KeyRecord* Find(int64_t key, uint64_t hash) {
     for (uint64_t i = hash & mask_;; i = (i + 1) & mask_) {

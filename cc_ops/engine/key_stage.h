@@ -20,7 +20,8 @@ struct KeySpan {
 int64_t WallClockSeconds();
 
 // Plans spans[i] against tables[i] for every i, the tables in parallel on the
-// pool (and a large batch also within its table). A negative timestamp means
+// pool (and a large batch also within its table). A caller may size `plans`
+// and set restore_out in them beforehand (see BatchPlan). A negative timestamp means
 // "now". `deferred`: the batch is planned ahead of its step (input pipeline)
 // and stays pending until HostTable::Commit (see HostTable::Process). Returns
 // the first error in table order; plans of tables without an error are

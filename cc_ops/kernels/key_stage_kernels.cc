@@ -69,7 +69,13 @@ class MxrecKeyStageOp : public OpKernel {
       spans[i].size = flat.size();
       tables[i] = tables_[i].get();
     }
-    std::vector<mxrec::BatchPlan> plans;
+    // The restore index goes straight into its output tensor.
+    std::vector<mxrec::BatchPlan> plans(n);
+    for (int i = 0; i < n; ++i) {
+      Tensor* restore = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + i, TensorShape({spans[i].size}), &restore));
+      plans[i].restore_out = restore->flat<int32_t>().data();
+    }
     auto pool = mxrec::Registry::Global().pool();
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::RunKeyStage(
                             tables, spans, is_train_, timestamp.scalar<int64_t>()(), pool.get(),
@@ -78,7 +84,6 @@ class MxrecKeyStageOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n, TensorShape({n}), &batch_ids));
     for (int i = 0; i < n; ++i) {
       OP_REQUIRES_OK(ctx, CopyRows(ctx, i, plans[i].unique_rows));
-      OP_REQUIRES_OK(ctx, CopyRows(ctx, n + i, plans[i].restore));
       OP_REQUIRES_OK(ctx, CopyRows(ctx, 2 * n + i, plans[i].reused_rows));
       batch_ids->vec<int64_t>()(i) = static_cast<int64_t>(plans[i].batch_id);
     }

@@ -59,7 +59,13 @@ py::list Process(const std::vector<std::string>& keys,
     if (array.ndim() != 1) throw py::value_error("IDs must be 1-D arrays");
     spans.push_back({array.data(), static_cast<int64_t>(array.size())});
   }
-  std::vector<BatchPlan> plans;
+  // The restore index goes straight into the arrays returned.
+  std::vector<BatchPlan> plans(spans.size());
+  std::vector<py::array_t<int32_t>> restores;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    restores.emplace_back(static_cast<py::ssize_t>(spans[i].size));
+    plans[i].restore_out = restores.back().mutable_data();
+  }
   Status status;
   {
     py::gil_scoped_release release;
@@ -68,12 +74,13 @@ py::list Process(const std::vector<std::string>& keys,
   }
   RaiseIfError(status);
   py::list out;
-  for (const auto& plan : plans) {
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const BatchPlan& plan = plans[i];
     if (deferred) {
-      out.append(py::make_tuple(ToArray(plan.unique_rows), ToArray(plan.restore),
+      out.append(py::make_tuple(ToArray(plan.unique_rows), restores[i],
                                 ToArray(plan.reused_rows), plan.batch_id));
     } else {
-      out.append(py::make_tuple(ToArray(plan.unique_rows), ToArray(plan.restore),
+      out.append(py::make_tuple(ToArray(plan.unique_rows), restores[i],
                                 ToArray(plan.reused_rows)));
     }
   }
@@ -264,6 +271,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
     d["evicted_rows"] = s.evicted_rows;
     d["train_batches"] = s.train_batches;
     d["eval_batches"] = s.eval_batches;
+    d["id_map_bytes"] = s.id_map_bytes;
     if (Table(key)->tiered()) d["tier_ids"] = s.tier_ids;
     return d;
   });
