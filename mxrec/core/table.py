@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
+from mxrec.util import communication
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).
 DIRECT, FEATURE_SPEC, MODIFY_GRAPH = "direct", "feature_spec", "modify_graph"
@@ -269,6 +270,15 @@ class SparseEmbedding:
         return previous
 
 
+def _variables_collection() -> str:
+    """GLOBAL_VARIABLES in one process; LOCAL_VARIABLES on several ranks, where a rank's
+    rows mean nothing to another rank count: TF's Saver then saves the table through its
+    ShardedTableSaveable (mxrec.core.sharded_state), keyed by ID, and not this variable."""
+    if communication.get_rank_size() > 1:
+        return tf.compat.v1.GraphKeys.LOCAL_VARIABLES
+    return tf.compat.v1.GraphKeys.GLOBAL_VARIABLES
+
+
 class DeviceTable(SparseEmbedding):
     """A device-only table ("HBM mode"): a resource variable of device_vocabulary_size rows.
 
@@ -299,7 +309,7 @@ class DeviceTable(SparseEmbedding):
                 initializer=initializer,
                 trainable=False,
                 use_resource=True,
-                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLE_COLLECTION],
+                collections=[_variables_collection(), SPARSE_TABLE_COLLECTION],
             )
         self.variable._mxrec_table = self  # lets the optimizers find the table
 
