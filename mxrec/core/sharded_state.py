@@ -196,6 +196,24 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
             return tf.group(imported, *assigns)
 
 
+def initialize_once(variable: tf.Variable) -> None:
+    """Makes `variable.initializer` initialise it only while it is uninitialised.
+
+    A table's variable and slots on several ranks are LOCAL_VARIABLES, and a
+    MonitoredSession (Estimator) runs the local initializer after restoring a checkpoint:
+    an unconditional initializer would erase the rows the restore has just written. TF has
+    no public way to give a variable another initializer, hence the attribute.
+    """
+    with tf.name_scope(f"{variable.op.name}/initialize_once"):
+        def initialize():
+            with tf.control_dependencies([variable.assign(variable.initial_value,
+                                                          read_value=False)]):
+                return tf.constant(True)
+
+        done = tf.cond(variable.is_initialized(), lambda: tf.constant(False), initialize)
+    variable._initializer_op = done.op  # noqa: SLF001
+
+
 def register(table) -> ShardedTableSaveable:
     """Adds the table's saveable to the graph's SAVEABLE_OBJECTS collection."""
     saveable = ShardedTableSaveable(table)

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
+from mxrec.core import sharded_state
 from mxrec.util import communication
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).
@@ -312,6 +313,8 @@ class DeviceTable(SparseEmbedding):
                 collections=[_variables_collection(), SPARSE_TABLE_COLLECTION],
             )
         self.variable._mxrec_table = self  # lets the optimizers find the table
+        if communication.get_rank_size() > 1:
+            sharded_state.initialize_once(self.variable)
 
     def lookup_planned(self, ids, rows, restore, reused, is_train, default=None, is_grad=True,
                        send_count=None, scope=""):

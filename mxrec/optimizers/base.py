@@ -4,6 +4,7 @@ import weakref
 
 import tensorflow as tf
 
+from mxrec.core import sharded_state
 from mxrec.util import communication
 
 
@@ -75,6 +76,7 @@ def _slots_to_local_variables(optimizer, table_variables) -> None:
             if slot is not None and any(slot is v for v in global_variables):
                 global_variables[:] = [v for v in global_variables if v is not slot]
                 tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, slot)
+                sharded_state.initialize_once(slot)
 
 
 def check_declared(optimizer, table) -> None:
