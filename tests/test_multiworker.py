@@ -179,11 +179,3 @@ def test_checkpoints_reshard_between_rank_counts(tmp_path):
             np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=str(ranks))
         for w in got_w:
             np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
-
-
-def test_tf_saver_refuses_sharded_tables(tmp_path):
-    """TF's Saver would write one rank's shard under names every rank shares: an error."""
-    result = _train(2, tmp_path, ["--steps", "2", "--tf_save", str(tmp_path / "tf")],
-                    timeout=200)
-    assert result.returncode != 0
-    assert "use mxrec.saver.checkpoint.Saver" in result.stdout, result.stdout[-3000:]

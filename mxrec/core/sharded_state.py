@@ -181,10 +181,11 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
             with tf.control_dependencies(checks):
                 new_rows = tf.where(admitted, tf.cumsum(tf.cast(admitted, tf.int32)) - 1, -1)
                 old_rows = tf.boolean_mask(rows, admitted)
+                unused = tf.maximum(capacity - count, 0)
             assigns = []
             for layout, (variable, initial) in zip(layouts, states):
                 value = tf.concat([tf.gather(layout, old_rows),
-                                   self._fresh_rows(capacity - count, initial)], axis=0)
+                                   self._fresh_rows(unused, initial)], axis=0)
                 assigns.append(variable.assign(tf.cast(value, variable.dtype.base_dtype),
                                                read_value=False))
             imported = loader.op_library().mxrec_import_table(
