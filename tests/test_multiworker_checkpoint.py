@@ -104,6 +104,16 @@ def test_tf_saver_reshards_4_to_2_to_1_and_4(straight, saved_by_4, tmp_path):
         _assert_same(got, got_w, want, want_w, f"4 -> 2 -> {ranks} ranks")
 
 
+def test_one_process_checkpoint_restores_on_two_ranks(straight, tmp_path):
+    want, (want_w,) = straight
+    _ok(_run(1, TRAIN, COMMON + ["--stop_at", "8", "--tf_save", str(tmp_path / "one"),
+                                 "--out", str(tmp_path / "o1")]))
+    _ok(_run(2, TRAIN, COMMON + ["--tf_restore", str(tmp_path / "one"),
+                                 "--out", str(tmp_path / "o2")]))
+    got, got_w = _shards(tmp_path / "o2", 2)
+    _assert_same(got, got_w, want, want_w, "1 -> 2 ranks")
+
+
 def test_tf_restore_of_another_table_or_too_small_fails(saved_by_4, tmp_path):
     """A table of another dim, or more IDs than a rank's device_vocabulary_size: errors that
     name the table and the setting, on every rank."""
@@ -149,6 +159,34 @@ def test_estimator_on_two_ranks_equals_one_process(tmp_path):
     want_table = dict(zip(want["ids"].tolist(), want["values"]))
     got_table = dict(zip(got["ids"].tolist(), got["values"]))
     _assert_same(got_table, [got["w"]], want_table, want["w"], "estimator 2 ranks")
+    by_time = _run(2, ESTIMATOR, ["--model_dir", str(tmp_path / "m3"), "--save_secs", "5"])
+    assert by_time.returncode != 0
+    assert "save_checkpoints_secs is refused on several ranks" in by_time.stdout and \
+        "use save_checkpoints_steps" in by_time.stdout, by_time.stdout[-3000:]
+
+
+def test_a_rank_without_checkpoint_starts_from_rank_0s(tmp_path):
+    """A restore on more ranks than saved: rank R's directory has no checkpoint, so its
+    checkpoint state points at rank 0's latest, and lists nothing for max_to_keep."""
+    from mxrec.util import communication
+
+    model_dir, own = tmp_path / "model", tmp_path / "model" / "rank-3"
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            saver.save(sess, str(model_dir / "model.ckpt"), global_step=step)
+            sess.run(step.assign(7))
+            saver.save(sess, str(model_dir / "model.ckpt"), global_step=step)
+    communication._start_from_rank0(str(model_dir), str(own))  # noqa: SLF001
+    assert tf.train.latest_checkpoint(str(own)) == str(model_dir / "model.ckpt-7")
+    assert list(tf.train.get_checkpoint_state(str(own)).all_model_checkpoint_paths) == []
+    # Its own later checkpoint wins over rank 0's older one.
+    (own / "model.ckpt-9.index").write_bytes(b"")
+    (own / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-9"\n')
+    communication._start_from_rank0(str(model_dir), str(own))  # noqa: SLF001
+    assert tf.train.latest_checkpoint(str(own)) == str(own / "model.ckpt-9")
 
 
 def test_one_process_rank_directory_and_run_config(tmp_path):

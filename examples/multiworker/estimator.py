@@ -89,14 +89,17 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--pool", type=int, default=400)
     parser.add_argument("--capacity", type=int, default=512)
+    parser.add_argument("--save_secs", type=int, default=None,
+                        help="save_checkpoints_secs (refused on several ranks: tests)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not hasattr(tf, "estimator"):
         raise SystemExit("tf.estimator is not available in this TensorFlow; use 2.15")
     init(use_mpi="MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ,
          prefetch_batch_number=0)
-    config = run_config(args.model_dir, save_checkpoints_steps=args.save_steps,
-                        log_step_count_steps=None, tf_random_seed=1)
+    timing = (dict(save_checkpoints_secs=args.save_secs) if args.save_secs
+              else dict(save_checkpoints_steps=args.save_steps))
+    config = run_config(args.model_dir, log_step_count_steps=None, tf_random_seed=1, **timing)
     estimator = tf.estimator.Estimator(
         model_fn, config=config,
         params=dict(dim=args.dim, capacity=args.capacity))

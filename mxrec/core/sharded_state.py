@@ -3,8 +3,9 @@
 On several ranks each rank holds only the IDs it owns, in rows of its own choosing, so its
 variable means nothing to another rank count. TF's Saver therefore does not see the table's
 variable and optimizer slots there (they are LOCAL_VARIABLES); the table saves through one
-ShardedTableSaveable instead, whose save gathers every rank's IDs and rows (one all-to-all
-per save, under the collectives' timeout) and writes the whole table as one process would
+ShardedTableSaveable instead, whose save gathers every rank's IDs and rows (per table and
+save two all-to-alls, of integers and floats, and three small all-reduces, all under the
+collectives' timeout) and writes the whole table as one process would
 hold it:
 
     <table>                       [max(R, n), dim]  row i = the i-th admitted ID by value,
@@ -69,6 +70,11 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
     @specs.setter
     def specs(self, value):
         del value  # built on first use
+
+    @property
+    def built(self) -> bool:
+        """Whether a Saver has built the specs (the slots they hold are then fixed)."""
+        return self._built is not None
 
     def _states(self) -> List[Tuple[tf.Variable, float]]:
         """(variable, value of a row never used) of the embedding and each slot."""
@@ -218,5 +224,6 @@ def initialize_once(variable: tf.Variable) -> None:
 def register(table) -> ShardedTableSaveable:
     """Adds the table's saveable to the graph's SAVEABLE_OBJECTS collection."""
     saveable = ShardedTableSaveable(table)
+    table.sharded_saveable = saveable
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return saveable

@@ -74,6 +74,14 @@ def _slots_to_local_variables(optimizer, table_variables) -> None:
         for slot_name in optimizer.get_slot_names():
             slot = optimizer.get_slot(variable, slot_name)
             if slot is not None and any(slot is v for v in global_variables):
+                saveable = getattr(variable._mxrec_table, "sharded_saveable", None)  # noqa: SLF001
+                if saveable is not None and saveable.built:
+                    raise ValueError(
+                        f"{type(optimizer).__name__} creates slot {slot_name!r} of table "
+                        f"{variable._mxrec_table.table_name!r} after a TF Saver was built "  # noqa: SLF001
+                        "over it: on several ranks the table saves its slots through its "
+                        "ShardedTableSaveable, which the Saver has fixed; build the Saver "
+                        "after the train op")
                 global_variables[:] = [v for v in global_variables if v is not slot]
                 tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, slot)
                 sharded_state.initialize_once(slot)
