@@ -160,11 +160,12 @@ def rank_directory(directory: str) -> str:
     On several ranks every rank runs TF's Saver (the save of a sharded table gathers the
     ranks' IDs, a collective), and every rank's checkpoint holds the whole model; several
     processes writing one path would corrupt it, so each writes its own. Any of them
-    restores on any number of ranks (`mxrec.core.sharded_state`).
+    restores on any number of ranks (`mxrec.core.sharded_state`). The directory is created
+    (TensorFlow 2.21's Saver no longer creates it).
     """
-    if get_rank_id() == 0:
-        return directory
-    return os.path.join(directory, f"rank-{get_rank_id()}")
+    own = directory if get_rank_id() == 0 else os.path.join(directory, f"rank-{get_rank_id()}")
+    tf.io.gfile.makedirs(own)
+    return own
 
 
 def run_config(model_dir: str, **kwargs):
