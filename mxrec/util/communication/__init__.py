@@ -19,6 +19,7 @@ died or never joined ends the others with DeadlineExceededError instead of a han
 """
 
 import dataclasses
+import functools
 import os
 import socket
 import weakref
@@ -228,6 +229,7 @@ def _checkpoint_step(path: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
+@functools.cache
 def _rank_run_config_class():
     from tensorflow_estimator.python.estimator import run_config as estimator_run_config  # noqa: PLC0415
 
