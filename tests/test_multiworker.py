@@ -230,10 +230,3 @@ def test_replicated_table_with_static_shapes_is_refused(tmp_path):
     assert "create_table 'emb': is_dp=True" in result.stdout, result.stdout[-3000:]
     assert "use init(use_dynamic=True), or is_dp=False" in result.stdout
 
-
-def test_tf_saver_refuses_sharded_tables(tmp_path):
-    """TF's Saver would write one rank's shard under names every rank shares: an error."""
-    result = _train(2, tmp_path, ["--steps", "2", "--tf_save", str(tmp_path / "tf")],
-                    timeout=200)
-    assert result.returncode != 0
-    assert "use mxrec.saver.checkpoint.Saver" in result.stdout, result.stdout[-3000:]

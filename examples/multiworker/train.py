@@ -42,6 +42,7 @@ from mxrec.util.communication import (  # noqa: E402
     allreduce,
     get_rank_id,
     get_rank_size,
+    rank_directory,
     session_kwargs,
 )
 from mxrec.util.initialize import init, terminate_config_initializer  # noqa: E402
@@ -176,8 +177,11 @@ def main(argv=None):
                         help="write samples/s (after 5 warm-up steps) and where one traced "
                         "step's time goes to this JSON file (rank 0)")
     parser.add_argument("--tf_save", default=None,
-                        help="save with tf.compat.v1.train.Saver to this prefix at the end "
-                        "(refused for sharded tables: tests)")
+                        help="save with tf.compat.v1.train.Saver into this directory (each "
+                        "rank into its rank_directory) at the last step")
+    parser.add_argument("--tf_restore", default=None,
+                        help="restore the latest TF checkpoint of this directory (written by "
+                        "any number of ranks) and go on from its step")
     parser.add_argument("--dim_on_rank1", type=int, default=None,
                         help="rank 1 builds its table with this dim (failure tests)")
     parser.add_argument("--is_dp", action="store_true",
@@ -194,15 +198,26 @@ def main(argv=None):
     first = _latest_step(args.ckpt) if args.restore else 0
     if args.warm_start:
         first = _latest_step(args.warm_start)
+    tf_checkpoint = None
+    if args.tf_restore:
+        tf_checkpoint = tf.train.latest_checkpoint(args.tf_restore)
+        if tf_checkpoint is None:
+            raise SystemExit(f"--tf_restore: no checkpoint in {args.tf_restore}")
+        first = int(tf_checkpoint.rsplit("-", 1)[1])
     start, train_op, loss, table, weights = build(args, rank, size, first)
     saver = Saver(args.ckpt) if args.ckpt else None
     warm = WarmStart(args.warm_start) if args.warm_start else None
+    # TF's Saver, built after the train op (the tables save their optimizer slots too).
+    tf_saver = _v1.train.Saver() if args.tf_save or args.tf_restore else None
     with _v1.Session(**session_kwargs()) as sess:
-        sess.run(_v1.global_variables_initializer())
+        # On several ranks the tables' variables are local variables (each rank's layout).
+        sess.run([_v1.global_variables_initializer(), _v1.local_variables_initializer()])
         if args.restore:
             assert saver.restore(sess) == first
         if warm is not None:
             warm.run(sess)
+        if tf_checkpoint:
+            tf_saver.restore(sess, tf_checkpoint)
         sess.run(start)
         timed_from, breakdown = None, None
         for step in range(first + 1, (args.stop_at or args.steps) + 1):
@@ -224,7 +239,9 @@ def main(argv=None):
             if step == args.delta_at:
                 saver.save(sess, step, kind="delta")
         if args.tf_save:
-            _v1.train.Saver().save(sess, args.tf_save)
+            last = args.stop_at or args.steps
+            tf_saver.save(sess, os.path.join(rank_directory(args.tf_save), "model"),
+                          global_step=last)
         if args.timing and rank == 0:
             steps = (args.stop_at or args.steps) - first - 6
             with open(args.timing, "w") as f:

@@ -26,7 +26,15 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     SPARSE_TABLE_COLLECTION,
     TIMESTAMP_COLLECTION,
 )
-from mxrec.core import dynamic, host_state, multi_hot, replicated, sharding, tiers
+from mxrec.core import (
+    dynamic,
+    host_state,
+    multi_hot,
+    replicated,
+    sharded_state,
+    sharding,
+    tiers,
+)
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import planned_tensors
 from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
@@ -311,6 +319,8 @@ def create_table(
         # store's rows and slots (no variable holds them) as one more saveable.
         if runtime.config.use_dynamic_expansion:
             dynamic.register_saveable(table)
+        elif communication.get_rank_size() > 1 and host_size == 0 and not is_dp:
+            sharded_state.register(table)  # the whole table, gathered from every rank
         else:
             host_state.register(name, table_key)
     table.all2all_gradients_op = all2all_gradients_op

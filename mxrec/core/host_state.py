@@ -139,13 +139,15 @@ def _keys_with_sparse_folder(keys: tf.Tensor, table_name: str) -> tf.Tensor:
 
 
 def _refused(table_name: str, tensor: tf.Tensor) -> tf.Tensor:
-    """`tensor` behind an assert that always fails: TF's Saver on several ranks would save
-    (or restore) one rank's shard under the others' names."""
+    """`tensor` behind an assert that always fails: a table with a host tier, or a replicated
+    (is_dp=True) table, on several ranks has no TF-Saver form yet (ShardedTableSaveable holds
+    device rows only, and would gather a replicated table N times over)."""
     check = tf.debugging.Assert(False, [
-        f"table {table_name!r} is sharded across {communication.get_rank_size()} ranks: TF's "
-        "Saver (and CheckpointSaverHook, Estimator checkpoints) cannot save or restore it; "
-        "use mxrec.saver.checkpoint.Saver, which writes every rank's shard into one version "
-        "and restores it on any number of ranks"])
+        f"table {table_name!r} has a host tier (host_vocabulary_size > 0) or is replicated "
+        f"(is_dp=True) on {communication.get_rank_size()} ranks: TF's Saver (and "
+        "CheckpointSaverHook, Estimator checkpoints) cannot save or restore it; use "
+        "mxrec.saver.checkpoint.Saver, which writes every rank's shard into one version and "
+        "restores it on any number of ranks"])
     with tf.control_dependencies([check]):
         return tf.identity(tensor)
 

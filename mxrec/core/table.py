@@ -27,6 +27,8 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
+from mxrec.core import sharded_state
+from mxrec.util import communication
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).
 DIRECT, FEATURE_SPEC, MODIFY_GRAPH = "direct", "feature_spec", "modify_graph"
@@ -272,6 +274,15 @@ class SparseEmbedding:
         return previous
 
 
+def _variables_collection() -> str:
+    """GLOBAL_VARIABLES in one process; LOCAL_VARIABLES on several ranks, where a rank's
+    rows mean nothing to another rank count: TF's Saver then saves the table through its
+    ShardedTableSaveable (mxrec.core.sharded_state), keyed by ID, and not this variable."""
+    if communication.get_rank_size() > 1:
+        return tf.compat.v1.GraphKeys.LOCAL_VARIABLES
+    return tf.compat.v1.GraphKeys.GLOBAL_VARIABLES
+
+
 class DeviceTable(SparseEmbedding):
     """A device-only table ("HBM mode"): a resource variable of device_vocabulary_size rows.
 
@@ -302,9 +313,11 @@ class DeviceTable(SparseEmbedding):
                 initializer=initializer,
                 trainable=False,
                 use_resource=True,
-                collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, SPARSE_TABLE_COLLECTION],
+                collections=[_variables_collection(), SPARSE_TABLE_COLLECTION],
             )
         self.variable._mxrec_table = self  # lets the optimizers find the table
+        if communication.get_rank_size() > 1:
+            sharded_state.initialize_once(self.variable)
 
     def lookup_planned(self, ids, rows, restore, reused, is_train, default=None, is_grad=True,
                        send_count=None, scope=""):

@@ -19,6 +19,7 @@ died or never joined ends the others with DeadlineExceededError instead of a han
 """
 
 import dataclasses
+import functools
 import os
 import socket
 import weakref
@@ -151,6 +152,95 @@ def session_kwargs(config: Optional[tf.compat.v1.ConfigProto] = None) -> Dict:
     if _CLUSTER is None:
         return {} if config is None else {"config": config}
     return {"target": _CLUSTER.server.target, "config": session_config(config)}
+
+
+def rank_directory(directory: str) -> str:
+    """Where this rank writes TF checkpoints: `directory` on rank 0 (and in one process),
+    `directory/rank-R` on rank R > 0.
+
+    On several ranks every rank runs TF's Saver (the save of a sharded table gathers the
+    ranks' IDs, a collective), and every rank's checkpoint holds the whole model; several
+    processes writing one path would corrupt it, so each writes its own. Any of them
+    restores on any number of ranks (`mxrec.core.sharded_state`). The directory is created
+    (TensorFlow 2.21's Saver no longer creates it).
+    """
+    own = directory if get_rank_id() == 0 else os.path.join(directory, f"rank-{get_rank_id()}")
+    tf.io.gfile.makedirs(own)
+    return own
+
+
+def run_config(model_dir: str, **kwargs):
+    """A tf.estimator.RunConfig for this rank: its server as the Estimator's master, its
+    session config (`session_config`), and `rank_directory(model_dir)` as model_dir.
+
+    Every rank is its own chief (each runs its hooks, saves and restores; no TF_CONFIG
+    cluster of Estimator's, whose non-chief workers wait for a chief to initialise their
+    variables). Checkpoints are saved by steps: a save is collective, and ranks saving by
+    time would save at different steps and wait for each other (save_checkpoints_secs is
+    refused). A rank whose directory has no checkpoint, or an older one than rank 0's
+    (a restore on more ranks than saved), starts from rank 0's latest checkpoint.
+
+    Args:
+        model_dir: the model directory of rank 0 (the same on every rank).
+        **kwargs: any other RunConfig argument (session_config is merged with this
+            rank's collective settings).
+
+    Example:
+        >>> estimator = tf.estimator.Estimator(model_fn, config=run_config(
+        ...     "/data/model", save_checkpoints_steps=1000))
+    """
+    if kwargs.get("save_checkpoints_secs") is not None and get_rank_size() > 1:
+        raise ValueError(
+            "run_config(): save_checkpoints_secs is refused on several ranks: every rank "
+            "saves at once (the save is collective), which a timer cannot promise; use "
+            "save_checkpoints_steps")
+    if get_rank_size() > 1:
+        kwargs.setdefault("save_checkpoints_steps", 1000)  # instead of RunConfig's 600 s
+        kwargs["save_checkpoints_secs"] = None
+        kwargs["session_config"] = session_config(kwargs.get("session_config"))
+        own = rank_directory(model_dir)
+        _start_from_rank0(model_dir, own)
+        model_dir = own
+    config = _rank_run_config_class()(model_dir=model_dir, **kwargs)
+    config._mxrec_master = "" if _CLUSTER is None else _CLUSTER.server.target  # noqa: SLF001
+    return config
+
+
+def _start_from_rank0(model_dir: str, own: str) -> None:
+    """Points `own`'s checkpoint state at rank 0's latest checkpoint when `own` has none
+    or an older one. all_model_checkpoint_paths stays empty: this rank's Saver never
+    deletes rank 0's files (max_to_keep)."""
+    if own == model_dir:
+        return
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest is None:
+        return
+    mine = tf.train.latest_checkpoint(own)
+    if mine is not None and _checkpoint_step(mine) >= _checkpoint_step(latest):
+        return
+    tf.io.gfile.makedirs(own)
+    path = os.path.abspath(latest) if "://" not in latest else latest
+    with tf.io.gfile.GFile(os.path.join(own, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "{path}"\n')
+
+
+def _checkpoint_step(path: str) -> int:
+    tail = path.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+@functools.cache
+def _rank_run_config_class():
+    from tensorflow_estimator.python.estimator import run_config as estimator_run_config  # noqa: PLC0415
+
+    class RankRunConfig(estimator_run_config.RunConfig):
+        """RunConfig whose master is this rank's server."""
+
+        @property
+        def master(self):
+            return self._mxrec_master
+
+    return RankRunConfig
 
 
 def timeout_seconds() -> float:
