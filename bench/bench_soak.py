@@ -14,7 +14,7 @@ variant misses it.
 
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_soak.py [--lookups 100000000]
-    PYTHONPATH=. .venv/bin/python bench/bench_soak.py --quick --json soak.json  # 10^7
+    PYTHONPATH=. .venv/bin/python bench/bench_soak.py --quick --json soak.json  # 3 x 10^7
 """
 
 import argparse
@@ -72,11 +72,12 @@ def soak(engine, key: str, batches: int, delta_every: int, seed: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lookups", type=int, default=None,
-                        help="lookups per variant (10^8; --quick 10^7)")
+                        help="lookups per variant (10^8; --quick 3 x 10^7: four delta "
+                             "exports)")
     report.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.lookups is None:
-        args.lookups = 10_000_000 if args.quick else 100_000_000
+        args.lookups = 30_000_000 if args.quick else 100_000_000
     out = report.Report()
     engine = loader.engine()
     batches = max(30, args.lookups // BATCH)

@@ -258,7 +258,7 @@ def _grow_export(small_export: str, out: str, rows: int, dim: int) -> None:
         "ids": ids, "embeddings": rng.normal(size=(rows, dim)).astype(np.float32)}}, out)
 
 
-def bench_delta(sizes, changed: int, out: report.Report) -> None:
+def bench_delta(sizes, changed: int, results: report.Report) -> None:
     from mxrec.saver import serving
 
     work = tempfile.mkdtemp(prefix="bench_delta_")
@@ -302,7 +302,7 @@ def bench_delta(sizes, changed: int, out: report.Report) -> None:
         serving.apply_delta(big, delta, os.path.join(work, f"big{size}", "3"))
         full = time.perf_counter() - start
         print(f"| {size:,} | {in_place:.4f} | {delta_only:.4f} | {full:.3f} |")
-        out.figure(f"delta apply in place, {size:,} rows (s)", round(in_place, 4))
+        results.figure(f"delta apply in place, {size:,} rows (s)", round(in_place, 4))
     shutil.rmtree(work)
 
 
