@@ -256,11 +256,16 @@ def main(argv=None):
         out.figure(f"{labels_of[label]} samples/s", round(rate[label]))
         out.figure(f"{labels_of[label]} swap-ins per step",
                    round(stats[label]["swap_in_total"] / trained_steps))
-    out.goal(f"host tier, {args.cache:.0%} device cache: x device-only",
-             rate["host"] / rate["device"], 0.9)
+    # The goals take the median of the per-turn ratios: a turn that other work on the
+    # machine slowed down moves the ratio over all turns, not the median.
+    out.goal(f"host tier, {args.cache:.0%} device cache: x device-only (median per turn)",
+             np.median(ratios["host"]), 0.9)
+    out.figure("host tier: x device-only over all turns", round(rate["host"] / rate["device"], 3))
     if "ssd" in ratios:
-        out.goal(f"SSD tier, {args.ssd_share:.0%} of the IDs on disk: x device-only",
-                 rate["ssd"] / rate["device"], 0.6)
+        out.goal(f"SSD tier, {args.ssd_share:.0%} of the IDs on disk: x device-only (median "
+                 "per turn)", np.median(ratios["ssd"]), 0.6)
+        out.figure("SSD tier: x device-only over all turns",
+                   round(rate["ssd"] / rate["device"], 3))
     if args.memory_ids:
         out.figure("tiered table, resident MiB per million IDs (dim 16 + one slot)",
                    round(rss * 1e6 / 2**20, 1))
