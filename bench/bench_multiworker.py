@@ -17,6 +17,7 @@ and 4 dim back (embedding) plus 4 dim out (gradient).
 
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py [--ranks 1,2,4 --steps 40]
+    PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py --quick --json mw.json  # 1,2 ranks
 """
 
 import argparse
@@ -28,7 +29,8 @@ import tempfile
 
 import numpy as np
 
-from bench.machine import cpu_name
+from bench import report  # noqa: E402
+from bench.machine import cpu_name  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "multiworker"))
@@ -58,13 +60,19 @@ def exchange_bytes(ids: np.ndarray, ranks: int, batch: int, dim: int, steps: int
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", default="1,2,4")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--ranks", default=None, help="1,2,4 (--quick 1,2)")
+    parser.add_argument("--steps", type=int, default=None, help="40 (--quick 12)")
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--features", type=int, default=26)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--pool", type=int, default=1_000_000)
+    report.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.ranks is None:
+        args.ranks = "1,2" if args.quick else "1,2,4"
+    if args.steps is None:
+        args.steps = 12 if args.quick else 40
+    out = report.Report()
     script = os.path.join(ROOT, "examples", "multiworker", "train.py")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     common = ["--steps", str(args.steps), "--batch", str(args.batch), "--features",
@@ -88,6 +96,7 @@ def main(argv=None) -> int:
                 results[ranks] = json.load(f)
     base = results.get(1, {}).get("samples_per_second")
     for ranks, r in results.items():
+        out.figure(f"{ranks} rank(s): samples/s", round(r["samples_per_second"]))
         line = (f"{ranks} rank(s): {r['samples_per_second']:,.0f} samples/s "
                 f"({r['step_ms']:.1f} ms/step")
         if base:
@@ -98,7 +107,10 @@ def main(argv=None) -> int:
             sent, minimum = exchange_bytes(ids, ranks, args.batch, args.dim, args.steps)
             line += (f"; sent per rank and step {sent / 2**20:.2f} MiB vs minimum "
                      f"{minimum / 2**20:.2f} MiB ({sent / minimum:.2f} x)")
+            out.figure(f"{ranks} ranks: bytes sent per rank and step / minimum",
+                       round(sent / minimum, 2))
         print(line)
+    out.write(args.json)
     return 0
 
 

@@ -14,6 +14,7 @@ variant misses it.
 
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_soak.py [--lookups 100000000]
+    PYTHONPATH=. .venv/bin/python bench/bench_soak.py --quick --json soak.json  # 3 x 10^7
 """
 
 import argparse
@@ -23,6 +24,7 @@ import time
 
 import numpy as np
 
+from bench import report
 from bench.machine import cpu_name
 from mxrec._lib import loader
 
@@ -69,8 +71,14 @@ def soak(engine, key: str, batches: int, delta_every: int, seed: int):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lookups", type=int, default=100_000_000)
+    parser.add_argument("--lookups", type=int, default=None,
+                        help="lookups per variant (10^8; --quick 3 x 10^7: four delta "
+                             "exports)")
+    report.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.lookups is None:
+        args.lookups = 30_000_000 if args.quick else 100_000_000
+    out = report.Report()
     engine = loader.engine()
     batches = max(30, args.lookups // BATCH)
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores; {batches} batches x {BATCH} IDs "
@@ -81,7 +89,10 @@ def main(argv=None) -> int:
         engine.create_table(key=key, name=name, dim=8, capacity=2**31 - 1, padding_keys=[],
                             access_threshold=2.0, faae_coefficient=1.0)
         result = soak(engine, key, batches, delta_every, seed=1)
-        ok = result["ratio"] <= 1.10
+        ok = out.goal(f"soak, {name}: RSS last third / middle third (<=)", result["ratio"], 1.10,
+                      lower_is_better=True)
+        out.figure(f"soak, {name}: M lookups/s",
+                   round(batches * BATCH / result["seconds"] / 1e6, 2))
         failed |= not ok
         print(f"{name:5s}: {result['seconds']:.1f} s, RSS middle third {result['middle_mib']:.0f} "
               f"MiB, last third {result['last_mib']:.0f} MiB, ratio {result['ratio']:.3f} "
@@ -89,6 +100,7 @@ def main(argv=None) -> int:
               f"{result['tracked']:,} IDs tracked at the end, removal log "
               f"{result['removed_log']:,} entries")
         engine.drop_prefix(key.rsplit("/", 1)[0] + "/")
+    out.write(args.json)
     return 1 if failed else 0
 
 

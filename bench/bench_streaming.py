@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/bench_streaming.py [--sections parse,overhead,...]
         [--movielens ROOT]     # daily partitions from scripts/movielens_partitions.py
+    PYTHONPATH=. .venv/bin/python bench/bench_streaming.py --quick --json streaming.json
 
 Sections (each prints a Markdown table; baselines are measured in the same run):
 
@@ -35,6 +36,7 @@ import tensorflow as tf
 
 tf.compat.v1.disable_eager_execution()
 
+from bench import report  # noqa: E402
 from mxrec.serving import versions  # noqa: E402
 from mxrec.serving.predictor import DELTA_FILE, ModelInstance, Predictor, write_delta  # noqa: E402
 from mxrec.streaming import donefile, models, parsers  # noqa: E402
@@ -92,7 +94,7 @@ def _hand_written(path: str, batch_size: int):
         parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
 
 
-def bench_parse(rows: int, batch_size: int, repeats: int) -> None:
+def bench_parse(rows: int, batch_size: int, repeats: int, out: report.Report) -> None:
     work = tempfile.mkdtemp(prefix="bench_parse_")
     path = os.path.join(work, "part-00000")
     criteo_tsv(path, rows)
@@ -109,6 +111,8 @@ def bench_parse(rows: int, batch_size: int, repeats: int) -> None:
     for name, label in (("hand", "tf.data + tf.io.decode_csv + to_hash_bucket_fast (baseline)"),
                         ("mxrec", "mxrec.streaming.parsers (validated, line numbers, salted)")):
         print(f"| {label} | {rows / best[name]:,.0f} | {best['hand'] / best[name]:.2f} |")
+    out.figure("parse: mxrec reader rows/s", round(rows / best["mxrec"]))
+    out.figure("parse: mxrec reader x hand-written tf.data", round(best["hand"] / best["mxrec"], 3))
     shutil.rmtree(work)
 
 
@@ -174,7 +178,7 @@ def _streaming(root: str, work: str, batch_size: int, threads: int, export_base=
 
 
 def bench_overhead(partitions: int, rows: int, batch_size: int, threads: int,
-                   repeats: int) -> None:
+                   repeats: int, out: report.Report) -> None:
     work = tempfile.mkdtemp(prefix="bench_overhead_")
     root = os.path.join(work, "data")
     names = _hourly_stream(root, partitions, rows)
@@ -199,6 +203,9 @@ def bench_overhead(partitions: int, rows: int, batch_size: int, threads: int,
           f"{total / min(stream_train) / base:.3f} |")
     print(f"| streaming: + per-partition delta checkpoint and donefile | "
           f"{total / min(stream):,.0f} | {total / min(stream) / base:.3f} |")
+    out.goal("streaming training passes: x plain loop", total / min(stream_train) / base, 0.95)
+    out.figure("streaming + delta checkpoint and donefile: x plain loop",
+               round(total / min(stream) / base, 3))
     shutil.rmtree(work)
 
 
@@ -251,7 +258,7 @@ def _grow_export(small_export: str, out: str, rows: int, dim: int) -> None:
         "ids": ids, "embeddings": rng.normal(size=(rows, dim)).astype(np.float32)}}, out)
 
 
-def bench_delta(sizes, changed: int) -> None:
+def bench_delta(sizes, changed: int, results: report.Report) -> None:
     from mxrec.saver import serving
 
     work = tempfile.mkdtemp(prefix="bench_delta_")
@@ -295,6 +302,7 @@ def bench_delta(sizes, changed: int) -> None:
         serving.apply_delta(big, delta, os.path.join(work, f"big{size}", "3"))
         full = time.perf_counter() - start
         print(f"| {size:,} | {in_place:.4f} | {delta_only:.4f} | {full:.3f} |")
+        results.figure(f"delta apply in place, {size:,} rows (s)", round(in_place, 4))
     shutil.rmtree(work)
 
 
@@ -342,17 +350,20 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", default="parse,overhead,delivery,delta",
                         help="comma-separated: parse, overhead, delivery, delta, movielens")
-    parser.add_argument("--parse_rows", type=int, default=200_000, help="rows parsed (200000)")
+    parser.add_argument("--parse_rows", type=int, default=None,
+                        help="rows parsed (200000; --quick 50000)")
     parser.add_argument("--partitions", type=int, default=2,
                         help="partitions of the overhead run (2)")
-    parser.add_argument("--rows", type=int, default=60_000,
-                        help="rows per partition of the overhead run (60000)")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="rows per partition of the overhead run (60000; --quick 20000)")
     parser.add_argument("--batch_size", type=int, default=1024, help="batch size (1024)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow threads (0: default)")
-    parser.add_argument("--repeats", type=int, default=4, help="repeats, best taken (4)")
-    parser.add_argument("--delta_sizes", default="100000,1000000",
-                        help="table sizes of the delta section (100000,1000000)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="repeats, best taken (4; --quick 2)")
+    parser.add_argument("--delta_sizes", default=None,
+                        help="table sizes of the delta section (100000,1000000; --quick "
+                             "100000)")
     parser.add_argument("--movielens", default=None,
                         help="data root of scripts/movielens_partitions.py (movielens section)")
     parser.add_argument("--buckets", type=int, default=1000,
@@ -361,7 +372,14 @@ def main(argv=None) -> int:
                         help="movielens: Adagrad learning rate of the tables (0.05)")
     parser.add_argument("--dense_lr", type=float, default=0.001,
                         help="movielens: Adam learning rate of the dense part (0.001)")
+    report.add_arguments(parser)
     args = parser.parse_args(argv)
+    quick = {"parse_rows": (200_000, 50_000), "rows": (60_000, 20_000), "repeats": (4, 2),
+             "delta_sizes": ("100000,1000000", "100000")}
+    for name, (full, short) in quick.items():
+        if getattr(args, name) is None:
+            setattr(args, name, short if args.quick else full)
+    out = report.Report()
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - {"parse", "overhead", "delivery", "delta", "movielens"})
     if unknown:
@@ -370,22 +388,26 @@ def main(argv=None) -> int:
         parser.error(f"--movielens {args.movielens!r} is not a folder (needed by the "
                      "movielens section)")
     if "parse" in sections:
-        bench_parse(args.parse_rows, args.batch_size, args.repeats)
+        bench_parse(args.parse_rows, args.batch_size, args.repeats, out)
     if "overhead" in sections:
-        bench_overhead(args.partitions, args.rows, args.batch_size, args.threads, args.repeats)
+        bench_overhead(args.partitions, args.rows, args.batch_size, args.threads, args.repeats,
+                       out)
     if "delivery" in sections:
         print(f"\n### Delivery: done marker -> predictor serving the version ({machine()})\n")
         print("| serving versions | seconds per partition (marker to served) | of which "
               "training + save + export (s) |\n|---|---|---|")
         for mode in ("savedmodel", "delta_only"):
-            latencies, entries = bench_delivery(4, 5000, mode)
+            latencies, entries = bench_delivery(3 if args.quick else 4, 5000, mode)
+            out.figure(f"delivery, {mode}: marker to served, median (s)",
+                       round(float(np.median(latencies)), 2))
             work = [e["seconds"] for e in entries[1:]]
             print(f"| {mode} | {', '.join(f'{x:.2f}' for x in latencies)} | "
                   f"{', '.join(f'{x:.2f}' for x in work)} |")
     if "delta" in sections:
-        bench_delta([int(s) for s in args.delta_sizes.split(",")], 1000)
+        bench_delta([int(s) for s in args.delta_sizes.split(",")], 1000, out)
     if "movielens" in sections:
         bench_movielens(args.movielens, 256, args.buckets, args.sparse_lr, args.dense_lr)
+    out.write(args.json)
     return 0
 
 

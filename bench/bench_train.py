@@ -6,13 +6,22 @@
 (a) mxrec, direct: 26 tables addressed by raw int64 IDs (`sparse_lookup`: host key
     stage, gather of the unique rows), trained by an mxrec hash optimizer; the key
     stage runs inside the step.
+(t) TFRA 0.7.2 (where importable): 26 `dynamic_embedding` variables (cuckoo hash
+    tables) addressed by raw IDs through `embedding_lookup_unique`, trained by the same
+    sparse rule wrapped in `DynamicEmbeddingOptimizer`. TFRA is not a dependency: install
+    it aside (`pip install --target /tmp/tfra --no-deps tensorflow-recommenders-addons==0.7.2
+    typeguard==2.13.3`) and put that folder on PYTHONPATH; without it the table says the
+    column was skipped.
 (p<N>) mxrec, rewritten: the same model built with `sparse_lookup(...,
     modify_graph=True)` and rewritten by `modify_graph_and_start_emb_cache()`: the key
     stage runs in the tf.data pipeline, `prefetch_batch_number=N` batches ahead of the
     step (N = 0: in the pipeline, in the step's GetNext, no look-ahead).
 
 All read the same pre-generated batches from memory (tf.data from_tensor_slices
-over stacked arrays, repeated, prefetch(2)), so data generation is not measured,
+over stacked arrays, prefetch(2)), so data generation is not measured; by default
+there are as many batches as a variant trains (--num_batches 0), and the stream's
+vocabulary grows over them, so new IDs arrive throughout and admission and row
+assignment are measured too,
 and all run in this process, alternating in rounds after warm-up steps, so that
 load from elsewhere falls on all alike. Each round starts with a few unmeasured
 steps per variant (--settle, default the deepest prefetch + 1): while a variant
@@ -24,12 +33,14 @@ Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_train.py [--steps 150 --profile 5 ...]
     PYTHONPATH=. .venv/bin/python bench/bench_train.py --prefetch_depths 2 --rounds 3
     PYTHONPATH=. .venv/bin/python bench/bench_train.py --prefetch_depths ""  # no rewrite
+    PYTHONPATH=.:/tmp/tfra .venv/bin/python bench/bench_train.py --quick --json train.json
 """
 
 import argparse
 import collections
 import contextlib
 import dataclasses
+import importlib
 import os
 import sys
 import time
@@ -39,11 +50,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from bench import report  # noqa: E402
 from bench.machine import cpu_name  # noqa: E402
 from examples.model import (  # noqa: E402
+    DEFAULT_SPARSE_LEARNING_RATES,
     TrainConfig,
+    TrainGraph,
     build_hashed_training,
     build_mxrec_training,
+    dlrm_logits,
 )
 from examples.synthetic_criteo import SyntheticCriteo  # noqa: E402
 from mxrec.graph.modifier import (  # noqa: E402
@@ -61,13 +76,15 @@ from mxrec.util.initialize import (  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch_size", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=150, help="measured steps per variant")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per variant (150; --quick 40)")
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured steps per variant")
-    parser.add_argument("--rounds", type=int, default=5,
+    parser.add_argument("--rounds", type=int, default=None,
                         help="the measured steps alternate between the variants in this many "
-                             "rounds")
-    parser.add_argument("--num_batches", type=int, default=64,
-                        help="distinct pre-generated batches, repeated")
+                             "rounds (5; --quick 4)")
+    parser.add_argument("--num_batches", type=int, default=0,
+                        help="distinct pre-generated batches, repeated (0: as many as a "
+                             "variant trains, so none repeats)")
     parser.add_argument("--max_vocab", type=int, default=200_000,
                         help="cap on each feature's vocabulary")
     parser.add_argument("--sparse_optimizer", choices=("adagrad", "lazy_adam"),
@@ -78,17 +95,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--key_threads", type=int, default=None,
                         help="key-stage threads (default: init()'s, from KEY_PROCESS_THREAD_NUM "
                              "or the CPU count up to 6)")
-    parser.add_argument("--prefetch_depths", default="0,1,2,4",
+    parser.add_argument("--prefetch_depths", default=None,
                         help="comma-separated prefetch_batch_number values of the rewritten "
-                             "variants (0 = rewrite without look-ahead); empty for none")
+                             "variants (0 = rewrite without look-ahead); empty for none "
+                             "(0,1,2,4; --quick 2)")
+    parser.add_argument("--no_tfra", action="store_true",
+                        help="leave out the TFRA variant even where TFRA imports")
     parser.add_argument("--no_direct", action="store_true",
                         help="leave out the direct mxrec variant (no rewrite)")
     parser.add_argument("--settle", type=int, default=None,
                         help="unmeasured steps per variant at the start of each round "
                              "(default: the deepest prefetch + 1)")
     parser.add_argument("--seed", type=int, default=2024)
+    report.add_arguments(parser)
     args = parser.parse_args(argv)
-    for name in ("batch_size", "steps", "rounds", "num_batches", "max_vocab"):
+    quick = {"steps": (150, 40), "rounds": (5, 4), "prefetch_depths": ("0,1,2,4", "2")}
+    for name, (full, short) in quick.items():
+        if getattr(args, name) is None:
+            setattr(args, name, short if args.quick else full)
+    if args.num_batches < 0:
+        parser.error("--num_batches must be >= 0")
+    for name in ("batch_size", "steps", "rounds", "max_vocab"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
     if args.warmup < 0 or args.profile < 0 or (args.settle is not None and args.settle < 0):
@@ -102,7 +129,59 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--prefetch_depths must be in [0, 64]")
     if args.settle is None:
         args.settle = max(args.prefetch_depths, default=0) + 1
+    if args.num_batches == 0:
+        # Every batch a variant reads, its prefetched ones included, is new.
+        args.num_batches = (args.warmup + args.steps + args.rounds * args.settle +
+                            max(args.prefetch_depths, default=0) + 3)
     return args
+
+
+def import_tfra():
+    """TensorFlow Recommenders-Addons, or None with the reason it is not used."""
+    try:
+        return importlib.import_module("tensorflow_recommenders_addons"), None
+    except Exception as error:  # noqa: BLE001 - any import failure means: no TFRA column
+        return None, f"{type(error).__name__}: {error}"
+
+
+def build_tfra_training(dense, sparse, labels, capacities, config, tfra=None) -> TrainGraph:
+    """The same DLRM on TFRA dynamic embeddings (cuckoo hash tables, raw int64 IDs).
+
+    Each table reserves its capacity up front (`init_size`), as mxrec's do; the sparse
+    rows are trained by the same rule as the mxrec run's sparse optimizer (Adam on the
+    looked-up rows' slots only, or Adagrad), wrapped in `DynamicEmbeddingOptimizer`.
+    """
+    if tfra is None:
+        tfra, reason = import_tfra()
+        if tfra is None:
+            raise RuntimeError(f"TFRA does not import: {reason}")
+    de = tfra.dynamic_embedding
+    embeddings, trainables = [], []
+    with tf.compat.v1.variable_scope("tfra"):
+        for i, capacity in enumerate(capacities):
+            table = de.get_variable(
+                f"c{i + 1}", key_dtype=tf.int64, value_dtype=tf.float32, dim=config.dim,
+                initializer=tf.compat.v1.truncated_normal_initializer(
+                    stddev=config.init_stddev, seed=config.seed + i),
+                init_size=int(capacity))
+            embedding, trainable = de.embedding_lookup_unique(
+                table, sparse[:, i], name=f"lookup{i + 1}", return_trainable=True)
+            embeddings.append(tf.reshape(embedding, [-1, config.dim]))
+            trainables.append(trainable)
+    logits = dlrm_logits(dense, embeddings, config)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                  logits=logits))
+    rate = config.sparse_learning_rate or DEFAULT_SPARSE_LEARNING_RATES[config.sparse_optimizer]
+    if config.sparse_optimizer == "adagrad":
+        sparse_rule = tf.compat.v1.train.AdagradOptimizer(rate, initial_accumulator_value=0.9)
+    else:
+        sparse_rule = tf.compat.v1.train.AdamOptimizer(rate)
+    train_sparse = de.DynamicEmbeddingOptimizer(sparse_rule).minimize(loss, var_list=trainables)
+    dense_vars = [v for v in tf.compat.v1.trainable_variables()
+                  if v.name.startswith("dlrm")]
+    train_dense = tf.compat.v1.train.AdamOptimizer(config.dense_learning_rate).minimize(
+        loss, var_list=dense_vars)
+    return TrainGraph(tf.group(train_sparse, train_dense), loss, logits, labels, [])
 
 
 class Variant:
@@ -128,6 +207,7 @@ class Variant:
             # Fed through placeholders when the iterator starts, so the batches do not
             # become constants in the graph.
             arrays = [tf.compat.v1.placeholder(a.dtype, a.shape) for a in stacked]
+            # Repeated only so that a pipeline reading ahead never runs dry at the end.
             dataset = tf.data.Dataset.from_tensor_slices(tuple(arrays)).repeat().prefetch(2)
             iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
             if prefetch is None:
@@ -192,6 +272,12 @@ def main(argv=None) -> int:
         Variant("(b) TF tf.Variable, ID mod rows, tf.gather", build_hashed_training, stacked,
                 capacities, config),
     ]
+    tfra, tfra_missing = (None, "--no_tfra given") if args.no_tfra else import_tfra()
+    if tfra is not None:
+        variants.append(Variant(
+            f"(t) TFRA {getattr(tfra, '__version__', '?')} dynamic_embedding, raw IDs",
+            lambda *a: build_tfra_training(*a, tfra=tfra), stacked, capacities, config,
+            key_stage="TFRA lookup_unique"))
     if not args.no_direct:
         variants.append(Variant("(a) mxrec, direct (no rewrite)", build_mxrec_training,
                                 stacked, capacities, config, key_stage="in the step"))
@@ -233,7 +319,7 @@ def main(argv=None) -> int:
           f"repeat, prefetch(2)) for every variant, {args.batch_size * 26:,} IDs per batch; "
           f"{int(capacities.sum()):,} rows per store in all")
     for variant in variants:
-        if variant.key_stage != "-":
+        if variant.label.split(")")[1].strip().startswith("mxrec"):
             rows = sum(t.stats()["rows_in_use"] for t in variant.train.tables)
             print(f"  - rows in use by {variant.label.split(')')[0]}): {rows:,}")
     print(f"- batch size {args.batch_size}; {args.warmup} warm-up steps, then {args.steps} "
@@ -249,6 +335,30 @@ def main(argv=None) -> int:
               f"{rate / baseline:.3f} | {variant.last_loss:.4f} |")
     print("\nratio to (b): samples/s of the variant / samples/s of the TF baseline (b), "
           "measured in this run")
+    if tfra is None:
+        print(f"\nTFRA column skipped: TensorFlow Recommenders-Addons does not import here "
+              f"({tfra_missing}); see this file's docstring to install it aside.")
+    out = report.Report()
+    by_tag = {v.label.split(")")[0] + ")": rate for v, rate in zip(variants, rates)}
+    for variant, rate in zip(variants, rates):
+        out.figure(f"train {variant.label.split(')')[0]}) samples/s", round(rate))
+    # Goals: mxrec (collision-free raw IDs) at least as fast as plain TF on buckets,
+    # and twice TFRA, on both paths; the rewrite at its deepest prefetch measured.
+    mxrec_paths = []
+    if "(a)" in by_tag:
+        mxrec_paths.append(("direct", by_tag["(a)"]))
+    if args.prefetch_depths:
+        depth = max(args.prefetch_depths)
+        mxrec_paths.append((f"graph modifier, prefetch {depth}", by_tag[f"(p{depth})"]))
+    for path, rate in mxrec_paths:
+        out.goal(f"training, batch {args.batch_size}, {path}: x plain TF fixed buckets",
+                 rate / baseline, 1.0)
+        if "(t)" in by_tag:
+            out.goal(f"training, batch {args.batch_size}, {path}: x TFRA", rate / by_tag["(t)"],
+                     2.0)
+    if "(t)" not in by_tag:
+        out.figure("TFRA", f"skipped ({tfra_missing})")
+    out.write(args.json)
 
     if args.profile:
         print(f"\n### Op time by type over {args.profile} traced steps (ms per step, summed "

@@ -13,3 +13,22 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float:
+    """Total memory from /proc/meminfo in GiB (0 where unknown)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+def describe() -> str:
+    """One line: CPU model, cores and memory."""
+    import os
+
+    return f"{cpu_name()}, {os.cpu_count()} cores, {memory_gib():.0f} GiB memory"

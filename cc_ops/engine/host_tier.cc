@@ -160,7 +160,7 @@ Status HostTier::OpenSsdLocked() {
 }
 
 Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out,
-                                   bool* found, bool stage) {
+                                   bool* found) {
   *found = false;
   const int64_t dim = options_.dim;
   auto it = pending_spills_.find(key);
@@ -179,29 +179,9 @@ Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, flo
     }
   }
   if (!ssd_) return Status::Ok();
-  const SsdRecord* record = nullptr;
-  SsdRecord read;
-  auto staged = staged_.find(key);
-  if (staged != staged_.end() && staged->second.first == seq) {
-    record = &staged->second.second;
-  } else {
-    bool on_disk = false;
-    MXREC_RETURN_IF_ERROR(ssd_->Peek(key, &on_disk, &read));
-    if (!on_disk) return Status::Ok();
-    if (stage && components_.size() > 1) {
-      auto& entry = staged_[key];
-      entry = {seq, std::move(read)};
-      record = &entry.second;
-    } else {
-      record = &read;
-    }
-  }
-  if ((record->present & (1u << component)) &&
-      record->values.size() >= static_cast<size_t>((component + 1) * dim)) {
-    std::memcpy(out, record->values.data() + component * dim, dim * sizeof(float));
-    *found = true;
-  }
-  return Status::Ok();
+  // The record stays on disk until every component of the plan read it
+  // (FinishPlanLocked erases it), so each component reads its own floats.
+  return ssd_->ReadComponent(key, component, dim, out, found);
 }
 
 Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
@@ -212,12 +192,13 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
       ReleaseLocked(plan.in_slots[i]);
     } else if (ssd_) {
       ssd_->Erase(plan.in_keys[i]);  // read back from disk by every component
-      auto staged = staged_.find(plan.in_keys[i]);
-      if (staged != staged_.end() && staged->second.first == plan.seq) staged_.erase(staged);
     }
   }
+  Status status;
   std::vector<int64_t> spill_keys;
-  std::vector<SsdRecord> spill_records;
+  std::vector<int32_t> spill_slots;
+  std::vector<uint32_t> spill_present;
+  std::vector<int64_t> spill_floats;
   for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
     const int64_t key = plan.spill_keys[i];
     const int32_t slot = plan.spill_slots[i];
@@ -233,28 +214,37 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
       if (entries.empty()) pending_spills_.erase(it);
     }
     if (live) {  // not erased (evicted) meanwhile
-      SsdRecord record;
-      record.present = meta_[slot].present;
+      const uint32_t present = meta_[slot].present;
       int top = 0;
       for (size_t c = 0; c < components_.size(); ++c) {
-        if (record.present & (1u << c)) top = static_cast<int>(c) + 1;
-      }
-      record.values.assign(static_cast<size_t>(top * dim), 0.0f);
-      for (int c = 0; c < top; ++c) {
-        if (record.present & (1u << c)) {
-          std::memcpy(record.values.data() + c * dim, ValueAt(c, slot), dim * sizeof(float));
-        }
+        if (present & (1u << c)) top = static_cast<int>(c) + 1;
       }
       spill_keys.push_back(key);
-      spill_records.push_back(std::move(record));
+      spill_slots.push_back(slot);
+      spill_present.push_back(present);
+      spill_floats.push_back(top * dim);
     }
-    ReleaseLocked(slot);
   }
   if (!spill_keys.empty()) {
-    MXREC_RETURN_IF_ERROR(OpenSsdLocked());
-    MXREC_RETURN_IF_ERROR(ssd_->PutBatch(spill_keys, spill_records));
+    // Encoded from the slots straight into the write buffer; the slots are
+    // released once it is written.
+    status = OpenSsdLocked();
+    const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+    if (status.ok()) {
+      status = ssd_->PutBatchWith(spill_keys, spill_present, spill_floats, [&](size_t i, char* out) {
+          const int top = static_cast<int>(spill_floats[i] / std::max<int64_t>(dim, 1));
+          for (int c = 0; c < top; ++c) {
+            if (spill_present[i] & (1u << c)) {
+              std::memcpy(out + c * row_bytes, ValueAt(c, spill_slots[i]), row_bytes);
+            } else {
+              std::memset(out + c * row_bytes, 0, row_bytes);
+            }
+          }
+        });
+    }
   }
-  return Status::Ok();
+  for (int32_t slot : plan.spill_slots) ReleaseLocked(slot);
+  return status;
 }
 
 Status HostTier::Swap(int component, const int32_t* rows, int64_t n, const float* current,
@@ -438,7 +428,7 @@ Status HostTier::LoadArrivalsLocked(int component, const SwapPlan& plan, Incomin
     for (int64_t i : spilled[p]) {
       bool found = false;
       MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, plan.in_keys[i], plan.seq,
-                                              incoming(i), &found, /*stage=*/true));
+                                              incoming(i), &found));
       fresh[i] = !found;
       *ins += found ? 1 : 0;
     }
@@ -507,7 +497,7 @@ Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, 
       }
     } else if (slot == -1) {
       MXREC_RETURN_IF_ERROR(
-          ReadSpilledLocked(component, keys[i], next_seq_, out, &found[i], /*stage=*/false));
+          ReadSpilledLocked(component, keys[i], next_seq_, out, &found[i]));
     }
     if (!found[i]) std::memset(out, 0, dim * sizeof(float));
   }
@@ -526,7 +516,6 @@ void HostTier::Erase(int64_t key, int32_t slot) {
   if (slot >= 0) ReleaseLocked(slot);
   // Spills still pending skip the key (their slots are freed with their plan).
   pending_spills_.erase(key);
-  staged_.erase(key);
   if (ssd_) ssd_->Erase(key);
 }
 
@@ -769,7 +758,6 @@ void HostTier::InstallLocked(Rebuilt* next, std::vector<int32_t>* slots) {
     released_.clear();
   }
   pending_spills_.clear();
-  staged_.clear();
   meta_.swap(next->meta);
   live_ = next->live;
   chunks_.swap(next->chunks);

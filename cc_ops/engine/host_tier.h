@@ -210,11 +210,9 @@ class HostTier {
   // applied.
   Status RetireAppliedLocked();
   // The value of `key` for `component` kept for a plan of sequence `seq`:
-  // from a slot whose spill to disk is still pending, else from disk.
-  // `stage`: keep a record read from disk for the plan's other components
-  // (dropped when the plan completes).
-  Status ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out, bool* found,
-                           bool stage);
+  // from a slot whose spill to disk is still pending, else from disk (the
+  // record stays there until every component applied the plan).
+  Status ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out, bool* found);
   // Every component applied `plan`: free the slots it read back, write its
   // spills to disk.
   Status FinishPlanLocked(const SwapPlan& plan);
@@ -279,9 +277,6 @@ class HostTier {
   // Spills queued by plans not yet applied: key -> (plan seq, slot), oldest first.
   std::unordered_map<int64_t, std::vector<std::pair<uint64_t, int32_t>>> pending_spills_;
   std::unique_ptr<SsdTier> ssd_;
-  // Records read from disk by the first component of a pending plan: key ->
-  // (plan seq, record), so that the plan's other components do not read again.
-  std::unordered_map<int64_t, std::pair<uint64_t, SsdRecord>> staged_;
   TierStats stats_;
 };
 

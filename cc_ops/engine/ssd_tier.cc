@@ -11,7 +11,77 @@
 #include <cstring>
 #include <utility>
 
+#include "key_map.h"  // HashKey
+
 namespace mxrec {
+
+uint64_t SsdIndex::Home(int64_t key) const { return HashKey(key) & mask_; }
+
+const SsdIndex::Entry* SsdIndex::Find(int64_t key) const {
+  for (uint64_t i = Home(key);; i = (i + 1) & mask_) {
+    const Entry& e = slots_[i];
+    if (e.length == 0) return nullptr;
+    if (e.key == key) return &e;
+  }
+}
+
+int64_t SsdIndex::Put(int64_t key, int64_t offset, int64_t length) {
+  // At most 3/4 full, so a probe always meets an empty slot.
+  if ((size_ + 1) * 4 > static_cast<int64_t>(slots_.size()) * 3) Rehash(slots_.size() * 2);
+  for (uint64_t i = Home(key);; i = (i + 1) & mask_) {
+    Entry& e = slots_[i];
+    if (e.length == 0) {
+      e = {key, offset, length};
+      ++size_;
+      return 0;
+    }
+    if (e.key == key) {
+      const int64_t old = e.length;
+      e.offset = offset;
+      e.length = length;
+      return old;
+    }
+  }
+}
+
+int64_t SsdIndex::Erase(int64_t key) {
+  uint64_t i = Home(key);
+  for (;; i = (i + 1) & mask_) {
+    if (slots_[i].length == 0) return 0;
+    if (slots_[i].key == key) break;
+  }
+  const int64_t length = slots_[i].length;
+  // Backward shift: later entries of the probe run whose home lies at or
+  // before the hole move into it, so no look-up stops early at the hole.
+  for (uint64_t j = (i + 1) & mask_; slots_[j].length != 0; j = (j + 1) & mask_) {
+    const uint64_t home = Home(slots_[j].key);
+    // Whether home lies cyclically in (i, j]: then the entry must stay.
+    const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+    if (!stays) {
+      slots_[i] = slots_[j];
+      i = j;
+    }
+  }
+  slots_[i] = Entry{};
+  --size_;
+  return length;
+}
+
+void SsdIndex::Reserve(int64_t count) {
+  size_t buckets = slots_.size();
+  while (count * 4 > static_cast<int64_t>(buckets) * 3) buckets *= 2;
+  if (buckets != slots_.size()) Rehash(buckets);
+}
+
+void SsdIndex::Rehash(size_t buckets) {
+  std::vector<Entry> old(buckets);
+  old.swap(slots_);
+  mask_ = buckets - 1;
+  size_ = 0;
+  for (const Entry& e : old) {
+    if (e.length != 0) Put(e.key, e.offset, e.length);
+  }
+}
 
 namespace {
 // Record layout: key, present mask, number of floats, floats.
@@ -60,19 +130,6 @@ Status ReadAll(int fd, char* data, int64_t length, int64_t offset, const std::st
   return Status::Ok();
 }
 
-// Appends the encoded record to *buf; returns its length.
-int64_t Encode(int64_t key, const SsdRecord& record, std::vector<char>* buf) {
-  const int64_t floats = static_cast<int64_t>(record.values.size());
-  const int64_t length = kHeaderBytes + floats * 4;
-  const size_t at = buf->size();
-  buf->resize(at + static_cast<size_t>(length));
-  char* p = buf->data() + at;
-  std::memcpy(p, &key, 8);
-  std::memcpy(p + 8, &record.present, 4);
-  std::memcpy(p + 12, &floats, 8);
-  if (floats > 0) std::memcpy(p + kHeaderBytes, record.values.data(), floats * 4);
-  return length;
-}
 }  // namespace
 
 Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t capacity,
@@ -123,53 +180,100 @@ Status SsdTier::Put(int64_t key, const SsdRecord& record) {
 }
 
 Status SsdTier::PutBatch(const std::vector<int64_t>& keys, const std::vector<SsdRecord>& records) {
+  std::vector<uint32_t> present(keys.size());
+  std::vector<int64_t> floats(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    present[i] = records[i].present;
+    floats[i] = static_cast<int64_t>(records[i].values.size());
+  }
+  return PutBatchWith(keys, present, floats, [&records](size_t i, char* out) {
+    if (!records[i].values.empty()) {
+      std::memcpy(out, records[i].values.data(), records[i].values.size() * sizeof(float));
+    }
+  });
+}
+
+Status SsdTier::PutBatchWith(const std::vector<int64_t>& keys,
+                             const std::vector<uint32_t>& present,
+                             const std::vector<int64_t>& floats,
+                             const std::function<void(size_t, char*)>& fill) {
   if (keys.empty()) return Status::Ok();
   int64_t added = 0;
-  for (int64_t key : keys) added += index_.count(key) ? 0 : 1;
+  for (int64_t key : keys) added += index_.Find(key) != nullptr ? 0 : 1;
   if (size() + added > capacity_) {
     return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", name_,
                        "': the SSD tier is full: all ", capacity_,
                        " rows (ssd_vocabulary_size) are in use. Raise ssd_vocabulary_size or "
                        "host_vocabulary_size in create_table().");
   }
-  std::vector<char> buf;
-  std::vector<int64_t> lengths(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) lengths[i] = Encode(keys[i], records[i], &buf);
-  MXREC_RETURN_IF_ERROR(WriteAll(fd_, buf.data(), static_cast<int64_t>(buf.size()), end_, path_));
+  // Encoded straight into one buffer: key, present mask, float count, floats.
+  int64_t total = 0;
+  for (size_t i = 0; i < keys.size(); ++i) total += kHeaderBytes + floats[i] * 4;
+  std::vector<char> buf(static_cast<size_t>(total));
+  char* p = buf.data();
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto [it, inserted] = index_.try_emplace(keys[i], Location{end_, lengths[i]});
-    if (!inserted) {
-      live_bytes_ -= it->second.length;
-      it->second = {end_, lengths[i]};
-    }
-    end_ += lengths[i];
-    live_bytes_ += lengths[i];
+    std::memcpy(p, &keys[i], 8);
+    std::memcpy(p + 8, &present[i], 4);
+    std::memcpy(p + 12, &floats[i], 8);
+    fill(i, p + kHeaderBytes);
+    p += kHeaderBytes + floats[i] * 4;
+  }
+  MXREC_RETURN_IF_ERROR(WriteAll(fd_, buf.data(), total, end_, path_));
+  index_.Reserve(index_.size() + added);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int64_t length = kHeaderBytes + floats[i] * 4;
+    live_bytes_ += length - index_.Put(keys[i], end_, length);
+    end_ += length;
   }
   return MaybeCompact();
 }
 
-Status SsdTier::ReadAt(const Location& loc, int64_t key, SsdRecord* record) const {
-  const char* data = nullptr;
-  std::vector<char> buf;
-  if (map_ != nullptr && static_cast<size_t>(loc.offset + loc.length) <= map_bytes_) {
-    data = map_ + loc.offset;  // written with pwrite: the shared mapping sees it
-  } else {
-    buf.resize(loc.length);
-    MXREC_RETURN_IF_ERROR(ReadAll(fd_, buf.data(), loc.length, loc.offset, path_));
-    data = buf.data();
+Status SsdTier::ReadBytes(int64_t offset, int64_t length, char* out) const {
+  if (map_ != nullptr && static_cast<size_t>(offset + length) <= map_bytes_) {
+    std::memcpy(out, map_ + offset, static_cast<size_t>(length));  // pwrite is visible here
+    return Status::Ok();
   }
+  return ReadAll(fd_, out, length, offset, path_);
+}
+
+Status SsdTier::ReadHeader(const Location& loc, int64_t key, uint32_t* present,
+                           int64_t* floats) const {
+  char header[kHeaderBytes];
+  MXREC_RETURN_IF_ERROR(ReadBytes(loc.offset, kHeaderBytes, header));
   int64_t stored_key = 0;
-  int64_t floats = 0;
-  std::memcpy(&stored_key, data, 8);
-  std::memcpy(&record->present, data + 8, 4);
-  std::memcpy(&floats, data + 12, 8);
-  if (stored_key != key || kHeaderBytes + floats * 4 != loc.length) {
+  std::memcpy(&stored_key, header, 8);
+  std::memcpy(present, header + 8, 4);
+  std::memcpy(floats, header + 12, 8);
+  if (stored_key != key || *floats < 0 || kHeaderBytes + *floats * 4 != loc.length) {
     return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", name_, "': the SSD tier file ",
                        path_, " is corrupted at offset ", loc.offset);
   }
-  record->values.resize(floats);
-  if (floats > 0) std::memcpy(record->values.data(), data + kHeaderBytes, floats * 4);
   return Status::Ok();
+}
+
+Status SsdTier::ReadComponent(int64_t key, int component, int64_t dim, float* out,
+                              bool* found) const {
+  *found = false;
+  const SsdIndex::Entry* entry = index_.Find(key);
+  if (entry == nullptr) return Status::Ok();
+  const Location loc{entry->offset, entry->length};
+  uint32_t present = 0;
+  int64_t floats = 0;
+  MXREC_RETURN_IF_ERROR(ReadHeader(loc, key, &present, &floats));
+  if (!(present & (1u << component)) || floats < (component + 1) * dim) return Status::Ok();
+  MXREC_RETURN_IF_ERROR(ReadBytes(loc.offset + kHeaderBytes + component * dim * 4, dim * 4,
+                                  reinterpret_cast<char*>(out)));
+  *found = true;
+  return Status::Ok();
+}
+
+Status SsdTier::ReadAt(const Location& loc, int64_t key, SsdRecord* record) const {
+  int64_t floats = 0;
+  MXREC_RETURN_IF_ERROR(ReadHeader(loc, key, &record->present, &floats));
+  record->values.resize(static_cast<size_t>(floats));
+  if (floats == 0) return Status::Ok();
+  return ReadBytes(loc.offset + kHeaderBytes, floats * 4,
+                   reinterpret_cast<char*>(record->values.data()));
 }
 
 Status SsdTier::Take(int64_t key, bool* found, SsdRecord* record) {
@@ -179,24 +283,22 @@ Status SsdTier::Take(int64_t key, bool* found, SsdRecord* record) {
 }
 
 Status SsdTier::Peek(int64_t key, bool* found, SsdRecord* record) const {
-  auto it = index_.find(key);
-  *found = it != index_.end();
+  const SsdIndex::Entry* entry = index_.Find(key);
+  *found = entry != nullptr;
   if (!*found) return Status::Ok();
-  return ReadAt(it->second, key, record);
+  return ReadAt(Location{entry->offset, entry->length}, key, record);
 }
 
-void SsdTier::Erase(int64_t key) {
-  auto it = index_.find(key);
-  if (it == index_.end()) return;
-  live_bytes_ -= it->second.length;
-  index_.erase(it);
-}
+void SsdTier::Erase(int64_t key) { live_bytes_ -= index_.Erase(key); }
 
 Status SsdTier::ForEach(const std::function<void(int64_t, const SsdRecord&)>& fn) const {
+  std::vector<SsdIndex::Entry> entries;
+  entries.reserve(static_cast<size_t>(index_.size()));
+  index_.ForEach([&entries](const SsdIndex::Entry& e) { entries.push_back(e); });
   SsdRecord record;
-  for (const auto& [key, loc] : index_) {
-    MXREC_RETURN_IF_ERROR(ReadAt(loc, key, &record));
-    fn(key, record);
+  for (const SsdIndex::Entry& e : entries) {
+    MXREC_RETURN_IF_ERROR(ReadAt(Location{e.offset, e.length}, e.key, &record));
+    fn(e.key, record);
   }
   return Status::Ok();
 }
@@ -213,12 +315,13 @@ Status SsdTier::MaybeCompact() {
   }
   // Live records in file order, read through blocks of the old file and
   // written out in blocks.
-  std::vector<std::pair<int64_t, int64_t>> live;  // (offset, key)
-  live.reserve(index_.size());
-  for (const auto& [key, loc] : index_) live.emplace_back(loc.offset, key);
-  std::sort(live.begin(), live.end());
-  std::unordered_map<int64_t, Location> moved;
-  moved.reserve(index_.size());
+  std::vector<SsdIndex::Entry> live;
+  live.reserve(static_cast<size_t>(index_.size()));
+  index_.ForEach([&live](const SsdIndex::Entry& e) { live.push_back(e); });
+  std::sort(live.begin(), live.end(),
+            [](const SsdIndex::Entry& a, const SsdIndex::Entry& b) { return a.offset < b.offset; });
+  SsdIndex moved;
+  moved.Reserve(index_.size());
   std::vector<char> in;
   std::vector<char> out;
   int64_t in_start = 0;
@@ -226,8 +329,8 @@ Status SsdTier::MaybeCompact() {
   int64_t end = 0;       // bytes of the new file, written or buffered
   int64_t written = 0;   // bytes of the new file on disk
   Status status;
-  for (const auto& [offset, key] : live) {
-    const Location loc = index_[key];
+  for (const SsdIndex::Entry& entry : live) {
+    const Location loc{entry.offset, entry.length};
     if (loc.offset < in_start || loc.offset + loc.length > in_end) {
       in_start = loc.offset;
       const int64_t want = std::min(std::max(kCompactBlock, loc.length), end_ - in_start);
@@ -238,7 +341,7 @@ Status SsdTier::MaybeCompact() {
     }
     out.insert(out.end(), in.begin() + (loc.offset - in_start),
                in.begin() + (loc.offset - in_start + loc.length));
-    moved[key] = {end, loc.length};
+    moved.Put(entry.key, end, loc.length);
     end += loc.length;
     if (static_cast<int64_t>(out.size()) >= kCompactBlock) {
       status = WriteAll(fd, out.data(), static_cast<int64_t>(out.size()), written, tmp);

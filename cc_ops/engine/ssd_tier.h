@@ -5,7 +5,9 @@
 // removed when the table is dropped. Plain C++ and POSIX I/O: records are
 // appended in batches (one write per batch), read through a read-only shared
 // mapping of the file (no system call per record; pread where the mapping
-// cannot be made), and compaction streams the file in large blocks.
+// cannot be made), and compaction streams the file in large blocks. The index
+// is an open-addressing table (one cache miss per look-up, no allocation per
+// record): a swap reads and erases thousands of records per step.
 #ifndef MXREC_ENGINE_SSD_TIER_H_
 #define MXREC_ENGINE_SSD_TIER_H_
 
@@ -13,12 +15,46 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "status.h"
 
 namespace mxrec {
+
+// The SSD tier's index: key -> (offset, length) of its record in the file.
+// Linear probing with backward-shift deletion (as KeyMap); a slot whose length
+// is 0 is empty (every record has a header, so a stored length is never 0).
+class SsdIndex {
+ public:
+  struct Entry {
+    int64_t key = 0;
+    int64_t offset = 0;
+    int64_t length = 0;
+  };
+
+  SsdIndex() { Rehash(16); }
+  int64_t size() const { return size_; }
+  const Entry* Find(int64_t key) const;
+  // Inserts or replaces key's location; returns the replaced record's length
+  // (0 if the key was absent).
+  int64_t Put(int64_t key, int64_t offset, int64_t length);
+  // Removes key; returns its record's length (0 if absent).
+  int64_t Erase(int64_t key);
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const Entry& e : slots_) {
+      if (e.length != 0) fn(e);
+    }
+  }
+  void Reserve(int64_t count);
+
+ private:
+  uint64_t Home(int64_t key) const;
+  void Rehash(size_t buckets);
+  std::vector<Entry> slots_;
+  uint64_t mask_ = 0;
+  int64_t size_ = 0;
+};
 
 // What the SSD tier stores of one ID: which components hold a value, and the
 // values (dim floats per component).
@@ -42,6 +78,15 @@ class SsdTier {
   // Appends several records with one write; the capacity check covers them all
   // before anything is written.
   Status PutBatch(const std::vector<int64_t>& keys, const std::vector<SsdRecord>& records);
+  // PutBatch without SsdRecords: record i holds present[i] and floats[i]
+  // floats, which fill(i, out) writes at `out` (unaligned: copy, do not cast).
+  Status PutBatchWith(const std::vector<int64_t>& keys, const std::vector<uint32_t>& present,
+                      const std::vector<int64_t>& floats,
+                      const std::function<void(size_t, char*)>& fill);
+  // Copies the dim floats of `component` in key's record to `out`, leaving the
+  // record in place; *found = false if the key has no record or the record no
+  // value of that component. No allocation: the swap's read path.
+  Status ReadComponent(int64_t key, int component, int64_t dim, float* out, bool* found) const;
   // Reads the record of `key` into *record and forgets it; *found = false if absent.
   Status Take(int64_t key, bool* found, SsdRecord* record);
   // Reads without forgetting.
@@ -62,6 +107,11 @@ class SsdTier {
 
   SsdTier(std::string path, std::string name, int64_t capacity, int fd);
   Status ReadAt(const Location& loc, int64_t key, SsdRecord* record) const;
+  // The record's header at `loc` (its present mask and float count), checked
+  // against `key`; reads through the mapping or, beyond it, with pread.
+  Status ReadHeader(const Location& loc, int64_t key, uint32_t* present, int64_t* floats) const;
+  // `length` bytes at `offset` of the file into `out`.
+  Status ReadBytes(int64_t offset, int64_t length, char* out) const;
   Status MaybeCompact();
   // (Re)maps fd_ read-only over map_bytes_ of address space (the file grows
   // into it); on failure reads fall back to pread.
@@ -75,7 +125,7 @@ class SsdTier {
   int64_t end_ = 0;
   int64_t live_bytes_ = 0;
   int64_t compactions_ = 0;
-  std::unordered_map<int64_t, Location> index_;
+  SsdIndex index_;
   const char* map_ = nullptr;
   size_t map_bytes_ = 0;
 };
