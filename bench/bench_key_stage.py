@@ -28,6 +28,7 @@ from typing import List
 
 import numpy as np
 
+from bench import report  # noqa: E402
 from bench.machine import cpu_name  # noqa: E402
 from examples.synthetic_criteo import NUM_SPARSE, SyntheticCriteo
 from mxrec._lib import loader
@@ -99,7 +100,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_vocab", type=int, default=2_000_000,
                         help="cap on each feature's vocabulary")
     parser.add_argument("--seed", type=int, default=2024)
+    report.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.quick:  # fewer and smaller batches, 3 repeats
+        args.repeats = min(args.repeats, 3)
+        args.criteo_batches = min(args.criteo_batches, 20)
+        args.large_keys = min(args.large_keys, 1 << 19)
+        args.large_batches = min(args.large_batches, 6)
     try:
         threads = sorted({1} | {int(t) for t in args.threads.split(",") if t.strip()})
     except ValueError:
@@ -143,6 +150,7 @@ def main(argv=None) -> int:
     print(f"- median of {args.repeats} runs per row, thread counts alternating\n")
     print("| workload | batches | keys/batch | distinct keys | threads | keys/s | speed-up |")
     print("|---|---:|---:|---:|---:|---:|---:|")
+    out = report.Report()
     for workload in workloads:
         keys_per_batch = workload.keys // len(workload.batches)
         base = None
@@ -152,6 +160,13 @@ def main(argv=None) -> int:
             print(f"| {workload.name} | {len(workload.batches)} | {keys_per_batch:,} | "
                   f"{sum(workload.capacities):,} | {threads} | {rate / 1e6:,.2f} M | "
                   f"{rate / base:.2f}x |")
+            label = workload.name.split(":")[0]
+            out.figure(f"engine, {label}, {threads} thread(s): M keys/s", rate / 1e6)
+            if threads > 1 and label == "large":
+                # One table must scale with threads (issue 15): ideal is `threads`x.
+                out.goal(f"one large table: {threads} threads x 1 thread (ideal {threads})",
+                         rate / base, round(0.8 * threads, 2))
+    out.write(args.json)
     return 0
 
 
