@@ -23,6 +23,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
+from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache  # noqa: E402
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam  # noqa: E402
 from mxrec.saver.checkpoint import Saver  # noqa: E402
 from mxrec.util.communication import (  # noqa: E402
@@ -55,28 +56,42 @@ def make_data(steps: int, batch: int, features: int, seed: int = 0, pool: int = 
     return ids.astype(np.int64), labels, times
 
 
-def build(args, rank: int, size: int, first_step: int):
-    ids, labels, times = make_data(args.steps, args.batch, args.features, pool=args.pool)
-    # Rank r's slice of each global batch: rows r, r + N, ... of the batch.
+def _rank_slice(args, rank: int, size: int, steps: int, seed: int):
+    """Rank r's slice of each global batch of the stream: rows r, r + N, ... of the batch."""
+    ids, labels, times = make_data(steps, args.batch, args.features, seed=seed, pool=args.pool)
     take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
-                           for s in range(args.steps)])
-    dataset = tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
+                           for s in range(steps)])
+    return tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
+
+
+def build(args, rank: int, size: int, first_step: int):
+    dataset = _rank_slice(args, rank, size, args.steps, seed=0)
     iterator = _v1.data.make_initializable_iterator(
         dataset.batch(args.batch // size).skip(first_step))
     features, label, stamp = iterator.get_next()
-    add_timestamp(stamp)
     dim = args.dim_on_rank1 if rank == 1 and args.dim_on_rank1 else args.dim
     table = create_table(tf.int64, dim, "emb", _v1.constant_initializer(0.05),
                          device_vocabulary_size=args.capacity,
                          host_vocabulary_size=args.host,
                          all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+    eval_emb = None
+    if args.eval_every:
+        # An evaluation stream of 2 global batches, its own iterator and lookup (built before
+        # add_timestamp: the training batch's time stamps the training lookups only).
+        eval_iterator = _v1.data.make_initializable_iterator(
+            _rank_slice(args, rank, size, 2, seed=1).batch(args.batch // size))
+        eval_features, _, _ = eval_iterator.get_next()
+        eval_emb = sparse_lookup(table, eval_features, is_train=False, name="eval_lookup",
+                                 send_count=args.send_count, modify_graph=args.modify_graph)
+    add_timestamp(stamp)
     config = None
     if args.threshold:
         config = dict(access_threshold=args.threshold)
         if args.eviction is not None:
             config["eviction_threshold"] = args.eviction
     emb = sparse_lookup(table, features, access_and_evict_config=config,
-                        send_count=args.send_count, name="lookup")
+                        send_count=args.send_count, name="lookup",
+                        modify_graph=args.modify_graph)
     weights = _v1.get_variable("w", [dim, 1],
                                initializer=_v1.glorot_uniform_initializer(seed=1))
     logits = tf.matmul(tf.reduce_sum(emb, 1), weights)
@@ -87,7 +102,17 @@ def build(args, rank: int, size: int, first_step: int):
     train_op = tf.group(
         _v1.train.GradientDescentOptimizer(0.2).apply_gradients(zip(dense_grads, dense)),
         OPTIMIZERS[args.optimizer]().apply_gradients(zip(tf.gradients(loss, sparse), sparse)))
-    return iterator.initializer, train_op, loss, table, weights
+    evaluation = None
+    if eval_emb is not None:
+        evaluation = [eval_iterator.initializer,
+                      tf.matmul(tf.reduce_sum(eval_emb, 1), weights)[:, 0]]
+    start = iterator.initializer
+    if args.modify_graph:
+        modify_graph_and_start_emb_cache()
+        start = get_initializer(True)
+        if evaluation:
+            evaluation[0] = get_initializer(False)
+    return start, train_op, loss, table, weights, evaluation
 
 
 def _traced_step(sess, train_op):
@@ -107,6 +132,18 @@ def _traced_step(sess, train_op):
             else:
                 other += ms
     return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other)
+
+
+def _evaluate(sess, evaluation):
+    """The logits of the whole evaluation stream (rank's rows of each global batch)."""
+    initializer, logits = evaluation
+    sess.run(initializer)
+    batches = []
+    while True:
+        try:
+            batches.append(sess.run(logits))
+        except tf.errors.OutOfRangeError:
+            return np.stack(batches)
 
 
 def _latest_step(directory: str) -> int:
@@ -149,14 +186,23 @@ def main(argv=None):
                         help="rank 1 builds its table with this dim (failure tests)")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
+    parser.add_argument("--modify_graph", action="store_true",
+                        help="the graph modifier plans the batches ahead of the steps")
+    parser.add_argument("--prefetch", type=int, default=0,
+                        help="prefetch_batch_number: batches planned ahead (--modify_graph)")
+    parser.add_argument("--reinit_at", type=int, default=None,
+                        help="re-initialise the training iterator after this step (the "
+                        "stream starts again)")
+    parser.add_argument("--eval_every", type=int, default=None,
+                        help="evaluate 2 global batches after every this many steps")
     args = parser.parse_args(argv)
     init(use_mpi=True if "MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
-         else False, prefetch_batch_number=0, use_dynamic=args.send_count is None)
+         else False, prefetch_batch_number=args.prefetch, use_dynamic=args.send_count is None)
     rank, size = get_rank_id(), get_rank_size()
     if args.batch % size:
         raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
     first = _latest_step(args.ckpt) if args.restore else 0
-    start, train_op, loss, table, weights = build(args, rank, size, first)
+    start, train_op, loss, table, weights, evaluation = build(args, rank, size, first)
     saver = Saver(args.ckpt) if args.ckpt else None
     with _v1.Session(**session_kwargs()) as sess:
         sess.run(_v1.global_variables_initializer())
@@ -164,7 +210,10 @@ def main(argv=None):
             assert saver.restore(sess) == first
         sess.run(start)
         timed_from, breakdown = None, None
-        for step in range(first + 1, (args.stop_at or args.steps) + 1):
+        trained, eval_logits = 0, []
+        step = first
+        while args.stop_at is None or step < args.stop_at:  # else until the data ends
+            step += 1
             if args.die_at is not None and rank == 1 and step == args.die_at:
                 os._exit(3)
             if args.timing and step == first + 6:
@@ -173,7 +222,15 @@ def main(argv=None):
                 seconds = time.perf_counter() - timed_from
                 breakdown = _traced_step(sess, train_op)  # the last step, not timed
                 continue
-            _, value = sess.run([train_op, loss])
+            try:
+                _, value = sess.run([train_op, loss])
+            except tf.errors.OutOfRangeError:
+                break  # the data ended: at the same step on every rank
+            trained += 1
+            if step == args.reinit_at:
+                sess.run(start)
+            if args.eval_every and step % args.eval_every == 0:
+                eval_logits.append(_evaluate(sess, evaluation))
             if args.eviction is not None:
                 table.evict(args.eviction)
             if step % 10 == 0 and rank == 0:
@@ -198,7 +255,9 @@ def main(argv=None):
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             np.savez(os.path.join(args.out, f"rank-{rank}.npz"), ids=ids, values=values,
-                     w=sess.run(weights), stats=np.array([table.stats()["rows_in_use"]]))
+                     w=sess.run(weights), stats=np.array([table.stats()["rows_in_use"]]),
+                     trained=np.array([trained]),
+                     eval=np.array(eval_logits, np.float32))
     print(f"rank {rank} of {size}: {len(ids)} IDs in this shard", flush=True)
     terminate_config_initializer()
 
