@@ -168,20 +168,22 @@ class _Planner:
 
 
 def _drain(queue: tf.queue.FIFOQueue) -> tf.Operation:
-    def body(count):
-        with tf.control_dependencies(queue.dequeue()
-                                     if len(queue.dtypes) > 1 else [queue.dequeue()]):
-            return count + 1
+    """Dequeues everything `queue` holds."""
+    def body(remaining):
+        del remaining
+        taken = queue.dequeue()
+        with tf.control_dependencies(taken if isinstance(taken, list) else [taken]):
+            # The size after the dequeue (a loop-invariant size op would be read once).
+            return queue.size()
 
-    return tf.group(tf.while_loop(lambda count: queue.size() > 0, body,
-                                  [tf.constant(0)]))
+    return tf.group(tf.while_loop(lambda remaining: remaining > 0, body, [queue.size()]))
 
 
-def _end_of_data(name: str) -> tf.Tensor:
-    """An op that fails with OutOfRangeError: a dequeue from a closed, always empty queue."""
-    never = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name=name)
-    with tf.control_dependencies([never.close()]):
-        return never.dequeue()
+def _end_of_data():
+    """A function whose op fails with OutOfRangeError ("End of sequence"), as the user's
+    iterator would: get_next of an iterator over no element."""
+    nothing = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(0))
+    return lambda: tf.cast(nothing.get_next(), tf.int32)
 
 
 _GRADIENT_SCOPE = re.compile(r"gradients(_\d+)?$")
@@ -221,10 +223,10 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
         with tf.name_scope("plan_next"), tf.control_dependencies(filled):
             planned_next = planner.plan_if(tf.constant(True))
         before_dequeue = filled if prefetch > 0 else [planned_next]
+        end_of_data = _end_of_data()
         with tf.control_dependencies(before_dequeue):
             exhausted = tf.logical_and(planner.is_ended(), tf.equal(queue.size(), 0))
-            check = tf.cond(exhausted, lambda: _end_of_data("end_of_data"),
-                            lambda: tf.constant(0, tf.int32))
+            check = tf.cond(exhausted, end_of_data, lambda: tf.constant(0, tf.int32))
             with tf.control_dependencies([check]):
                 entry = queue.dequeue()
         entry = list(entry) if isinstance(entry, (list, tuple)) else [entry]
