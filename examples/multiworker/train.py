@@ -22,6 +22,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
+from mxrec._lib import loader  # noqa: E402
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
 from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache  # noqa: E402
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam  # noqa: E402
@@ -146,6 +147,23 @@ def _evaluate(sess, evaluation):
             return np.stack(batches)
 
 
+def _wait_for_planned(table, batches: int, timeout: float = 60.0) -> None:
+    """Waits until `batches` batches are planned ahead (pending) in `table`'s shard.
+
+    Eviction keeps the IDs of pending batches, so which IDs it removes depends on how far
+    the planning ran ahead. One process plans in the background (tf.data's prefetch): the
+    wait makes that the prefetch buffer refilled, `prefetch` batches ahead, which several
+    ranks reach at the end of each step (they plan inside the step).
+    """
+    engine = loader.engine()
+    deadline = time.monotonic() + timeout
+    while engine.pending_batches(table.table_key) < batches:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{batches} planned batches expected, "
+                             f"{engine.pending_batches(table.table_key)} after {timeout} s")
+        time.sleep(0.001)
+
+
 def _latest_step(directory: str) -> int:
     names = [n for n in os.listdir(directory) if n.startswith(("full-", "delta-"))]
     if not names:
@@ -232,6 +250,8 @@ def main(argv=None):
             if args.eval_every and step % args.eval_every == 0:
                 eval_logits.append(_evaluate(sess, evaluation))
             if args.eviction is not None:
+                if args.modify_graph and args.prefetch:
+                    _wait_for_planned(table, min(args.prefetch, args.steps - step))
                 table.evict(args.eviction)
             if step % 10 == 0 and rank == 0:
                 print(f"step {step}: loss {value:.4f} (rank 0's slice)", flush=True)

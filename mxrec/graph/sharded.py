@@ -9,11 +9,11 @@ is split in three:
                  │   replays each lookup's ID preprocessing and runs `sharding.route`:
                  │   local unique IDs, occurrence counts, owner buckets (no collective)
     planning subgraph (in the step's session.run, the same collectives on every rank):
-        get_next_as_optional ─► all-reduce "every rank has a batch"
-            yes: `sharding.exchange` (chunk all-reduce, ID all-to-all), the batch-time
-                 all-reduce, the owner's deferred key stage ─► enqueue the element, its
-                 routing and its plan into a FIFOQueue (capacity prefetch + 1)
-            no:  mark the end of the data
+        the element held since the previous planning ─► `sharding.exchange` (chunk
+        all-reduce, ID all-to-all), the batch-time all-reduce, the owner's deferred key
+        stage ─► enqueue the element, its routing and its plan into a FIFOQueue (capacity
+        prefetch + 1) ─► get_next_as_optional ─► all-reduce "every rank has one more":
+        yes, hold it; no, mark the end of the data
     step: dequeue ─► commit the batch ─► the owner's device lookup from the planned rows
           ─► embeddings all-to-all back (differentiable, as the direct path)
 
@@ -24,9 +24,12 @@ step that finds fewer than p batches planned: a step that fetched no gradient di
 first plans up to p batches, one chained copy of the planning subgraph per missing batch,
 each copy with its own collective instance keys. With p = 0 the step plans its own batch
 first. Once every planned batch is consumed after the end of the data, the step's dequeue
-ends with OutOfRangeError, at the same step as one process. The initializer restarts the
-local iterator and drops the planned batches (the engine retires their pending state at the
-next commit: docs/ARCHITECTURE.md, "The step boundary").
+ends with OutOfRangeError, at the same step as one process; since the end is known one
+element ahead, that step runs no collective (a step that fails after a collective may tear
+down buffers a peer still reads, which aborts the collectives of every rank). The
+initializer restarts the local iterator, drops the planned batches (the engine retires their
+pending state at the next commit: docs/ARCHITECTURE.md, "The step boundary") and pulls the
+first element, so every rank must run it at the same point, as the steps.
 
 Every rank runs the same sequence of collectives in every step (the decisions that choose a
 branch, "has every rank a batch" and the queue's fill, are the same on every rank), so the
@@ -131,35 +134,57 @@ def _plan(element: _Element, lookups, is_train: bool) -> List[tf.Tensor]:
 
 @dataclasses.dataclass
 class _Planner:
-    """The queue of planned batches and the subgraphs that fill it."""
+    """The queue of planned batches and the subgraphs that fill it.
+
+    The agreement "every rank has a next element" is reached one element ahead: the
+    element is pulled from the local iterator into `held` (capacity 1) by the step (or
+    initializer) that plans the one before it. So the step that ends with OutOfRangeError
+    runs no collective: a step that fails after a collective can tear down buffers a peer
+    is still reading, which aborts the ranks' collectives for good.
+    """
 
     iterator: object
     queue: tf.queue.FIFOQueue
     ended: tf.queue.FIFOQueue  # one mark once the data ran out
+    held: tf.queue.FIFOQueue  # the next element, once every rank has one
     lookups: list
     is_train: bool
 
     def is_ended(self) -> tf.Tensor:
         return self.ended.size() > 0
 
-    def plan_once(self) -> tf.Tensor:
-        """One planning subgraph: plans the next batch, or marks the end of the data.
-        Builds its own collectives (instance keys); returns a scalar to depend on."""
+    def pull_next(self) -> tf.Tensor:
+        """Takes the next local element into `held` if every rank has one, else marks the
+        end of the data (an all-reduce); returns a scalar to depend on."""
         optional = self.iterator.get_next_as_optional()
-        # Every rank must have a batch, or none plans one (and every rank ends).
         everyone = communication.allreduce(tf.cast(optional.has_value(), tf.int32), "min")
 
-        def produce():
-            entry = _plan(_unpack(optional.get_value(), self.lookups), self.lookups,
-                          self.is_train)
-            with tf.control_dependencies([self.queue.enqueue(entry)]):
+        def hold():
+            value = tf.nest.flatten(optional.get_value())
+            with tf.control_dependencies([self.held.enqueue(value)]):
                 return tf.constant(True)
 
         def finish():
             with tf.control_dependencies([self.ended.enqueue(tf.constant(0, tf.int32))]):
                 return tf.constant(False)
 
-        return tf.cond(everyone > 0, produce, finish)
+        return tf.cond(everyone > 0, hold, finish)
+
+    def _plan_held(self) -> tf.Tensor:
+        flat = self.held.dequeue()
+        flat = flat if isinstance(flat, list) else [flat]
+        value = tf.nest.pack_sequence_as(self.iterator.element_spec, flat)
+        entry = _plan(_unpack(value, self.lookups), self.lookups, self.is_train)
+        with tf.control_dependencies([self.queue.enqueue(entry)]):
+            return self.pull_next()
+
+    def plan_once(self) -> tf.Tensor:
+        """One planning subgraph (its own collectives and instance keys): plans the held
+        element and pulls the one after it. Before the first (a one-shot iterator whose
+        initializer was not run) it pulls one first."""
+        primed = tf.cond(self.held.size() > 0, lambda: tf.constant(True), self.pull_next)
+        with tf.control_dependencies([primed]):
+            return tf.cond(self.is_ended(), lambda: tf.constant(False), self._plan_held)
 
     def plan_if(self, wanted: tf.Tensor) -> tf.Tensor:
         """plan_once when `wanted` and the data has not ended (the same on every rank)."""
@@ -213,8 +238,11 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
             prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups),
             name="planned_batches")
         ended = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name="data_ended")
-        planner = _Planner(iterator=iterator, queue=queue, ended=ended, lookups=lookups,
-                           is_train=is_train)
+        held = tf.queue.FIFOQueue(
+            1, [spec.dtype for spec in tf.nest.flatten(iterator.element_spec)],
+            name="next_element")
+        planner = _Planner(iterator=iterator, queue=queue, ended=ended, held=held,
+                           lookups=lookups, is_train=is_train)
         # Top the queue up to `prefetch` planned batches, one copy per missing batch.
         filled = []
         for copy in range(prefetch):
@@ -258,8 +286,12 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
             plan["reused"].set_shape(record.reused.shape)
         if prefetch > 0:  # with prefetch 0 the dequeue waits for it already
             _schedule_next_plan(planned_next, replacements)
-        initializer = tf.group(kind_initializer, _drain(queue), _drain(ended),
-                               name="initializer")
+        restart = [kind_initializer, _drain(queue), _drain(ended), _drain(held)]
+        # Every rank runs its initializer at the same point of its program: it pulls the
+        # first element (and agrees that every rank has one).
+        with tf.name_scope("prime"), tf.control_dependencies(restart):
+            primed = planner.pull_next()
+        initializer = tf.group(primed, name="initializer")
     return pipeline.RewrittenIterator(
         source=source, is_train=is_train, kind=source.kind, initializer=initializer,
         outputs=outputs, rows=[p["rows"] for p in planned],
