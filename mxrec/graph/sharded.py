@@ -231,7 +231,7 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
     specs = trace.output_specs(source.get_next)
     scope = source.get_next.name.replace(":", "_") + "_mxrec"
     with graph.as_default(), tf.name_scope(scope), tf.device("/device:CPU:0"):
-        dataset, kind_initializer, iterator = pipeline.make_dataset_iterator(
+        _, kind_initializer, iterator = pipeline.make_dataset_iterator(
             source, specs, _route_fn(source, lookups, graph), prefetch)
         component_dtypes = [spec.dtype for spec in specs]
         queue = tf.queue.FIFOQueue(
