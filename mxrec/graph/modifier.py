@@ -178,7 +178,10 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     `apply_gradients` included (gradients built later would still read the
     old key stage; `get_initializer` and running such ops say so), before the
     graph is finalized; then run `get_initializer(is_training)` instead of the
-    old iterators' initializers.
+    old iterators' initializers. On several ranks the pipeline holds only the
+    rank-local part of the planning; the exchange of IDs and the owners' key stage
+    run in a planning subgraph of the step (mxrec.graph.sharded), so every rank
+    must run its initializers and steps in the same order.
 
     Args:
         full_graph: the graph to rewrite; the default graph when None.
