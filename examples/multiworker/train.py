@@ -22,12 +22,14 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
+from mxrec._lib import loader  # noqa: E402
 from mxrec.constants.constants import (  # noqa: E402
     ASCEND_SPARSE_LOOKUP_ID_OFFSET,
     ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
 )
 from mxrec.core import dynamic  # noqa: E402
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
+from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache  # noqa: E402
 from mxrec.optimizers import (  # noqa: E402
     adagrad,
     adagrad_by_addr,
@@ -75,29 +77,43 @@ def make_data(steps: int, batch: int, features: int, seed: int = 0, pool: int = 
     return ids.astype(np.int64), labels, times
 
 
-def build(args, rank: int, size: int, first_step: int):
-    ids, labels, times = make_data(args.steps, args.batch, args.features, pool=args.pool)
-    # Rank r's slice of each global batch: rows r, r + N, ... of the batch.
+def _rank_slice(args, rank: int, size: int, steps: int, seed: int):
+    """Rank r's slice of each global batch of the stream: rows r, r + N, ... of the batch."""
+    ids, labels, times = make_data(steps, args.batch, args.features, seed=seed, pool=args.pool)
     take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
-                           for s in range(args.steps)])
-    dataset = tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
+                           for s in range(steps)])
+    return tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
+
+
+def build(args, rank: int, size: int, first_step: int):
+    dataset = _rank_slice(args, rank, size, args.steps, seed=0)
     iterator = _v1.data.make_initializable_iterator(
         dataset.batch(args.batch // size).skip(first_step))
     features, label, stamp = iterator.get_next()
-    add_timestamp(stamp)
     dim = args.dim_on_rank1 if rank == 1 and args.dim_on_rank1 else args.dim
     table = create_table(tf.int64, dim, "emb", _v1.constant_initializer(0.05),
                          device_vocabulary_size=args.capacity,
                          host_vocabulary_size=args.host,
                          all2all_gradients_op="sum_gradients_and_div_by_ranksize",
                          is_dp=args.is_dp)
+    eval_emb = None
+    if args.eval_every:
+        # An evaluation stream of 2 global batches, its own iterator and lookup (built before
+        # add_timestamp: the training batch's time stamps the training lookups only).
+        eval_iterator = _v1.data.make_initializable_iterator(
+            _rank_slice(args, rank, size, 2, seed=1).batch(args.batch // size))
+        eval_features, _, _ = eval_iterator.get_next()
+        eval_emb = sparse_lookup(table, eval_features, is_train=False, name="eval_lookup",
+                                 send_count=args.send_count, modify_graph=args.modify_graph)
+    add_timestamp(stamp)
     config = None
     if args.threshold:
         config = dict(access_threshold=args.threshold)
         if args.eviction is not None:
             config["eviction_threshold"] = args.eviction
     emb = sparse_lookup(table, features, access_and_evict_config=config,
-                        send_count=args.send_count, name="lookup")
+                        send_count=args.send_count, name="lookup",
+                        modify_graph=args.modify_graph)
     weights = _v1.get_variable("w", [dim, 1],
                                initializer=_v1.glorot_uniform_initializer(seed=1))
     logits = tf.matmul(tf.reduce_sum(emb, 1), weights)
@@ -116,7 +132,17 @@ def build(args, rank: int, size: int, first_step: int):
     train_op = tf.group(
         _v1.train.GradientDescentOptimizer(0.2).apply_gradients(zip(dense_grads, dense)),
         sparse_update)
-    return iterator.initializer, train_op, loss, table, weights
+    evaluation = None
+    if eval_emb is not None:
+        evaluation = [eval_iterator.initializer,
+                      tf.matmul(tf.reduce_sum(eval_emb, 1), weights)[:, 0]]
+    start = iterator.initializer
+    if args.modify_graph:
+        modify_graph_and_start_emb_cache()
+        start = get_initializer(True)
+        if evaluation:
+            evaluation[0] = get_initializer(False)
+    return start, train_op, loss, table, weights, evaluation
 
 
 def _traced_step(sess, train_op):
@@ -136,6 +162,35 @@ def _traced_step(sess, train_op):
             else:
                 other += ms
     return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other)
+
+
+def _evaluate(sess, evaluation):
+    """The logits of the whole evaluation stream (rank's rows of each global batch)."""
+    initializer, logits = evaluation
+    sess.run(initializer)
+    batches = []
+    while True:
+        try:
+            batches.append(sess.run(logits))
+        except tf.errors.OutOfRangeError:
+            return np.stack(batches)
+
+
+def _wait_for_planned(table, batches: int, timeout: float = 60.0) -> None:
+    """Waits until `batches` batches are planned ahead (pending) in `table`'s shard.
+
+    Eviction keeps the IDs of pending batches, so which IDs it removes depends on how far
+    the planning ran ahead. One process plans in the background (tf.data's prefetch): the
+    wait makes that the prefetch buffer refilled, `prefetch` batches ahead, which several
+    ranks reach at the end of each step (they plan inside the step).
+    """
+    engine = loader.engine()
+    deadline = time.monotonic() + timeout
+    while engine.pending_batches(table.table_key) < batches:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{batches} planned batches expected, "
+                             f"{engine.pending_batches(table.table_key)} after {timeout} s")
+        time.sleep(0.001)
 
 
 def _latest_step(directory: str) -> int:
@@ -188,9 +243,18 @@ def main(argv=None):
                         help="create_table(is_dp=True): the table replicated on every rank")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
+    parser.add_argument("--modify_graph", action="store_true",
+                        help="the graph modifier plans the batches ahead of the steps")
+    parser.add_argument("--prefetch", type=int, default=0,
+                        help="prefetch_batch_number: batches planned ahead (--modify_graph)")
+    parser.add_argument("--reinit_at", type=int, default=None,
+                        help="re-initialise the training iterator after this step (the "
+                        "stream starts again)")
+    parser.add_argument("--eval_every", type=int, default=None,
+                        help="evaluate 2 global batches after every this many steps")
     args = parser.parse_args(argv)
     init(use_mpi=True if "MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
-         else False, prefetch_batch_number=0, use_dynamic=args.send_count is None,
+         else False, prefetch_batch_number=args.prefetch, use_dynamic=args.send_count is None,
          use_dynamic_expansion=args.dynamic)
     rank, size = get_rank_id(), get_rank_size()
     if args.batch % size:
@@ -204,7 +268,7 @@ def main(argv=None):
         if tf_checkpoint is None:
             raise SystemExit(f"--tf_restore: no checkpoint in {args.tf_restore}")
         first = int(tf_checkpoint.rsplit("-", 1)[1])
-    start, train_op, loss, table, weights = build(args, rank, size, first)
+    start, train_op, loss, table, weights, evaluation = build(args, rank, size, first)
     saver = Saver(args.ckpt) if args.ckpt else None
     warm = WarmStart(args.warm_start) if args.warm_start else None
     # TF's Saver, built after the train op (the tables save their optimizer slots too).
@@ -220,7 +284,10 @@ def main(argv=None):
             tf_saver.restore(sess, tf_checkpoint)
         sess.run(start)
         timed_from, breakdown = None, None
-        for step in range(first + 1, (args.stop_at or args.steps) + 1):
+        trained, eval_logits = 0, []
+        step = first
+        while args.stop_at is None or step < args.stop_at:  # else until the data ends
+            step += 1
             if args.die_at is not None and rank == 1 and step == args.die_at:
                 os._exit(3)
             if args.timing and step == first + 6:
@@ -229,8 +296,18 @@ def main(argv=None):
                 seconds = time.perf_counter() - timed_from
                 breakdown = _traced_step(sess, train_op)  # the last step, not timed
                 continue
-            _, value = sess.run([train_op, loss])
+            try:
+                _, value = sess.run([train_op, loss])
+            except tf.errors.OutOfRangeError:
+                break  # the data ended: at the same step on every rank
+            trained += 1
+            if step == args.reinit_at:
+                sess.run(start)
+            if args.eval_every and step % args.eval_every == 0:
+                eval_logits.append(_evaluate(sess, evaluation))
             if args.eviction is not None:
+                if args.modify_graph and args.prefetch:
+                    _wait_for_planned(table, min(args.prefetch, args.steps - step))
                 table.evict(args.eviction)
             if step % 10 == 0 and rank == 0:
                 print(f"step {step}: loss {value:.4f} (rank 0's slice)", flush=True)
@@ -259,7 +336,9 @@ def main(argv=None):
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             np.savez(os.path.join(args.out, f"rank-{rank}.npz"), ids=ids, values=values,
-                     w=sess.run(weights), stats=np.array([table.stats()["rows_in_use"]]))
+                     w=sess.run(weights), stats=np.array([table.stats()["rows_in_use"]]),
+                     trained=np.array([trained]),
+                     eval=np.array(eval_logits, np.float32))
     print(f"rank {rank} of {size}: {len(ids)} IDs in this shard", flush=True)
     terminate_config_initializer()
 

@@ -80,9 +80,14 @@ class LookupRecord:
     consumer of `rows`, `restore` and `reused` (the forward lookup, its
     gradient, the re-initialisation of reused rows and the optimizers' slot
     resets) to the planned values that arrive with the batch.
+
+    On several ranks (`sharded` set) the key stage runs on the owner of the IDs, after
+    collectives; the modifier then moves the rank-local routing into the input pipeline and
+    the exchange and key stage into a planning subgraph of the step (mxrec.graph.sharded).
     """
 
-    def __init__(self, table, ids, rows, restore, reused, is_train, send_count):
+    def __init__(self, table, ids, rows, restore, reused, is_train, send_count,
+                 sharded: Optional["ShardedParts"] = None):
         self.table = table
         self.ids = ids
         self.rows = rows
@@ -90,6 +95,23 @@ class LookupRecord:
         self.reused = reused
         self.is_train = is_train
         self.send_count = send_count
+        self.sharded = sharded
+
+
+class ShardedParts:
+    """The pieces of a sharded lookup (mxrec.core.sharding) the graph modifier rewires.
+
+    Attributes:
+        local_time: the rank's batch time before the all-reduce, or None.
+        route: the rank-local routing (sharding.Route).
+        exchange: what the owner received (sharding.Exchange); `exchange.owned` is the
+            key stage's input.
+    """
+
+    def __init__(self, local_time, route, exchange):
+        self.local_time = local_time
+        self.route = route
+        self.exchange = exchange
 
 
 def _check_name(name):
@@ -553,6 +575,8 @@ def sparse_lookup(
                              "send_count > 0")
         pad_to = int(send_count)  # the graph modifier's pipeline pads modify_graph lookups
     if communication.get_rank_size() > 1:
+        # A modify_graph lookup keeps send_count as its chunk when rewritten (the pipeline
+        # pads it); until then it exchanges the IDs unpadded.
         return _sharded_lookup(hashtable, ids, is_train, pad_to, scope, modify_graph,
                                serving_default_value, is_grad)
     with tf.name_scope(scope):
@@ -577,36 +601,53 @@ def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, sco
     """A lookup of a table sharded across the ranks (mxrec.core.sharding): the IDs go to
     their owners, each owner looks its IDs up in its shard like a one-process table; or, for
     a table replicated on every rank (is_dp=True, mxrec.core.replicated), every rank looks
-    the global batch up in its replica."""
-    if modify_graph:
+    the global batch up in its replica.
+
+    With modify_graph=True the same graph is built and recorded; the graph modifier moves
+    its routing, exchange and key stage ahead of the step (mxrec.graph.sharded)."""
+    if modify_graph and table.is_dp:
         raise NotImplementedError(
-            f"sparse_lookup {scope!r}: modify_graph=True on several ranks is not available yet "
-            "(the IDs travel to their owners by collectives inside the step); build the lookup "
-            "with modify_graph=False")
-    table.check_lookup(DIRECT)
+            f"sparse_lookup {scope!r}: modify_graph=True is not available for a replicated "
+            f"table (is_dp=True) on several ranks; build the lookup of table "
+            f"{table.table_name!r} with modify_graph=False, or create it with is_dp=False")
+    table.check_lookup(MODIFY_GRAPH if modify_graph else DIRECT)
     grad_scale = None
     if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
         grad_scale = 1.0 / communication.get_rank_size()
     graph = tf.compat.v1.get_default_graph()
     with tf.name_scope(scope):
         default = default_values(table, serving_default_value)
-        timestamp = sharding.batch_time(_batch_timestamp())
-
-        def lookup_owned(owned):
-            (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-                [owned], [table.table_key], is_train, timestamp=timestamp)
-            previous = table.key_stage_dependency(graph, is_train, rows.op)
-            if previous is not None:
-                rows.op._add_control_input(previous)
-            # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out
-            # of the by-address optimizers' collections.
-            return table.lookup_planned(owned, rows, restore, reused, is_train,
-                                        default=default, is_grad=is_grad, scope=scope)
-
+        local_time = _batch_timestamp()
+        timestamp = sharding.batch_time(local_time)
         if table.is_dp:  # every rank plans the global batch on its replica
+
+            def lookup_owned(owned):
+                (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
+                    [owned], [table.table_key], is_train, timestamp=timestamp)
+                previous = table.key_stage_dependency(graph, is_train, rows.op)
+                if previous is not None:
+                    rows.op._add_control_input(previous)
+                return table.lookup_planned(owned, rows, restore, reused, is_train,
+                                            default=default, is_grad=is_grad, scope=scope)
+
             out = replicated.lookup(table, ids, is_train, grad_scale, lookup_owned)
-        else:
-            out = sharding.lookup(table, ids, is_train, send_count, grad_scale, lookup_owned)
+            return out if is_grad else tf.stop_gradient(out)
+        routed = sharding.route(ids, communication.get_rank_size())
+        exchanged = sharding.exchange(table, routed, is_train, send_count)
+        (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
+            [exchanged.owned], [table.table_key], is_train, timestamp=timestamp)
+        previous = table.key_stage_dependency(graph, is_train, rows.op)
+        if previous is not None:
+            rows.op._add_control_input(previous)
+        # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out of the
+        # by-address optimizers' collections.
+        owned_emb = table.lookup_planned(exchanged.owned, rows, restore, reused, is_train,
+                                         default=default, is_grad=is_grad, scope=scope)
+        out = sharding.send_back(table, owned_emb, exchanged, routed, ids, grad_scale)
+    if modify_graph:
+        _modify_graph_lookups(graph).append(LookupRecord(
+            table, ids, rows, restore, reused, is_train, send_count,
+            sharded=ShardedParts(local_time, routed, exchanged)))
     return out if is_grad else tf.stop_gradient(out)
 
 
@@ -626,6 +667,13 @@ def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, na
         if spec.eviction_threshold is not None:
             config["eviction_threshold"] = spec.eviction_threshold
         _apply_access_and_evict_config(table, config)
+    if communication.get_rank_size() > 1:
+        raise NotImplementedError(
+            f"sparse_lookup on table {table.table_name!r} with FeatureSpec {spec.name!r}: "
+            "get_asc_insert_func plans a batch in the rank's own dataset, but on several ranks "
+            "the key stage runs on the owner of each ID after an exchange between the ranks. "
+            "Look up tensor IDs instead: sparse_lookup(table, ids, modify_graph=True) with "
+            "modify_graph_and_start_emb_cache() (prefetched), or modify_graph=False")
     features = batch[0] if isinstance(batch, (tuple, list)) else batch
     ids = _validate_ids(table, features[spec.ids_key])
     rows, restore, reused = planned_tensors(batch, spec)

@@ -1,6 +1,9 @@
 """Tables sharded across ranks: each rank owns the IDs `owner(id) == rank` of every table.
 
-One lookup on N ranks (direct path), per step:
+One lookup on N ranks (direct path), per step: `route` (rank-local), `exchange` (the
+collectives that bring the IDs to their owners), the owner's key stage and device lookup,
+`send_back`. The graph modifier runs the same pieces, split between the input pipeline
+(`route`), a planning subgraph (`exchange`, key stage) and the step (mxrec.graph.sharded).
 
     ids ─► unique (local) ─► occurrences per unique ID, owner per unique ID
         ─► buckets [N, chunk, 2] of (ID, occurrence count) (chunk: the largest bucket of any
@@ -20,8 +23,9 @@ The owner of an ID (`owner_of`) is documented and independent of the rank count'
 written by N ranks is re-partitioned by the same function on M ranks.
 """
 
+import dataclasses
 import zlib
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -60,19 +64,45 @@ def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
     return communication.allreduce(tf.cast(local_time, tf.int64), "max")
 
 
-def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
-           grad_scale: Optional[float],
-           lookup_owned: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
-    """The embeddings of `ids` (any rank >= 1) from the ranks that own them.
+@dataclasses.dataclass
+class Route:
+    """The rank-local part of a lookup (no collective): where each local unique ID goes.
 
-    Args:
-        table: the table (for messages and dim).
-        send_count: the fixed chunk per peer (static shapes), or None (dynamic).
-        grad_scale: factor on the gradients that reach the owners, or None.
-        lookup_owned: the owner's lookup of a 1-D tensor of IDs it owns -> [n, dim].
+    Attributes:
+        pairs: [U, 2] int64, (ID, occurrence count) of the unique IDs sorted by owner.
+        counts: [N] int32, unique IDs per owner.
+        where: [U, 2] int32, (owner, slot in that owner's bucket) per sorted unique ID.
+        order: [U] int32, the unique IDs' order sorted by owner.
+        index: [n] int32, position of each flat ID among the unique IDs.
     """
-    size = communication.get_rank_size()
-    dim = table.dim
+
+    pairs: tf.Tensor
+    counts: tf.Tensor
+    where: tf.Tensor
+    order: tf.Tensor
+    index: tf.Tensor
+
+
+@dataclasses.dataclass
+class Exchange:
+    """The IDs one rank received as owner, and where they go back.
+
+    Attributes:
+        chunk: scalar int32, rows per peer of this step's all-to-alls.
+        valid: [V] int32, the received slots that hold an ID.
+        owned: [M] int64, the IDs to plan on the owner (training: each repeated by its
+            occurrences over the global batch).
+        first: [V] int32, the position in `owned` of each received ID's first copy.
+    """
+
+    chunk: tf.Tensor
+    valid: tf.Tensor
+    owned: tf.Tensor
+    first: tf.Tensor
+
+
+def route(ids: tf.Tensor, size: int) -> Route:
+    """Local dedupe, occurrence counts and owner buckets of `ids` (any rank >= 1)."""
     flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
     uniq, index = tf.unique(flat, out_idx=tf.int32)
     num = tf.size(uniq)
@@ -83,6 +113,18 @@ def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
     counts = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
     starts = tf.cumsum(counts, exclusive=True)
     position = tf.range(num) - tf.gather(starts, owner_sorted)
+    where = tf.stack([owner_sorted, position], axis=1)
+    # IDs and their occurrence counts travel together.
+    pairs = tf.stack([tf.gather(uniq, order), tf.gather(occurrences, order)], axis=1)
+    return Route(pairs=pairs, counts=counts, where=where, order=order, index=index)
+
+
+def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) -> Exchange:
+    """Sends each rank's unique IDs (and occurrence counts) to their owners: one
+    all-reduce (the chunk, and a check that every rank built the same lookup) and one
+    all-to-all."""
+    size = communication.get_rank_size()
+    counts = routed.counts
     # One all-reduce gives the largest bucket and checks that every rank built this lookup
     # of the same table (name, dim, key type, send_count): max and -min of a fingerprint.
     fingerprint = _fingerprint(table, send_count, is_train)
@@ -107,11 +149,8 @@ def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
              "largest over all ranks:", largest], summarize=size)
         with tf.control_dependencies([check]):
             chunk = tf.identity(tf.constant(send_count, tf.int32))
-    where = tf.stack([owner_sorted, position], axis=1)
     shape = tf.stack([size, chunk])
-    # IDs and their occurrence counts travel together: [N, chunk, 2] int64.
-    pairs = tf.stack([tf.gather(uniq, order), tf.gather(occurrences, order)], axis=1)
-    send = tf.scatter_nd(where, pairs, tf.concat([shape, [2]], axis=0))
+    send = tf.scatter_nd(routed.where, routed.pairs, tf.concat([shape, [2]], axis=0))
     received = tf.reshape(communication.alltoall(send), [-1, 2])
     recv_ids, recv_occ = received[:, 0], received[:, 1]
     valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
@@ -124,13 +163,23 @@ def lookup(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
     else:
         repeated = owned
         first = tf.range(tf.size(owned))
-    emb = tf.gather(lookup_owned(repeated), first)
-    slots = tf.scatter_nd(valid[:, None], emb, tf.stack([size * chunk, dim]))
+    return Exchange(chunk=chunk, valid=valid, owned=repeated, first=first)
+
+
+def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, ids: tf.Tensor,
+              grad_scale: Optional[float]) -> tf.Tensor:
+    """The owner's embeddings of `exchanged.owned` [M, dim] back to the ranks that asked,
+    spread over `ids`' positions: [*ids.shape, dim]. Differentiable in `owned_emb`."""
+    size = communication.get_rank_size()
+    dim = table.dim
+    chunk = exchanged.chunk
+    emb = tf.gather(owned_emb, exchanged.first)
+    slots = tf.scatter_nd(exchanged.valid[:, None], emb, tf.stack([size * chunk, dim]))
     back = communication.alltoall(tf.reshape(slots, tf.stack([size, chunk, dim])),
                                   grad_scale=grad_scale)
-    local_sorted = tf.gather_nd(back, where)
-    local = tf.gather(local_sorted, tf.math.invert_permutation(order))
-    out = tf.gather(local, index)
+    local_sorted = tf.gather_nd(back, routed.where)
+    local = tf.gather(local_sorted, tf.math.invert_permutation(routed.order))
+    out = tf.gather(local, routed.index)
     out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0)
     out = tf.reshape(out, out_shape)
     out.set_shape(ids.shape.concatenate([dim]))

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from mxrec.core.embedding import modify_graph_lookups
-from mxrec.graph import pipeline, trace
+from mxrec.graph import pipeline, sharded, trace
 from mxrec.util import initialize
 from mxrec.util.initialize import get_config_initializer
 
@@ -178,7 +178,10 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     `apply_gradients` included (gradients built later would still read the
     old key stage; `get_initializer` and running such ops say so), before the
     graph is finalized; then run `get_initializer(is_training)` instead of the
-    old iterators' initializers.
+    old iterators' initializers. On several ranks the pipeline holds only the
+    rank-local part of the planning; the exchange of IDs and the owners' key stage
+    run in a planning subgraph of the step (mxrec.graph.sharded), so every rank
+    must run its initializers and steps in the same order.
 
     Args:
         full_graph: the graph to rewrite; the default graph when None.
@@ -207,7 +210,14 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     sources: Dict[str, trace.IteratorSource] = {}
     for record in records:
         name = _lookup_name(record)
-        ids_source = trace.trace_ids(list(record.rows.op.inputs), name)
+        if record.sharded is not None:
+            # On several ranks the key stage reads IDs that came by collectives: trace the
+            # lookup's own IDs (and batch time) instead.
+            traced = [record.ids] + ([record.sharded.local_time]
+                                     if record.sharded.local_time is not None else [])
+        else:
+            traced = list(record.rows.op.inputs)
+        ids_source = trace.trace_ids(traced, name)
         send_count = None
         if not config.use_dynamic:
             if record.send_count is None or int(record.send_count) <= 0:
@@ -231,8 +241,9 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
                 f"iterator {sources[key].iterator.name!r} feeds lookups with is_train=True and "
                 f"is_train=False ({[lookup.name for lookup in lookups]}); use one dataset "
                 "iterator for training and another for evaluation")
-        rewritten.append(pipeline.rebuild(sources[key], lookups, modes.pop(),
-                                          config.prefetch_batch_number, graph))
+        build = sharded.rebuild if lookups[0].record.sharded is not None else pipeline.rebuild
+        rewritten.append(build(sources[key], lookups, modes.pop(),
+                               config.prefetch_batch_number, graph))
 
     for new in rewritten:
         for index, output in enumerate(new.source.get_next.outputs):
@@ -240,6 +251,8 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
             state.replacements[output.name] = new.outputs[index]
         _guard_old_get_next(graph, new.source.get_next)
     for new, lookups in zip(rewritten, by_iterator.values()):
+        for old, planned in new.replacements:
+            _replace_uses(old, planned)
         for lookup, rows, restore, reused in zip(lookups, new.rows, new.restore, new.reused):
             record = lookup.record
             _replace_uses(record.rows, rows)

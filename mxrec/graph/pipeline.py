@@ -18,7 +18,7 @@ saves, evaluation and eviction see the tables as at the step boundary
 """
 
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -62,6 +62,8 @@ class RewrittenIterator:
         rows: the planned unique rows, one per lookup.
         restore: the planned restore indexes, one per lookup.
         reused: the planned rows to re-initialise (handed to new IDs after eviction).
+        replacements: (tensor of the user's graph, planned tensor) pairs the modifier also
+            rewires: a sharded lookup's routing and exchange (mxrec.graph.sharded).
     """
 
     source: trace.IteratorSource
@@ -72,6 +74,7 @@ class RewrittenIterator:
     rows: List[tf.Tensor]
     restore: List[tf.Tensor]
     reused: List[tf.Tensor]
+    replacements: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
 
 
 def _key_stage_rounds(lookups: List[PlannedLookup]) -> List[List[int]]:
@@ -143,28 +146,37 @@ def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: 
     return plan
 
 
+def make_dataset_iterator(source: trace.IteratorSource, specs, map_fn, prefetch: int):
+    """The user's dataset (of `source`) mapped by `map_fn` and prefetched, and an iterator
+    of the same kind over it: (dataset, initializer, iterator); the initializer of a one-shot
+    iterator is a no-op."""
+    if source.kind == trace.ONE_SHOT:
+        # Stateful, so that grappler does not fold the dataset into a constant.
+        variant = tf.raw_ops.StatefulPartitionedCall(
+            args=[], Tout=[tf.variant], f=source.dataset_factory)[0]
+    else:
+        variant = source.dataset_variant
+    dataset = tf.data.experimental.from_variant(variant, specs)
+    dataset = dataset.map(map_fn)
+    if prefetch > 0:
+        dataset = dataset.prefetch(prefetch)
+    if source.kind == trace.ONE_SHOT:
+        iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+        initializer = tf.no_op(name="one_shot_initializer")
+    else:
+        iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+        initializer = iterator.initializer
+    return dataset, initializer, iterator
+
+
 def rebuild(source: trace.IteratorSource, lookups: List[PlannedLookup], is_train: bool,
             prefetch: int, graph: tf.Graph) -> RewrittenIterator:
     """Builds the new dataset and iterator for `source`, planning `lookups`."""
     specs = trace.output_specs(source.get_next)
     scope = source.get_next.name.replace(":", "_") + "_mxrec"
     with graph.as_default(), tf.name_scope(scope), tf.device("/device:CPU:0"):
-        if source.kind == trace.ONE_SHOT:
-            # Stateful, so that grappler does not fold the dataset into a constant.
-            variant = tf.raw_ops.StatefulPartitionedCall(
-                args=[], Tout=[tf.variant], f=source.dataset_factory)[0]
-        else:
-            variant = source.dataset_variant
-        dataset = tf.data.experimental.from_variant(variant, specs)
-        dataset = dataset.map(_plan_fn(source, lookups, graph))
-        if prefetch > 0:
-            dataset = dataset.prefetch(prefetch)
-        if source.kind == trace.ONE_SHOT:
-            iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-            initializer = tf.no_op(name="one_shot_initializer")
-        else:
-            iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
-            initializer = iterator.initializer
+        _, initializer, iterator = make_dataset_iterator(
+            source, specs, _plan_fn(source, lookups, graph), prefetch)
         outputs, rows, restore, reused, batch_ids = iterator.get_next()
         if is_train:
             # The step that reads a batch's planned rows trains it: commit there.

@@ -258,6 +258,10 @@ def timeout_seconds() -> float:
 
 def _next_instance_key() -> int:
     graph = tf.compat.v1.get_default_graph()
+    # A collective built inside a tf.cond / tf.while_loop branch (a FuncGraph) counts in
+    # the graph that holds the branch: one sequence of keys per session graph.
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
     key = _INSTANCE_KEYS.get(graph, 1)
     _INSTANCE_KEYS[graph] = key + 1
     return key
