@@ -2,7 +2,10 @@
 
 import glob
 import os
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -53,3 +56,24 @@ def wait_for_planned_batches(table, batches: int, timeout: float = 10.0) -> None
     while engine.pending_batches(table.table_key) < batches and time.monotonic() < deadline:
         time.sleep(0.001)
     assert engine.pending_batches(table.table_key) == batches
+
+
+_ROOT = Path(__file__).resolve().parent.parent
+_LIB_DIR = _ROOT / "mxrec" / "_lib"
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
+                               reason="needs g++ to build the C++ tests")
+
+
+def build_cc_test(name: str, out_dir) -> Path:
+    """Builds tests/cc/<name>.cc against the engine library into `out_dir`; returns the
+    binary (the build's errors fail the calling test)."""
+    assert (_LIB_DIR / "libmxrec_engine.so").exists(), "build the engine first (setup.py)"
+    binary = Path(out_dir) / name
+    build = subprocess.run(
+        ["g++", "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
+         f"-I{_ROOT / 'cc_ops'}", f"-I{_ROOT / 'tests' / 'cc'}",
+         str(_ROOT / "tests" / "cc" / f"{name}.cc"), "-o", str(binary), f"-L{_LIB_DIR}",
+         "-lmxrec_engine", f"-Wl,-rpath,{_LIB_DIR}"],
+        capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    return binary

@@ -53,6 +53,19 @@ def _shards(out, ranks):
     return table, weights
 
 
+def _assert_equal_to_one_process(one, many, ranks):
+    """The shards of `ranks` ranks (in `many`) hold exactly one process's IDs (in `one`), with
+    its rows and dense weights within 1e-5."""
+    want, (want_w,) = _shards(one, 1)
+    got, got_w = _shards(many, ranks)
+    assert sorted(got) == sorted(want)
+    assert len(want) > 50
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=str(key))
+    for w in got_w:
+        np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
+
+
 CASES = {
     "adagrad-2": (2, ["--optimizer", "adagrad"]),
     "sgd-4": (4, ["--optimizer", "sgd", "--batch", "64"]),
@@ -78,14 +91,7 @@ def test_ranks_equal_one_process(tmp_path, case):
     assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
     several = _train(ranks, tmp_path / "many", args)
     assert several.returncode == 0, several.stdout[-3000:] + several.stderr[-3000:]
-    want, (want_w,) = _shards(tmp_path / "one", 1)
-    got, got_w = _shards(tmp_path / "many", ranks)
-    assert sorted(got) == sorted(want)
-    assert len(want) > 50
-    for key, value in want.items():
-        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=str(key))
-    for w in got_w:
-        np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
+    _assert_equal_to_one_process(tmp_path / "one", tmp_path / "many", ranks)
 
 
 # The graph modifier on several ranks (mxrec.graph.sharded): (ranks, prefetch, arguments,
@@ -120,14 +126,7 @@ def test_graph_modifier_on_ranks_equals_one_process(tmp_path, case):
     several = _train(ranks, tmp_path / "many",
                      args + ["--modify_graph", "--prefetch", str(prefetch)])
     assert several.returncode == 0, several.stdout[-3000:] + several.stderr[-3000:]
-    want, (want_w,) = _shards(tmp_path / "one", 1)
-    got, got_w = _shards(tmp_path / "many", ranks)
-    assert sorted(got) == sorted(want)
-    assert len(want) > 50
-    for key, value in want.items():
-        np.testing.assert_allclose(got[key], value, rtol=0, atol=1e-5, err_msg=str(key))
-    for w in got_w:
-        np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
+    _assert_equal_to_one_process(tmp_path / "one", tmp_path / "many", ranks)
     one = np.load(tmp_path / "one" / "rank-0.npz")
     steps = 12 + (int(args[args.index("--reinit_at") + 1]) if "--reinit_at" in args else 0)
     assert int(one["trained"][0]) == steps

@@ -10,19 +10,12 @@
 #include <stdexcept>
 #include <vector>
 
+#include "expect.h"
 #include "engine/huge_pages.h"
 #include "engine/key_map.h"
 #include "engine/thread_pool.h"
 
 namespace {
-
-#define EXPECT(cond)                                                          \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 using mxrec::HashKey;
 using mxrec::KeyMap;

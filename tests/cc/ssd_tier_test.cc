@@ -12,17 +12,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "expect.h"
 #include "engine/ssd_tier.h"
 
 namespace {
-
-#define EXPECT(cond)                                                          \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 using mxrec::SsdIndex;
 using mxrec::SsdRecord;
