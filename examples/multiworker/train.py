@@ -103,11 +103,8 @@ def build(args, rank: int, size: int, first_step: int):
         eval_iterator = _v1.data.make_initializable_iterator(
             _rank_slice(args, rank, size, 2, seed=1).batch(args.batch // size))
         eval_features, _, _ = eval_iterator.get_next()
-        # On several ranks evaluation lookups take the direct path (modify_graph=True is
-        # refused for them there: docs/MULTIWORKER.md); training keeps the graph modifier.
-        eval_modified = args.modify_graph and size == 1
         eval_emb = sparse_lookup(table, eval_features, is_train=False, name="eval_lookup",
-                                 send_count=args.send_count, modify_graph=eval_modified)
+                                 send_count=args.send_count, modify_graph=args.modify_graph)
     add_timestamp(stamp)
     config = None
     if args.threshold:
@@ -143,7 +140,7 @@ def build(args, rank: int, size: int, first_step: int):
     if args.modify_graph:
         modify_graph_and_start_emb_cache()
         start = get_initializer(True)
-        if evaluation and size == 1:
+        if evaluation:
             evaluation[0] = get_initializer(False)
     return start, train_op, loss, table, weights, evaluation
 

@@ -610,17 +610,6 @@ def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, sco
             f"sparse_lookup {scope!r}: modify_graph=True is not available for a replicated "
             f"table (is_dp=True) on several ranks; build the lookup of table "
             f"{table.table_name!r} with modify_graph=False, or create it with is_dp=False")
-    if modify_graph and not is_train:
-        # mxrec.graph.sharded can plan evaluation batches too, but evaluation steps between
-        # training steps intermittently abort TF's collectives (docs/MULTIWORKER.md): refused
-        # until that is understood.
-        raise NotImplementedError(
-            f"sparse_lookup {scope!r} of table {table.table_name!r}: an evaluation lookup "
-            "(is_train=False) with modify_graph=True is not available on several ranks "
-            f"({communication.get_rank_size()} here: evaluation steps between training steps "
-            "can abort the collectives); build the evaluation lookup with modify_graph=False "
-            "(its exchange then runs inside the evaluation step), training lookups keep "
-            "modify_graph=True")
     table.check_lookup(MODIFY_GRAPH if modify_graph else DIRECT)
     grad_scale = None
     if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":

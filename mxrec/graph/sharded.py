@@ -33,9 +33,7 @@ first element, so every rank must run it at the same point, as the steps.
 
 Every rank runs the same sequence of collectives in every step (the decisions that choose a
 branch, "has every rank a batch" and the queue's fill, are the same on every rank), so the
-ranks stay in lockstep. An evaluation iterator would work the same way, without commits,
-but sparse_lookup refuses is_train=False lookups with modify_graph=True on several ranks
-(docs/MULTIWORKER.md: evaluation runs between training steps can abort the collectives).
+ranks stay in lockstep. An evaluation iterator works the same way, without commits.
 """
 
 import dataclasses
