@@ -97,14 +97,17 @@ def test_ranks_equal_one_process(tmp_path, case):
 # The graph modifier on several ranks (mxrec.graph.sharded): (ranks, prefetch, arguments,
 # reference arguments beyond the case's own). Every case loops until OutOfRangeError, so
 # the end of the data is checked too (the same number of steps as one process), and
-# re-initialising the training iterator mid-stream (batches planned ahead are dropped) is
-# spread over the cases. Evaluation runs between graph-modifier training steps on several
-# ranks can abort TF's collectives (an open bug: docs/MULTIWORKER.md), so no case evaluates;
-# the example's --eval_every reproduces it.
+# re-initialising the training iterator mid-stream (batches planned ahead are dropped) and
+# an evaluation iterator (its 2 global batches every 4 steps) are spread over the cases. The
+# evaluation runs exactly its 2 batches: an evaluation loop that ends in OutOfRangeError
+# between graph-modifier training steps on several ranks can abort TF's collectives (an open
+# bug: docs/MULTIWORKER.md; the example without --eval_batches reproduces it).
 MODIFY_GRAPH_CASES = {
-    "adagrad-2-prefetch0": (2, 0, ["--optimizer", "adagrad"], []),
+    "adagrad-2-prefetch0-eval": (2, 0, ["--optimizer", "adagrad", "--eval_every", "4",
+                                        "--eval_batches", "2"], []),
     "adagrad-2-prefetch1-reinit": (2, 1, ["--optimizer", "adagrad", "--reinit_at", "7"], []),
-    "adagrad-2-prefetch2-reinit": (2, 2, ["--optimizer", "adagrad", "--reinit_at", "6"], []),
+    "adagrad-2-prefetch2-reinit-eval": (2, 2, ["--optimizer", "adagrad", "--reinit_at", "6",
+                                               "--eval_every", "4", "--eval_batches", "2"], []),
     "sgd-4-prefetch2-reinit": (4, 2, ["--optimizer", "sgd", "--reinit_at", "5"], []),
     # Eviction keeps the IDs of batches planned ahead, so the reference is one process
     # with the graph modifier and the same prefetch (the direct path plans nothing ahead).

@@ -164,16 +164,19 @@ def _traced_step(sess, train_op):
     return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other)
 
 
-def _evaluate(sess, evaluation):
-    """The logits of the whole evaluation stream (rank's rows of each global batch)."""
+def _evaluate(sess, evaluation, count=None):
+    """The logits of the whole evaluation stream (rank's rows of each global batch): until
+    OutOfRangeError, or exactly `count` batches (on several ranks with the graph modifier a
+    run that ends in OutOfRangeError can abort later collectives: docs/MULTIWORKER.md)."""
     initializer, logits = evaluation
     sess.run(initializer)
     batches = []
-    while True:
+    while count is None or len(batches) < count:
         try:
             batches.append(sess.run(logits))
         except tf.errors.OutOfRangeError:
-            return np.stack(batches)
+            break
+    return np.stack(batches)
 
 
 def _wait_for_planned(table, batches: int, timeout: float = 60.0) -> None:
@@ -250,6 +253,9 @@ def main(argv=None):
     parser.add_argument("--reinit_at", type=int, default=None,
                         help="re-initialise the training iterator after this step (the "
                         "stream starts again)")
+    parser.add_argument("--eval_batches", type=int, default=None,
+                        help="evaluate exactly this many batches (default: until "
+                        "OutOfRangeError)")
     parser.add_argument("--eval_every", type=int, default=None,
                         help="evaluate 2 global batches after every this many steps")
     args = parser.parse_args(argv)
@@ -304,7 +310,7 @@ def main(argv=None):
             if step == args.reinit_at:
                 sess.run(start)
             if args.eval_every and step % args.eval_every == 0:
-                eval_logits.append(_evaluate(sess, evaluation))
+                eval_logits.append(_evaluate(sess, evaluation, args.eval_batches))
             if args.eviction is not None:
                 if args.modify_graph and args.prefetch:
                     _wait_for_planned(table, min(args.prefetch, args.steps - step))

@@ -33,9 +33,9 @@ first element, so every rank must run it at the same point, as the steps.
 
 Every rank runs the same sequence of collectives in every step (the decisions that choose a
 branch, "has every rank a batch" and the queue's fill, are the same on every rank), so the
-ranks stay in lockstep. An evaluation iterator works the same way, without commits (but
-evaluation runs between training steps can abort the collectives: an open bug,
-docs/MULTIWORKER.md).
+ranks stay in lockstep. An evaluation iterator works the same way, without commits (but an
+evaluation loop ending in OutOfRangeError between training steps can abort the collectives:
+an open bug, docs/MULTIWORKER.md).
 """
 
 import dataclasses
