@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from mxrec.core import sharding
 from mxrec.util import communication
 
 
@@ -46,16 +47,8 @@ def lookup(table, ids: tf.Tensor, is_train: bool, grad_scale: Optional[float],
     dim = table.dim
     flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
     count = tf.size(flat)
-    fingerprint = _fingerprint(table, is_train)
-    summary = communication.allreduce(
-        tf.stack([count, tf.constant(fingerprint), tf.constant(-fingerprint)]), "max")
-    agree = tf.debugging.Assert(
-        tf.equal(summary[1], -summary[2]),
-        [f"sparse_lookup on table {table.table_name!r}: the ranks built different lookups "
-         "(table name, dim, key dtype, is_dp or is_train differ between ranks, or the ranks "
-         "build their graphs in different orders); every rank must run the same model"])
-    with tf.control_dependencies([agree]):
-        chunk = tf.maximum(summary[0], 1)
+    chunk = tf.maximum(sharding.agreed_max(table, count, _fingerprint(table, is_train),
+                                           "table name, dim, key dtype, is_dp or is_train"), 1)
     pairs = tf.stack([flat, tf.ones_like(flat)], axis=1)
     pairs = tf.pad(pairs, [[0, chunk - count], [0, 0]])
     received = tf.reshape(communication.alltoall(tf.tile(pairs[None], [size, 1, 1])), [-1, 2])

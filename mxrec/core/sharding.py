@@ -57,6 +57,21 @@ def _fingerprint(table, send_count, is_train) -> int:
     return zlib.crc32(text.encode()) & 0x3FFFFFFF
 
 
+def agreed_max(table, value: tf.Tensor, fingerprint: int, fields: str) -> tf.Tensor:
+    """The largest `value` (int32 scalar) over all ranks, after checking in the same
+    all-reduce (max of the fingerprint and of its negation) that every rank built this lookup
+    alike; `fields` names what the fingerprint covers, for the error."""
+    summary = communication.allreduce(
+        tf.stack([value, tf.constant(fingerprint), tf.constant(-fingerprint)]), "max")
+    agree = tf.debugging.Assert(
+        tf.equal(summary[1], -summary[2]),
+        [f"sparse_lookup on table {table.table_name!r}: the ranks built different lookups "
+         f"({fields} differ between ranks, or the ranks build their graphs in different "
+         "orders); every rank must run the same model"])
+    with tf.control_dependencies([agree]):
+        return tf.identity(summary[0])
+
+
 def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
     """The global batch's time: the newest local time over all ranks."""
     if local_time is None:
@@ -127,17 +142,8 @@ def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) ->
     counts = routed.counts
     # One all-reduce gives the largest bucket and checks that every rank built this lookup
     # of the same table (name, dim, key type, send_count): max and -min of a fingerprint.
-    fingerprint = _fingerprint(table, send_count, is_train)
-    summary = communication.allreduce(
-        tf.stack([tf.reduce_max(counts), tf.constant(fingerprint), tf.constant(-fingerprint)]),
-        "max")
-    agree = tf.debugging.Assert(
-        tf.equal(summary[1], -summary[2]),
-        [f"sparse_lookup on table {table.table_name!r}: the ranks built different lookups "
-         "(table name, dim, key dtype, send_count or is_train differ between ranks, or the "
-         "ranks build their graphs in different orders); every rank must run the same model"])
-    with tf.control_dependencies([agree]):
-        largest = tf.identity(summary[0])
+    largest = agreed_max(table, tf.reduce_max(counts), _fingerprint(table, send_count, is_train),
+                         "table name, dim, key dtype, send_count or is_train")
     if send_count is None:
         chunk = tf.maximum(largest, 1)
     else:
