@@ -98,16 +98,18 @@ def test_ranks_equal_one_process(tmp_path, case):
 # reference arguments beyond the case's own). Every case loops until OutOfRangeError, so
 # the end of the data is checked too (the same number of steps as one process), and
 # re-initialising the training iterator mid-stream (batches planned ahead are dropped) and
-# an evaluation iterator (its 2 global batches every 4 steps) are spread over the cases. The
-# evaluation runs exactly its 2 batches: an evaluation loop that ends in OutOfRangeError
-# between graph-modifier training steps on several ranks can abort TF's collectives (an open
-# bug: docs/MULTIWORKER.md; the example without --eval_batches reproduces it).
+# an evaluation iterator (its 2 global batches every 4 steps, until OutOfRangeError) are
+# spread over the cases. With --lag rank 0 sleeps before each evaluation run, so its peer
+# ends the evaluation and starts the next step first: the step after an OutOfRangeError
+# must not reuse a step id that rank 0 is still tearing down (communication.allreduce;
+# this failed every time before the fix), also when the evaluation is repeated at once
+# (--eval_repeat 2: the initializer in between is where the ranks meet).
 MODIFY_GRAPH_CASES = {
     "adagrad-2-prefetch0-eval": (2, 0, ["--optimizer", "adagrad", "--eval_every", "4",
-                                        "--eval_batches", "2"], []),
+                                        "--lag", "0.3", "--eval_repeat", "2"], []),
     "adagrad-2-prefetch1-reinit": (2, 1, ["--optimizer", "adagrad", "--reinit_at", "7"], []),
     "adagrad-2-prefetch2-reinit-eval": (2, 2, ["--optimizer", "adagrad", "--reinit_at", "6",
-                                               "--eval_every", "4", "--eval_batches", "2"], []),
+                                               "--eval_every", "4", "--lag", "0.3"], []),
     "sgd-4-prefetch2-reinit": (4, 2, ["--optimizer", "sgd", "--reinit_at", "5"], []),
     # Eviction keeps the IDs of batches planned ahead, so the reference is one process
     # with the graph modifier and the same prefetch (the direct path plans nothing ahead).
@@ -129,19 +131,37 @@ def test_graph_modifier_on_ranks_equals_one_process(tmp_path, case):
                      args + ["--modify_graph", "--prefetch", str(prefetch)])
     assert several.returncode == 0, several.stdout[-3000:] + several.stderr[-3000:]
     _assert_equal_to_one_process(tmp_path / "one", tmp_path / "many", ranks)
-    one = np.load(tmp_path / "one" / "rank-0.npz")
     steps = 12 + (int(args[args.index("--reinit_at") + 1]) if "--reinit_at" in args else 0)
-    assert int(one["trained"][0]) == steps
+    _assert_same_steps_and_evaluation(tmp_path / "one", tmp_path / "many", ranks, steps,
+                                      evaluations=steps // 4 if "--eval_every" in args else 0)
+
+
+def _assert_same_steps_and_evaluation(one, many, ranks, steps, evaluations):
+    single = np.load(one / "rank-0.npz")
+    assert int(single["trained"][0]) == steps
+    assert single["eval"].shape[:2] == ((evaluations, 2) if evaluations else (0,))
     for rank in range(ranks):
-        data = np.load(tmp_path / "many" / f"rank-{rank}.npz")
+        data = np.load(many / f"rank-{rank}.npz")
         # The data ends (OutOfRangeError) at the same step on every rank as in one process.
         assert int(data["trained"][0]) == steps
         # Evaluation: rank r's logits are one process's rows r, r + N, ... of each batch.
-        assert data["eval"].shape[:2] == one["eval"].shape[:2]
-        np.testing.assert_allclose(data["eval"], one["eval"][..., rank::ranks], rtol=0,
+        assert data["eval"].shape[:2] == single["eval"].shape[:2]
+        np.testing.assert_allclose(data["eval"], single["eval"][..., rank::ranks], rtol=0,
                                    atol=1e-5)
-    if "--eval_every" in args:
-        assert one["eval"].shape[:2] == (steps // 4, 2)
+
+
+def test_direct_path_evaluation_until_the_data_ends_with_a_lagging_rank(tmp_path):
+    """The direct path's evaluation loop ends in OutOfRangeError, twice in a row, while rank
+    0 lags: the user's iterator initializer (fenced by sharding.fence_iterators) is where
+    the ranks meet, and training goes on after it."""
+    args = ["--optimizer", "adagrad", "--steps", "12", "--eval_every", "4",
+            "--eval_repeat", "2", "--lag", "0.3"]
+    single = _train(1, tmp_path / "one", args)
+    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
+    several = _train(2, tmp_path / "many", args)
+    assert several.returncode == 0, several.stdout[-3000:] + several.stderr[-3000:]
+    _assert_equal_to_one_process(tmp_path / "one", tmp_path / "many", 2)
+    _assert_same_steps_and_evaluation(tmp_path / "one", tmp_path / "many", 2, 12, 3)
 
 
 def test_send_count_overflow_names_the_table_and_setting(tmp_path):
@@ -327,3 +347,33 @@ def test_graph_modifier_lookup_of_a_replicated_table_is_refused(monkeypatch):
     message = str(error.value)
     assert "'dp_table'" in message and "is_dp=True" in message
     assert "modify_graph=False" in message
+
+
+def test_fence_iterators_fences_each_initializer_once(monkeypatch):
+    """The iterators a lookup's IDs come from (through their preprocessing) get one
+    all-reduce each as a control input of their initializer; fed IDs and one-shot iterators
+    have no initializer to fence."""
+    import tensorflow as tf
+
+    from mxrec.core import sharding
+    from mxrec.util import communication
+
+    monkeypatch.setattr(communication, "_CLUSTER",
+                        communication.Cluster(rank=0, size=2, addresses=["a:1", "b:2"]))
+    with tf.Graph().as_default() as graph:
+        data = tf.data.Dataset.from_tensor_slices(tf.zeros([4, 3], tf.int64))
+        train = tf.compat.v1.data.make_initializable_iterator(data)
+        other = tf.compat.v1.data.make_initializable_iterator(data)
+        one_shot = tf.compat.v1.data.make_one_shot_iterator(data)
+        ids = tf.concat([train.get_next() + 1, tf.reverse(other.get_next(), [0])], 0)
+        assert sharding.fence_iterators(ids) == 2
+        assert sharding.fence_iterators(tf.identity(ids)) == 0  # each initializer once
+        assert sharding.fence_iterators(one_shot.get_next()) == 0
+        assert sharding.fence_iterators(tf.compat.v1.placeholder(tf.int64, [None])) == 0
+        for iterator in (train, other):
+            fences = [op for op in iterator.initializer.control_inputs
+                      if op.type == "CollectiveReduce"]
+            assert len(fences) == 1
+            assert fences[0].get_attr("group_size") == 2
+        assert len({op.get_attr("instance_key") for op in graph.get_operations()
+                    if op.type == "CollectiveReduce"}) == 2

@@ -164,14 +164,15 @@ def _traced_step(sess, train_op):
     return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other)
 
 
-def _evaluate(sess, evaluation, count=None):
+def _evaluate(sess, evaluation, count=None, lag=0.0):
     """The logits of the whole evaluation stream (rank's rows of each global batch): until
-    OutOfRangeError, or exactly `count` batches (on several ranks with the graph modifier a
-    run that ends in OutOfRangeError can abort later collectives: docs/MULTIWORKER.md)."""
+    OutOfRangeError, or exactly `count` batches. `lag`: seconds to sleep before each run
+    (a rank that falls behind its peers, for the tests)."""
     initializer, logits = evaluation
     sess.run(initializer)
     batches = []
     while count is None or len(batches) < count:
+        time.sleep(lag)
         try:
             batches.append(sess.run(logits))
         except tf.errors.OutOfRangeError:
@@ -256,6 +257,12 @@ def main(argv=None):
     parser.add_argument("--eval_batches", type=int, default=None,
                         help="evaluate exactly this many batches (default: until "
                         "OutOfRangeError)")
+    parser.add_argument("--eval_repeat", type=int, default=1,
+                        help="evaluate the stream this many times in a row (each run "
+                             "must give the same logits)")
+    parser.add_argument("--lag", type=float, default=0.0,
+                        help="rank 0 sleeps this many seconds before each evaluation run "
+                             "(a rank behind its peers when the data ends; for the tests)")
     parser.add_argument("--eval_every", type=int, default=None,
                         help="evaluate 2 global batches after every this many steps")
     args = parser.parse_args(argv)
@@ -310,7 +317,12 @@ def main(argv=None):
             if step == args.reinit_at:
                 sess.run(start)
             if args.eval_every and step % args.eval_every == 0:
-                eval_logits.append(_evaluate(sess, evaluation, args.eval_batches))
+                runs = [_evaluate(sess, evaluation, args.eval_batches,
+                                  args.lag if rank == 0 else 0.0)
+                        for _ in range(args.eval_repeat)]
+                if any(not np.array_equal(run, runs[0]) for run in runs):
+                    raise SystemExit(f"step {step}: evaluations in a row disagree")
+                eval_logits.append(runs[0])
             if args.eviction is not None:
                 if args.modify_graph and args.prefetch:
                     _wait_for_planned(table, min(args.prefetch, args.steps - step))

@@ -615,6 +615,8 @@ def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, sco
     if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
         grad_scale = 1.0 / communication.get_rank_size()
     graph = tf.compat.v1.get_default_graph()
+    if not modify_graph:  # the graph modifier's own initializers meet in their all-reduce
+        sharding.fence_iterators(ids)
     with tf.name_scope(scope):
         default = default_values(table, serving_default_value)
         local_time = _batch_timestamp()

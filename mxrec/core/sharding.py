@@ -24,6 +24,7 @@ written by N ranks is re-partitioned by the same function on M ranks.
 """
 
 import dataclasses
+import weakref
 import zlib
 from typing import Optional
 
@@ -70,6 +71,48 @@ def agreed_max(table, value: tf.Tensor, fingerprint: int, fields: str) -> tf.Ten
          "orders); every rank must run the same model"])
     with tf.control_dependencies([agree]):
         return tf.identity(summary[0])
+
+
+_GET_NEXT = ("IteratorGetNext", "IteratorGetNextSync")
+_WALK_LIMIT = 10000  # ops visited back from a lookup's IDs in search of their iterators
+# graph -> names of the MakeIterator ops that already wait for the ranks
+_FENCED = weakref.WeakKeyDictionary()
+
+
+def fence_iterators(ids: tf.Tensor) -> int:
+    """Makes the initializers of the iterators that `ids` come from wait for every rank.
+
+    Each initializer (MakeIterator) gets a small all-reduce as a control input. Why: a step
+    that ends in OutOfRangeError does not advance its kind's sequence of step ids
+    (communication.allreduce), so the next step of the same kind reuses that step id. When
+    the two follow each other directly (evaluating twice in a row, training again after the
+    data ended) a rank must not start the reused step while a peer still finishes the
+    failed one: the initializer run between them is the point where every rank meets.
+    Iterators fed through a string handle are not reached from the graph and are not
+    fenced (docs/MULTIWORKER.md). Returns how many initializers were fenced now.
+    """
+    graph = ids.graph
+    fenced = _FENCED.setdefault(graph, set())
+    todo, seen, makers = [ids.op], {ids.op.name}, []
+    while todo and len(seen) < _WALK_LIMIT:
+        op = todo.pop()
+        if op.type in _GET_NEXT:
+            makers += [user for user in op.inputs[0].consumers()
+                       if user.type == "MakeIterator" and user.name not in fenced]
+            continue
+        for tensor in op.inputs:
+            if tensor.op.name not in seen:
+                seen.add(tensor.op.name)
+                todo.append(tensor.op)
+    for maker in makers:
+        if maker.name in fenced:
+            continue
+        fenced.add(maker.name)
+        with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None), \
+                tf.name_scope("mxrec_iterator_fence"):
+            fence = communication.allreduce(tf.constant(0, tf.int32), "sum")
+        maker._add_control_input(fence.op)  # noqa: SLF001 (no public way on a built op)
+    return len(makers)
 
 
 def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:

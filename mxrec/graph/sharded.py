@@ -33,9 +33,10 @@ first element, so every rank must run it at the same point, as the steps.
 
 Every rank runs the same sequence of collectives in every step (the decisions that choose a
 branch, "has every rank a batch" and the queue's fill, are the same on every rank), so the
-ranks stay in lockstep. An evaluation iterator works the same way, without commits (but an
-evaluation loop ending in OutOfRangeError between training steps can abort the collectives:
-an open bug, docs/MULTIWORKER.md).
+ranks stay in lockstep. An evaluation iterator works the same way, without commits. A
+step that ends in OutOfRangeError leaves its step id to the next step of its kind; the
+initializer's all-reduce (and every other kind of step's) keeps the ranks from reusing it
+while a peer still finishes the failed step (communication.allreduce, docs/MULTIWORKER.md).
 """
 
 import dataclasses

@@ -3,7 +3,7 @@
 mxrec runs multi-worker training on TensorFlow's own collective ops over its gRPC
 runtime (CPU) and NCCL (GPU): each rank starts one in-process `tf.distribute.Server` of a
 `ClusterSpec` with one task per rank, and its sessions run on that server. Collectives
-(`CollectiveAllToAllV2`, `CollectiveReduceV2`, `CollectiveGatherV2`) need, per graph, one
+(`CollectiveAllToAllV2`, and `CollectiveReduce`, see `allreduce`) need, per graph, one
 instance key per collective, the same on every rank: ranks must build their graphs in the
 same order, which the same script does.
 
@@ -287,10 +287,21 @@ def allreduce(tensor, reduction: str = "sum") -> tf.Tensor:
     tensor = tf.convert_to_tensor(tensor)
     if _CLUSTER is None:
         return tensor
-    return tf.raw_ops.CollectiveReduceV2(
+    # The first-generation CollectiveReduce, not V2, on purpose: the session runtime gives
+    # every step that holds V2 collectives only one shared sequence of step ids, but a step
+    # with first-generation collectives a sequence of its own, keyed by their instance keys.
+    # A step that fails (an iterator's OutOfRangeError) does not advance its sequence, so the
+    # next step of that sequence reuses its step id; a peer still finishing the failed step
+    # then tears down that reused step's buffers ("Delete called on non-empty
+    # BufRendezvous"), which aborts every rank's collectives for good. With one sequence per
+    # kind of step (training, evaluation, an initializer: each has its own all-reduces),
+    # the step after a failed evaluation is a training step of another sequence, whose
+    # collectives wait for every peer; the evaluation's id is reused only after that.
+    return tf.raw_ops.CollectiveReduce(
         input=tensor, group_size=_CLUSTER.size, group_key=_GROUP_KEY,
-        instance_key=_next_instance_key(), ordering_token=[], merge_op=merge,
-        final_op="Div" if reduction == "mean" else "Id", timeout_seconds=timeout_seconds())
+        instance_key=_next_instance_key(), merge_op=merge,
+        final_op="Div" if reduction == "mean" else "Id", subdiv_offsets=[0],
+        timeout_seconds=timeout_seconds())
 
 
 # TensorFlow's collectives keep the shape of an instance (one instance key) from its first
