@@ -143,24 +143,47 @@ def test_tf_saver_refuses_tiered_and_replicated_tables_on_several_ranks(tmp_path
         result.stdout and "mxrec.saver.checkpoint.Saver" in result.stdout, result.stdout[-3000:]
 
 
+# (ranks, extra arguments of the split run, extra arguments of both runs)
+ESTIMATOR_CASES = {
+    "direct": (2, [], []),
+    # GraphModifierHook: each step plans the next batch (prefetch 1) inside the step.
+    "graph_modifier-prefetch1": (2, ["--modify_graph", "--prefetch", "1"], []),
+    # EvictHook every 3 global steps; the checkpoint at step 6 is written before the hook's
+    # eviction of step 6 (Estimator's hook order), which the hook repeats after the restore.
+    "graph_modifier-evict_hook": (2, ["--modify_graph"],
+                                  ["--eviction", "30", "--evict_every", "3"]),
+    "one_process-evict_hook": (1, [], ["--eviction", "30", "--evict_every", "3"]),
+}
+
+
 @needs_estimator
-def test_estimator_on_two_ranks_equals_one_process(tmp_path):
+@pytest.mark.parametrize("case", sorted(ESTIMATOR_CASES))
+def test_estimator_split_over_calls_and_ranks_equals_one_run(tmp_path, case):
     """Estimator.train() twice (6 steps each, a checkpoint every 3, the second call restoring
-    the first's) on 2 ranks equals one process's single train() of 12 steps."""
+    the first's) on N ranks equals one process's single train() of 12 steps."""
+    ranks, split_args, both = ESTIMATOR_CASES[case]
     one = tmp_path / "one.npz"
     _ok(_run(1, ESTIMATOR, ["--model_dir", str(tmp_path / "m1"), "--calls", "1",
-                            "--steps_per_call", "12", "--out", str(one)]))
+                            "--steps_per_call", "12", "--out", str(one)] + both))
     two = tmp_path / "two.npz"
-    _ok(_run(2, ESTIMATOR, ["--model_dir", str(tmp_path / "m2"), "--calls", "2",
-                            "--steps_per_call", "6", "--out", str(two)]))
+    _ok(_run(ranks, ESTIMATOR, ["--model_dir", str(tmp_path / "m2"), "--calls", "2",
+                                "--steps_per_call", "6", "--out", str(two)]
+             + split_args + both))
     # Each rank checkpointed by steps, in its own directory.
-    for directory in (tmp_path / "m2", tmp_path / "m2" / "rank-1"):
+    for rank in range(ranks):
+        directory = tmp_path / "m2" / (f"rank-{rank}" if rank else "")
         assert tf.train.latest_checkpoint(str(directory)).endswith("model.ckpt-12")
     want, got = np.load(one), np.load(two)
     assert int(got["step"]) == int(want["step"]) == 12
     want_table = dict(zip(want["ids"].tolist(), want["values"]))
     got_table = dict(zip(got["ids"].tolist(), got["values"]))
-    _assert_same(got_table, [got["w"]], want_table, want["w"], "estimator 2 ranks")
+    if both:  # the eviction removed IDs
+        assert len(want_table) < 200
+    _assert_same(got_table, [got["w"]], want_table, want["w"], f"estimator {case}")
+
+
+@needs_estimator
+def test_estimator_save_checkpoints_secs_is_refused_on_ranks(tmp_path):
     by_time = _run(2, ESTIMATOR, ["--model_dir", str(tmp_path / "m3"), "--save_secs", "5"])
     assert by_time.returncode != 0
     assert "save_checkpoints_secs is refused on several ranks" in by_time.stdout and \

@@ -26,7 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from train import make_data  # noqa: E402  (examples/multiworker/train.py)
 
-from mxrec.core.embedding import create_table, sparse_lookup  # noqa: E402
+from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
+from mxrec.core.feature_process import EvictHook  # noqa: E402
+from mxrec.graph.modifier import GraphModifierHook  # noqa: E402
 from mxrec.optimizers import adagrad  # noqa: E402
 from mxrec.util.communication import (  # noqa: E402
     allreduce,
@@ -46,8 +48,13 @@ def model_fn(features, labels, mode, params):
     table = create_table(tf.int64, params["dim"], "emb", _v1.constant_initializer(0.05),
                          device_vocabulary_size=params["capacity"],
                          all2all_gradients_op="sum_gradients_and_div_by_ranksize")
-    emb = sparse_lookup(table, features, access_and_evict_config=dict(access_threshold=2),
-                        name="lookup")
+    config = dict(access_threshold=2)
+    if params["eviction"] is not None:
+        config["eviction_threshold"] = params["eviction"]
+    ids, stamp = features
+    add_timestamp(stamp)
+    emb = sparse_lookup(table, ids, access_and_evict_config=config, name="lookup",
+                        modify_graph=params["modify_graph"])
     weights = _v1.get_variable("w", [params["dim"], 1],
                                initializer=_v1.glorot_uniform_initializer(seed=1))
     logits = tf.matmul(tf.reduce_sum(emb, 1), weights)
@@ -66,11 +73,11 @@ def model_fn(features, labels, mode, params):
 
 def input_fn(args, first_step: int):
     rank, size = get_rank_id(), get_rank_size()
-    ids, labels, _ = make_data(args.steps_per_call * args.calls, args.batch, args.features,
-                               pool=args.pool)
+    ids, labels, times = make_data(args.steps_per_call * args.calls, args.batch,
+                                   args.features, pool=args.pool)
     take = np.concatenate([np.arange(s * args.batch, (s + 1) * args.batch)[rank::size]
                            for s in range(args.steps_per_call * args.calls)])
-    dataset = tf.data.Dataset.from_tensor_slices((ids[take], labels[take]))
+    dataset = tf.data.Dataset.from_tensor_slices(((ids[take], times[take]), labels[take]))
     return dataset.batch(args.batch // size).skip(first_step)
 
 
@@ -91,22 +98,34 @@ def main(argv=None):
     parser.add_argument("--capacity", type=int, default=512)
     parser.add_argument("--save_secs", type=int, default=None,
                         help="save_checkpoints_secs (refused on several ranks: tests)")
+    parser.add_argument("--modify_graph", action="store_true",
+                        help="lookups through the graph modifier (GraphModifierHook)")
+    parser.add_argument("--prefetch", type=int, default=0, help="prefetch_batch_number")
+    parser.add_argument("--eviction", type=int, default=None,
+                        help="eviction_threshold (s of batch time; batches are 10 s apart)")
+    parser.add_argument("--evict_every", type=int, default=None,
+                        help="EvictHook(evict_step_interval=...)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not hasattr(tf, "estimator"):
         raise SystemExit("tf.estimator is not available in this TensorFlow; use 2.15")
     init(use_mpi="MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ,
-         prefetch_batch_number=0)
+         prefetch_batch_number=args.prefetch)
     timing = (dict(save_checkpoints_secs=args.save_secs) if args.save_secs
               else dict(save_checkpoints_steps=args.save_steps))
     config = run_config(args.model_dir, log_step_count_steps=None, tf_random_seed=1, **timing)
     estimator = tf.estimator.Estimator(
         model_fn, config=config,
-        params=dict(dim=args.dim, capacity=args.capacity))
+        params=dict(dim=args.dim, capacity=args.capacity, modify_graph=args.modify_graph,
+                    eviction=args.eviction))
+    hooks = [GraphModifierHook()] if args.modify_graph else []
+    if args.evict_every:
+        hooks.append(EvictHook(evict_enable=True, evict_time_interval=None,
+                               evict_step_interval=args.evict_every))
     for _ in range(args.calls):
         first = _step_of(tf.train.latest_checkpoint(config.model_dir))
         estimator.train(lambda first=first: input_fn(args, first),
-                        steps=args.steps_per_call)
+                        steps=args.steps_per_call, hooks=hooks)
     if args.out and get_rank_id() == 0:
         reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(config.model_dir))
         keys = reader.get_tensor("emb/mxrec_host/keys")

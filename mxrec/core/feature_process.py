@@ -23,7 +23,9 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
     Args:
         evict_enable: whether the hook does anything.
         evict_time_interval: seconds of wall-clock time between evictions.
-        evict_step_interval: steps between evictions; None to evict by time only.
+        evict_step_interval: steps between evictions (of the global step where the graph
+            has one: after the steps that reach a multiple of it, and once after a restore
+            at such a step); None to evict by time only.
 
     Example:
         >>> hook = EvictHook(evict_enable=True, evict_time_interval=24 * 3600,
@@ -53,13 +55,35 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
     def begin(self):
         self._steps = 0
         self._last_time = time.monotonic()
+        # Where the graph has a global step, the step interval counts it (so training split
+        # over several train() calls or restarted from a checkpoint evicts at the steps a
+        # single run does); else the hook counts its own runs.
+        self._global_step = (tf.compat.v1.train.get_global_step()
+                             if self._enabled and self._step_interval is not None else None)
+
+    def after_create_session(self, session, coord):
+        del coord
+        if self._global_step is None:
+            return
+        self._steps = int(session.run(self._global_step))
+        # A checkpoint written at a step due for eviction may precede it (an Estimator runs
+        # its CheckpointSaverHook before the user's hooks): evict again after a restore.
+        # Eviction by batch time is idempotent (no batch came between): where the checkpoint
+        # already had it this removes nothing.
+        if self._steps > 0 and self._steps % self._step_interval == 0:
+            self.evict_now()
 
     def after_run(self, run_context, run_values):
         if not self._enabled:
             return
-        self._steps += 1
+        if self._global_step is not None:
+            before = self._steps
+            self._steps = int(run_context.session.run(self._global_step))
+            due = self._steps // self._step_interval > before // self._step_interval
+        else:
+            self._steps += 1
+            due = self._step_interval is not None and self._steps % self._step_interval == 0
         now = time.monotonic()
-        due = self._step_interval is not None and self._steps % self._step_interval == 0
         if self._time_interval is not None and now - self._last_time >= self._time_interval:
             due = True
         if due:
