@@ -118,6 +118,9 @@ MODIFY_GRAPH_CASES = {
         ["--modify_graph", "--prefetch", "1"]),
     "adagrad-2-prefetch2-host_tier": (2, 2, ["--optimizer", "adagrad", "--capacity", "150",
                                              "--host", "1000"], []),
+    # Dynamic expansion: the owner's planning subgraph grows its store, trained by address.
+    "lazy_adam-2-prefetch1-dynamic-admission": (2, 1, ["--optimizer", "lazy_adam", "--dynamic",
+                                                       "--threshold", "2"], []),
 }
 
 
