@@ -315,17 +315,59 @@ def test_large_deferred_batches_with_threshold_identical_for_any_thread_count(en
             np.testing.assert_array_equal(a, b)
 
 
-def test_id_map_bytes_counts_the_buckets(engine, table):
-    # 16 shards of 16 buckets of 48 bytes when empty; the buckets keep at most
-    # 7/10 full and double, so with n IDs they hold between n / 0.7 and twice
-    # that (plus each shard's 16).
-    key = table(1 << 20)
-    assert engine.stats(key)["id_map_bytes"] == 16 * 16 * 48
-    ids = np.arange(100_000, dtype=np.int64) * 7919
-    engine.process([key], [ids], train=True)
-    buckets = engine.stats(key)["id_map_bytes"] / 48
-    assert buckets == int(buckets)
-    assert ids.size / 0.7 <= buckets <= 2 * ids.size / 0.7 + 16 * 16
+def _splitmix64(ids):
+    """HashKey of the engine (the splitmix64 finalizer), in NumPy."""
+    x = np.asarray(ids, dtype=np.int64).view(np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _expected_map_bytes(ids, tiered):
+    """The ID map's bytes for a table that took `ids` (distinct) in one batch: per shard (the
+    hash's top 4 bits) a probe array of 12-byte slots, the smallest power of two >= 16 that
+    keeps the shard's IDs within 7/10 of it, and records (24 bytes, + 8 tiered) in chunks
+    of 4096."""
+    shards = np.bincount((_splitmix64(ids) >> np.uint64(60)).astype(np.int64), minlength=16)
+    total = 0
+    for count in shards.tolist():
+        slots = 16
+        while slots * 7 < count * 10:
+            slots *= 2
+        chunks = -(-count // 4096)
+        total += slots * 12 + chunks * 4096 * (24 + (8 if tiered else 0))
+    return total
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_id_map_bytes_counts_probe_arrays_and_records(engine, tiered):
+    # Empty: 16 shards of 16 probe slots and no records. Then exactly the probe arrays and
+    # record chunks that 100,000 IDs take, from a NumPy model of the shards; a tiered
+    # table also keeps its tier records, a device-only one none.
+    key = f"test_engine_map_bytes_{int(tiered)}/t"
+    engine.create_table(key=key, name="t", dim=4, capacity=1 << 20, padding_keys=[],
+                        access_threshold=0.0, faae_coefficient=1.0,
+                        host_capacity=(1 << 20) if tiered else 0)
+    try:
+        assert engine.stats(key)["id_map_bytes"] == 16 * 16 * 12
+        ids = np.arange(100_000, dtype=np.int64) * 7919
+        engine.process([key], [ids], train=True)
+        assert engine.stats(key)["id_map_bytes"] == _expected_map_bytes(ids, tiered)
+        # Erased IDs' records are reused: removing every ID (two shrinks) and taking
+        # them again grows nothing (without reuse each shard would need twice the chunks).
+        before = engine.stats(key)["id_map_bytes"]
+        assert engine.shrink(key, 1) == 0
+        assert engine.shrink(key, 1) == ids.size
+        assert engine.stats(key)["ids_tracked"] == 0
+        engine.process([key], [ids], train=True)
+        assert engine.stats(key)["ids_tracked"] == ids.size
+        assert engine.stats(key)["id_map_bytes"] == before
+    finally:
+        engine.drop_prefix(f"test_engine_map_bytes_{int(tiered)}/")
 
 
 def test_errors(engine, table):

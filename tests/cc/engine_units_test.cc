@@ -2,12 +2,16 @@
 // thread pool's failure path. Built and run by tests/test_engine_units.py
 // against the engine library; prints one line per test and exits non-zero on
 // the first failure.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <climits>
 #include <cstdlib>
 #include <new>
+#include <iterator>
 #include <stdexcept>
+#include <unordered_map>
 #include <vector>
 
 #include "expect.h"
@@ -21,40 +25,125 @@ using mxrec::HashKey;
 using mxrec::KeyMap;
 using mxrec::KeyRecord;
 
-KeyRecord* Insert(KeyMap* map, int64_t key, bool* inserted) {
+uint32_t Insert(KeyMap* map, int64_t key, bool* inserted) {
   return map->FindOrInsert(key, HashKey(key), inserted);
 }
 
-// FindOrInsert alone (no Reserve) grows the map: a map of 16 buckets once
-// probed forever for a free one after its 16th key.
+uint32_t Find(const KeyMap& map, int64_t key) { return map.Find(key, HashKey(key)); }
+
+// FindOrInsert alone (no Reserve) grows the map: a map of 16 probe slots once
+// probed forever for a free one after its 16th key. Every int64 is a valid
+// key, including 0 and the extremes.
 void TestInsertWithoutReserveGrows() {
   KeyMap map;
   constexpr int64_t kKeys = 100000;
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < kKeys - 3; ++i) keys.push_back(i * 7919 - 500000);
+  keys.push_back(INT64_MIN);
+  keys.push_back(INT64_MAX);
+  keys.push_back(-1);
   bool inserted = false;
   for (int64_t i = 0; i < kKeys; ++i) {
-    KeyRecord* rec = Insert(&map, i * 7919 - 500000, &inserted);
-    EXPECT(inserted && rec->key == i * 7919 - 500000);
-    rec->row = static_cast<int32_t>(i);
+    const uint32_t index = Insert(&map, keys[i], &inserted);
+    EXPECT(inserted && index != KeyMap::kNoRecord);
+    map.record(index).row = static_cast<int32_t>(i);
   }
   EXPECT(map.size() == kKeys);
   for (int64_t i = 0; i < kKeys; ++i) {
-    const int64_t key = i * 7919 - 500000;
-    KeyRecord* rec = map.Find(key, HashKey(key));
-    EXPECT(rec != nullptr && rec->row == i);
-    EXPECT(Insert(&map, key, &inserted) == rec && !inserted);
+    const uint32_t index = Find(map, keys[i]);
+    EXPECT(index != KeyMap::kNoRecord && map.record(index).row == i);
+    EXPECT(Insert(&map, keys[i], &inserted) == index && !inserted);
   }
-  EXPECT(map.Find(-1, HashKey(-1)) == nullptr);  // an absent key ends its probe
+  EXPECT(Find(map, -2) == KeyMap::kNoRecord);  // an absent key ends its probe
+  int64_t visited = 0;
+  map.ForEach([&](int64_t key, uint32_t index) {
+    ++visited;
+    EXPECT(Find(map, key) == index);
+  });
+  EXPECT(visited == kKeys);
 }
 
-// After Reserve(n), n inserts never move records: pointers taken meanwhile hold.
-void TestReservedInsertsKeepPointers() {
+// Records never move: pointers taken before the probe array rehashes (many
+// times over) still point at the same IDs' records.
+void TestRecordsStayWhileTheProbeArrayGrows() {
   KeyMap map;
-  map.Reserve(1000);
   std::vector<KeyRecord*> records;
   bool inserted = false;
-  for (int64_t key = 0; key < 1000; ++key) records.push_back(Insert(&map, key, &inserted));
-  for (int64_t key = 0; key < 1000; ++key) {
-    EXPECT(records[key] == map.Find(key, HashKey(key)) && records[key]->key == key);
+  for (int64_t key = 0; key < 50000; ++key) {
+    KeyRecord* rec = &map.record(Insert(&map, key, &inserted));
+    rec->last_seen = key * 3;
+    records.push_back(rec);
+  }
+  for (int64_t key = 0; key < 50000; ++key) {
+    EXPECT(&map.record(Find(map, key)) == records[key] && records[key]->last_seen == key * 3);
+  }
+}
+
+// Erase against std::unordered_map: random inserts and erases keep the same
+// content; erased records are reset and reused (the record store does not
+// grow while the number of IDs stays put); tier records only where asked for.
+void TestEraseAgainstReference() {
+  for (bool tiered : {false, true}) {
+    KeyMap map(tiered);
+    std::unordered_map<int64_t, int32_t> reference;
+    uint64_t state = 12345;
+    auto next = [&state]() {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return state >> 33;
+    };
+    bool inserted = false;
+    int64_t most = 0;  // IDs held at once, at most
+    for (int step = 0; step < 60000; ++step) {
+      // Keys from a small range (collisions, long probe runs) with a shared low part.
+      const int64_t key = static_cast<int64_t>(next() % 3000) * 1024 - 700000;
+      if (reference.size() < 2000 || next() % 2 == 0) {
+        const uint32_t index = Insert(&map, key, &inserted);
+        EXPECT(inserted == (reference.count(key) == 0));
+        KeyRecord& rec = map.record(index);
+        if (inserted) {
+          // A fresh or reused record starts out empty.
+          EXPECT(rec.row == -1 && rec.count == 0.0f && rec.last_seen == 0 && rec.epoch == 0 &&
+                 rec.age == 0 && rec.seen_recently == 0 && rec.in_chain == 0);
+          if (tiered) EXPECT(map.tier(index).in_host == 0 && map.tier(index).host_slot == -1);
+          rec.row = static_cast<int32_t>(step);
+          rec.epoch = 7;
+          rec.in_chain = 1;
+          if (tiered) map.tier(index) = mxrec::TierRecord{step, 1};
+          reference[key] = step;
+        }
+      } else {
+        auto it = reference.begin();
+        std::advance(it, static_cast<int64_t>(next() % reference.size()));
+        map.Erase(it->first, HashKey(it->first));
+        reference.erase(it);
+      }
+      EXPECT(map.size() == static_cast<int64_t>(reference.size()));
+      most = std::max<int64_t>(most, map.size());
+    }
+    for (const auto& [key, row] : reference) {
+      const uint32_t index = Find(map, key);
+      EXPECT(index != KeyMap::kNoRecord && map.record(index).row == row);
+      if (tiered) EXPECT(map.tier(index).host_slot == row && map.tier(index).in_host == 1);
+    }
+    int64_t visited = 0;
+    map.ForEach([&](int64_t key, uint32_t) {
+      ++visited;
+      EXPECT(reference.count(key) == 1);
+    });
+    EXPECT(visited == static_cast<int64_t>(reference.size()));
+    for (int64_t key = -700000 - 1024 * 3; key < -700000; key += 1024) {
+      EXPECT(Find(map, key) == KeyMap::kNoRecord);
+    }
+    // Erased records were reused: the store holds one chunk (at most 3000
+    // IDs at once, 60000 inserted in all), and the probe array the smallest
+    // power of two that keeps the most IDs held within 7/10 of it.
+    int64_t slots = 16;
+    while (slots * 7 < most * 10) slots *= 2;
+    const int64_t per_record = sizeof(KeyRecord) + (tiered ? sizeof(mxrec::TierRecord) : 0);
+    EXPECT(most <= KeyMap::kChunkRecords);
+    EXPECT(map.capacity() == slots);
+    EXPECT(map.bytes() == slots * 12 + KeyMap::kChunkRecords * per_record);
+    EXPECT(map.tiered() == tiered);
   }
 }
 
@@ -63,27 +152,44 @@ void TestReservedInsertsKeepPointers() {
 void TestFailedGrowthKeepsTheMap() {
   KeyMap map;
   bool inserted = false;
-  for (int64_t key = 0; key < 11; ++key) Insert(&map, key, &inserted)->row = 7;
-  KeyRecord* first = map.Find(0, HashKey(0));
-  mxrec::SetAllocationLimitForTesting(1024);
+  for (int64_t key = 0; key < 11; ++key) map.record(Insert(&map, key, &inserted)).row = 7;
+  KeyRecord* first = &map.record(Find(map, 0));
+  // The first chunk of records is there already (kChunkRecords of them).
+  mxrec::SetAllocationLimitForTesting(256);
   size_t bytes = 0;
   try {
     map.Reserve(100);
   } catch (const mxrec::AllocationError& error) {
     bytes = error.bytes();
   }
-  EXPECT(bytes == 256 * sizeof(KeyRecord));
+  EXPECT(bytes == 256 * sizeof(KeyMap::Slot));
   bytes = 0;
   try {
-    Insert(&map, 100, &inserted);  // the 12th record passes 7/10 of 16 buckets
+    Insert(&map, 100, &inserted);  // the 12th record passes 7/10 of 16 slots
   } catch (const mxrec::AllocationError& error) {
     bytes = error.bytes();
   }
-  EXPECT(bytes == 32 * sizeof(KeyRecord));
+  EXPECT(bytes == 32 * sizeof(KeyMap::Slot));
+  // A new chunk of records that cannot be had: the probe array grew, the
+  // records stay.
+  mxrec::SetAllocationLimitForTesting(8192);
+  bytes = 0;
+  try {
+    map.Reserve(KeyMap::kChunkRecords);
+  } catch (const mxrec::AllocationError& error) {
+    bytes = error.bytes();
+  }
+  EXPECT(bytes == KeyMap::kChunkRecords * sizeof(KeyRecord));
   mxrec::SetAllocationLimitForTesting(0);
-  EXPECT(map.size() == 11 && map.Find(0, HashKey(0)) == first);
-  for (int64_t key = 0; key < 11; ++key) EXPECT(map.Find(key, HashKey(key))->row == 7);
-  EXPECT(map.Find(100, HashKey(100)) == nullptr);
+  EXPECT(map.size() == 11 && &map.record(Find(map, 0)) == first);
+  for (int64_t key = 0; key < 11; ++key) EXPECT(map.record(Find(map, key)).row == 7);
+  EXPECT(Find(map, 100) == KeyMap::kNoRecord);
+  // Room made by Reserve is used without allocating.
+  map.Reserve(KeyMap::kChunkRecords);
+  mxrec::SetAllocationLimitForTesting(1);
+  for (int64_t key = 11; key < 11 + KeyMap::kChunkRecords; ++key) Insert(&map, key, &inserted);
+  mxrec::SetAllocationLimitForTesting(0);
+  EXPECT(map.size() == 11 + KeyMap::kChunkRecords);
 }
 
 // An exception on any thread of a ParallelFor (std::bad_alloc above all) is
@@ -131,8 +237,10 @@ void TestParallelForRethrows() {
 int main() {
   TestInsertWithoutReserveGrows();
   std::puts("insert without reserve grows: ok");
-  TestReservedInsertsKeepPointers();
-  std::puts("reserved inserts keep pointers: ok");
+  TestRecordsStayWhileTheProbeArrayGrows();
+  std::puts("records stay while the probe array grows: ok");
+  TestEraseAgainstReference();
+  std::puts("erase against std::unordered_map: ok");
   TestFailedGrowthKeepsTheMap();
   std::puts("failed growth keeps the map: ok");
   TestParallelForRethrows();
