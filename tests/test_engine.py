@@ -330,7 +330,7 @@ def _splitmix64(ids):
 def _expected_map_bytes(ids, tiered):
     """The ID map's bytes for a table that took `ids` (distinct) in one batch: per shard (the
     hash's top 4 bits) a probe array of 12-byte slots, the smallest power of two >= 16 that
-    keeps the shard's IDs within 7/10 of it, and records (24 bytes, + 8 tiered) in chunks
+    keeps the shard's IDs within 7/10 of it, and records (20 bytes, + 8 tiered) in chunks
     of 4096."""
     shards = np.bincount((_splitmix64(ids) >> np.uint64(60)).astype(np.int64), minlength=16)
     total = 0
@@ -339,7 +339,7 @@ def _expected_map_bytes(ids, tiered):
         while slots * 7 < count * 10:
             slots *= 2
         chunks = -(-count // 4096)
-        total += slots * 12 + chunks * 4096 * (24 + (8 if tiered else 0))
+        total += slots * 12 + chunks * 4096 * (20 + (8 if tiered else 0))
     return total
 
 
@@ -368,6 +368,37 @@ def test_id_map_bytes_counts_probe_arrays_and_records(engine, tiered):
         assert engine.stats(key)["id_map_bytes"] == before
     finally:
         engine.drop_prefix(f"test_engine_map_bytes_{int(tiered)}/")
+
+
+@pytest.mark.parametrize("times", [
+    [1_700_000_000, 1_700_000_100, 1_700_000_200, 1_700_000_300],  # seconds: 32-bit offsets
+    [5, 2**40, 3, I64_MAX - 7],  # spans that turn the map wide on the second batch
+    [0, I64_MAX - 7, 1, 2**33],
+])  # (a negative batch time means "now": the engine takes the wall clock)
+def test_last_seen_times_are_exact_for_any_int64(engine, table, times):
+    # Each batch brings new IDs and repeats old ones at its time; the exported last-seen
+    # times and eviction by age match a dict of the newest time per ID, whether the map
+    # keeps the times as 32-bit offsets or had to widen them.
+    key = table(1 << 12)
+    newest = {}
+    rng = np.random.default_rng(7)
+    for b, time in enumerate(times):
+        ids = np.concatenate([np.arange(b * 300, b * 300 + 300), rng.integers(0, b * 300 + 1, 200)])
+        engine.process([key], [_ids(ids)], train=True, timestamp=time)
+        for i in ids.tolist():
+            newest[i] = time
+    state = engine.export_state(key, 0, False)
+    got = dict(zip(state["keys"].tolist(), state["last_seen"].tolist()))
+    assert got == newest
+    # Evict against the same dict: the newest trained time minus a max age.
+    newest_time = max(times)
+    max_age = sorted(newest_time - t for t in set(times))[1]
+    want_kept = {i for i, t in newest.items() if t >= newest_time - max_age}
+    assert engine.evict(key, max_age) == len(newest) - len(want_kept)
+    state = engine.export_state(key, 0, False)
+    assert set(state["keys"].tolist()) == want_kept
+    assert dict(zip(state["keys"].tolist(), state["last_seen"].tolist())) == {
+        i: newest[i] for i in want_kept}
 
 
 def test_errors(engine, table):

@@ -165,9 +165,10 @@ struct HostTable::BatchWork {
   struct Unique {
     int64_t key;
     uint32_t index;  // in its shard's map
-    int32_t occurrences;
-    bool inserted;   // the batch created the record
+    uint32_t occurrences : 31;
+    uint32_t inserted : 1;  // the batch created the record
   };
+  static_assert(sizeof(Unique) == 16, "one distinct ID of a batch takes 16 bytes of scratch");
   std::vector<Unique> uniques[kNumShards];        // per shard, first-seen order
   Dedupe dedupe[kNumShards];                      // per shard: the batch's IDs -> index in uniques
   std::vector<int32_t> global[kNumShards];        // per shard unique: index in unique_rows
@@ -261,8 +262,12 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
     // No growth of the probe arrays inside the loop, so prefetched slots hold
     // (record indices would hold anyway).
     for (int s = lo; s < hi; ++s) {
-      if (train) shards_[s].Reserve(w.shard_ids[s]);
+      if (train) {
+        shards_[s].Reserve(w.shard_ids[s]);
+        shards_[s].PrepareTime(w.timestamp);
+      }
       if (w.shard_ids[s] > 0) w.dedupe[s].Start(w.shard_ids[s]);
+      w.uniques[s].reserve(static_cast<size_t>(w.shard_ids[s]));
     }
     auto prefetch = [&](uint64_t h) {
       const int s = static_cast<int>(h >> kShardShift);
@@ -299,7 +304,7 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
           entry.local = kDefaultSlot;
         } else {
           entry.local = static_cast<int32_t>(uniq.size());
-          uniq.push_back(BatchWork::Unique{key, index, 0, inserted});
+          uniq.push_back(BatchWork::Unique{key, index, 0, inserted ? 1u : 0u});
           w.first[p] = 1;
         }
       }
@@ -321,21 +326,21 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
         const BatchWork::Unique& id = uniq[u];
         KeyRecord& rec = map.record(id.index);
         if (journal) {
-          w.undo[s].push_back(Undo{id.key, rec.last_seen, rec.count, rec.epoch,
+          w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
                                    rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
         }
-        rec.last_seen = w.timestamp;
+        map.set_last_seen(id.index, w.timestamp);
         rec.seen_recently = 1;
         rec.epoch = epoch_;
         if (!count) continue;
         if (shared_counts_) {
           const uint64_t hash = HashKey(id.key);
-          for (int32_t k = 0; k < id.occurrences; ++k) {
+          for (uint32_t k = 0; k < id.occurrences; ++k) {
             rec.count = shared_counts_->Add(id.key, hash, weight);
           }
         } else {
           float total = rec.count;
-          for (int32_t k = 0; k < id.occurrences; ++k) total += weight;
+          for (uint32_t k = 0; k < id.occurrences; ++k) total += weight;
           rec.count = total;
         }
         // Tiered: keep the row's copy of its owner's count (rows are disjoint
@@ -632,7 +637,7 @@ int64_t HostTable::BoundaryNewest() const {
   return pending_.empty() ? newest_timestamp_ : pending_.front().newest_before;
 }
 
-int64_t HostTable::EraseUnpending(const std::function<bool(const KeyRecord&)>& pred) {
+int64_t HostTable::EraseUnpending(const std::function<bool(const KeyMap&, uint32_t)>& pred) {
   std::vector<int64_t> pending_keys = PendingKeys();
   std::sort(pending_keys.begin(), pending_keys.end());
   auto is_pending = [&pending_keys](int64_t key) {
@@ -642,7 +647,7 @@ int64_t HostTable::EraseUnpending(const std::function<bool(const KeyRecord&)>& p
   for (auto& shard : shards_) {
     removed += shard.EraseIf([&](int64_t key, uint32_t index) {
       const KeyRecord& rec = shard.record(index);
-      if (!pred(rec) || (!pending_keys.empty() && is_pending(key))) return false;
+      if (!pred(shard, index) || (!pending_keys.empty() && is_pending(key))) return false;
       if (rec.row >= 0) {
         free_rows_.push_back(rec.row);
         ++stats_.evicted_rows;
@@ -672,7 +677,9 @@ int64_t HostTable::Evict(int64_t max_age) {
   const int64_t newest = BoundaryNewest();
   if (newest < 0) return 0;
   const int64_t oldest_kept = newest - max_age;
-  return EraseUnpending([&](const KeyRecord& rec) { return rec.last_seen < oldest_kept; });
+  return EraseUnpending([&](const KeyMap& map, uint32_t index) {
+    return map.last_seen(index) < oldest_kept;
+  });
 }
 
 int64_t HostTable::Shrink(int threshold) {
@@ -688,7 +695,9 @@ int64_t HostTable::Shrink(int threshold) {
       }
     });
   }
-  return EraseUnpending([&](const KeyRecord& rec) { return rec.age >= threshold; });
+  return EraseUnpending([&](const KeyMap& map, uint32_t index) {
+    return map.record(index).age >= threshold;
+  });
 }
 
 TableStats HostTable::Stats() const {

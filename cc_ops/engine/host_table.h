@@ -301,7 +301,7 @@ class HostTable {
   // Keys of every pending batch.
   std::vector<int64_t> PendingKeys() const;
   // Erases records matching pred, except IDs of pending batches.
-  int64_t EraseUnpending(const std::function<bool(const KeyRecord&)>& pred);
+  int64_t EraseUnpending(const std::function<bool(const KeyMap&, uint32_t)>& pred);
   // The maps of an empty table (tiered tables: with tier records).
   KeyMap NewMap() const { return KeyMap(options_.host_capacity > 0); }
   // Newest trained batch time.

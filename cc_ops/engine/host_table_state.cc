@@ -30,6 +30,7 @@ struct HostTable::Boundary {
 struct HostTable::ExportedRecord {
   int64_t key;
   KeyRecord* rec;
+  int64_t last_seen;
   const Undo* undo;  // its values at the boundary, if a pending batch changed them
   Physical where;
 };
@@ -44,7 +45,7 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
     state->keys.push_back(e.key);
     state->rows.push_back(e.where.row);
     state->counts.push_back(e.undo != nullptr ? e.undo->count : e.rec->count);
-    state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.rec->last_seen);
+    state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.last_seen);
   }
   state->free_rows = std::move(boundary.free_rows);
   state->next_row = boundary.next_row;
@@ -113,7 +114,7 @@ std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary&
       if (undo != nullptr && undo->inserted) return;  // not known at the boundary
       const uint32_t epoch = undo != nullptr ? undo->epoch : id.rec->epoch;
       if (since_epoch == 0 || epoch > since_epoch) {
-        records.push_back({key, id.rec, undo, physical_of(id)});
+        records.push_back({key, id.rec, shards_[s].last_seen(index), undo, physical_of(id)});
       }
     });
   }
@@ -312,7 +313,7 @@ Status HostTable::BuildMaps(const TableState& state, std::vector<KeyMap>* maps) 
     KeyRecord& rec = map.record(index);
     rec.row = state.rows[i];
     rec.count = state.counts[i];
-    rec.last_seen = state.last_seen[i];
+    map.set_last_seen(index, state.last_seen[i]);
     if (tier_ && !state.in_host.empty()) map.tier(index).in_host = state.in_host[i];
     rec.in_chain = 1;  // a restored save: its removals matter to a later delta
   }

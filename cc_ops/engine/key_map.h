@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -29,16 +30,19 @@ namespace mxrec {
 
 // What the host knows of one ID (its key is in the probe array).
 struct KeyRecord {
-  int64_t last_seen = 0;  // timestamp of the last training batch that held it
-  float count = 0.0f;     // weighted occurrences, for admission
-  int32_t row = -1;       // device row, or -1 while not admitted (or in the host tier)
-  uint32_t epoch = 0;     // save epoch of the last change, for delta checkpoints
-  uint16_t age = 0;       // shrink() calls since the ID was last seen, saturating
+  float count = 0.0f;  // weighted occurrences, for admission
+  int32_t row = -1;    // device row, or -1 while not admitted (or in the host tier)
+  uint32_t epoch = 0;  // save epoch of the last change, for delta checkpoints
+  // The timestamp of the last training batch that held the ID, as an offset
+  // from the map's base time: read and write it with KeyMap::last_seen and
+  // set_last_seen (which keep it exact for any int64 time).
+  int32_t seen_offset = 0;
+  uint16_t age = 0;           // shrink() calls since the ID was last seen, saturating
   uint8_t seen_recently = 0;  // seen in training since the last shrink()
   // Held by a save of a full/delta chain: its removal must reach the next delta.
   uint8_t in_chain = 0;
 };
-static_assert(sizeof(KeyRecord) == 24, "KeyRecord grew: the map's memory per ID changes");
+static_assert(sizeof(KeyRecord) == 20, "KeyRecord grew: the map's memory per ID changes");
 
 // Where a tiered table's admitted ID keeps its values outside the device rows.
 struct TierRecord {
@@ -86,10 +90,12 @@ class KeyMap {
   int64_t size() const { return size_; }
   // Probe slots allocated (records fit in 7/10 of them).
   int64_t capacity() const { return static_cast<int64_t>(slots_.size()); }
-  // The map's memory: probe array and record chunks (and tier chunks).
+  // The map's memory: probe array and record chunks (and tier chunks, and
+  // wide last-seen chunks).
   int64_t bytes() const {
-    const int64_t per_record =
-        static_cast<int64_t>(sizeof(KeyRecord)) + (tiered_ ? static_cast<int64_t>(sizeof(TierRecord)) : 0);
+    const int64_t per_record = static_cast<int64_t>(sizeof(KeyRecord)) +
+                               (tiered_ ? static_cast<int64_t>(sizeof(TierRecord)) : 0) +
+                               (wide() ? static_cast<int64_t>(sizeof(int64_t)) : 0);
     return capacity() * static_cast<int64_t>(sizeof(Slot)) +
            static_cast<int64_t>(chunks_.size()) * kChunkRecords * per_record;
   }
@@ -103,6 +109,32 @@ class KeyMap {
   const TierRecord& tier(uint32_t index) const {
     return tier_chunks_[index >> kChunkShift][index & (kChunkRecords - 1)];
   }
+
+  // Last-seen times. Each map keeps them as 32-bit offsets from a base time
+  // (the first time it was given), which covers 68 years of seconds around
+  // it; the first time that does not fit turns the map wide: every record's
+  // time then lives in 64-bit chunks of their own (8 more bytes per record).
+  // A record's time is defined once set (the key stage and a restore set it
+  // on creation).
+  int64_t last_seen(uint32_t index) const {
+    if (wide()) return wide_chunks_[index >> kChunkShift][index & (kChunkRecords - 1)];
+    return base_time_ + record(index).seen_offset;
+  }
+  // Call PrepareTime(time) first where an allocation must not happen here.
+  void set_last_seen(uint32_t index, int64_t time) {
+    if (!Fits(time)) Widen();
+    if (wide()) {
+      wide_chunks_[index >> kChunkShift][index & (kChunkRecords - 1)] = time;
+    } else {
+      record(index).seen_offset = static_cast<int32_t>(time - base_time_);
+    }
+  }
+  // Makes set_last_seen(_, time) allocation-free (widens the map now if the
+  // time needs it). Throws AllocationError, the map unchanged.
+  void PrepareTime(int64_t time) {
+    if (!Fits(time)) Widen();
+  }
+  bool wide() const { return wide_; }
 
   // The record index of key, or kNoRecord.
   uint32_t Find(int64_t key, uint64_t hash) const {
@@ -219,6 +251,35 @@ class KeyMap {
   template <typename T>
   using Chunk = std::unique_ptr<T[], FreeDeleter<T>>;
 
+  // Whether `time` can be kept as an offset (choosing the base time if none
+  // was chosen yet).
+  bool Fits(int64_t time) {
+    if (wide_) return true;
+    if (!has_base_time_) {
+      base_time_ = time;
+      has_base_time_ = true;
+      return true;
+    }
+    // Without overflow: time - base_time_ in [INT32_MIN, INT32_MAX].
+    if (time >= base_time_) return static_cast<uint64_t>(time) - static_cast<uint64_t>(base_time_) <= INT32_MAX;
+    return static_cast<uint64_t>(base_time_) - static_cast<uint64_t>(time) <= uint64_t{1} << 31;
+  }
+
+  // Moves every record's last-seen time into 64-bit chunks, all allocated
+  // before any is used.
+  void Widen() {
+    std::vector<Chunk<int64_t>> chunks;
+    chunks.reserve(chunks_.size());
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      chunks.emplace_back(static_cast<int64_t*>(AllocateLarge(kChunkRecords * sizeof(int64_t))));
+    }
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      for (uint32_t i = 0; i < kChunkRecords; ++i) chunks[c][i] = base_time_ + chunks_[c][i].seen_offset;
+    }
+    wide_chunks_ = std::move(chunks);
+    wide_ = true;
+  }
+
   // Whether `records` would fill more than the load limit of the slots.
   bool OverLoad(int64_t records) const {
     return records * kLoadDen > static_cast<int64_t>(slots_.size()) * kLoadNum;
@@ -232,14 +293,19 @@ class KeyMap {
     Chunk<KeyRecord> records(static_cast<KeyRecord*>(AllocateLarge(kChunkRecords * sizeof(KeyRecord))));
     Chunk<TierRecord> tiers;
     if (tiered_) tiers.reset(static_cast<TierRecord*>(AllocateLarge(kChunkRecords * sizeof(TierRecord))));
+    Chunk<int64_t> times;
+    if (wide_) times.reset(static_cast<int64_t*>(AllocateLarge(kChunkRecords * sizeof(int64_t))));
     for (uint32_t i = 0; i < kChunkRecords; ++i) new (&records[i]) KeyRecord();
     if (tiered_) {
       for (uint32_t i = 0; i < kChunkRecords; ++i) new (&tiers[i]) TierRecord();
     }
+    if (wide_) std::fill(times.get(), times.get() + kChunkRecords, int64_t{0});
     chunks_.reserve(chunks_.size() + 1);
     if (tiered_) tier_chunks_.reserve(tier_chunks_.size() + 1);
+    if (wide_) wide_chunks_.reserve(wide_chunks_.size() + 1);
     chunks_.push_back(std::move(records));
     if (tiered_) tier_chunks_.push_back(std::move(tiers));
+    if (wide_) wide_chunks_.push_back(std::move(times));
   }
 
   // A fresh record's index (new chunks are default-initialised, erased
@@ -279,6 +345,11 @@ class KeyMap {
   int64_t size_ = 0;
   std::vector<Chunk<KeyRecord>> chunks_;
   std::vector<Chunk<TierRecord>> tier_chunks_;
+  // Last-seen times: the base of the offsets, or (wide) 64-bit chunks.
+  int64_t base_time_ = 0;
+  bool has_base_time_ = false;
+  bool wide_ = false;
+  std::vector<Chunk<int64_t>> wide_chunks_;
   uint32_t high_water_ = 0;  // records ever handed out (indices below it)
   // Erased records, reused last-in first-out: the newest, and how many.
   uint32_t free_head_ = kNoRecord;

@@ -71,11 +71,11 @@ void TestRecordsStayWhileTheProbeArrayGrows() {
   bool inserted = false;
   for (int64_t key = 0; key < 50000; ++key) {
     KeyRecord* rec = &map.record(Insert(&map, key, &inserted));
-    rec->last_seen = key * 3;
+    rec->row = static_cast<int32_t>(key * 3);
     records.push_back(rec);
   }
   for (int64_t key = 0; key < 50000; ++key) {
-    EXPECT(&map.record(Find(map, key)) == records[key] && records[key]->last_seen == key * 3);
+    EXPECT(&map.record(Find(map, key)) == records[key] && records[key]->row == key * 3);
   }
 }
 
@@ -102,7 +102,7 @@ void TestEraseAgainstReference() {
         KeyRecord& rec = map.record(index);
         if (inserted) {
           // A fresh or reused record starts out empty.
-          EXPECT(rec.row == -1 && rec.count == 0.0f && rec.last_seen == 0 && rec.epoch == 0 &&
+          EXPECT(rec.row == -1 && rec.count == 0.0f && rec.seen_offset == 0 && rec.epoch == 0 &&
                  rec.age == 0 && rec.seen_recently == 0 && rec.in_chain == 0);
           if (tiered) EXPECT(map.tier(index).in_host == 0 && map.tier(index).host_slot == -1);
           rec.row = static_cast<int32_t>(step);
@@ -147,6 +147,52 @@ void TestEraseAgainstReference() {
   }
 }
 
+// Last-seen times are exact for every int64: 32-bit offsets from the first
+// time while they fit (no extra bytes), then the map turns wide (8 bytes more
+// per record) keeping every time already set; a refused widening changes
+// nothing.
+void TestLastSeenTimes() {
+  KeyMap map;
+  bool inserted = false;
+  std::vector<int64_t> times;
+  for (int64_t key = 0; key < 5000; ++key) {
+    // Around a base of 1.7e9 (seconds), 68 years either side.
+    const int64_t time = 1700000000 + (key % 2 == 0 ? 1 : -1) * key * 400000;
+    map.set_last_seen(Insert(&map, key, &inserted), time);
+    times.push_back(time);
+  }
+  const int64_t narrow = map.bytes();
+  EXPECT(!map.wide() && narrow == map.capacity() * 12 + 2 * KeyMap::kChunkRecords * 20);
+  const uint32_t edge = Insert(&map, 5000, &inserted);
+  map.set_last_seen(edge, 1700000000LL + INT32_MAX);  // the last offset that fits
+  map.set_last_seen(edge, 1700000000LL + INT32_MIN);
+  times.push_back(1700000000LL + INT32_MIN);
+  EXPECT(!map.wide());
+  // A time that does not fit, with the wide chunks refused: nothing changes.
+  mxrec::SetAllocationLimitForTesting(1024);
+  bool refused = false;
+  try {
+    map.PrepareTime(INT64_MIN);
+  } catch (const mxrec::AllocationError&) {
+    refused = true;
+  }
+  mxrec::SetAllocationLimitForTesting(0);
+  EXPECT(refused && !map.wide() && map.bytes() == narrow);
+  for (int64_t key = 0; key <= 5000; ++key) EXPECT(map.last_seen(Find(map, key)) == times[key]);
+  map.set_last_seen(Insert(&map, 5001, &inserted), INT64_MIN);
+  map.set_last_seen(Insert(&map, 5002, &inserted), INT64_MAX);
+  times.push_back(INT64_MIN);
+  times.push_back(INT64_MAX);
+  EXPECT(map.wide() && map.bytes() == narrow + 2 * KeyMap::kChunkRecords * 8);
+  for (int64_t key = 0; key <= 5002; ++key) EXPECT(map.last_seen(Find(map, key)) == times[key]);
+  // Chunks added once wide have their 64-bit times too.
+  for (int64_t key = 5003; key < 12000; ++key) {
+    map.set_last_seen(Insert(&map, key, &inserted), -key);
+  }
+  for (int64_t key = 5003; key < 12000; ++key) EXPECT(map.last_seen(Find(map, key)) == -key);
+  EXPECT(map.bytes() == map.capacity() * 12 + 3 * KeyMap::kChunkRecords * 28);
+}
+
 // Growth that cannot get memory throws AllocationError with the bytes asked
 // for, and leaves every record where it was.
 void TestFailedGrowthKeepsTheMap() {
@@ -170,26 +216,39 @@ void TestFailedGrowthKeepsTheMap() {
     bytes = error.bytes();
   }
   EXPECT(bytes == 32 * sizeof(KeyMap::Slot));
-  // A new chunk of records that cannot be had: the probe array grew, the
-  // records stay.
-  mxrec::SetAllocationLimitForTesting(8192);
-  bytes = 0;
-  try {
-    map.Reserve(KeyMap::kChunkRecords);
-  } catch (const mxrec::AllocationError& error) {
-    bytes = error.bytes();
-  }
-  EXPECT(bytes == KeyMap::kChunkRecords * sizeof(KeyRecord));
   mxrec::SetAllocationLimitForTesting(0);
   EXPECT(map.size() == 11 && &map.record(Find(map, 0)) == first);
   for (int64_t key = 0; key < 11; ++key) EXPECT(map.record(Find(map, key)).row == 7);
   EXPECT(Find(map, 100) == KeyMap::kNoRecord);
+  // The first chunk full, a second one refused (the probe array has room):
+  // Reserve and an insert throw with the chunk's bytes, and change nothing.
+  for (int64_t key = 11; key < KeyMap::kChunkRecords; ++key) {
+    map.record(Insert(&map, key, &inserted)).row = 7;
+  }
+  const int64_t bytes_full = map.bytes();
+  mxrec::SetAllocationLimitForTesting(8192);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bytes = 0;
+    try {
+      if (attempt == 0) {
+        map.Reserve(1);
+      } else {
+        Insert(&map, -1, &inserted);
+      }
+    } catch (const mxrec::AllocationError& error) {
+      bytes = error.bytes();
+    }
+    EXPECT(bytes == KeyMap::kChunkRecords * sizeof(KeyRecord));
+  }
+  mxrec::SetAllocationLimitForTesting(0);
+  EXPECT(map.size() == KeyMap::kChunkRecords && map.bytes() == bytes_full);
+  EXPECT(Find(map, -1) == KeyMap::kNoRecord && &map.record(Find(map, 0)) == first);
   // Room made by Reserve is used without allocating.
   map.Reserve(KeyMap::kChunkRecords);
   mxrec::SetAllocationLimitForTesting(1);
-  for (int64_t key = 11; key < 11 + KeyMap::kChunkRecords; ++key) Insert(&map, key, &inserted);
+  for (int64_t key = 0; key < KeyMap::kChunkRecords; ++key) Insert(&map, -1 - key, &inserted);
   mxrec::SetAllocationLimitForTesting(0);
-  EXPECT(map.size() == 11 + KeyMap::kChunkRecords);
+  EXPECT(map.size() == 2 * KeyMap::kChunkRecords);
 }
 
 // An exception on any thread of a ParallelFor (std::bad_alloc above all) is
@@ -241,6 +300,8 @@ int main() {
   std::puts("records stay while the probe array grows: ok");
   TestEraseAgainstReference();
   std::puts("erase against std::unordered_map: ok");
+  TestLastSeenTimes();
+  std::puts("last-seen times: ok");
   TestFailedGrowthKeepsTheMap();
   std::puts("failed growth keeps the map: ok");
   TestParallelForRethrows();
