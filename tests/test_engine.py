@@ -401,6 +401,55 @@ def test_last_seen_times_are_exact_for_any_int64(engine, table, times):
         i: newest[i] for i in want_kept}
 
 
+def test_counts_of_ids_repeated_past_the_dedupe_counter(engine):
+    # One ID 200,000 times in a batch (past the dedupe entry's 16-bit occurrence counter,
+    # which spills into the batch's total), others a few times: each count is the float32
+    # sum of one weight per occurrence, added in order, as a NumPy loop gives it.
+    key = "test_engine_counts/t"
+    weight = np.float32(0.1)
+    engine.create_table(key=key, name="t", dim=4, capacity=1 << 10, padding_keys=[],
+                        access_threshold=1e9, faae_coefficient=float(weight))
+    try:
+        ids = np.concatenate([np.full(200_000, 7), np.arange(100), np.full(65_535, 8),
+                              np.full(65_536, 9), np.full(65_537, 10)]).astype(np.int64)
+        np.random.default_rng(3).shuffle(ids)
+        for _ in range(2):
+            engine.process([key], [ids], train=True, timestamp=1)
+        want = {}
+        for i, n in zip(*np.unique(ids, return_counts=True)):
+            total = np.float32(0)
+            for _ in range(2 * int(n)):
+                total = np.float32(total + weight)
+            want[int(i)] = float(total)
+        state = engine.export_state(key, 0, False)
+        assert dict(zip(state["keys"].tolist(), state["counts"].tolist())) == want
+    finally:
+        engine.drop_prefix("test_engine_counts/")
+
+
+def test_dedupe_generation_wraps(engine, table):
+    # 70,000 batches pass the per-batch dedupe table's 16-bit generation once: batches
+    # after the wrap still tell their IDs apart from older batches' (unique rows and
+    # restore against the Python model, counts exact).
+    key = table(64)
+    ref = RefKeyStage(capacity=64)
+    counts = {}
+    for b in range(70_000):
+        ids = [b % 5, (b * 7) % 11, b % 5]
+        if b % 9_973 == 0 or b > 65_530:
+            rows, restore = _process_one(engine, key, ids)
+            want_rows, want_restore = ref.process(ids)
+            np.testing.assert_array_equal(rows, want_rows)
+            np.testing.assert_array_equal(restore, want_restore)
+        else:
+            engine.process([key], [_ids(ids)], train=True)
+            ref.process(ids)
+        for i in ids:
+            counts[i] = counts.get(i, 0) + 1
+    state = engine.export_state(key, 0, False)
+    assert dict(zip(state["keys"].tolist(), state["counts"].tolist())) == counts
+
+
 def test_errors(engine, table):
     with pytest.raises(KeyError):
         engine.stats("no/such/table")

@@ -92,17 +92,31 @@ bool HostTable::IsPadding(int64_t key) const {
 
 namespace {
 // The distinct IDs of one batch in one shard: an open-addressing table from
-// key to the ID's index among the batch's distinct IDs, sized by the batch (so
-// that it stays in cache) and kept between batches. An entry belongs to the
-// batch whose generation it carries; older ones read as empty, so starting a
-// batch clears nothing.
+// key to the ID's index among the batch's distinct IDs and its occurrences so
+// far, sized by the batch (so that it stays in cache) and kept between
+// batches. An entry belongs to the batch whose generation it carries; older
+// ones read as empty, so starting a batch clears nothing (but once in 65,535
+// batches, when the generation wraps).
 class Dedupe {
  public:
   struct Entry {
     int64_t key = 0;
     int32_t local = 0;
-    uint32_t generation = 0;
+    uint16_t generation = 0;
+    // Occurrences counted here; Count() moves them to the caller's total
+    // before they would overflow.
+    uint16_t count = 0;
+
+    // One more occurrence; `total` takes the count when it is full.
+    void Count(uint32_t* total) {
+      if (count == UINT16_MAX) {
+        *total += count;
+        count = 0;
+      }
+      ++count;
+    }
   };
+  static_assert(sizeof(Entry) == 16, "a dedupe entry is 16 bytes");
 
   // Starts a batch of at most `ids` IDs.
   void Start(int64_t ids) {
@@ -119,6 +133,9 @@ class Dedupe {
     }
   }
 
+  const Entry& at(uint32_t slot) const { return entries_[slot]; }
+  uint32_t slot_of(const Entry& e) const { return static_cast<uint32_t>(&e - entries_.data()); }
+
   void Prefetch(uint64_t hash) const { __builtin_prefetch(&entries_[hash & mask_]); }
 
   // The entry of key; *added: the batch had not held it yet (the caller sets
@@ -129,6 +146,7 @@ class Dedupe {
       if (e.generation != generation_) {
         e.key = key;
         e.generation = generation_;
+        e.count = 0;
         *added = true;
         return e;
       }
@@ -142,7 +160,7 @@ class Dedupe {
  private:
   std::vector<Entry> entries_;
   uint64_t mask_ = 0;
-  uint32_t generation_ = 0;
+  uint16_t generation_ = 0;
 };
 }  // namespace
 
@@ -165,10 +183,13 @@ struct HostTable::BatchWork {
   struct Unique {
     int64_t key;
     uint32_t index;  // in its shard's map
+    uint32_t slot;   // its entry in the shard's dedupe table
+    // Occurrences that overflowed the dedupe entry's 16-bit count (pass 2
+    // adds the entry's count).
     uint32_t occurrences : 31;
     uint32_t inserted : 1;  // the batch created the record
   };
-  static_assert(sizeof(Unique) == 16, "one distinct ID of a batch takes 16 bytes of scratch");
+  static_assert(sizeof(Unique) == 24, "one distinct ID of a batch takes 24 bytes of scratch");
   std::vector<Unique> uniques[kNumShards];        // per shard, first-seen order
   Dedupe dedupe[kNumShards];                      // per shard: the batch's IDs -> index in uniques
   std::vector<int32_t> global[kNumShards];        // per shard unique: index in unique_rows
@@ -304,11 +325,16 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
           entry.local = kDefaultSlot;
         } else {
           entry.local = static_cast<int32_t>(uniq.size());
-          uniq.push_back(BatchWork::Unique{key, index, 0, inserted ? 1u : 0u});
+          uniq.push_back(
+              BatchWork::Unique{key, index, w.dedupe[s].slot_of(entry), 0, inserted ? 1u : 0u});
           w.first[p] = 1;
         }
       }
-      if (entry.local != kDefaultSlot) ++uniq[entry.local].occurrences;
+      if (entry.local != kDefaultSlot) {
+        uint32_t overflow = 0;
+        entry.Count(&overflow);
+        if (overflow != 0) uniq[entry.local].occurrences += overflow;
+      }
       w.local[p] = entry.local;
     }
     if (!train) return;
@@ -325,6 +351,7 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
         }
         const BatchWork::Unique& id = uniq[u];
         KeyRecord& rec = map.record(id.index);
+        const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
         if (journal) {
           w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
                                    rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
@@ -335,12 +362,12 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
         if (!count) continue;
         if (shared_counts_) {
           const uint64_t hash = HashKey(id.key);
-          for (uint32_t k = 0; k < id.occurrences; ++k) {
+          for (uint32_t k = 0; k < occurrences; ++k) {
             rec.count = shared_counts_->Add(id.key, hash, weight);
           }
         } else {
           float total = rec.count;
-          for (uint32_t k = 0; k < id.occurrences; ++k) total += weight;
+          for (uint32_t k = 0; k < occurrences; ++k) total += weight;
           rec.count = total;
         }
         // Tiered: keep the row's copy of its owner's count (rows are disjoint
