@@ -331,15 +331,21 @@ def _expected_map_bytes(ids, tiered):
     """The ID map's bytes for a table that took `ids` (distinct) in one batch: per shard (the
     hash's top 4 bits) a probe array of 12-byte slots, the smallest power of two >= 16 that
     keeps the shard's IDs within 7/10 of it, and records (20 bytes, + 8 tiered) in chunks
-    of 4096."""
+    of 64, 64, 128, ..., 2048, then 4096, with a table of one 8-byte pointer per 64 records
+    (one more for the tier records)."""
     shards = np.bincount((_splitmix64(ids) >> np.uint64(60)).astype(np.int64), minlength=16)
     total = 0
     for count in shards.tolist():
         slots = 16
         while slots * 7 < count * 10:
             slots *= 2
-        chunks = -(-count // 4096)
-        total += slots * 12 + chunks * 4096 * (20 + (8 if tiered else 0))
+        records = 0
+        if count:
+            records = 64
+            while records < count:
+                records = records * 2 if records < 4096 else records + 4096
+        families = 2 if tiered else 1
+        total += slots * 12 + records * (20 + (8 if tiered else 0)) + families * records // 8
     return total
 
 

@@ -26,8 +26,8 @@ def prefix(engine):
 
 def test_id_map_growth_on_a_pool_thread(engine, prefix):
     """100,000 new IDs make each of the 16 ID-map shards grow its probe array to 16,384 slots
-    of 12 bytes, on the pool's threads; with that refused (the record chunks, 96 KiB each,
-    are allowed) the batch fails and hands out no row."""
+    of 12 bytes, on the pool's threads; with that refused (the record chunks, at most 80 KiB
+    each, are allowed) the batch fails and hands out no row."""
     key = prefix + "t"
     engine.create_table(key=key, name="t", dim=4, capacity=1 << 20)
     engine.set_num_threads(2)

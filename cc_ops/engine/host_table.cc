@@ -134,6 +134,7 @@ class Dedupe {
   }
 
   const Entry& at(uint32_t slot) const { return entries_[slot]; }
+  void PrefetchSlot(uint32_t slot) const { __builtin_prefetch(&entries_[slot]); }
   uint32_t slot_of(const Entry& e) const { return static_cast<uint32_t>(&e - entries_.data()); }
 
   void Prefetch(uint64_t hash) const { __builtin_prefetch(&entries_[hash & mask_]); }
@@ -348,6 +349,7 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
       for (size_t u = 0; u < distinct; ++u) {
         if (u + kPrefetchDistance < distinct) {
           __builtin_prefetch(&map.record(uniq[u + kPrefetchDistance].index), 1);
+          w.dedupe[s].PrefetchSlot(uniq[u + kPrefetchDistance].slot);
         }
         const BatchWork::Unique& id = uniq[u];
         KeyRecord& rec = map.record(id.index);

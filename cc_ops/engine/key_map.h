@@ -67,9 +67,23 @@ class KeyMap {
  public:
   // A record index that names no record: an empty probe slot, a key not found.
   static constexpr uint32_t kNoRecord = 0xFFFFFFFFu;
-  // Records per chunk of the record store.
+  // The record store's chunks: 64 records, 64, 128, ... up to 2,048 (the
+  // first kSmallChunks chunks, 4,096 records together, so that a small table
+  // takes little), then chunks of kChunkRecords.
   static constexpr int kChunkShift = 12;
   static constexpr uint32_t kChunkRecords = 1u << kChunkShift;
+  static constexpr int kFirstShift = 6;
+  static constexpr uint32_t kSmallChunks = kChunkShift - kFirstShift + 1;
+  static constexpr uint32_t kGranuleMask = (1u << kFirstShift) - 1;
+  // The first index in chunk `c`, and its size.
+  static uint32_t ChunkStart(uint32_t c) {
+    if (c >= kSmallChunks) return (c - kSmallChunks + 1) << kChunkShift;
+    return c == 0 ? 0 : (1u << kFirstShift) << (c - 1);
+  }
+  static uint32_t ChunkSize(uint32_t c) {
+    if (c >= kSmallChunks) return kChunkRecords;
+    return c == 0 ? 1u << kFirstShift : (1u << kFirstShift) << (c - 1);
+  }
   // The probe array holds records in at most kLoadNum/kLoadDen of its slots.
   static constexpr int64_t kLoadNum = 7;
   static constexpr int64_t kLoadDen = 10;
@@ -90,24 +104,28 @@ class KeyMap {
   int64_t size() const { return size_; }
   // Probe slots allocated (records fit in 7/10 of them).
   int64_t capacity() const { return static_cast<int64_t>(slots_.size()); }
-  // The map's memory: probe array and record chunks (and tier chunks, and
-  // wide last-seen chunks).
+  // The map's memory: probe array, record chunks (and tier chunks, and wide
+  // last-seen chunks), and their granule tables (8 bytes per 64 records each).
   int64_t bytes() const {
+    const int64_t families = 1 + (tiered_ ? 1 : 0) + (wide() ? 1 : 0);
     const int64_t per_record = static_cast<int64_t>(sizeof(KeyRecord)) +
                                (tiered_ ? static_cast<int64_t>(sizeof(TierRecord)) : 0) +
                                (wide() ? static_cast<int64_t>(sizeof(int64_t)) : 0);
-    return capacity() * static_cast<int64_t>(sizeof(Slot)) +
-           static_cast<int64_t>(chunks_.size()) * kChunkRecords * per_record;
+    const int64_t records = ChunkCapacity();
+    return capacity() * static_cast<int64_t>(sizeof(Slot)) + records * per_record +
+           families * (records >> kFirstShift) * static_cast<int64_t>(sizeof(void*));
   }
 
-  KeyRecord& record(uint32_t index) { return chunks_[index >> kChunkShift][index & (kChunkRecords - 1)]; }
+  // A record by index: through the table of 64-record granules, one load
+  // whatever the chunk sizes.
+  KeyRecord& record(uint32_t index) { return granules_[index >> kFirstShift][index & kGranuleMask]; }
   const KeyRecord& record(uint32_t index) const {
-    return chunks_[index >> kChunkShift][index & (kChunkRecords - 1)];
+    return granules_[index >> kFirstShift][index & kGranuleMask];
   }
   // Tiered maps only.
-  TierRecord& tier(uint32_t index) { return tier_chunks_[index >> kChunkShift][index & (kChunkRecords - 1)]; }
+  TierRecord& tier(uint32_t index) { return tier_granules_[index >> kFirstShift][index & kGranuleMask]; }
   const TierRecord& tier(uint32_t index) const {
-    return tier_chunks_[index >> kChunkShift][index & (kChunkRecords - 1)];
+    return tier_granules_[index >> kFirstShift][index & kGranuleMask];
   }
 
   // Last-seen times. Each map keeps them as 32-bit offsets from a base time
@@ -117,14 +135,14 @@ class KeyMap {
   // A record's time is defined once set (the key stage and a restore set it
   // on creation).
   int64_t last_seen(uint32_t index) const {
-    if (wide()) return wide_chunks_[index >> kChunkShift][index & (kChunkRecords - 1)];
+    if (wide()) return wide_granules_[index >> kFirstShift][index & kGranuleMask];
     return base_time_ + record(index).seen_offset;
   }
   // Call PrepareTime(time) first where an allocation must not happen here.
   void set_last_seen(uint32_t index, int64_t time) {
     if (!Fits(time)) Widen();
     if (wide()) {
-      wide_chunks_[index >> kChunkShift][index & (kChunkRecords - 1)] = time;
+      wide_granules_[index >> kFirstShift][index & kGranuleMask] = time;
     } else {
       record(index).seen_offset = static_cast<int32_t>(time - base_time_);
     }
@@ -271,12 +289,23 @@ class KeyMap {
     std::vector<Chunk<int64_t>> chunks;
     chunks.reserve(chunks_.size());
     for (size_t c = 0; c < chunks_.size(); ++c) {
-      chunks.emplace_back(static_cast<int64_t*>(AllocateLarge(kChunkRecords * sizeof(int64_t))));
+      chunks.emplace_back(static_cast<int64_t*>(
+          AllocateLarge(ChunkSize(static_cast<uint32_t>(c)) * sizeof(int64_t))));
     }
     for (size_t c = 0; c < chunks_.size(); ++c) {
-      for (uint32_t i = 0; i < kChunkRecords; ++i) chunks[c][i] = base_time_ + chunks_[c][i].seen_offset;
+      for (uint32_t i = 0; i < ChunkSize(static_cast<uint32_t>(c)); ++i) {
+        chunks[c][i] = base_time_ + chunks_[c][i].seen_offset;
+      }
+    }
+    std::vector<int64_t*> granules;
+    granules.reserve(granules_.size());
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      for (uint32_t g = 0; g < ChunkSize(static_cast<uint32_t>(c)); g += 1u << kFirstShift) {
+        granules.push_back(chunks[c].get() + g);
+      }
     }
     wide_chunks_ = std::move(chunks);
+    wide_granules_ = std::move(granules);
     wide_ = true;
   }
 
@@ -285,24 +314,43 @@ class KeyMap {
     return records * kLoadDen > static_cast<int64_t>(slots_.size()) * kLoadNum;
   }
 
-  uint32_t ChunkCapacity() const { return static_cast<uint32_t>(chunks_.size()) << kChunkShift; }
+  // Records the allocated chunks hold.
+  uint32_t ChunkCapacity() const {
+    const uint32_t n = static_cast<uint32_t>(chunks_.size());
+    return n == 0 ? 0 : ChunkStart(n - 1) + ChunkSize(n - 1);
+  }
 
   // One more chunk of records (and of tier records), default-initialised.
   // Both are allocated before either joins, so a failure changes nothing.
   void AddChunk() {
-    Chunk<KeyRecord> records(static_cast<KeyRecord*>(AllocateLarge(kChunkRecords * sizeof(KeyRecord))));
+    const uint32_t size = ChunkSize(static_cast<uint32_t>(chunks_.size()));
+    Chunk<KeyRecord> records(static_cast<KeyRecord*>(AllocateLarge(size * sizeof(KeyRecord))));
     Chunk<TierRecord> tiers;
-    if (tiered_) tiers.reset(static_cast<TierRecord*>(AllocateLarge(kChunkRecords * sizeof(TierRecord))));
+    if (tiered_) tiers.reset(static_cast<TierRecord*>(AllocateLarge(size * sizeof(TierRecord))));
     Chunk<int64_t> times;
-    if (wide_) times.reset(static_cast<int64_t*>(AllocateLarge(kChunkRecords * sizeof(int64_t))));
-    for (uint32_t i = 0; i < kChunkRecords; ++i) new (&records[i]) KeyRecord();
+    if (wide_) times.reset(static_cast<int64_t*>(AllocateLarge(size * sizeof(int64_t))));
+    for (uint32_t i = 0; i < size; ++i) new (&records[i]) KeyRecord();
     if (tiered_) {
-      for (uint32_t i = 0; i < kChunkRecords; ++i) new (&tiers[i]) TierRecord();
+      for (uint32_t i = 0; i < size; ++i) new (&tiers[i]) TierRecord();
     }
-    if (wide_) std::fill(times.get(), times.get() + kChunkRecords, int64_t{0});
+    if (wide_) std::fill(times.get(), times.get() + size, int64_t{0});
+    const size_t granules = granules_.size() + (size >> kFirstShift);
     chunks_.reserve(chunks_.size() + 1);
-    if (tiered_) tier_chunks_.reserve(tier_chunks_.size() + 1);
-    if (wide_) wide_chunks_.reserve(wide_chunks_.size() + 1);
+    granules_.reserve(granules);
+    if (tiered_) {
+      tier_chunks_.reserve(tier_chunks_.size() + 1);
+      tier_granules_.reserve(granules);
+    }
+    if (wide_) {
+      wide_chunks_.reserve(wide_chunks_.size() + 1);
+      wide_granules_.reserve(granules);
+    }
+    // Nothing below allocates.
+    for (uint32_t g = 0; g < size; g += 1u << kFirstShift) {
+      granules_.push_back(records.get() + g);
+      if (tiered_) tier_granules_.push_back(tiers.get() + g);
+      if (wide_) wide_granules_.push_back(times.get() + g);
+    }
     chunks_.push_back(std::move(records));
     if (tiered_) tier_chunks_.push_back(std::move(tiers));
     if (wide_) wide_chunks_.push_back(std::move(times));
@@ -345,6 +393,10 @@ class KeyMap {
   int64_t size_ = 0;
   std::vector<Chunk<KeyRecord>> chunks_;
   std::vector<Chunk<TierRecord>> tier_chunks_;
+  // Per 64 records: where they are (records, tier records, wide times).
+  std::vector<KeyRecord*> granules_;
+  std::vector<TierRecord*> tier_granules_;
+  std::vector<int64_t*> wide_granules_;
   // Last-seen times: the base of the offsets, or (wide) 64-bit chunks.
   int64_t base_time_ = 0;
   bool has_base_time_ = false;

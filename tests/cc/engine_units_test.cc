@@ -31,6 +31,22 @@ uint32_t Insert(KeyMap* map, int64_t key, bool* inserted) {
 
 uint32_t Find(const KeyMap& map, int64_t key) { return map.Find(key, HashKey(key)); }
 
+// Records the store allocates for n: chunks of 64, 64, 128, ..., 2,048, then 4,096.
+int64_t RecordCapacity(int64_t n) {
+  if (n == 0) return 0;
+  int64_t capacity = 64;
+  while (capacity < n) capacity = capacity < 4096 ? capacity * 2 : capacity + 4096;
+  return capacity;
+}
+
+// The record store's bytes for n records of `per_record` bytes in `families`
+// chunk families (records, tier records, wide times), each with its table of
+// one 8-byte pointer per 64 records.
+int64_t RecordBytes(int64_t n, int64_t per_record, int64_t families) {
+  const int64_t capacity = RecordCapacity(n);
+  return capacity * per_record + families * (capacity / 64) * 8;
+}
+
 // FindOrInsert alone (no Reserve) grows the map: a map of 16 probe slots once
 // probed forever for a free one after its 16th key. Every int64 is a valid
 // key, including 0 and the extremes.
@@ -134,15 +150,15 @@ void TestEraseAgainstReference() {
     for (int64_t key = -700000 - 1024 * 3; key < -700000; key += 1024) {
       EXPECT(Find(map, key) == KeyMap::kNoRecord);
     }
-    // Erased records were reused: the store holds one chunk (at most 3000
-    // IDs at once, 60000 inserted in all), and the probe array the smallest
-    // power of two that keeps the most IDs held within 7/10 of it.
+    // Erased records were reused: the store holds what the most IDs held at
+    // once need (about 3000, 60000 inserted in all), and the probe array the
+    // smallest power of two that keeps them within 7/10 of it.
     int64_t slots = 16;
     while (slots * 7 < most * 10) slots *= 2;
     const int64_t per_record = sizeof(KeyRecord) + (tiered ? sizeof(mxrec::TierRecord) : 0);
     EXPECT(most <= KeyMap::kChunkRecords);
     EXPECT(map.capacity() == slots);
-    EXPECT(map.bytes() == slots * 12 + KeyMap::kChunkRecords * per_record);
+    EXPECT(map.bytes() == slots * 12 + RecordBytes(most, per_record, tiered ? 2 : 1));
     EXPECT(map.tiered() == tiered);
   }
 }
@@ -162,7 +178,7 @@ void TestLastSeenTimes() {
     times.push_back(time);
   }
   const int64_t narrow = map.bytes();
-  EXPECT(!map.wide() && narrow == map.capacity() * 12 + 2 * KeyMap::kChunkRecords * 20);
+  EXPECT(!map.wide() && narrow == map.capacity() * 12 + RecordBytes(5000, 20, 1));
   const uint32_t edge = Insert(&map, 5000, &inserted);
   map.set_last_seen(edge, 1700000000LL + INT32_MAX);  // the last offset that fits
   map.set_last_seen(edge, 1700000000LL + INT32_MIN);
@@ -183,14 +199,35 @@ void TestLastSeenTimes() {
   map.set_last_seen(Insert(&map, 5002, &inserted), INT64_MAX);
   times.push_back(INT64_MIN);
   times.push_back(INT64_MAX);
-  EXPECT(map.wide() && map.bytes() == narrow + 2 * KeyMap::kChunkRecords * 8);
+  EXPECT(map.wide() && map.bytes() == map.capacity() * 12 + RecordBytes(5003, 28, 2));
   for (int64_t key = 0; key <= 5002; ++key) EXPECT(map.last_seen(Find(map, key)) == times[key]);
   // Chunks added once wide have their 64-bit times too.
   for (int64_t key = 5003; key < 12000; ++key) {
     map.set_last_seen(Insert(&map, key, &inserted), -key);
   }
   for (int64_t key = 5003; key < 12000; ++key) EXPECT(map.last_seen(Find(map, key)) == -key);
-  EXPECT(map.bytes() == map.capacity() * 12 + 3 * KeyMap::kChunkRecords * 28);
+  EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(12000, 28, 2));
+}
+
+// A small map takes small chunks: 1 ID, 64 records; 65, 128; 5000, 8192.
+void TestSmallMapsTakeLittle() {
+  KeyMap map(true);
+  EXPECT(map.bytes() == 16 * 12);
+  bool inserted = false;
+  for (int64_t key = 0; key < 5000; ++key) {
+    const uint32_t index = Insert(&map, key, &inserted);
+    map.record(index).row = static_cast<int32_t>(key);
+    map.tier(index).host_slot = static_cast<int32_t>(-key);
+    const int64_t n = key + 1;
+    if (n == 1 || n == 65 || n == 5000) {
+      EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(n, 20 + 8, 2));
+    }
+  }
+  EXPECT(RecordCapacity(1) == 64 && RecordCapacity(65) == 128 && RecordCapacity(5000) == 8192);
+  for (int64_t key = 0; key < 5000; ++key) {
+    const uint32_t index = Find(map, key);
+    EXPECT(map.record(index).row == key && map.tier(index).host_slot == -key);
+  }
 }
 
 // Growth that cannot get memory throws AllocationError with the bytes asked
@@ -302,6 +339,8 @@ int main() {
   std::puts("erase against std::unordered_map: ok");
   TestLastSeenTimes();
   std::puts("last-seen times: ok");
+  TestSmallMapsTakeLittle();
+  std::puts("small maps take little: ok");
   TestFailedGrowthKeepsTheMap();
   std::puts("failed growth keeps the map: ok");
   TestParallelForRethrows();
