@@ -6,11 +6,13 @@
 //                    row, every position gets its index among the batch's unique
 //                    IDs. No admission, journal, shards or threads: the least
 //                    work the key stage can do. Prints the seconds.
-//   maps FILE N      mxrec::KeyMap (engine/key_map.h) against
-//                    absl::flat_hash_map holding the same record, on the first N
-//                    distinct IDs of FILE: insert all, then find them in stream
-//                    order. Prints one JSON line: ns per insert and per find and
-//                    bytes per ID of each map.
+//   maps FILE N      mxrec::KeyMap (engine/key_map.h: probe array + record
+//                    chunks) against absl::flat_hash_map holding the same record
+//                    (mxrec::KeyRecord) beside the key, on the first N distinct
+//                    IDs of FILE: insert all, then find them in stream order and
+//                    read each one's record. Prints one JSON line: ns per insert
+//                    and per find and bytes per ID of each map (KeyMap: its own
+//                    bytes(); absl: capacity x (slot + control byte)).
 //
 // FILE: int64 little-endian: num_batches, num_tables, then per batch and table
 // the ID count and the IDs. The Python driver compiles this file against
@@ -99,21 +101,7 @@ int Ceiling(const std::vector<Batch>& batches) {
   return 0;
 }
 
-// KeyRecord without its key: what absl::flat_hash_map stores beside the key.
-struct RecordBody {
-  int64_t last_seen = 0;
-  float count = 0.0f;
-  int32_t row = -1;
-  uint32_t stamp = 0;
-  int32_t local = 0;
-  uint32_t epoch = 0;
-  uint8_t used = 0;
-  uint16_t age = 0;
-  uint8_t flags = 0;
-  int32_t host_slot = -1;
-};
-static_assert(sizeof(RecordBody) + sizeof(int64_t) == sizeof(mxrec::KeyRecord),
-              "the two maps must hold records of one size");
+using RecordBody = mxrec::KeyRecord;  // what absl::flat_hash_map stores beside the key
 
 struct SplitMix {
   size_t operator()(int64_t key) const { return mxrec::HashKey(key); }
@@ -143,13 +131,13 @@ int Maps(const std::vector<Batch>& batches, int64_t limit) {
   auto started = std::chrono::steady_clock::now();
   for (int64_t id : distinct) {
     bool inserted = false;
-    ours.FindOrInsert(id, mxrec::HashKey(id), &inserted)->row = 1;
+    ours.record(ours.FindOrInsert(id, mxrec::HashKey(id), &inserted)).row = 1;
   }
   const double ours_insert = Seconds(started);
   started = std::chrono::steady_clock::now();
-  for (int64_t id : stream) checksum += ours.Find(id, mxrec::HashKey(id))->row;
+  for (int64_t id : stream) checksum += ours.record(ours.Find(id, mxrec::HashKey(id))).row;
   const double ours_find = Seconds(started);
-  const int64_t ours_buckets = ours.capacity();
+  const int64_t ours_bytes = ours.bytes();
 
   auto run_absl = [&](auto& map, double* insert, double* find) {
     auto t0 = std::chrono::steady_clock::now();
@@ -174,7 +162,7 @@ int Maps(const std::vector<Batch>& batches, int64_t limit) {
       "\"absl_splitmix_insert_ns\": %.2f, \"absl_splitmix_find_ns\": %.2f, "
       "\"checksum\": %llu}\n",
       n, finds, ours_insert * 1e9 / n, ours_find * 1e9 / finds,
-      ours_buckets * sizeof(mxrec::KeyRecord) / n, lib_insert * 1e9 / n, lib_find * 1e9 / finds,
+      ours_bytes / n, lib_insert * 1e9 / n, lib_find * 1e9 / finds,
       lib.capacity() * slot / n, mix_insert * 1e9 / n, mix_find * 1e9 / finds,
       static_cast<unsigned long long>(checksum));
   return 0;

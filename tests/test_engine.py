@@ -315,17 +315,145 @@ def test_large_deferred_batches_with_threshold_identical_for_any_thread_count(en
             np.testing.assert_array_equal(a, b)
 
 
-def test_id_map_bytes_counts_the_buckets(engine, table):
-    # 16 shards of 16 buckets of 48 bytes when empty; the buckets keep at most
-    # 7/10 full and double, so with n IDs they hold between n / 0.7 and twice
-    # that (plus each shard's 16).
-    key = table(1 << 20)
-    assert engine.stats(key)["id_map_bytes"] == 16 * 16 * 48
-    ids = np.arange(100_000, dtype=np.int64) * 7919
-    engine.process([key], [ids], train=True)
-    buckets = engine.stats(key)["id_map_bytes"] / 48
-    assert buckets == int(buckets)
-    assert ids.size / 0.7 <= buckets <= 2 * ids.size / 0.7 + 16 * 16
+def _splitmix64(ids):
+    """HashKey of the engine (the splitmix64 finalizer), in NumPy."""
+    x = np.asarray(ids, dtype=np.int64).view(np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _expected_map_bytes(ids, tiered):
+    """The ID map's bytes for a table that took `ids` (distinct) in one batch: per shard (the
+    hash's top 4 bits) a probe array of 12-byte slots, the smallest power of two >= 16 that
+    keeps the shard's IDs within 7/10 of it, and records (20 bytes, + 8 tiered) in chunks
+    of 64, 64, 128, ..., 2048, then 4096, with a table of one 8-byte pointer per 64 records
+    (one more for the tier records)."""
+    shards = np.bincount((_splitmix64(ids) >> np.uint64(60)).astype(np.int64), minlength=16)
+    total = 0
+    for count in shards.tolist():
+        slots = 16
+        while slots * 7 < count * 10:
+            slots *= 2
+        records = 0
+        if count:
+            records = 64
+            while records < count:
+                records = records * 2 if records < 4096 else records + 4096
+        families = 2 if tiered else 1
+        total += slots * 12 + records * (20 + (8 if tiered else 0)) + families * records // 8
+    return total
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_id_map_bytes_counts_probe_arrays_and_records(engine, tiered):
+    # Empty: 16 shards of 16 probe slots and no records. Then exactly the probe arrays and
+    # record chunks that 100,000 IDs take, from a NumPy model of the shards; a tiered
+    # table also keeps its tier records, a device-only one none.
+    key = f"test_engine_map_bytes_{int(tiered)}/t"
+    engine.create_table(key=key, name="t", dim=4, capacity=1 << 20, padding_keys=[],
+                        access_threshold=0.0, faae_coefficient=1.0,
+                        host_capacity=(1 << 20) if tiered else 0)
+    try:
+        assert engine.stats(key)["id_map_bytes"] == 16 * 16 * 12
+        ids = np.arange(100_000, dtype=np.int64) * 7919
+        engine.process([key], [ids], train=True)
+        assert engine.stats(key)["id_map_bytes"] == _expected_map_bytes(ids, tiered)
+        # Erased IDs' records are reused: removing every ID (two shrinks) and taking
+        # them again grows nothing (without reuse each shard would need twice the chunks).
+        before = engine.stats(key)["id_map_bytes"]
+        assert engine.shrink(key, 1) == 0
+        assert engine.shrink(key, 1) == ids.size
+        assert engine.stats(key)["ids_tracked"] == 0
+        engine.process([key], [ids], train=True)
+        assert engine.stats(key)["ids_tracked"] == ids.size
+        assert engine.stats(key)["id_map_bytes"] == before
+    finally:
+        engine.drop_prefix(f"test_engine_map_bytes_{int(tiered)}/")
+
+
+@pytest.mark.parametrize("times", [
+    [1_700_000_000, 1_700_000_100, 1_700_000_200, 1_700_000_300],  # seconds: 32-bit offsets
+    [5, 2**40, 3, I64_MAX - 7],  # spans that turn the map wide on the second batch
+    [0, I64_MAX - 7, 1, 2**33],
+])  # (a negative batch time means "now": the engine takes the wall clock)
+def test_last_seen_times_are_exact_for_any_int64(engine, table, times):
+    # Each batch brings new IDs and repeats old ones at its time; the exported last-seen
+    # times and eviction by age match a dict of the newest time per ID, whether the map
+    # keeps the times as 32-bit offsets or had to widen them.
+    key = table(1 << 12)
+    newest = {}
+    rng = np.random.default_rng(7)
+    for b, time in enumerate(times):
+        ids = np.concatenate([np.arange(b * 300, b * 300 + 300), rng.integers(0, b * 300 + 1, 200)])
+        engine.process([key], [_ids(ids)], train=True, timestamp=time)
+        for i in ids.tolist():
+            newest[i] = time
+    state = engine.export_state(key, 0, False)
+    got = dict(zip(state["keys"].tolist(), state["last_seen"].tolist()))
+    assert got == newest
+    # Evict against the same dict: the newest trained time minus a max age.
+    newest_time = max(times)
+    max_age = sorted(newest_time - t for t in set(times))[1]
+    want_kept = {i for i, t in newest.items() if t >= newest_time - max_age}
+    assert engine.evict(key, max_age) == len(newest) - len(want_kept)
+    state = engine.export_state(key, 0, False)
+    assert set(state["keys"].tolist()) == want_kept
+    assert dict(zip(state["keys"].tolist(), state["last_seen"].tolist())) == {
+        i: newest[i] for i in want_kept}
+
+
+def test_counts_of_ids_repeated_past_the_dedupe_counter(engine):
+    # One ID 200,000 times in a batch (past the dedupe entry's 16-bit occurrence counter,
+    # which spills into the batch's total), others a few times: each count is the float32
+    # sum of one weight per occurrence, added in order, as a NumPy loop gives it.
+    key = "test_engine_counts/t"
+    weight = np.float32(0.1)
+    engine.create_table(key=key, name="t", dim=4, capacity=1 << 10, padding_keys=[],
+                        access_threshold=1e9, faae_coefficient=float(weight))
+    try:
+        ids = np.concatenate([np.full(200_000, 7), np.arange(100), np.full(65_535, 8),
+                              np.full(65_536, 9), np.full(65_537, 10)]).astype(np.int64)
+        np.random.default_rng(3).shuffle(ids)
+        for _ in range(2):
+            engine.process([key], [ids], train=True, timestamp=1)
+        want = {}
+        for i, n in zip(*np.unique(ids, return_counts=True)):
+            total = np.float32(0)
+            for _ in range(2 * int(n)):
+                total = np.float32(total + weight)
+            want[int(i)] = float(total)
+        state = engine.export_state(key, 0, False)
+        assert dict(zip(state["keys"].tolist(), state["counts"].tolist())) == want
+    finally:
+        engine.drop_prefix("test_engine_counts/")
+
+
+def test_dedupe_generation_wraps(engine, table):
+    # 70,000 batches pass the per-batch dedupe table's 16-bit generation once: batches
+    # after the wrap still tell their IDs apart from older batches' (unique rows and
+    # restore against the Python model, counts exact).
+    key = table(64)
+    ref = RefKeyStage(capacity=64)
+    counts = {}
+    for b in range(70_000):
+        ids = [b % 5, (b * 7) % 11, b % 5]
+        if b % 9_973 == 0 or b > 65_530:
+            rows, restore = _process_one(engine, key, ids)
+            want_rows, want_restore = ref.process(ids)
+            np.testing.assert_array_equal(rows, want_rows)
+            np.testing.assert_array_equal(restore, want_restore)
+        else:
+            engine.process([key], [_ids(ids)], train=True)
+            ref.process(ids)
+        for i in ids:
+            counts[i] = counts.get(i, 0) + 1
+    state = engine.export_state(key, 0, False)
+    assert dict(zip(state["keys"].tolist(), state["counts"].tolist())) == counts
 
 
 def test_errors(engine, table):

@@ -34,12 +34,21 @@ HostTable::HostTable(TableOptions options) : options_(std::move(options)) {
     row_count_.assign(rows, 0.0f);
     lru_prev_.assign(rows, -1);
     lru_next_.assign(rows, -1);
+    for (auto& shard : shards_) shard = NewMap();
   }
 }
 
-KeyRecord* HostTable::FindRecord(int64_t key) {
+HostTable::RecordRef HostTable::Ref(int shard, int64_t key, uint32_t index) {
+  KeyMap& map = shards_[shard];
+  return RecordRef{key, &map.record(index), map.tiered() ? &map.tier(index) : nullptr};
+}
+
+HostTable::RecordRef HostTable::FindRecord(int64_t key) {
   const uint64_t hash = HashKey(key);
-  return shards_[hash >> kShardShift].Find(key, hash);
+  const int s = static_cast<int>(hash >> kShardShift);
+  const uint32_t index = shards_[s].Find(key, hash);
+  if (index == KeyMap::kNoRecord) return RecordRef{key, nullptr, nullptr};
+  return Ref(s, key, index);
 }
 
 void HostTable::ConfigureAdmission(const AdmissionOptions& admission) {
@@ -67,12 +76,12 @@ int64_t HostTable::newest_timestamp() const {
   return BoundaryNewest();
 }
 
-bool HostTable::Admits(const KeyRecord& rec) const {
+bool HostTable::Admits(int64_t key, const KeyRecord& rec) const {
   const double threshold = admission_.access_threshold;
   if (threshold > 0.0 && rec.count < threshold) return false;
   if (admission_.probability >= 1.0) return true;
   // The top 53 bits of a keyed hash, as a uniform number in [0, 1).
-  const uint64_t h = HashKey(rec.key ^ static_cast<int64_t>(HashKey(static_cast<int64_t>(admission_.seed))));
+  const uint64_t h = HashKey(key ^ static_cast<int64_t>(HashKey(static_cast<int64_t>(admission_.seed))));
   return static_cast<double>(h >> 11) * 0x1.0p-53 < admission_.probability;
 }
 
@@ -80,6 +89,81 @@ bool HostTable::IsPadding(int64_t key) const {
   const auto& pads = options_.padding_keys;
   return std::find(pads.begin(), pads.end(), key) != pads.end();
 }
+
+namespace {
+// The distinct IDs of one batch in one shard: an open-addressing table from
+// key to the ID's index among the batch's distinct IDs and its occurrences so
+// far, sized by the batch (so that it stays in cache) and kept between
+// batches. An entry belongs to the batch whose generation it carries; older
+// ones read as empty, so starting a batch clears nothing (but once in 65,535
+// batches, when the generation wraps).
+class Dedupe {
+ public:
+  struct Entry {
+    int64_t key = 0;
+    int32_t local = 0;
+    uint16_t generation = 0;
+    // Occurrences counted here; Count() moves them to the caller's total
+    // before they would overflow.
+    uint16_t count = 0;
+
+    // One more occurrence; `total` takes the count when it is full.
+    void Count(uint32_t* total) {
+      if (count == UINT16_MAX) {
+        *total += count;
+        count = 0;
+      }
+      ++count;
+    }
+  };
+  static_assert(sizeof(Entry) == 16, "a dedupe entry is 16 bytes");
+
+  // Starts a batch of at most `ids` IDs.
+  void Start(int64_t ids) {
+    uint64_t capacity = 16;
+    while (static_cast<int64_t>(capacity) < 2 * ids) capacity *= 2;
+    if (capacity > entries_.size()) {
+      entries_.assign(capacity, Entry());
+      generation_ = 0;
+    }
+    mask_ = capacity - 1;
+    if (++generation_ == 0) {
+      for (Entry& e : entries_) e.generation = 0;
+      generation_ = 1;
+    }
+  }
+
+  const Entry& at(uint32_t slot) const { return entries_[slot]; }
+  void PrefetchSlot(uint32_t slot) const { __builtin_prefetch(&entries_[slot]); }
+  uint32_t slot_of(const Entry& e) const { return static_cast<uint32_t>(&e - entries_.data()); }
+
+  void Prefetch(uint64_t hash) const { __builtin_prefetch(&entries_[hash & mask_]); }
+
+  // The entry of key; *added: the batch had not held it yet (the caller sets
+  // its local).
+  Entry& FindOrAdd(int64_t key, uint64_t hash, bool* added) {
+    for (uint64_t i = hash & mask_;; i = (i + 1) & mask_) {
+      Entry& e = entries_[i];
+      if (e.generation != generation_) {
+        e.key = key;
+        e.generation = generation_;
+        e.count = 0;
+        *added = true;
+        return e;
+      }
+      if (e.key == key) {
+        *added = false;
+        return e;
+      }
+    }
+  }
+
+ private:
+  std::vector<Entry> entries_;
+  uint64_t mask_ = 0;
+  uint16_t generation_ = 0;
+};
+}  // namespace
 
 // The scratch of Process, kept by the table between calls (under mu_) so that
 // a batch allocates nothing once the batches stop growing.
@@ -96,7 +180,19 @@ struct HostTable::BatchWork {
   std::array<int64_t, kNumShards> shard_ids{};    // positions per shard (Reserve)
   std::vector<int32_t> local;      // per position: index in its shard's uniques, or kDefaultSlot
   std::vector<uint8_t> first;      // per position: 1 where its ID first occurs in the batch
-  std::vector<KeyRecord*> uniques[kNumShards];    // per shard, first-seen order
+  // A distinct ID of the batch: its record and how often the batch holds it.
+  struct Unique {
+    int64_t key;
+    uint32_t index;  // in its shard's map
+    uint32_t slot;   // its entry in the shard's dedupe table
+    // Occurrences that overflowed the dedupe entry's 16-bit count (pass 2
+    // adds the entry's count).
+    uint32_t occurrences : 31;
+    uint32_t inserted : 1;  // the batch created the record
+  };
+  static_assert(sizeof(Unique) == 24, "one distinct ID of a batch takes 24 bytes of scratch");
+  std::vector<Unique> uniques[kNumShards];        // per shard, first-seen order
+  Dedupe dedupe[kNumShards];                      // per shard: the batch's IDs -> index in uniques
   std::vector<int32_t> global[kNumShards];        // per shard unique: index in unique_rows
   // AssignRows: (shard, local) of the distinct IDs by first occurrence.
   std::vector<std::pair<int32_t, int32_t>> ordered;
@@ -106,9 +202,9 @@ struct HostTable::BatchWork {
   // indexes in unique_rows; device-only: the rows handed out by this batch
   // (record, row came from free_rows_), to take back if the batch cannot be
   // planned, and the new IDs left without one.
-  std::vector<KeyRecord*> need;
+  std::vector<RecordRef> need;
   std::vector<int32_t> need_slots;
-  std::vector<std::pair<KeyRecord*, bool>> granted;
+  std::vector<std::pair<RecordRef, bool>> granted;
   int64_t shortfall = 0;
   // Evaluation while batches are pending: where moved IDs' values are.
   std::unordered_map<int64_t, Physical> physical;
@@ -174,7 +270,6 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
   const bool tiered_rows = tier_ != nullptr;
   const bool journal = w.journal != nullptr;
   const float weight = static_cast<float>(admission_.faae_coefficient);
-  const uint32_t stamp = dedupe_stamp_;
   const int64_t n = w.n;
   // Shards [lo, hi) of one group: its task visits the batch in input order and
   // plans the IDs of those shards, so that each shard sees its IDs in input
@@ -186,18 +281,30 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
       const int s = static_cast<int>(h >> kShardShift);
       return s >= lo && s < hi;
     };
-    // No growth inside the loop, so the record pointers kept in `uniques` and
-    // the prefetched buckets hold.
-    if (train) {
-      for (int s = lo; s < hi; ++s) shards_[s].Reserve(w.shard_ids[s]);
+    // No growth of the probe arrays inside the loop, so prefetched slots hold
+    // (record indices would hold anyway).
+    for (int s = lo; s < hi; ++s) {
+      if (train) {
+        shards_[s].Reserve(w.shard_ids[s]);
+        shards_[s].PrepareTime(w.timestamp);
+      }
+      if (w.shard_ids[s] > 0) w.dedupe[s].Start(w.shard_ids[s]);
+      w.uniques[s].reserve(static_cast<size_t>(w.shard_ids[s]));
     }
+    auto prefetch = [&](uint64_t h) {
+      const int s = static_cast<int>(h >> kShardShift);
+      shards_[s].Prefetch(h);
+      w.dedupe[s].Prefetch(h);
+    };
     for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
-      if (mine(w.hashes[p])) shards_[w.hashes[p] >> kShardShift].Prefetch(w.hashes[p]);
+      if (mine(w.hashes[p])) prefetch(w.hashes[p]);
     }
+    // Pass 1, over the positions: each distinct ID is looked up (in training:
+    // inserted) once, at its first occurrence; later ones only count.
     for (int64_t p = 0; p < n; ++p) {
       if (p + kPrefetchDistance < n) {
         const uint64_t ahead = w.hashes[p + kPrefetchDistance];
-        if (mine(ahead)) shards_[ahead >> kShardShift].Prefetch(ahead);
+        if (mine(ahead)) prefetch(ahead);
       }
       const uint64_t hash = w.hashes[p];
       if (!mine(hash)) continue;
@@ -208,41 +315,67 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
         w.local[p] = kDefaultSlot;
         continue;
       }
-      KeyRecord* rec;
-      bool inserted = false;
-      if (train) {
-        rec = shards_[s].FindOrInsert(key, hash, &inserted);
-      } else {
-        rec = shards_[s].Find(key, hash);
-        if (rec == nullptr) {
-          w.local[p] = kDefaultSlot;
-          continue;
+      std::vector<BatchWork::Unique>& uniq = w.uniques[s];
+      bool added = false;
+      Dedupe::Entry& entry = w.dedupe[s].FindOrAdd(key, hash, &added);
+      if (added) {
+        bool inserted = false;
+        const uint32_t index = train ? shards_[s].FindOrInsert(key, hash, &inserted)
+                                     : shards_[s].Find(key, hash);
+        if (index == KeyMap::kNoRecord) {
+          entry.local = kDefaultSlot;
+        } else {
+          entry.local = static_cast<int32_t>(uniq.size());
+          uniq.push_back(
+              BatchWork::Unique{key, index, w.dedupe[s].slot_of(entry), 0, inserted ? 1u : 0u});
+          w.first[p] = 1;
         }
       }
-      if (rec->stamp != stamp) {
-        std::vector<KeyRecord*>& uniq = w.uniques[s];
-        rec->stamp = stamp;
-        rec->local = static_cast<int32_t>(uniq.size());
-        uniq.push_back(rec);
-        w.first[p] = 1;
-        if (train) {
-          if (journal) {
-            w.undo[s].push_back(Undo{key, rec->last_seen, rec->count, rec->epoch,
-                                     rec->seen_recently, static_cast<uint8_t>(inserted ? 1 : 0)});
+      if (entry.local != kDefaultSlot) {
+        uint32_t overflow = 0;
+        entry.Count(&overflow);
+        if (overflow != 0) uniq[entry.local].occurrences += overflow;
+      }
+      w.local[p] = entry.local;
+    }
+    if (!train) return;
+    // Pass 2, over the distinct IDs (training): last-seen time, the journal's
+    // undo entry, and the admission count, one occurrence after another as
+    // before (each adds the same weight, so the sum is the same float).
+    for (int s = lo; s < hi; ++s) {
+      KeyMap& map = shards_[s];
+      const std::vector<BatchWork::Unique>& uniq = w.uniques[s];
+      const size_t distinct = uniq.size();
+      for (size_t u = 0; u < distinct; ++u) {
+        if (u + kPrefetchDistance < distinct) {
+          __builtin_prefetch(&map.record(uniq[u + kPrefetchDistance].index), 1);
+          w.dedupe[s].PrefetchSlot(uniq[u + kPrefetchDistance].slot);
+        }
+        const BatchWork::Unique& id = uniq[u];
+        KeyRecord& rec = map.record(id.index);
+        const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
+        if (journal) {
+          w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
+                                   rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
+        }
+        map.set_last_seen(id.index, w.timestamp);
+        rec.seen_recently = 1;
+        rec.epoch = epoch_;
+        if (!count) continue;
+        if (shared_counts_) {
+          const uint64_t hash = HashKey(id.key);
+          for (uint32_t k = 0; k < occurrences; ++k) {
+            rec.count = shared_counts_->Add(id.key, hash, weight);
           }
-          rec->last_seen = w.timestamp;
-          rec->seen_recently = 1;
-          rec->epoch = epoch_;
+        } else {
+          float total = rec.count;
+          for (uint32_t k = 0; k < occurrences; ++k) total += weight;
+          rec.count = total;
         }
-      }
-      if (count) {
-        rec->count = shared_counts_ ? shared_counts_->Add(key, hash, weight)
-                                    : rec->count + weight;
         // Tiered: keep the row's copy of its owner's count (rows are disjoint
         // across shards, so the groups write apart).
-        if (tiered_rows && rec->row >= 0) row_count_[rec->row] = rec->count;
+        if (tiered_rows && rec.row >= 0) row_count_[rec.row] = rec.count;
       }
-      w.local[p] = rec->local;
     }
   };
   if (w.groups > 1) {
@@ -252,13 +385,14 @@ void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
   }
 }
 
-int32_t HostTable::EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const {
+int32_t HostTable::EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec,
+                            BatchPlan* plan) const {
   // The step boundary: an ID admitted by a pending batch has no row yet, and
   // an ID a pending swap plan moves is still where it was.
-  if (!pending_admitted_.empty() && pending_admitted_.count(rec.key) > 0) return kDefaultSlot;
+  if (!pending_admitted_.empty() && pending_admitted_.count(key) > 0) return kDefaultSlot;
   int32_t row = rec.row;
   if (!w.physical.empty()) {
-    auto it = w.physical.find(rec.key);
+    auto it = w.physical.find(key);
     if (it != w.physical.end()) row = it->second.row;
   }
   if (row < 0) return kDefaultSlot;
@@ -281,11 +415,6 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     ++stats_.eval_batches;
   }
   if (n == 0) return Status::Ok();
-  if (++dedupe_stamp_ == 0) {
-    // The stamp wrapped around: forget every stale stamp once.
-    for (auto& shard : shards_) shard.ForEach([](KeyRecord& r) { r.stamp = 0; });
-    dedupe_stamp_ = 1;
-  }
   if (train && ++stamp_ == 0) {
     std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
     stamp_ = 1;
@@ -346,17 +475,17 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   for (int64_t i = 0; i < distinct; ++i) {
     if (i + kPrefetchDistance < distinct) {
       const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
-      __builtin_prefetch(w.uniques[s_ahead][l_ahead]);
+      __builtin_prefetch(&shards_[s_ahead].record(w.uniques[s_ahead][l_ahead].index));
     }
     const auto [s, l] = w.ordered[i];
-    KeyRecord* rec = w.uniques[s][l];
+    const BatchWork::Unique& id = w.uniques[s][l];
     int32_t g;
     if (!train) {
-      g = EvalSlot(w, *rec, plan);
+      g = EvalSlot(w, id.key, shards_[s].record(id.index), plan);
     } else if (tiered) {
-      g = TieredSlot(w, rec, plan);
+      g = TieredSlot(w, Ref(s, id.key, id.index), plan);
     } else {
-      g = DeviceSlot(w, rec, plan);
+      g = DeviceSlot(w, RecordRef{id.key, &shards_[s].record(id.index), nullptr}, plan);
     }
     w.global[s][l] = g;
   }
@@ -402,8 +531,9 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   return Status::Ok();
 }
 
-int32_t HostTable::TieredSlot(BatchWork& w, KeyRecord* rec, BatchPlan* plan) {
+int32_t HostTable::TieredSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan) {
   const int32_t index = static_cast<int32_t>(plan->unique_rows.size());
+  KeyRecord* rec = id.rec;
   if (rec->row >= 0) {
     row_stamp_[rec->row] = stamp_;
     LruUnlink(rec->row);
@@ -411,27 +541,28 @@ int32_t HostTable::TieredSlot(BatchWork& w, KeyRecord* rec, BatchPlan* plan) {
     plan->unique_rows.push_back(rec->row);
     return index;
   }
-  if (rec->in_host || Admits(*rec)) {
+  if (id.tier->in_host || Admits(id.key, *rec)) {
     // The row is handed out once the whole batch is known, so that no ID
     // of this batch becomes another one's victim.
     plan->unique_rows.push_back(-1);
-    w.need.push_back(rec);
+    w.need.push_back(id);
     w.need_slots.push_back(index);
     return index;
   }
   return kDefaultSlot;
 }
 
-int32_t HostTable::DeviceSlot(BatchWork& w, KeyRecord* rec, BatchPlan* plan) {
-  if (rec->row < 0 && Admits(*rec)) {
+int32_t HostTable::DeviceSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan) {
+  KeyRecord* rec = id.rec;
+  if (rec->row < 0 && Admits(id.key, *rec)) {
     if (!free_rows_.empty()) {
       rec->row = free_rows_.back();
       free_rows_.pop_back();
       plan->reused_rows.push_back(rec->row);
-      w.granted.emplace_back(rec, true);
+      w.granted.emplace_back(id, true);
     } else if (next_row_ < options_.device_capacity) {
       rec->row = static_cast<int32_t>(next_row_++);
-      w.granted.emplace_back(rec, false);
+      w.granted.emplace_back(id, false);
     } else {
       ++w.shortfall;
     }
@@ -450,11 +581,11 @@ Status HostTable::RefuseBatch(BatchWork& w, BatchPlan* plan) {
   // row would otherwise serve the new ID with the evicted ID's trained values.
   for (auto it = w.granted.rbegin(); it != w.granted.rend(); ++it) {
     if (it->second) {
-      free_rows_.push_back(it->first->row);
+      free_rows_.push_back(it->first.rec->row);
     } else {
       --next_row_;
     }
-    it->first->row = -1;
+    it->first.rec->row = -1;
   }
   stats_.admitted -= static_cast<int64_t>(w.granted.size());
   plan->unique_rows.clear();
@@ -469,10 +600,10 @@ Status HostTable::RefuseBatch(BatchWork& w, BatchPlan* plan) {
 }
 
 void HostTable::JournalGrants(BatchWork& w) {
-  for (const auto& [rec, from_free] : w.granted) {
-    w.journal->admitted.push_back(rec->key);
+  for (const auto& [id, from_free] : w.granted) {
+    w.journal->admitted.push_back(id.key);
     if (from_free) {
-      w.journal->popped_free.push_back(rec->row);
+      w.journal->popped_free.push_back(id.rec->row);
     } else {
       ++w.journal->fresh_rows;
     }
@@ -535,7 +666,7 @@ int64_t HostTable::BoundaryNewest() const {
   return pending_.empty() ? newest_timestamp_ : pending_.front().newest_before;
 }
 
-int64_t HostTable::EraseUnpending(const std::function<bool(const KeyRecord&)>& pred) {
+int64_t HostTable::EraseUnpending(const std::function<bool(const KeyMap&, uint32_t)>& pred) {
   std::vector<int64_t> pending_keys = PendingKeys();
   std::sort(pending_keys.begin(), pending_keys.end());
   auto is_pending = [&pending_keys](int64_t key) {
@@ -543,24 +674,26 @@ int64_t HostTable::EraseUnpending(const std::function<bool(const KeyRecord&)>& p
   };
   int64_t removed = 0;
   for (auto& shard : shards_) {
-    removed += shard.EraseIf([&](const KeyRecord& rec) {
-      if (!pred(rec) || (!pending_keys.empty() && is_pending(rec.key))) return false;
+    removed += shard.EraseIf([&](int64_t key, uint32_t index) {
+      const KeyRecord& rec = shard.record(index);
+      if (!pred(shard, index) || (!pending_keys.empty() && is_pending(key))) return false;
       if (rec.row >= 0) {
         free_rows_.push_back(rec.row);
         ++stats_.evicted_rows;
         if (tier_) LruUnlink(rec.row);
       }
-      if (rec.in_host) {
+      if (shard.tiered() && shard.tier(index).in_host) {
+        const int32_t host_slot = shard.tier(index).host_slot;
         --tier_ids_;
         ++stats_.evicted_rows;
-        if (rec.host_slot >= 0) --host_resident_;
-        tier_->Erase(rec.key, rec.host_slot);
+        if (host_slot >= 0) --host_resident_;
+        tier_->Erase(key, host_slot);
       }
-      if (shared_counts_) shared_counts_->Erase(rec.key, HashKey(rec.key));
+      if (shared_counts_) shared_counts_->Erase(key, HashKey(key));
       // Only a removal a later delta must list: of an ID that a save of the
       // chain holds. The rest (IDs that came and went between saves) would
       // only grow the log.
-      if (track_removals_ && rec.in_chain) removed_log_.emplace_back(rec.key, epoch_);
+      if (track_removals_ && rec.in_chain) removed_log_.emplace_back(key, epoch_);
       return true;
     });
   }
@@ -573,13 +706,16 @@ int64_t HostTable::Evict(int64_t max_age) {
   const int64_t newest = BoundaryNewest();
   if (newest < 0) return 0;
   const int64_t oldest_kept = newest - max_age;
-  return EraseUnpending([&](const KeyRecord& rec) { return rec.last_seen < oldest_kept; });
+  return EraseUnpending([&](const KeyMap& map, uint32_t index) {
+    return map.last_seen(index) < oldest_kept;
+  });
 }
 
 int64_t HostTable::Shrink(int threshold) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& shard : shards_) {
-    shard.ForEach([](KeyRecord& rec) {
+    shard.ForEach([&shard](int64_t, uint32_t index) {
+      KeyRecord& rec = shard.record(index);
       if (rec.seen_recently) {
         rec.age = 0;
         rec.seen_recently = 0;
@@ -588,7 +724,9 @@ int64_t HostTable::Shrink(int threshold) {
       }
     });
   }
-  return EraseUnpending([&](const KeyRecord& rec) { return rec.age >= threshold; });
+  return EraseUnpending([&](const KeyMap& map, uint32_t index) {
+    return map.record(index).age >= threshold;
+  });
 }
 
 TableStats HostTable::Stats() const {
@@ -599,7 +737,7 @@ TableStats HostTable::Stats() const {
   stats.ids_tracked = 0;
   for (const auto& shard : shards_) {
     stats.ids_tracked += shard.size();
-    stats.id_map_bytes += shard.capacity() * static_cast<int64_t>(sizeof(KeyRecord));
+    stats.id_map_bytes += shard.bytes();
   }
   return stats;
 }

@@ -118,7 +118,7 @@ struct TableStats {
   int64_t train_batches = 0;
   int64_t eval_batches = 0;
   int64_t tier_ids = 0;       // admitted IDs whose row is in the host (or SSD) tier
-  int64_t id_map_bytes = 0;   // the ID map's buckets (all shards), in bytes
+  int64_t id_map_bytes = 0;   // the ID map (all shards: probe arrays, records, tier records), in bytes
 };
 
 class HostTable {
@@ -259,6 +259,14 @@ class HostTable {
     uint8_t in_host = 0;
     int32_t host_slot = -1;
   };
+  // One ID as the key stage and the tier planner handle it: its key (the
+  // records do not hold it), its record, and (tiered tables) its tier record.
+  // The pointers hold until the ID is erased: records never move.
+  struct RecordRef {
+    int64_t key = 0;
+    KeyRecord* rec = nullptr;  // null: the ID has no record
+    TierRecord* tier = nullptr;
+  };
 
   // Key-stage planning, admission and eviction (host_table.cc).
   //
@@ -274,25 +282,28 @@ class HostTable {
   void HashKeys(BatchWork& w, ThreadPool* pool);
   void FindAndCount(BatchWork& w, ThreadPool* pool);
   Status AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
-  int32_t EvalSlot(const BatchWork& w, const KeyRecord& rec, BatchPlan* plan) const;
+  int32_t EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec, BatchPlan* plan) const;
   // TieredSlot and DeviceSlot run once per distinct ID, and so do
   // TakeDeviceRow, MoveToHost and PlaceArrival below once per arriving ID:
   // they are inline, defined in the one file that calls them, because the
   // -fPIC build would keep a plain member function out of line.
-  inline int32_t TieredSlot(BatchWork& w, KeyRecord* rec, BatchPlan* plan);
-  inline int32_t DeviceSlot(BatchWork& w, KeyRecord* rec, BatchPlan* plan);
+  inline int32_t TieredSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan);
+  inline int32_t DeviceSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan);
   // A device-only batch that brings more new IDs than there are rows: takes
   // back the rows it was given and returns the error.
   Status RefuseBatch(BatchWork& w, BatchPlan* plan);
   // Records in a deferred batch's journal the rows a device-only batch took.
   void JournalGrants(BatchWork& w);
-  KeyRecord* FindRecord(int64_t key);
-  bool Admits(const KeyRecord& rec) const;
+  RecordRef FindRecord(int64_t key);
+  RecordRef Ref(int shard, int64_t key, uint32_t index);
+  bool Admits(int64_t key, const KeyRecord& rec) const;
   bool IsPadding(int64_t key) const;
   // Keys of every pending batch.
   std::vector<int64_t> PendingKeys() const;
   // Erases records matching pred, except IDs of pending batches.
-  int64_t EraseUnpending(const std::function<bool(const KeyRecord&)>& pred);
+  int64_t EraseUnpending(const std::function<bool(const KeyMap&, uint32_t)>& pred);
+  // The maps of an empty table (tiered tables: with tier records).
+  KeyMap NewMap() const { return KeyMap(options_.host_capacity > 0); }
   // Newest trained batch time.
   int64_t BoundaryNewest() const;
 
@@ -301,23 +312,23 @@ class HostTable {
   // Hands device rows to `need` (in order), choosing victims among rows no
   // batch of this step uses, and queues the swap plan. A deferred batch's
   // `journal` records the rows taken and the IDs admitted.
-  Status AssignTieredRows(const std::vector<KeyRecord*>& need, const std::vector<int32_t>& slots,
+  Status AssignTieredRows(const std::vector<RecordRef>& need, const std::vector<int32_t>& slots,
                           BatchPlan* plan, PendingBatch* journal);
   // Its scratch, and the device row one arriving ID gets (with what leaves it).
   struct TierBatch;
   struct RowGrant;
   // Whether `need` fits: in the table's tiers, and in the device rows that
   // the step's batches leave to victims.
-  Status CheckTierRoom(const std::vector<KeyRecord*>& need) const;
+  Status CheckTierRoom(const std::vector<RecordRef>& need) const;
   // Takes `count` victims off the recency list, in the order they are used.
   Status PickVictims(int64_t count, TierBatch& t);
   // A free row, else a never used one, else the next victim (its owner moves
   // to a host slot).
-  inline RowGrant TakeDeviceRow(TierBatch& t, const KeyRecord& rec);
-  inline void MoveToHost(KeyRecord* victim);
+  inline RowGrant TakeDeviceRow(TierBatch& t, const RecordRef& id);
+  inline void MoveToHost(const RecordRef& victim);
   // Gives `rec` the granted row, at index `slot` of unique_rows, and adds the
   // row's swap to the plan.
-  inline void PlaceArrival(KeyRecord* rec, const RowGrant& grant, int32_t slot, TierBatch& t,
+  inline void PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t slot, TierBatch& t,
                            BatchPlan* plan);
   int32_t PickVictim();
   // The recency list (head: least recently used): `row` taken off it, or put
@@ -378,8 +389,7 @@ class HostTable {
   KeyMap shards_[kNumShards];
   std::vector<int32_t> free_rows_;  // rows freed by eviction, reused LIFO
   int64_t next_row_ = 0;            // rows [next_row_, capacity) never used
-  uint32_t stamp_ = 0;         // training batches planned (device-cache recency)
-  uint32_t dedupe_stamp_ = 0;  // every batch: KeyRecord::stamp scratch
+  uint32_t stamp_ = 0;  // training batches planned (device-cache recency)
   bool counting_frozen_ = false;
   AdmissionOptions admission_;
   std::shared_ptr<SharedCounts> shared_counts_;

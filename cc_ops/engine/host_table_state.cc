@@ -28,7 +28,9 @@ struct HostTable::Boundary {
 };
 
 struct HostTable::ExportedRecord {
+  int64_t key;
   KeyRecord* rec;
+  int64_t last_seen;
   const Undo* undo;  // its values at the boundary, if a pending batch changed them
   Physical where;
 };
@@ -40,10 +42,10 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   const std::vector<ExportedRecord> records = CollectRecords(boundary, since_epoch);
   *state = TableState();
   for (const ExportedRecord& e : records) {
-    state->keys.push_back(e.rec->key);
+    state->keys.push_back(e.key);
     state->rows.push_back(e.where.row);
     state->counts.push_back(e.undo != nullptr ? e.undo->count : e.rec->count);
-    state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.rec->last_seen);
+    state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.last_seen);
   }
   state->free_rows = std::move(boundary.free_rows);
   state->next_row = boundary.next_row;
@@ -88,31 +90,36 @@ Status HostTable::ViewBoundary(Boundary* boundary) const {
 
 std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary& boundary,
                                                                  uint32_t since_epoch) {
-  const auto physical_of = [&boundary](const KeyRecord* rec) {
+  const auto physical_of = [&boundary](const RecordRef& id) {
     Physical now;
-    auto it = boundary.physical.find(rec->key);
+    auto it = boundary.physical.find(id.key);
     if (it != boundary.physical.end()) {
       now = it->second;
     } else {
-      now.row = rec->row;
-      now.in_host = rec->in_host;
-      now.host_slot = rec->host_slot;
+      now.row = id.rec->row;
+      if (id.tier != nullptr) {
+        now.in_host = id.tier->in_host;
+        now.host_slot = id.tier->host_slot;
+      }
     }
-    if (!boundary.unadmitted.empty() && boundary.unadmitted.count(rec->key) > 0) now = Physical();
+    if (!boundary.unadmitted.empty() && boundary.unadmitted.count(id.key) > 0) now = Physical();
     return now;
   };
   std::vector<ExportedRecord> records;
-  for (auto& shard : shards_) {
-    shard.ForEach([&](KeyRecord& rec) {
-      auto it = boundary.before.find(rec.key);
+  for (int s = 0; s < kNumShards; ++s) {
+    shards_[s].ForEach([&](int64_t key, uint32_t index) {
+      const RecordRef id = Ref(s, key, index);
+      auto it = boundary.before.find(key);
       const Undo* undo = it == boundary.before.end() ? nullptr : it->second;
       if (undo != nullptr && undo->inserted) return;  // not known at the boundary
-      const uint32_t epoch = undo != nullptr ? undo->epoch : rec.epoch;
-      if (since_epoch == 0 || epoch > since_epoch) records.push_back({&rec, undo, physical_of(&rec)});
+      const uint32_t epoch = undo != nullptr ? undo->epoch : id.rec->epoch;
+      if (since_epoch == 0 || epoch > since_epoch) {
+        records.push_back({key, id.rec, shards_[s].last_seen(index), undo, physical_of(id)});
+      }
     });
   }
   std::sort(records.begin(), records.end(), [](const ExportedRecord& a, const ExportedRecord& b) {
-    return a.where.row != b.where.row ? a.where.row < b.where.row : a.rec->key < b.rec->key;
+    return a.where.row != b.where.row ? a.where.row < b.where.row : a.key < b.key;
   });
   return records;
 }
@@ -125,7 +132,7 @@ Status HostTable::ExportTier(const std::vector<ExportedRecord>& records, const B
   for (const ExportedRecord& e : records) {
     state->in_host.push_back(e.where.in_host);
     if (e.where.in_host) {
-      host_keys.push_back(e.rec->key);
+      host_keys.push_back(e.key);
       host_slots.push_back(e.where.host_slot);
     }
   }
@@ -142,12 +149,12 @@ void HostTable::MarkPendingChanged(const Boundary& boundary) {
   // What the pending batches' steps will change, and IDs saved where a pending
   // plan moves them from: the next delta holds them as they are then.
   for (const auto& [key, undo] : boundary.before) {
-    KeyRecord* rec = FindRecord(key);
-    if (rec != nullptr) rec->epoch = epoch_;
+    const RecordRef id = FindRecord(key);
+    if (id.rec != nullptr) id.rec->epoch = epoch_;
   }
   for (const auto& entry : boundary.physical) {
-    KeyRecord* rec = FindRecord(entry.first);
-    if (rec != nullptr) rec->epoch = epoch_;
+    const RecordRef id = FindRecord(entry.first);
+    if (id.rec != nullptr) id.rec->epoch = epoch_;
   }
 }
 
@@ -171,7 +178,9 @@ Status HostTable::ImportState(const TableState& state) {
   MXREC_RETURN_IF_ERROR(CheckRows(state));
   std::vector<int64_t> host_keys;  // tiered: the IDs in the host tier, in state order
   if (tier_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_keys));
-  std::vector<KeyMap> fresh(kNumShards);
+  std::vector<KeyMap> fresh;
+  fresh.reserve(kNumShards);
+  for (int s = 0; s < kNumShards; ++s) fresh.push_back(NewMap());
   MXREC_RETURN_IF_ERROR(BuildMaps(state, &fresh));
   uint32_t stamp = 0;
   if (tier_) MXREC_RETURN_IF_ERROR(RestoreTier(state, host_keys, &fresh, &stamp));
@@ -295,28 +304,31 @@ Status HostTable::BuildMaps(const TableState& state, std::vector<KeyMap>* maps) 
   for (size_t i = 0; i < state.keys.size(); ++i) {
     const uint64_t hash = HashKey(state.keys[i]);
     bool inserted = false;
-    KeyRecord* rec = fresh[hash >> kShardShift].FindOrInsert(state.keys[i], hash, &inserted);
+    KeyMap& map = fresh[hash >> kShardShift];
+    const uint32_t index = map.FindOrInsert(state.keys[i], hash, &inserted);
     if (!inserted) {
       return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                          "': ID ", state.keys[i], " appears twice in the checkpoint");
     }
-    rec->row = state.rows[i];
-    rec->count = state.counts[i];
-    rec->last_seen = state.last_seen[i];
-    if (tier_ && !state.in_host.empty()) rec->in_host = state.in_host[i];
-    rec->in_chain = 1;  // a restored save: its removals matter to a later delta
+    KeyRecord& rec = map.record(index);
+    rec.row = state.rows[i];
+    rec.count = state.counts[i];
+    map.set_last_seen(index, state.last_seen[i]);
+    if (tier_ && !state.in_host.empty()) map.tier(index).in_host = state.in_host[i];
+    rec.in_chain = 1;  // a restored save: its removals matter to a later delta
   }
   return Status::Ok();
 }
 
 Status HostTable::RestoreTier(const TableState& state, const std::vector<int64_t>& host_keys,
                               std::vector<KeyMap>* maps, uint32_t* stamp) {
-  // The new records of host_keys, in order (pointers hold: the maps are full).
-  std::vector<KeyRecord*> host_records;
+  // The new tier records of host_keys, in order (records never move).
+  std::vector<TierRecord*> host_records;
   host_records.reserve(host_keys.size());
   for (int64_t key : host_keys) {
     const uint64_t hash = HashKey(key);
-    host_records.push_back((*maps)[hash >> kShardShift].Find(key, hash));
+    KeyMap& map = (*maps)[hash >> kShardShift];
+    host_records.push_back(&map.tier(map.Find(key, hash)));
   }
   std::vector<int32_t> host_slots;
   MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
@@ -379,8 +391,9 @@ void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* row
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<int32_t, int64_t>> pairs;
   for (const auto& shard : shards_) {
-    shard.ForEach([&](const KeyRecord& rec) {
-      if (rec.row >= 0) pairs.emplace_back(rec.row, rec.key);
+    shard.ForEach([&](int64_t key, uint32_t index) {
+      const int32_t row = shard.record(index).row;
+      if (row >= 0) pairs.emplace_back(row, key);
     });
   }
   std::sort(pairs.begin(), pairs.end());

@@ -43,7 +43,7 @@ void HostTable::SetSwapProtect(uint32_t batches) {
   swap_protect_ = std::max<uint32_t>(1, batches);
 }
 
-Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
+Status HostTable::AssignTieredRows(const std::vector<RecordRef>& need,
                                    const std::vector<int32_t>& slots, BatchPlan* plan,
                                    PendingBatch* journal) {
   MXREC_RETURN_IF_ERROR(CheckTierRoom(need));
@@ -59,8 +59,11 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
   t.journal = journal;
   MXREC_RETURN_IF_ERROR(PickVictims(victim_count, t));
   for (size_t i = 0; i < need.size(); ++i) {
-    if (i + kAhead < need.size()) __builtin_prefetch(need[i + kAhead], 1);
-    const RowGrant grant = TakeDeviceRow(t, *need[i]);
+    if (i + kAhead < need.size()) {
+      __builtin_prefetch(need[i + kAhead].rec, 1);
+      __builtin_prefetch(need[i + kAhead].tier, 1);
+    }
+    const RowGrant grant = TakeDeviceRow(t, need[i]);
     PlaceArrival(need[i], grant, slots[i], t, plan);
   }
   PlanSpills(&t.swaps);
@@ -68,11 +71,11 @@ Status HostTable::AssignTieredRows(const std::vector<KeyRecord*>& need,
   return Status::Ok();
 }
 
-Status HostTable::CheckTierRoom(const std::vector<KeyRecord*>& need) const {
+Status HostTable::CheckTierRoom(const std::vector<RecordRef>& need) const {
   const int64_t device = options_.device_capacity;
   const int64_t total = device + options_.host_capacity + options_.ssd_capacity;
   int64_t brand_new = 0;
-  for (const KeyRecord* rec : need) brand_new += rec->in_host ? 0 : 1;
+  for (const RecordRef& id : need) brand_new += id.tier->in_host ? 0 : 1;
   const int64_t owned = next_row_ - static_cast<int64_t>(free_rows_.size());
   if (owned + tier_ids_ + brand_new > total) {
     return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
@@ -125,7 +128,7 @@ Status HostTable::PickVictims(int64_t count, TierBatch& t) {
   return Status::Ok();
 }
 
-HostTable::RowGrant HostTable::TakeDeviceRow(TierBatch& t, const KeyRecord& rec) {
+HostTable::RowGrant HostTable::TakeDeviceRow(TierBatch& t, const RecordRef& id) {
   RowGrant grant;
   if (!free_rows_.empty()) {
     grant.row = free_rows_.back();
@@ -138,7 +141,7 @@ HostTable::RowGrant HostTable::TakeDeviceRow(TierBatch& t, const KeyRecord& rec)
     if (t.journal != nullptr) ++t.journal->fresh_rows;
     // A never used row holds the variable initializer's value already, as in
     // device-only mode.
-    grant.refill = rec.in_host != 0;
+    grant.refill = id.tier->in_host != 0;
     return grant;
   }
   const int64_t ahead = t.next_victim + kAhead;
@@ -147,43 +150,46 @@ HostTable::RowGrant HostTable::TakeDeviceRow(TierBatch& t, const KeyRecord& rec)
   }
   const uint64_t hash = t.victim_hash[t.next_victim];
   grant.row = t.victims[t.next_victim++];
-  KeyRecord* victim = shards_[hash >> kShardShift].Find(row_key_[grant.row], hash);
+  const int s = static_cast<int>(hash >> kShardShift);
+  const int64_t victim_key = row_key_[grant.row];
+  const RecordRef victim = Ref(s, victim_key, shards_[s].Find(victim_key, hash));
   MoveToHost(victim);
   grant.has_out = true;
-  grant.out_key = victim->key;
-  grant.out_slot = victim->host_slot;
+  grant.out_key = victim.key;
+  grant.out_slot = victim.tier->host_slot;
   return grant;
 }
 
-void HostTable::MoveToHost(KeyRecord* victim) {
-  victim->row = -1;
-  victim->in_host = 1;
-  victim->host_slot = AllocHostSlot();
-  victim->epoch = epoch_;  // its tier changed: the next delta holds it
+void HostTable::MoveToHost(const RecordRef& victim) {
+  victim.rec->row = -1;
+  victim.tier->in_host = 1;
+  victim.tier->host_slot = AllocHostSlot();
+  victim.rec->epoch = epoch_;  // its tier changed: the next delta holds it
   ++tier_ids_;
   ++host_resident_;
-  if (options_.ssd_capacity > 0) host_arrival_.emplace_back(victim->key, victim->host_slot);
+  if (options_.ssd_capacity > 0) host_arrival_.emplace_back(victim.key, victim.tier->host_slot);
 }
 
-void HostTable::PlaceArrival(KeyRecord* rec, const RowGrant& grant, int32_t slot, TierBatch& t,
-                             BatchPlan* plan) {
+void HostTable::PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t slot,
+                             TierBatch& t, BatchPlan* plan) {
   const int32_t row = grant.row;
-  rec->row = row;
-  row_key_[row] = rec->key;
+  id.rec->row = row;
+  row_key_[row] = id.key;
   row_stamp_[row] = stamp_;
-  row_count_[row] = rec->count;
+  row_count_[row] = id.rec->count;
   LruPushTail(row);
-  const bool from_host = rec->in_host != 0;
-  const int32_t in_slot = from_host ? rec->host_slot : -1;
+  TierRecord* tier = id.tier;
+  const bool from_host = tier->in_host != 0;
+  const int32_t in_slot = from_host ? tier->host_slot : -1;
   if (from_host) {
-    rec->in_host = 0;
-    rec->host_slot = -1;
+    tier->in_host = 0;
+    tier->host_slot = -1;
     --tier_ids_;
     if (in_slot >= 0) --host_resident_;
   } else {
     ++plan->new_ids;
     ++stats_.admitted;
-    if (t.journal != nullptr) t.journal->admitted.push_back(rec->key);
+    if (t.journal != nullptr) t.journal->admitted.push_back(id.key);
   }
   plan->unique_rows[slot] = row;
   if (!grant.refill) return;
@@ -193,7 +199,7 @@ void HostTable::PlaceArrival(KeyRecord* rec, const RowGrant& grant, int32_t slot
   swaps.out_keys.push_back(grant.out_key);
   swaps.has_out.push_back(grant.has_out ? 1 : 0);
   swaps.out_slots.push_back(grant.out_slot);
-  swaps.in_keys.push_back(rec->key);
+  swaps.in_keys.push_back(id.key);
   swaps.from_host.push_back(from_host ? 1 : 0);
   swaps.in_slots.push_back(in_slot);
 }
@@ -276,9 +282,9 @@ void HostTable::PlanSpills(SwapPlan* plan) {
          tier_ids_ - host_resident_ < options_.ssd_capacity) {
     const auto [key, slot] = host_arrival_.front();
     host_arrival_.pop_front();
-    KeyRecord* rec = FindRecord(key);
-    if (rec == nullptr || !rec->in_host || rec->host_slot != slot) continue;  // moved since
-    rec->host_slot = -1;
+    const RecordRef id = FindRecord(key);
+    if (id.rec == nullptr || !id.tier->in_host || id.tier->host_slot != slot) continue;  // moved since
+    id.tier->host_slot = -1;
     --host_resident_;
     plan->spill_keys.push_back(key);
     plan->spill_slots.push_back(slot);
@@ -287,8 +293,10 @@ void HostTable::PlanSpills(SwapPlan* plan) {
   if (static_cast<int64_t>(host_arrival_.size()) > 2 * host_resident_ + 1024) {
     std::deque<std::pair<int64_t, int32_t>> kept;
     for (const auto& entry : host_arrival_) {
-      const KeyRecord* rec = FindRecord(entry.first);
-      if (rec != nullptr && rec->in_host && rec->host_slot == entry.second) kept.push_back(entry);
+      const RecordRef id = FindRecord(entry.first);
+      if (id.rec != nullptr && id.tier->in_host && id.tier->host_slot == entry.second) {
+        kept.push_back(entry);
+      }
     }
     host_arrival_.swap(kept);
   }
@@ -310,8 +318,8 @@ Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float*
         if (moved->second.in_host) slots[i] = moved->second.host_slot;
         continue;
       }
-      const KeyRecord* rec = FindRecord(keys[i]);
-      if (rec != nullptr && rec->in_host) slots[i] = rec->host_slot;
+      const RecordRef id = FindRecord(keys[i]);
+      if (id.rec != nullptr && id.tier->in_host) slots[i] = id.tier->host_slot;
     }
   }
   return tier_->Read(component, keys, slots.data(), n, values, found);
