@@ -475,7 +475,10 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   for (int64_t i = 0; i < distinct; ++i) {
     if (i + kPrefetchDistance < distinct) {
       const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
-      __builtin_prefetch(&shards_[s_ahead].record(w.uniques[s_ahead][l_ahead].index));
+      const uint32_t ahead = w.uniques[s_ahead][l_ahead].index;
+      __builtin_prefetch(&shards_[s_ahead].record(ahead));
+      // A tiered ID without a device row reads its tier record too (a separate array).
+      if (tiered && train) __builtin_prefetch(&shards_[s_ahead].tier(ahead));
     }
     const auto [s, l] = w.ordered[i];
     const BatchWork::Unique& id = w.uniques[s][l];
