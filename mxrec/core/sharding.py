@@ -93,20 +93,18 @@ def fence_iterators(ids: tf.Tensor) -> int:
     """
     graph = ids.graph
     fenced = _FENCED.setdefault(graph, set())
-    todo, seen, makers = [ids.op], {ids.op.name}, []
+    todo, seen, makers = [ids.op], {ids.op.name}, {}
     while todo and len(seen) < _WALK_LIMIT:
         op = todo.pop()
-        if op.type in _GET_NEXT:
-            makers += [user for user in op.inputs[0].consumers()
-                       if user.type == "MakeIterator" and user.name not in fenced]
+        if op.type in _GET_NEXT:  # one iterator may feed several get_next ops
+            makers.update((user.name, user) for user in op.inputs[0].consumers()
+                          if user.type == "MakeIterator" and user.name not in fenced)
             continue
         for tensor in op.inputs:
             if tensor.op.name not in seen:
                 seen.add(tensor.op.name)
                 todo.append(tensor.op)
-    for maker in makers:
-        if maker.name in fenced:
-            continue
+    for maker in makers.values():
         fenced.add(maker.name)
         with graph.as_default(), graph.name_scope(None), tf.control_dependencies(None), \
                 tf.name_scope("mxrec_iterator_fence"):
