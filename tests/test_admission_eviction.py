@@ -19,6 +19,7 @@ from support import read_scalars
 
 from mxrec._lib import loader
 from mxrec.core import entry as paddle_entry
+from mxrec.core import feature_process
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
 from mxrec.hooks import EvictHook, TableStatsHook
 from mxrec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam, momentum
@@ -336,26 +337,45 @@ def test_evict_hook_by_steps_in_monitored_training_session(mx):
     assert hook.evicted_total == 4
 
 
-def test_evict_hook_by_time_in_monitored_session(mx):
+class _FakeClock:
+    """The hook's `time` module: monotonic() returns what the test set, so whether an
+    eviction is due by wall-clock time does not depend on the machine's speed."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+def test_evict_hook_by_time_in_monitored_session(mx, monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(feature_process, "time", clock)
     mx(prefetch_batch_number=PREFETCH)
     net = Net(dict(access_threshold=1, eviction_threshold=5))
     hook = EvictHook(evict_enable=True, evict_time_interval=1.0, evict_step_interval=None)
     creator = _v1.train.ChiefSessionCreator(config=_session_config())
     with _v1.train.MonitoredSession(session_creator=creator, hooks=[hook]) as sess:
         for i, key in enumerate([1, 2, 3, 4]):
+            clock.now += 0.125  # 0.5 s in all: never due (all steps of the clock are exact floats)
             sess.run(net.train_op, net.feed([key], i))
-        # Any eviction so far found nothing older than newest - 5.
+        # No eviction ran (and any would have found nothing older than newest - 5).
         assert net.stats()["evicted"] == 0
-        time.sleep(1.05)
+        assert hook.evicted_total == 0
+        clock.now += 0.5  # 1 s since the session began: due
         sess.run(net.train_op, net.feed([5], 100))
         # Due by time: 1, 2, 3, 4 (t <= 3 < 100 - 5) go.
         assert net.stats()["evicted"] == 4
         assert sorted(net.rows()) == [5]
-        start = time.monotonic()
+        clock.now += 0.75  # 0.75 s since that eviction: not due
         sess.run(net.train_op, net.feed([6], 200))
-        if time.monotonic() - start < 0.9:
-            assert net.stats()["evicted"] == 4  # not due yet
-    assert hook.evicted_total >= 4
+        assert net.stats()["evicted"] == 4
+        assert sorted(net.rows()) == [5, 6]
+        clock.now += 0.25  # 1 s: due; 5 (t=100 < 203 - 5) goes, 6 (t=200) stays
+        sess.run(net.train_op, net.feed([7], 203))
+        assert net.stats()["evicted"] == 5
+        assert sorted(net.rows()) == [6, 7]
+    assert hook.evicted_total == 5
 
 
 def test_evict_hook_disabled_and_tables_without_eviction_threshold(mx):

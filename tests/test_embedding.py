@@ -426,6 +426,42 @@ def test_create_table_single_process_equivalents(mx, make_session):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("optimizer", ["adagrad", "lazy_adam"])
+def test_single_process_equivalents_train_like_the_plain_table(mx, make_session, optimizer):
+    """Training too: is_dp, the all2all reduction and fusion_optimizer_var leave a
+    one-process table's rows, slots and IDs bit for bit those of the plain table."""
+    from mxrec.optimizers import adagrad, lazy_adam  # pylint: disable=import-outside-toplevel
+
+    mx()
+    plain = _table(name="plain")
+    other = _table(name="other", is_dp=True, fusion_optimizer_var=False, padding_keys_len=6,
+                   all2all_gradients_op="sum_gradients_and_div_by_ranksize")
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    target = tf.compat.v1.placeholder(tf.float32, [None, DIM])
+    losses = [tf.reduce_sum(tf.square(sparse_lookup(t, ids) - target)) for t in (plain, other)]
+    sparse = [plain.variable, other.variable]
+    opt = (adagrad.create_hash_optimizer(0.1) if optimizer == "adagrad"
+           else lazy_adam.create_hash_optimizer(0.05))
+    grads = [tf.gradients(loss, var)[0] for loss, var in zip(losses, sparse)]
+    train_op = opt.apply_gradients(zip(grads, sparse))
+    sess = make_session()
+    initial = sess.run(plain.variable)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        batch = rng.integers(0, 12, size=7).astype(np.int64) * 1009 - 5000
+        sess.run(train_op, {ids: batch, target: rng.normal(size=(7, DIM)).astype(np.float32)})
+    for got, want in zip(plain.export_rows(), other.export_rows()):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(*sess.run([plain.variable, other.variable]))
+    names = opt.get_slot_names()
+    assert names
+    for name in names:
+        np.testing.assert_array_equal(*sess.run([opt.get_slot(plain.variable, name),
+                                                 opt.get_slot(other.variable, name)]),
+                                      err_msg=name)
+    assert not np.array_equal(sess.run(plain.variable), initial)  # it did train
+
+
 def test_padding_keys_mask_false_makes_them_ordinary_ids(mx, make_session):
     """mx_rec: padding_keys without padding_keys_mask train like any other ID."""
     mx()
