@@ -193,16 +193,81 @@ def test_evaluation_between_steps_equals_the_direct_path(prefetch, host):
     _close(got_probe, want_probe)
 
 
-def _evict_every_step(kind, with_eval, prefetch, lookups):
+class EvictionModel:
+    """What eviction and shrink must keep, in NumPy terms, independent of the engine.
+
+    Per ID: admission count and last-seen time from trained batches, shrink age and whether a
+    batch planned since the last shrink touched it, and the batch that created its record.
+    Batches are planned in order, `prefetch` ahead of the step. A planned batch's IDs are never
+    removed; otherwise evict removes IDs last seen before newest trained time - max_age, and
+    shrink those unseen for `threshold` shrinks. A save shows the step boundary: records a
+    planned batch created are left out, counts are those of trained batches.
+    """
+
+    def __init__(self):
+        self.records = {}
+        self.planned = 0
+        self.removed = 0
+        self.protected = 0  # removals a planned batch prevented
+
+    @staticmethod
+    def batch(b):
+        return DATA[0][b * BATCH:(b + 1) * BATCH].ravel().tolist()
+
+    def plan(self, upto):
+        for b in range(self.planned, upto):
+            for key in self.batch(b):
+                record = self.records.setdefault(
+                    key, {"count": 0, "last": None, "age": 0, "seen": False, "created": b})
+                record["seen"] = True
+        self.planned = upto
+
+    def train(self, b):
+        for key in self.batch(b):
+            self.records[key]["count"] += 1
+            self.records[key]["last"] = int(DATA[2][b * BATCH])
+
+    def remove(self, kind, trained, limit):
+        pending = {k for b in range(trained, self.planned) for k in self.batch(b)}
+        if kind == "evict":
+            oldest_kept = int(DATA[2][(trained - 1) * BATCH]) - limit
+            due = [k for k, r in self.records.items()
+                   if r["last"] is not None and r["last"] < oldest_kept]
+        else:
+            for r in self.records.values():
+                r["age"] = 0 if r["seen"] else r["age"] + 1
+                r["seen"] = False
+            due = [k for k, r in self.records.items() if r["age"] >= limit]
+        gone = [k for k in due if k not in pending]
+        self.protected += len(due) - len(gone)
+        self.removed += len(gone)
+        for k in gone:
+            del self.records[k]
+        return len(gone)
+
+    def boundary(self, trained):
+        """{ID: count} of the records a save at this step holds."""
+        return {k: r["count"] for k, r in self.records.items() if r["created"] < trained}
+
+
+def _evict_every_step(kind, with_eval, prefetch, lookups, model_check=None):
     def after_step(model, step, sess):
         if with_eval:  # three evaluation batches between steps
             for _ in range(3):
                 model.evaluate(sess)
         wait_for_planned_batches(model.table, lookups * min(prefetch, STEPS - step))
-        if kind == "evict":
-            model.table.evict(20)
-        else:
-            model.table.shrink(2)
+        removed = model.table.evict(20) if kind == "evict" else model.table.shrink(2)
+        if model_check is not None:
+            model_check.plan(min(step + prefetch, STEPS))
+            model_check.train(step - 1)
+            assert removed == model_check.remove(kind, step, 20 if kind == "evict" else 2), step
+            saved = loader.engine().export_state(model.table.table_key, 0, False)
+            want = model_check.boundary(step)
+            got = dict(zip(saved["keys"].tolist(), saved["counts"].tolist()))
+            assert got == want, f"step {step}"
+            admitted = {k for k, r in zip(saved["keys"].tolist(), saved["rows"].tolist())
+                        if r >= 0}
+            assert admitted == {k for k, c in want.items() if c >= 2}, f"step {step}"
 
     return after_step
 
@@ -210,10 +275,22 @@ def _evict_every_step(kind, with_eval, prefetch, lookups):
 @pytest.mark.parametrize("kind", ["evict", "shrink"])
 @pytest.mark.parametrize("prefetch", [1, 2, 4])
 def test_eviction_protects_exactly_the_planned_batches(prefetch, kind):
+    """Both arms run the same prefetched eviction (with and without evaluation batches between
+    steps); the arm with evaluation also checks, after every step, the removed count and the
+    saved IDs, counts and admissions against `EvictionModel`, which knows nothing of the engine."""
     options = dict(modify=True, prefetch=prefetch, lookups=2, eviction=20)
     want, _ = _run(STEPS, after_step=_evict_every_step(kind, False, prefetch, 2), **options)
-    got, _ = _run(STEPS, after_step=_evict_every_step(kind, True, prefetch, 2), **options)
+    reference = EvictionModel()
+    got, _ = _run(STEPS, after_step=_evict_every_step(kind, True, prefetch, 2, reference),
+                  **options)
     _close(got, want)
+    assert reference.planned == STEPS
+    # Not a run where nothing happens: IDs went, and planned batches kept some that were due.
+    assert reference.removed > 0
+    # Planning a batch marks its IDs seen for shrink, so an ID of a planned batch is due for
+    # shrink(2) only after waiting two shrinks planned: with prefetch > 2.
+    if kind == "evict" or prefetch > 2:
+        assert reference.protected > 0, (kind, prefetch)
 
 
 def test_eviction_never_removes_an_id_of_a_planned_batch():
