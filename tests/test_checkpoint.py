@@ -261,51 +261,82 @@ def test_delta_before_any_full_save_is_refused(tmp_path):
 
 
 _KILL_SCRIPT = textwrap.dedent("""
-    import sys, numpy as np, tensorflow as tf
+    import os, sys, numpy as np, tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     sys.path.insert(0, sys.argv[2]); sys.path.insert(0, sys.argv[3])
-    from test_checkpoint import Model, _batches
+    from test_checkpoint import Model, _batches, _saved_values
     from mxrec.saver.checkpoint import Saver
     model = Model("adagrad", admission=True, capacity=20_000)
     saver = Saver(sys.argv[1], max_to_keep=2)
     rng = np.random.default_rng(int(sys.argv[4]))
+    expected = sys.argv[6]
+
+    def save(sess, step, **kwargs):
+        # What this step must restore to, written (atomically) before its save starts.
+        np.savez(os.path.join(expected, "tmp.npz"), **_saved_values(sess, model))
+        os.replace(os.path.join(expected, "tmp.npz"), os.path.join(expected, f"{step}.npz"))
+        stale = os.path.join(expected, f"{step - 10}.npz")
+        if os.path.exists(stale):
+            os.remove(stale)
+        saver.save(sess, step, **kwargs)
+
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         start = int(sys.argv[5])
         if start:
             start = saver.restore(sess)
         step = start
-        saver.save(sess, step + 1); step += 1
+        save(sess, step + 1); step += 1
         print("ready", flush=True)
         while True:
-            sess.run(model.train, {model.ids: rng.integers(0, 2**40, size=3000)})
+            # New IDs (never admitted) and IDs from a pool (admitted and trained).
+            ids = np.concatenate([rng.integers(0, 2**40, size=2000), rng.integers(0, 4000, 1000)])
+            sess.run(model.train, {model.ids: ids})
             step += 1
-            saver.save(sess, step, kind="full" if step % 3 == 0 else "delta")
+            save(sess, step, kind="full" if step % 3 == 0 else "delta")
 """)
 
 
+def _saved_values(sess, model):
+    """The trained state a save at this step holds: admitted IDs, their rows' values, the
+    dense weight."""
+    ids, rows = model.table.export_rows()
+    order = np.argsort(ids)
+    return {"ids": ids[order], "emb": sess.run(model.table.variable)[rows[order]],
+            "w": sess.run(model.weight)}
+
+
 def test_killed_during_save_leaves_a_loadable_version(tmp_path):
-    """SIGKILL at random moments while saving: the newest complete version always loads."""
+    """SIGKILL at random moments while saving: the newest complete version always loads, and
+    it holds exactly the values the killed process had at that step."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     rng = np.random.default_rng(1)
     last_step = 0
+    expected = tmp_path / "expected"
+    expected.mkdir()
+    checkpoints = tmp_path / "ckpt"
     for attempt in range(3):
         proc = subprocess.Popen(
-            [sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), REPO, os.path.dirname(__file__),
-             str(attempt), str(last_step)],
+            [sys.executable, "-c", _KILL_SCRIPT, str(checkpoints), REPO,
+             os.path.dirname(__file__), str(attempt), str(last_step), str(expected)],
             stdout=subprocess.PIPE, env=env)
         assert proc.stdout.readline().strip() == b"ready"
         time.sleep(float(rng.uniform(0.2, 1.5)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         with tf.Graph().as_default():
-            Model("adagrad", admission=True, capacity=20_000)
-            saver = Saver(str(tmp_path))
+            model = Model("adagrad", admission=True, capacity=20_000)
+            saver = Saver(str(checkpoints))
             with tf.compat.v1.Session() as sess:
                 sess.run(tf.compat.v1.global_variables_initializer())
                 step = saver.restore(sess)
+                got = _saved_values(sess, model)
             terminate_config_initializer()
         assert step >= last_step
+        want = np.load(expected / f"{step}.npz")
+        assert len(want["ids"]) > 0 or step == 1
+        for name in ("ids", "emb", "w"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"step {step}: {name}")
         last_step = step
 
 
