@@ -10,8 +10,8 @@ batches as the run trains), so the Zipf tail brings new IDs throughout and
 admission and row assignment are measured too. All variants stay loaded (one
 graph and session each) and take turns of `--block_steps` steps, `--blocks`
 turns each, so that a change in the machine's speed falls on all alike. Prints a
-Markdown table with samples/s, the ratio to device-only over all turns and the
-spread of the per-turn ratios, swap traffic per step and host memory per
+Markdown table with samples/s, the ratio to device-only over all turns (the ratio the goals
+state) and the spread of the per-turn ratios, swap traffic per step and host memory per
 million IDs.
 
     PYTHONPATH=. .venv/bin/python bench/bench_tiers.py [--cache 0.1 --ssd_share 0.5]
@@ -256,16 +256,18 @@ def main(argv=None):
         out.figure(f"{labels_of[label]} samples/s", round(rate[label]))
         out.figure(f"{labels_of[label]} swap-ins per step",
                    round(stats[label]["swap_in_total"] / trained_steps))
-    # The goals take the median of the per-turn ratios: a turn that other work on the
-    # machine slowed down moves the ratio over all turns, not the median.
-    out.goal(f"host tier, {args.cache:.0%} device cache: x device-only (median per turn)",
-             np.median(ratios["host"]), 0.9)
-    out.figure("host tier: x device-only over all turns", round(rate["host"] / rate["device"], 3))
+    # The goals state the ratio over the whole run (all turns' samples over all turns'
+    # seconds: what a user's run gets); the median of the per-turn ratios, which a turn that
+    # other work on the machine slowed down moves less, is a figure beside it.
+    out.goal(f"host tier, {args.cache:.0%} device cache: x device-only (whole run: samples/s "
+             "over all turns)", rate["host"] / rate["device"], 0.9)
+    out.figure("host tier: x device-only, median of the per-turn ratios",
+               round(float(np.median(ratios["host"])), 3))
     if "ssd" in ratios:
-        out.goal(f"SSD tier, {args.ssd_share:.0%} of the IDs on disk: x device-only (median "
-                 "per turn)", np.median(ratios["ssd"]), 0.6)
-        out.figure("SSD tier: x device-only over all turns",
-                   round(rate["ssd"] / rate["device"], 3))
+        out.goal(f"SSD tier, {args.ssd_share:.0%} of the IDs on disk: x device-only (whole "
+                 "run: samples/s over all turns)", rate["ssd"] / rate["device"], 0.6)
+        out.figure("SSD tier: x device-only, median of the per-turn ratios",
+                   round(float(np.median(ratios["ssd"])), 3))
     if args.memory_ids:
         out.figure("tiered table, resident MiB per million IDs (dim 16 + one slot)",
                    round(rss * 1e6 / 2**20, 1))
