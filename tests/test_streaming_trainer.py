@@ -89,6 +89,25 @@ def _reference(tmp_path, data):
     return entries, _export_state(tmp_path / "ref_export")
 
 
+def _wait_for_new_paths(proc, root, count, timeout=240.0):
+    """Polls until `count` paths under `root` appeared that were not there when called (files
+    and directories, cumulative: a saver's temporary files count too); False if `proc` ended
+    first."""
+
+    def paths():
+        return {os.path.join(d, n) for d, dirs, files in os.walk(root) for n in dirs + files}
+
+    before, seen = paths(), set()
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= paths() - before
+        if len(seen) >= count:
+            return True
+        time.sleep(0.002)
+    assert proc.poll() is not None, f"no {count} new paths under {root} in {timeout} s"
+    return False
+
+
 def test_exactly_once_across_kills(tmp_path):
     data = tmp_path / "data"
     write_stream(str(data))
@@ -104,12 +123,24 @@ def test_exactly_once_across_kills(tmp_path):
         proc = _cli(data, work, export, env={FAULT_ENV: fault})
         proc.communicate(timeout=240)
         assert proc.returncode == -signal.SIGKILL, (fault, proc.returncode)
-    # A kill at a random moment (import, graph building, training or saving).
+    # Kills at seeded points of the last partition's run: one a seeded moment into its start
+    # (import, graph building), the others when a seeded number of new paths appeared under
+    # the checkpoints or the export (mid-save, mid-export): points derived from its progress,
+    # not from how fast the machine is.
     rng = random.Random(1)
-    proc = _cli(data, work, export)
-    time.sleep(rng.uniform(4.0, 9.0))
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    killed = 0
+    for where in (None, work / "checkpoints", export):
+        proc = _cli(data, work, export)
+        if where is None:
+            time.sleep(rng.uniform(0.5, 3.0))
+        elif not _wait_for_new_paths(proc, where, rng.randint(1, 6)):
+            proc.communicate(timeout=60)  # it finished before that point
+            assert proc.returncode == 0
+            continue
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        killed += proc.returncode == -signal.SIGKILL
+    assert killed >= 2, killed
     proc = _cli(data, work, export)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
