@@ -17,7 +17,7 @@ SCHEMA = parsers.parse_schema_spec(SCHEMA_SPEC)
 MODEL = models.ModelConfig("wide_deep", dim=4, hidden=(8,), vocabulary=3000, init_stddev=0.05)
 
 
-def train(data, work, export, trainer_class=StreamingTrainer, **overrides):
+def train(data, work, export, trainer_class=StreamingTrainer, model=MODEL, **overrides):
     """Trains every ready partition of `data` in this process; returns (trainer, entries)."""
     initialize.terminate_config_initializer()
     tf.compat.v1.reset_default_graph()
@@ -26,7 +26,7 @@ def train(data, work, export, trainer_class=StreamingTrainer, **overrides):
     settings.update(overrides)
     config = StreamConfig(data=str(data), schema=SCHEMA, workdir=str(work),
                           export_base=str(export), **settings)
-    trainer = trainer_class(config, models.make_model_fn(MODEL))
+    trainer = trainer_class(config, models.make_model_fn(model))
     try:
         entries = trainer.run()
     finally:
@@ -71,11 +71,15 @@ def publish_copy(src_base, dst_base, version):
     os.rename(tmp, os.path.join(str(dst_base), str(version)))
 
 
-def truncate_variables(version_dir):
-    """Damages a version as a half-copied file would: its variables data cut to 100 bytes."""
-    data = sorted(p for p in os.listdir(os.path.join(version_dir, "variables"))
-                  if p.startswith("variables.data-"))[0]
-    path = os.path.join(version_dir, "variables", data)
+def truncate(version_dir):
+    """Damages a version as a half-copied file would: its variables data (or, in a delta-only
+    version, its delta file) cut to 100 bytes."""
+    if os.path.isdir(os.path.join(version_dir, "variables")):
+        data = sorted(p for p in os.listdir(os.path.join(version_dir, "variables"))
+                      if p.startswith("variables.data-"))[0]
+        path = os.path.join(version_dir, "variables", data)
+    else:
+        path = os.path.join(version_dir, "mxrec_delta.npz")
     with open(path, "rb") as f:
         head = f.read(100)
     with open(path, "wb") as f:

@@ -367,7 +367,7 @@ class Predictor:
             return f"delta of version {current}, applied in place"
         if tf.io.gfile.exists(posixpath.join(self._dir(version), "saved_model.pb")):
             self._load_full(version)
-            return f"{manifest.get('kind', 'full')}, SavedModel loaded"
+            return f"SavedModel of a {manifest.get('kind', 'full')} version, loaded whole"
         raise versions.DamagedVersionError(
             f"version {version} is a delta of version {manifest.get('base')} without a "
             f"SavedModel, and version {current} is serving")
@@ -380,8 +380,9 @@ class Predictor:
         except (versions.DamagedVersionError, tf.errors.OpError, ValueError, OSError,
                 KeyError) as error:
             self.refused[version] = f"{type(error).__name__}: {error}"
-            logging.error("predictor: refused version %d (version %s keeps serving): %s",
-                          version, previous, error)
+            logging.error("predictor: refused version %d (%s): %s", version,
+                          "nothing serves yet" if previous is None
+                          else f"version {previous} keeps serving", error)
             return False
         self.loaded.append(version)
         logging.info("predictor: serving version %d (was %s): %s in %.3f s", version,

@@ -205,7 +205,8 @@ class ModelServer:
         predictor: the Predictor to serve.
         model_name: NAME in /v1/models/NAME.
         port: TCP port (0: any free one; see `.port`).
-        poll_interval: seconds between polls of the export base.
+        poll_interval: seconds between polls of the export base; None: no poll thread (the
+            caller calls `predictor.poll()`).
         host: the address to listen on: 127.0.0.1 (this machine only), 0.0.0.0 (every
             interface, as TF Serving; a container's port mapping needs it).
         max_body: the largest request body in bytes; a larger one is answered 413.
@@ -216,9 +217,12 @@ class ModelServer:
     """
 
     def __init__(self, predictor: Predictor, model_name: str, port: int = 8501,
-                 poll_interval: float = 2.0, host: str = "127.0.0.1", max_body: int = MAX_BODY):
+                 poll_interval: Optional[float] = 2.0, host: str = "127.0.0.1",
+                 max_body: int = MAX_BODY):
         if max_body < 1:
             raise ValueError(f"max_body must be >= 1 byte, got {max_body}")
+        if poll_interval is not None and poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0 seconds or None, got {poll_interval}")
         self.predictor = predictor
         self.poll_interval = poll_interval
         self.host = host
@@ -247,7 +251,10 @@ class ModelServer:
             self._stop.wait(self.poll_interval)
 
     def start(self):
-        for target in (self.httpd.serve_forever, self._poll_loop):
+        targets = [self.httpd.serve_forever]
+        if self.poll_interval is not None:
+            targets.append(self._poll_loop)
+        for target in targets:
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
             self._threads.append(thread)
