@@ -295,6 +295,11 @@ def test_request_parser_units():
     _, feeds, _ = requests.to_feeds(requests.parse_json(
         b'{"inputs": [1, 2.5, 100000000000000000000000]}'), floats, "s")
     np.testing.assert_array_equal(feeds["x"], np.array([1, 2.5, 1e23], np.float32))
+    with pytest.raises(requests.RequestError, match=r"instance 1: .*got 10000.* \(401 digits\)"
+                                                    r" \(not finite\)"):
+        requests.to_feeds({"instances": [1.0, 10 ** 400]}, floats, "s")
+    with pytest.raises(requests.RequestError, match="not valid JSON"):
+        requests.parse_json(b'{"inputs": [' + b"9" * 5000 + b"]}")
     strings = {"s": {"c": requests.InputSpec("c", object, [None])}}
     _, feeds, _ = requests.to_feeds({"inputs": ["a", "\u00e9"]}, strings, "s")
     assert feeds["c"].tolist() == [b"a", "\u00e9".encode()]

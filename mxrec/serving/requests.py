@@ -32,7 +32,7 @@ import numpy as np
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-_MAX_INT_DIGITS = 20  # longer JSON integers are out of int64's range (no leading zeros)
+_SHOWN_DIGITS = 20
 
 
 class RequestError(ValueError):
@@ -80,17 +80,6 @@ class InputSpec:
         return "a scalar" if not dims else f"a nested list of shape [{', '.join(dims)}]"
 
 
-class _LongInt:
-    """A JSON integer too long for int64 (kept as text; a float input may take it)."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self):
-        shown = self.text if len(self.text) <= 30 else self.text[:27] + "..."
-        return f"{shown} ({len(self.text.lstrip('-'))} digits)"
-
-
 class _Constant:
     """NaN, Infinity or -Infinity in the body (not JSON, but Python's parser reads them)."""
 
@@ -101,14 +90,9 @@ class _Constant:
         return self.text
 
 
-def _parse_int(text: str):
-    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-        return _LongInt(text)
-    return int(text)
-
-
 def parse_json(data: bytes):
-    """The body as JSON; integers stay exact, NaN/Infinity are kept as markers to refuse.
+    """The body as JSON; integers stay exact (Python ints: JSON integers are never read
+    through a float), NaN/Infinity are kept as markers to refuse.
 
     Raises:
         RequestError: not UTF-8, not JSON, or nested deeper than the parser allows.
@@ -118,7 +102,7 @@ def parse_json(data: bytes):
     except UnicodeDecodeError as error:
         raise RequestError(f"the body is not UTF-8: {error}") from None
     try:
-        return json.loads(text, parse_int=_parse_int, parse_constant=_Constant)
+        return json.loads(text, parse_constant=_Constant)
     except RecursionError:
         raise RequestError("the body is JSON nested too deep (a predict request needs only "
                            "as many levels as its inputs' ranks plus two)") from None
@@ -139,6 +123,9 @@ def _describe(value) -> str:
         return f"a list of {len(value)}"
     if isinstance(value, dict):
         return "an object"
+    if type(value) is int and abs(value) >= 10 ** _SHOWN_DIGITS:
+        text = str(value)
+        return f"{text[:_SHOWN_DIGITS]}... ({len(text.lstrip('-'))} digits)"
     return repr(value)
 
 
@@ -215,11 +202,14 @@ def _convert(spec: InputSpec, rows: list, row_word: str) -> np.ndarray:
                 leaves, lambda v: not info.min <= v <= info.max), " (out of range)"))
         values = np.array(leaves, dtype=spec.dtype)
     elif kind == "float":
-        if not types <= {int, float, _LongInt}:
+        if not types <= {int, float}:
             return _raise(_leaf_error(spec, row_word, leaves, shape, _first(
-                leaves, lambda v: type(v) not in (int, float, _LongInt))))
-        wide = np.array([float(v.text) if type(v) is _LongInt else float(v) for v in leaves]
-                        if _LongInt in types else leaves, dtype=np.float64)
+                leaves, lambda v: type(v) not in (int, float))))
+        try:
+            wide = np.array(leaves, dtype=np.float64)
+        except OverflowError:  # an integer beyond float64
+            return _raise(_leaf_error(spec, row_word, leaves, shape, _first(
+                leaves, lambda v: type(v) is int and abs(v) > 1e308), " (not finite)"))
         with np.errstate(over="ignore", invalid="ignore"):
             values = wide.astype(spec.dtype)
         bad = ~np.isfinite(values)
