@@ -200,6 +200,16 @@ def test_headers_limits_and_keep_alive(served):
     answer = _raw_exchange(port, b"POST /v1/models/ctr:predict HTTP/1.1\r\nHost: x\r\n"
                                  b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 411") and b"Content-Length" in answer
+    # http.server's own refusals are JSON too (an unparsable request line gets the HTTP/0.9
+    # form: the body alone).
+    assert "Bad request syntax" in strict_json(_raw_exchange(port, b"GARBAGE\r\n\r\n"))["error"]
+    for request_bytes, status in [
+            (b"PUT /v1/models/ctr HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"405"),
+            (b"OPTIONS / HTTP/1.1\r\n\r\n", b"501"),
+            (b"GET / HTTP/1.1\r\nX: " + b"y" * 70000 + b"\r\n\r\n", b"431")]:
+        head, _, body = _raw_exchange(port, request_bytes).partition(b"\r\n\r\n")
+        assert head.split(b" ")[1] == status, head
+        assert b"application/json" in head and strict_json(body)["error"]
 
     # Over the limit: the body is read to its end, so the client gets the 413.
     big = b'{"instances": "' + b"x" * (3 << 20) + b'"}'

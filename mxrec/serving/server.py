@@ -70,6 +70,32 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, code: int, message: str, close: bool = False):
         self._reply(code, {"error": message}, close=close)
 
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a malformed request line, headers too long, an
+        unsupported method) as JSON too."""
+        text = message or explain or self.responses.get(code, ("error",))[0]
+        if self.command == "HEAD" or code < 200 or code in (204, 304):
+            self.send_response(code, message)
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+            return
+        self._error(code, str(text), close=True)
+
+    def _not_allowed(self):
+        self.send_response(405)
+        data = json.dumps({"error": f"method {self.command} is not allowed on {self.path}; "
+                                    "use GET (status, metadata) or POST (predict)"}).encode()
+        self.send_header("Allow", "GET, POST")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815 (http.server's names)
+
     def _guarded(self, handler):
         """Every failure is answered: a RequestError with its 4xx, anything else a 500."""
         try:
