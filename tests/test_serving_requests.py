@@ -277,6 +277,13 @@ def test_failures_are_500_json_never_nan(served, monkeypatch):
     monkeypatch.setattr(instance, "predict", broken)
     code, _, body = request(port, "POST", PATH, good)
     assert code == 500 and "RuntimeError: the session went away" in body["error"]
+
+    def lookup_failure(inputs, signature=None):
+        raise KeyError("a table lost a key")
+
+    monkeypatch.setattr(instance, "predict", lookup_failure)  # a 500, not "no version" (503)
+    code, _, body = request(port, "POST", PATH, good)
+    assert code == 500 and "KeyError" in body["error"]
     monkeypatch.setattr(instance, "predict", lambda inputs, signature=None: {
         "prob": np.array([0.5, np.nan], np.float32), "logits": np.zeros(2, np.float32)})
     code, _, body = request(port, "POST", PATH, good)  # strict JSON parse inside

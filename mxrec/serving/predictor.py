@@ -84,6 +84,10 @@ def read_delta(path: str):
     return tables, dense
 
 
+class NoVersionError(LookupError):
+    """No model version is loaded (yet): nothing can answer."""
+
+
 class _Table:
     """One table of an instance: a MutableHashTable ID -> row, rows in a variable."""
 
@@ -209,7 +213,8 @@ class ModelInstance:
             self.inputs, self.outputs = self.signatures[signature]
             self.input_specs = {
                 name: {k: requests.InputSpec(k, t.dtype.as_numpy_dtype if t.dtype != tf.string
-                                             else object, t.shape.as_list())
+                                             else object, None if t.shape.rank is None
+                                             else t.shape.as_list())
                        for k, t in inputs.items()}
                 for name, (inputs, _) in self.signatures.items()}
             config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
@@ -295,12 +300,12 @@ class Predictor:
         """The serving instance, held: a version switch waits until it is released.
 
         Raises:
-            LookupError: no version is loaded.
+            NoVersionError: no version is loaded.
         """
         with self._lock:
             instance = self._current
             if instance is None:
-                raise LookupError("no model version is loaded")
+                raise NoVersionError("no model version is loaded")
             instance.readers += 1
         try:
             yield instance
@@ -429,4 +434,5 @@ class Predictor:
         self._current = self._standby = None
 
 
-__all__ = ["Predictor", "ModelInstance", "write_delta", "read_delta", "DELTA_FILE"]
+__all__ = ["Predictor", "ModelInstance", "NoVersionError", "write_delta", "read_delta",
+           "DELTA_FILE"]

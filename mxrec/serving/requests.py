@@ -49,7 +49,10 @@ class InputSpec:
     The first dimension is the batch.
     """
 
-    def __init__(self, name: str, dtype, shape: Sequence[Optional[int]]):
+    def __init__(self, name: str, dtype, shape: Optional[Sequence[Optional[int]]]):
+        if shape is None:
+            raise ValueError(f"input {name!r} has an unknown rank; the predictor checks "
+                             "requests against a known rank")
         self.name = name
         self.dtype = np.dtype(dtype)
         self.shape = tuple(shape)

@@ -30,7 +30,7 @@ from typing import Optional
 from absl import logging
 
 from mxrec.serving import requests
-from mxrec.serving.predictor import Predictor
+from mxrec.serving.predictor import NoVersionError, Predictor
 from mxrec.serving.requests import RequestError
 
 _PREDICT = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+))?:predict$")
@@ -191,7 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
                                      "inputs": sorted(instance.inputs),
                                      "outputs": sorted(instance.outputs)}}
                 version = instance.version
-        except LookupError as error:
+        except NoVersionError as error:
             raise RequestError(str(error), 503) from None
         return self._reply(200, body, version)
 
@@ -213,7 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
                     body, instance.input_specs, instance.default_signature)
                 outputs = instance.predict(feeds, name)
                 version = instance.version
-        except LookupError as error:
+        except NoVersionError as error:
             raise RequestError(str(error), 503) from None
         return self._reply(200, requests.outputs_to_json(outputs, row_format), version)
 
