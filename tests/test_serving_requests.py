@@ -320,6 +320,12 @@ def test_request_parser_units():
     strings = {"s": {"c": requests.InputSpec("c", object, [None])}}
     _, feeds, _ = requests.to_feeds({"inputs": ["a", "\u00e9"]}, strings, "s")
     assert feeds["c"].tolist() == [b"a", "\u00e9".encode()]
+    _, feeds, _ = requests.to_feeds({"inputs": ["a", {"b64": "/wA="}]}, strings, "s")
+    assert feeds["c"].tolist() == [b"a", b"\xff\x00"]
+    with pytest.raises(requests.RequestError, match=r"row 1: .*not base64"):
+        requests.to_feeds({"inputs": ["a", {"b64": "%%"}]}, strings, "s")
+    with pytest.raises(requests.RequestError, match=r"row 0: expected a JSON string .*object"):
+        requests.to_feeds({"inputs": [{"text": "a"}]}, strings, "s")
     out = requests.outputs_to_json({"prob": np.array([0.25], np.float32)}, True)
     assert out == {"predictions": [0.25]}
     with pytest.raises(ValueError, match="not finite"):

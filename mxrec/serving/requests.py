@@ -11,7 +11,7 @@ shape; nothing is guessed:
              1.0, 1e3), booleans, strings ("12") and null are refused
     float32  finite JSON numbers inside float32's range only; NaN, Infinity and
              values that overflow float32 (1e39) are refused
-    string   JSON strings only
+    string   JSON strings (UTF-8) or TF Serving's {"b64": "<base64>"} objects only
     bool     true / false only
 
 A refusal is a `RequestError` (status 400, or 413/411 for the body) whose message
@@ -24,6 +24,8 @@ Example:
     >>> feeds["sparse"]        # int64 [1, 3]
 """
 
+import base64
+import binascii
 import json
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -76,7 +78,7 @@ class InputSpec:
             return f"a finite JSON number within {self.dtype.name}'s range"
         if self.kind == "bool":
             return "true or false"
-        return "a JSON string"
+        return 'a JSON string (or {"b64": base64 text})'
 
     def row_shape(self) -> str:
         dims = ["?" if d is None else str(d) for d in self.shape[1:]]
@@ -227,12 +229,29 @@ def _convert(spec: InputSpec, rows: list, row_word: str) -> np.ndarray:
                                       _first(leaves, lambda v: type(v) is not bool)))
         values = np.array(leaves, dtype=bool)
     else:
-        if not types <= {str}:
-            return _raise(_leaf_error(spec, row_word, leaves, shape,
-                                      _first(leaves, lambda v: type(v) is not str)))
         values = np.empty(len(leaves), dtype=object)
-        values[:] = [v.encode("utf-8") for v in leaves]
+        if types <= {str}:
+            values[:] = [v.encode("utf-8") for v in leaves]
+        else:
+            values[:] = _bytes(spec, row_word, leaves, shape)
     return values.reshape((len(rows),) + shape)
+
+
+def _bytes(spec: InputSpec, row_word: str, leaves: list, shape) -> List[bytes]:
+    """Strings and TF Serving's {"b64": "..."} objects as bytes."""
+    out = []
+    for index, value in enumerate(leaves):
+        if type(value) is str:
+            out.append(value.encode("utf-8"))
+        elif type(value) is dict and set(value) == {"b64"} and type(value["b64"]) is str:
+            try:
+                out.append(base64.b64decode(value["b64"], validate=True))
+            except binascii.Error as error:
+                raise _leaf_error(spec, row_word, leaves, shape, index,
+                                  f" (not base64: {error})") from None
+        else:
+            raise _leaf_error(spec, row_word, leaves, shape, index)
+    return out
 
 
 def _raise(error: RequestError):

@@ -183,7 +183,9 @@ class StreamingTrainer:
         config: a StreamConfig.
         model_fn: (features, is_train) -> logits [B]; features has "sparse" int64 [B, S]
             and, when the schema has dense columns, "dense" float32 [B, D]. It is called
-            for training, for scoring and in each serving export (see models.make_model_fn).
+            for training, for scoring and twice in each serving export (the pre-hashed and
+            the raw signature), so it must reuse its variables and tables on a later call in
+            the same graph (see models.make_model_fn).
     """
 
     def __init__(self, config: StreamConfig, model_fn: Callable):
