@@ -11,6 +11,8 @@
    day; the predictor picks each version up while training goes on.
 4. `python -m mxrec.streaming replay` sends the next day (not trained on) to the predictor
    and prints its AUC.
+5. One raw-feature request (the held-out day's first rating, its columns as strings, signature
+   "raw") and the curl line that sends it (docs/SERVING.md).
 """
 
 import argparse
@@ -34,6 +36,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def raw_request(url: str, partition: str) -> None:
+    """Scores the partition's first row through the "raw" signature; prints the curl line."""
+    columns = [item.split(":") for item in movielens_partitions.SCHEMA.split(",")]
+    with open(os.path.join(partition, "part-00000")) as f:
+        fields = f.readline().rstrip("\n").split("\t")
+    instance = {name: value if kind == "categorical" else float(value or 0)
+                for (name, kind), value in zip(columns, fields)
+                if kind in ("categorical", "dense")}
+    body = json.dumps({"signature_name": "raw", "instances": [instance]})
+    request = urllib.request.Request(url + ":predict", data=body.encode())
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = response.read().decode()
+    print(f"raw-feature request: curl -s {url}:predict -d '{body}'\n  -> {answer}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -105,6 +122,7 @@ def main(argv=None) -> int:
             capture_output=True, text=True)
         print(f"replay of the held-out day {days[-1]}: {replay.stdout.strip()}"
               + (f" {replay.stderr.strip()[-500:]}" if replay.returncode else ""))
+        raw_request(url, held_out)
         print(f"work folder: {work} (donefile: train/donefile.jsonl, report.png, "
               f"TensorBoard: train/tensorboard)")
         return replay.returncode

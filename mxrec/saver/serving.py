@@ -247,7 +247,27 @@ def _check_tensors(label: str, tensors, graph) -> Dict[str, tf.Tensor]:
     return dict(tensors)
 
 
-def _build(build_fn, source) -> Tuple[tf.compat.v1.GraphDef, list, list, tuple, dict]:
+def _signatures(result, graph, signature_name: str) -> Dict[str, Tuple[dict, dict]]:
+    """build_fn's result as {signature name: (inputs, outputs)}."""
+    if isinstance(result, Mapping):
+        if not result or not all(isinstance(k, str) for k in result):
+            raise TypeError("export_saved_model: build_fn's dict of signatures must map "
+                            f"names to (inputs, outputs); got {result!r}")
+        items = list(result.items())
+    else:
+        items = [(signature_name, result)]
+    out = {}
+    for name, pair in items:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError("export_saved_model: build_fn must return (inputs, outputs), two "
+                            "dicts of tensors, or {signature name: (inputs, outputs)}; got "
+                            f"{type(pair).__name__} for signature {name!r}")
+        out[name] = (_check_tensors("inputs", pair[0], graph),
+                     _check_tensors("outputs", pair[1], graph))
+    return out
+
+
+def _build(build_fn, source, signature_name: str):
     """Runs build_fn in a serving graph; returns what the pruned graph keeps."""
     graph = tf.Graph()
     context = _ServingContext(source)
@@ -255,15 +275,11 @@ def _build(build_fn, source) -> Tuple[tf.compat.v1.GraphDef, list, list, tuple, 
         graph.add_to_collection(_CONTEXT_COLLECTION, context)
         # sparse_lookup in this graph builds core-op lookups, and its tables save nothing.
         set_lookup_override(graph, serving_lookup)
-        result = build_fn()
-        if not isinstance(result, tuple) or len(result) != 2:
-            raise TypeError("export_saved_model: build_fn must return (inputs, outputs), two "
-                            f"dicts of tensors; got {type(result).__name__}")
-        inputs = _check_tensors("inputs", result[0], graph)
-        outputs = _check_tensors("outputs", result[1], graph)
+        signatures = _signatures(build_fn(), graph, signature_name)
         graph_def = graph.as_graph_def()
         nodes = {node.name: node for node in graph_def.node}
-        roots = [t.op.name for t in list(inputs.values()) + list(outputs.values())]
+        roots = [t.op.name for inputs, outputs in signatures.values()
+                 for t in list(inputs.values()) + list(outputs.values())]
         reached = _ancestors(nodes, roots)
         variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
                      if v.op.name in reached]
@@ -287,7 +303,9 @@ def _build(build_fn, source) -> Tuple[tf.compat.v1.GraphDef, list, list, tuple, 
     if custom:
         raise ValueError(f"export_saved_model: the serving graph still needs mxrec ops {custom}; "
                          "build the outputs from sparse_lookup results and core ops only")
-    signature = ({k: t.name for k, t in inputs.items()}, {k: t.name for k, t in outputs.items()})
+    signature = {name: ({k: t.name for k, t in inputs.items()},
+                        {k: t.name for k, t in outputs.items()})
+                 for name, (inputs, outputs) in signatures.items()}
     return (pruned, var_defs, [op.name for op in table_inits], signature,
             {"trainable": trainable, "serving": serving_vars})
 
@@ -314,10 +332,12 @@ def export_saved_model(export_dir: str, checkpoint: str,
             for its latest), or one of mxrec's Saver (its directory for the latest version,
             or a version folder `<dir>/delta-000000000100`), written by any number of ranks.
         build_fn: builds the serving graph and returns (inputs, outputs), dicts of tensors:
-            inputs are its placeholders, outputs the predictions. It calls `create_table` and
+            inputs are its placeholders, outputs the predictions; or a dict {signature name:
+            (inputs, outputs)} for several predict signatures over one set of tables and
+            variables (e.g. pre-hashed IDs and raw features). It calls `create_table` and
             `sparse_lookup` as in training (the tables' names must be those of the checkpoint);
             lookups become core-op lookups whatever their is_train.
-        signature_name: key of the predict signature.
+        signature_name: key of the predict signature when build_fn returns one pair.
         as_text: write saved_model.pbtxt instead of saved_model.pb.
 
     Returns:
@@ -330,7 +350,8 @@ def export_saved_model(export_dir: str, checkpoint: str,
     if tf.io.gfile.exists(export_dir):
         raise ValueError(f"export_saved_model: export_dir {export_dir!r} already exists")
     source = _open_checkpoint(checkpoint)
-    graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source)
+    graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source,
+                                                                     signature_name)
 
     graph = tf.Graph()
     with graph.as_default():
@@ -344,8 +365,11 @@ def export_saved_model(export_dir: str, checkpoint: str,
             variables.append(variable)
         main_op = tf.group(*[graph.get_operation_by_name(n) for n in table_init_names],
                            name=_INIT_OP_NAME)
-        inputs = {k: graph.get_tensor_by_name(n) for k, n in signature[0].items()}
-        outputs = {k: graph.get_tensor_by_name(n) for k, n in signature[1].items()}
+        signature_defs = {
+            name: tf.compat.v1.saved_model.predict_signature_def(
+                {k: graph.get_tensor_by_name(n) for k, n in inputs.items()},
+                {k: graph.get_tensor_by_name(n) for k, n in outputs.items()})
+            for name, (inputs, outputs) in signature.items()}
         feeds = {}
         for variable in variables:
             name = variable.op.name
@@ -363,9 +387,7 @@ def export_saved_model(export_dir: str, checkpoint: str,
             builder = tf.compat.v1.saved_model.Builder(export_dir)
             builder.add_meta_graph_and_variables(
                 sess, [tf.saved_model.SERVING],
-                signature_def_map={signature_name:
-                                   tf.compat.v1.saved_model.predict_signature_def(inputs,
-                                                                                   outputs)},
+                signature_def_map=signature_defs,
                 main_op=main_op, clear_devices=True, strip_default_attrs=True)
             builder.save(as_text=as_text)
     return export_dir

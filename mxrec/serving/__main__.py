@@ -1,10 +1,11 @@
 """python -m mxrec.serving: a TF Serving REST predictor that follows an export base.
 
-    python -m mxrec.serving --export-base DIR --model-name NAME --port P
+    python -m mxrec.serving --export-base DIR --model-name NAME --port P [--host 0.0.0.0]
 
 Serves EXPORT_BASE/<newest valid version>, applies each new version as it appears
 (in place for mxrec delta versions, whole for SavedModels), refuses damaged ones and
-keeps serving the old. Listens on 127.0.0.1 only.
+keeps serving the old; logs a line per version switch (version, how, load time).
+Listens on 127.0.0.1 unless --host says otherwise (0.0.0.0 in a container).
 """
 
 import argparse
@@ -22,7 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-name", "--model_name", dest="model_name", required=True,
                         help="NAME in /v1/models/NAME")
     parser.add_argument("--port", type=int, default=8501,
-                        help="TCP port on 127.0.0.1 (8501; 0: any free port, printed)")
+                        help="TCP port (8501; 0: any free port, printed)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: "
+                             "every interface, as TF Serving, needed in a container)")
+    parser.add_argument("--max-body-bytes", "--max_body_bytes", dest="max_body_bytes",
+                        type=int, default=64 << 20,
+                        help="largest request body; larger ones get 413 (64 MiB)")
     parser.add_argument("--poll-interval", "--poll_interval", dest="poll_interval", type=float,
                         default=2.0, help="seconds between looks at the export base (2)")
     parser.add_argument("--signature", default="serving_default",
@@ -44,17 +51,29 @@ def main(argv=None) -> int:
         parser.error(f"--port must be 0-65535, got {args.port}")
     if args.poll_interval <= 0:
         parser.error(f"--poll-interval must be > 0, got {args.poll_interval}")
+    if args.max_body_bytes < 1:
+        parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     import tensorflow as tf
+    from absl import logging
 
     tf.compat.v1.disable_eager_execution()
+    logging.set_verbosity(logging.INFO)  # the version switches
     from mxrec.serving.predictor import Predictor
     from mxrec.serving.server import ModelServer
 
     predictor = Predictor(args.export_base, args.signature, args.threads)
+    try:  # bind first: a busy port is reported before any model is loaded
+        server = ModelServer(predictor, args.model_name, args.port, args.poll_interval,
+                             host=args.host, max_body=args.max_body_bytes)
+    except OSError as error:
+        print(f"python -m mxrec.serving: error: {error.strerror or error}", file=sys.stderr)
+        return 1
     predictor.poll()
-    server = ModelServer(predictor, args.model_name, args.port, args.poll_interval).start()
+    server.start()
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
     print(f"serving {args.model_name} version {predictor.version} on "
-          f"http://127.0.0.1:{server.port}/v1/models/{args.model_name}", flush=True)
+          f"http://{shown}:{server.port}/v1/models/{args.model_name} (listening on "
+          f"{args.host or '0.0.0.0'})", flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

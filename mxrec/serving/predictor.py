@@ -24,20 +24,32 @@ Example:
     >>> predictor.predict({"sparse": ids, "dense": dense})["prob"]
 """
 
+import contextlib
 import io
 import posixpath
 import threading
+import time
 from typing import Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
-from mxrec.serving import versions
+from mxrec.serving import requests, versions
 
 DELTA_FILE = "mxrec_delta.npz"
 _SCOPE = "mxrec_serving"
+_PREDICT_METHODS = ("tensorflow/serving/predict",)
+
+
+def _tensor_info(info) -> Dict:
+    shape = info.tensor_shape
+    return {"dtype": types_pb2.DataType.Name(info.dtype),
+            "tensor_shape": {"dim": [{"size": str(d.size), "name": d.name} for d in shape.dim],
+                             "unknown_rank": bool(shape.unknown_rank)},
+            "name": info.name}
 
 
 def write_delta(path: str, tables: Dict[str, Dict[str, np.ndarray]],
@@ -70,6 +82,10 @@ def read_delta(path: str):
             else:
                 dense[rest] = data[key]
     return tables, dense
+
+
+class NoVersionError(LookupError):
+    """No model version is loaded (yet): nothing can answer."""
 
 
 class _Table:
@@ -161,6 +177,10 @@ class ModelInstance:
         if meta is None or signature not in meta.signature_def:
             raise versions.DamagedVersionError(f"{export_dir}: no serving signature "
                                                f"{signature!r}")
+        # Every predict signature is served; `signature` is the one requests get by default.
+        self.signature_defs = {name: sig for name, sig in meta.signature_def.items()
+                               if sig.method_name in _PREDICT_METHODS or name == signature}
+        self.default_signature = signature
         nodes = {n.name: n for n in meta.graph_def.node}
         static = [n for n in nodes.values() if n.op == "HashTableV2"
                   and n.name.startswith(_SCOPE + "/") and n.name.endswith("/id_to_index")]
@@ -185,10 +205,18 @@ class ModelInstance:
                     holder = tf.compat.v1.placeholder(var.dtype.base_dtype)
                     self.dense[name] = (holder, tf.raw_ops.AssignVariableOp(
                         resource=var.handle, value=holder, validate_shape=False))
-            sig = meta.signature_def[signature]
-            self.inputs = {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()}
-            self.outputs = {k: self.graph.get_tensor_by_name(v.name)
-                            for k, v in sig.outputs.items()}
+            self.signatures = {}
+            for name, sig in self.signature_defs.items():
+                self.signatures[name] = (
+                    {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()},
+                    {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.outputs.items()})
+            self.inputs, self.outputs = self.signatures[signature]
+            self.input_specs = {
+                name: {k: requests.InputSpec(k, t.dtype.as_numpy_dtype if t.dtype != tf.string
+                                             else object, None if t.shape.rank is None
+                                             else t.shape.as_list())
+                       for k, t in inputs.items()}
+                for name, (inputs, _) in self.signatures.items()}
             config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
                                               inter_op_parallelism_threads=threads)
             self.session = tf.compat.v1.Session(graph=self.graph, config=config)
@@ -197,15 +225,31 @@ class ModelInstance:
                 table.load(self.session)
             self.graph.finalize()
 
-    def predict(self, inputs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        missing = sorted(set(self.inputs) - set(inputs))
-        unknown = sorted(set(inputs) - set(self.inputs))
+    def predict(self, inputs: Dict[str, np.ndarray],
+                signature: Optional[str] = None) -> Dict[str, np.ndarray]:
+        """Runs a signature (the default one when None) on inputs {name: array}."""
+        name = self.default_signature if signature is None else signature
+        if name not in self.signatures:
+            raise ValueError(f"unknown signature {name!r}; this model has "
+                             f"{sorted(self.signatures)}")
+        wanted, outputs = self.signatures[name]
+        missing = sorted(set(wanted) - set(inputs))
+        unknown = sorted(set(inputs) - set(wanted))
         if missing or unknown:
-            raise ValueError(f"inputs must be {sorted(self.inputs)}; missing {missing}, "
+            raise ValueError(f"inputs must be {sorted(wanted)}; missing {missing}, "
                              f"unknown {unknown}")
-        feed = {self.inputs[k]: np.asarray(v, self.inputs[k].dtype.as_numpy_dtype)
+        feed = {wanted[k]: np.asarray(v, object if wanted[k].dtype == tf.string
+                                      else wanted[k].dtype.as_numpy_dtype)
                 for k, v in inputs.items()}
-        return self.session.run(self.outputs, feed)
+        return self.session.run(outputs, feed)
+
+    def metadata(self) -> Dict:
+        """TF Serving's signature-def map: {"signature_def": {name: {inputs, outputs,
+        method_name}}}, each tensor with its dtype, shape and name."""
+        return {"signature_def": {name: {
+            "inputs": {k: _tensor_info(v) for k, v in sorted(sig.inputs.items())},
+            "outputs": {k: _tensor_info(v) for k, v in sorted(sig.outputs.items())},
+            "method_name": sig.method_name} for name, sig in sorted(self.signature_defs.items())}}
 
     def apply_delta(self, version: int, tables: Dict, dense: Dict) -> None:
         unknown = sorted(set(tables) - set(self.tables))
@@ -251,19 +295,29 @@ class Predictor:
         current = self._current
         return None if current is None else current.version
 
-    def predict(self, inputs: Dict[str, np.ndarray]):
-        """(outputs, version) from the serving instance, all of one version."""
+    @contextlib.contextmanager
+    def serving(self):
+        """The serving instance, held: a version switch waits until it is released.
+
+        Raises:
+            NoVersionError: no version is loaded.
+        """
         with self._lock:
             instance = self._current
             if instance is None:
-                raise LookupError("no model version is loaded")
+                raise NoVersionError("no model version is loaded")
             instance.readers += 1
         try:
-            return instance.predict(inputs), instance.version
+            yield instance
         finally:
             with self._lock:
                 instance.readers -= 1
                 self._lock.notify_all()
+
+    def predict(self, inputs: Dict[str, np.ndarray], signature: Optional[str] = None):
+        """(outputs, version) from the serving instance, all of one version."""
+        with self.serving() as instance:
+            return instance.predict(inputs, signature), instance.version
 
     # ---------------------------------------------------------------- versions
 
@@ -307,40 +361,58 @@ class Predictor:
             self._current, self._standby = standby, previous
             self._pending = [(version, tables, dense)]
 
-    def _load(self, version: int) -> None:
+    def _load(self, version: int) -> str:
+        """Verifies and loads a version; returns how ("delta in place", "SavedModel")."""
         manifest = versions.verify(self._dir(version))
         current = self.version
         if (manifest.get("kind") == "delta" and manifest.get("base") == current
                 and self._standby is not None and tf.io.gfile.exists(
                     posixpath.join(self._dir(version), DELTA_FILE))):
             self._apply_delta(version, manifest)
-        elif tf.io.gfile.exists(posixpath.join(self._dir(version), "saved_model.pb")):
+            return f"delta of version {current}, applied in place"
+        if tf.io.gfile.exists(posixpath.join(self._dir(version), "saved_model.pb")):
             self._load_full(version)
-        else:
-            raise versions.DamagedVersionError(
-                f"version {version} is a delta of version {manifest.get('base')} without a "
-                f"SavedModel, and version {current} is serving")
+            return f"SavedModel of a {manifest.get('kind', 'full')} version, loaded whole"
+        raise versions.DamagedVersionError(
+            f"version {version} is a delta of version {manifest.get('base')} without a "
+            f"SavedModel, and version {current} is serving")
+
+    def _try(self, version: int) -> bool:
+        start = time.monotonic()
+        previous = self.version
+        try:
+            how = self._load(version)
+        except (versions.DamagedVersionError, tf.errors.OpError, ValueError, OSError,
+                KeyError) as error:
+            self.refused[version] = f"{type(error).__name__}: {error}"
+            logging.error("predictor: refused version %d (%s): %s", version,
+                          "nothing serves yet" if previous is None
+                          else f"version {previous} keeps serving", error)
+            return False
+        self.loaded.append(version)
+        logging.info("predictor: serving version %d (was %s): %s in %.3f s", version,
+                     previous, how, time.monotonic() - start)
+        return True
 
     def poll(self) -> Optional[int]:
         """Loads versions newer than the serving one, oldest first (so deltas chain);
-        refuses damaged ones. Returns the serving version."""
-        candidates = [v for v in versions.list_versions(self.export_base)
-                      if (self.version is None or v > self.version) and v not in self.refused]
-        if self.version is None and candidates:
-            # Start from the newest version that has a SavedModel, then chain the rest.
-            with_model = [v for v in candidates if tf.io.gfile.exists(
+        refuses damaged ones. Returns the serving version.
+
+        With nothing serving yet, it starts from the newest version with a SavedModel that
+        loads (a damaged one is refused and the one before it tried, at once), then chains
+        the versions after it."""
+        listed = [v for v in versions.list_versions(self.export_base) if v not in self.refused]
+        if self.version is None:
+            with_model = [v for v in listed if tf.io.gfile.exists(
                 posixpath.join(self._dir(v), "saved_model.pb"))]
-            if with_model:
-                candidates = [v for v in candidates if v >= with_model[-1]]
-        for version in candidates:
-            try:
-                self._load(version)
-                self.loaded.append(version)
-                logging.info("predictor: serving version %d", version)
-            except (versions.DamagedVersionError, tf.errors.OpError, ValueError, OSError,
-                    KeyError) as error:
-                self.refused[version] = f"{type(error).__name__}: {error}"
-                logging.error("predictor: refused version %d: %s", version, error)
+            for start in reversed(with_model):
+                if self._try(start):
+                    break
+            if self.version is None:
+                return None
+        for version in listed:
+            if version > self.version and version not in self.refused:
+                self._try(version)
         return self.version
 
     def status(self) -> Dict:
@@ -362,4 +434,5 @@ class Predictor:
         self._current = self._standby = None
 
 
-__all__ = ["Predictor", "ModelInstance", "write_delta", "read_delta", "DELTA_FILE"]
+__all__ = ["Predictor", "ModelInstance", "NoVersionError", "write_delta", "read_delta",
+           "DELTA_FILE"]

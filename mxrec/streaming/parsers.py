@@ -331,13 +331,8 @@ def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
         return tf.boolean_mask(fields[index], in_range) if has_uint64 else fields[index]
 
     out["label"] = column(schema.indices("label")[0])
-    dense = schema.indices("dense")
-    if dense:
-        out["dense"] = tf.stack([column(i) for i in dense], axis=1)
-    categorical = schema.indices("categorical")
-    if categorical:
-        values = tf.stack([column(i) for i in categorical], axis=1)
-        out["sparse"] = hash_categorical(values, _salts(len(categorical)))
+    out.update(_model_features([column(i) for i in schema.indices("dense")],
+                               [column(i) for i in schema.indices("categorical")]))
     for index in schema.indices("uint64"):
         out["row_id"] = _uint64_as_int64(column(index))
     for index in schema.indices("yymmddhh"):
@@ -345,6 +340,41 @@ def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
     for index in schema.indices("timestamp"):
         out["time"] = column(index)
     return out
+
+
+def _model_features(dense: List[tf.Tensor], categorical: List[tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """"dense" float32 [B, D] and "sparse" int64 [B, S] from the columns' values [B] each."""
+    out = {}
+    if dense:
+        out["dense"] = tf.stack(dense, axis=1)
+    if categorical:
+        out["sparse"] = hash_categorical(tf.stack(categorical, axis=1), _salts(len(categorical)))
+    return out
+
+
+def raw_feature_inputs(schema: Schema) -> Dict[str, tf.Tensor]:
+    """Placeholders [None] for a model's columns as they appear in the data, by column name:
+    string for each categorical column (its text), float32 for each dense one (its value)."""
+    inputs = {}
+    for column in schema.columns:
+        if column.kind in ("categorical", "dense"):
+            inputs[column.name] = tf.compat.v1.placeholder(
+                tf.string if column.kind == "categorical" else tf.float32, [None],
+                name=f"raw_{column.kind}")
+    return inputs
+
+
+def features_from_raw(columns: Dict[str, tf.Tensor], schema: Schema) -> Dict[str, tf.Tensor]:
+    """The model's features ("sparse", "dense") from raw column values, by the same ops as
+    `parse_lines` (salted FarmHash of each categorical column's text), so a serving graph
+    built on `raw_feature_inputs` looks up the rows training did.
+
+    Args:
+        columns: {column name: tensor [B]}: string for categorical columns, float32 for
+            dense ones (`raw_feature_inputs`).
+    """
+    return _model_features([columns[name] for name in schema.names("dense")],
+                           [columns[name] for name in schema.names("categorical")])
 
 
 def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_size: int,
@@ -428,4 +458,5 @@ class BadLineCounter:
 
 __all__ = ["Column", "Schema", "CRITEO_TSV", "AVAZU_CSV", "criteo_schema", "avazu_schema",
            "parse_schema_spec", "named_schema", "parse_lines", "make_dataset", "hash_categorical",
-           "BadLineCounter", "MalformedDataError", "HASH_BITS"]
+           "BadLineCounter", "MalformedDataError", "HASH_BITS", "raw_feature_inputs",
+           "features_from_raw"]

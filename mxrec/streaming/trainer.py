@@ -50,12 +50,22 @@ from mxrec.serving import versions as serving_versions
 from mxrec.serving.predictor import DELTA_FILE, write_delta
 from mxrec.streaming import donefile, metrics
 from mxrec.streaming.models import BUCKET_VARIABLES
-from mxrec.streaming.parsers import BadLineCounter, Schema, make_dataset
+from mxrec.streaming.parsers import (
+    BadLineCounter,
+    Schema,
+    features_from_raw,
+    make_dataset,
+    raw_feature_inputs,
+)
 from mxrec.streaming.partitions import DONE_MARKER, Partition, list_partitions
 from mxrec.util import initialize
 from mxrec.util.variable import get_dense_and_sparse_variable
 
 FAULT_ENV = "MXREC_STREAMING_FAULT"
+# The serving signatures of each exported version: pre-hashed IDs (the default) and the
+# columns as they appear in the data, hashed inside the graph as the parser does.
+DEFAULT_SIGNATURE = "serving_default"
+RAW_SIGNATURE = "raw"
 VALIDATION_MODES = ("partition", "batch", "none")
 
 
@@ -173,7 +183,9 @@ class StreamingTrainer:
         config: a StreamConfig.
         model_fn: (features, is_train) -> logits [B]; features has "sparse" int64 [B, S]
             and, when the schema has dense columns, "dense" float32 [B, D]. It is called
-            for training, for scoring and in each serving export (see models.make_model_fn).
+            for training, for scoring and twice in each serving export (the pre-hashed and
+            the raw signature), so it must reuse its variables and tables on a later call in
+            the same graph (see models.make_model_fn).
     """
 
     def __init__(self, config: StreamConfig, model_fn: Callable):
@@ -264,6 +276,12 @@ class StreamingTrainer:
             restored = self._saver.restore(sess, version=last["step"])
             logging.info("streaming: resumed at step %d after partition %s", restored,
                          last["partition"])
+            if self.config.export_base and last.get("export_version") is not None:
+                # Checked now so the log says at once; the next export checks again.
+                if self._good_base(last["export_version"]) is None:
+                    logging.warning("streaming: the next partition's serving version will be "
+                                    "full (the last one, %d, cannot be built on)",
+                                    last["export_version"])
         return last
 
     # --------------------------------------------------------------- one pass
@@ -304,13 +322,39 @@ class StreamingTrainer:
 
     # ----------------------------------------------------------------- export
 
+    def _good_base(self, version: Optional[int]) -> Optional[str]:
+        """The folder of serving version `version` if a delta can build on it: present,
+        verified against its manifest (a damaged one is logged and skipped) and, for a
+        SavedModel delta, holding a SavedModel."""
+        cfg = self.config
+        if version is None:
+            return None
+        folder = posixpath.join(cfg.export_base, str(version))
+        if not tf.io.gfile.exists(folder):
+            logging.warning("streaming: serving version %d is gone; delivering a full "
+                            "version", version)
+            return None
+        try:
+            serving_versions.verify(folder)
+        except serving_versions.DamagedVersionError as error:
+            logging.error("streaming: serving version %d is damaged (%s); delivering a full "
+                          "version instead of a delta on it", version, error)
+            return None
+        if cfg.delta_export == "savedmodel" and not tf.io.gfile.exists(
+                posixpath.join(folder, "saved_model.pb")):
+            logging.warning("streaming: serving version %d has no SavedModel to apply a delta "
+                            "to; delivering a full version", version)
+            return None
+        return folder
+
     def _export(self, step: int, kind: str, previous_version: Optional[int]) -> int:
+        """Writes serving version `step`: a delta on the previous version when it is good
+        (verified), otherwise a full SavedModel from the checkpoint version just saved."""
         cfg = self.config
         tf.io.gfile.makedirs(cfg.export_base)
         staging = serving_versions.staging_dir(cfg.export_base, step)
-        previous_dir = (posixpath.join(cfg.export_base, str(previous_version))
-                        if previous_version is not None else None)
-        if kind == "delta" and previous_dir and tf.io.gfile.exists(previous_dir):
+        previous_dir = self._good_base(previous_version) if kind == "delta" else None
+        if previous_dir is not None:
             _, arrays = checkpoint_manifest.read_version(cfg.checkpoint_dir, "delta", step)
             tables, dense = self._saver.serving_delta(step), arrays["dense.npz"]
             if cfg.delta_export == "savedmodel":
@@ -328,7 +372,12 @@ class StreamingTrainer:
             def build():
                 inputs = _serving_inputs(schema)
                 logits = self.model_fn(dict(inputs), False)
-                return inputs, {"prob": tf.sigmoid(logits), "logits": logits}
+                raw = raw_feature_inputs(schema)
+                raw_logits = self.model_fn(features_from_raw(raw, schema), False)
+                return {DEFAULT_SIGNATURE: (inputs, {"prob": tf.sigmoid(logits),
+                                                     "logits": logits}),
+                        RAW_SIGNATURE: (raw, {"prob": tf.sigmoid(raw_logits),
+                                              "logits": raw_logits})}
 
             serving.export_saved_model(staging, version, build)
             info = {"kind": "full", "base": None}
@@ -489,4 +538,5 @@ def summary(entries: List[Dict]) -> str:
                        "mean_progressive_auc": float(np.mean(aucs)) if aucs else None})
 
 
-__all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary"]
+__all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary",
+           "DEFAULT_SIGNATURE", "RAW_SIGNATURE"]
