@@ -15,7 +15,6 @@ therefore rebuilds.
 """
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -63,6 +62,8 @@ def pick_tf(python: Tuple[int, int], requested: Optional[str]) -> str:
 
 
 def _tensorflow_version() -> str:
+    import importlib.metadata  # Python 3.8+; `pick` runs on older Pythons to refuse them
+
     for name in ("tensorflow-cpu", "tensorflow"):
         try:
             return importlib.metadata.version(name)
