@@ -199,3 +199,37 @@ def test_serving_takes_no_prefix(capsys):
         serving_parser().parse_args(["--export-base", "e", "--model-name", "n",
                                      "--max-sec", "3"])
     assert "unrecognized arguments: --max-sec 3" in capsys.readouterr().err
+
+
+def _ready(root: pathlib.Path, partition: str) -> None:
+    _criteo_csv(root / partition / "part-0.csv")
+    (root / partition / "_SUCCESS").write_text("")
+
+
+def test_daily_and_hourly_pick_partitions(tmp_path):
+    from mxrec.streaming import donefile
+
+    _ready(tmp_path / "data", "20240101/00")
+    _ready(tmp_path / "data", "20240102")
+    small = ("--format", "criteo_csv", "--batch-size", "4", "--vocabulary", "1000", "--hidden",
+             "4")
+    result = _train(tmp_path / "data", tmp_path, "--daily", *small)
+    assert result.returncode == 0, result.stderr[-3000:]
+    entries = donefile.read(str(tmp_path / "model" / "donefile.jsonl"))
+    assert [e["partition"] for e in entries] == ["20240102"]
+    only_daily = tmp_path / "daily"
+    _ready(only_daily, "20240103")
+    result = _train(only_daily, tmp_path / "other", "--hourly", *small)
+    assert result.returncode == 1
+    assert "1 ready partition(s) not hourly (20240103) skipped by --hourly" in result.stderr
+    result = _train(only_daily, tmp_path / "other", "--hourly", "--daily")
+    assert result.returncode == 2 and "not allowed with argument" in result.stderr
+
+
+def test_stream_config_refuses_another_granularity():
+    from mxrec.streaming import parsers
+    from mxrec.streaming.trainer import StreamConfig
+
+    with pytest.raises(ValueError, match="granularity must be None, 'daily' or 'hourly'"):
+        StreamConfig(data="d", schema=parsers.named_schema("criteo"), workdir="w",
+                     granularity="weekly")

@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_flags(train)
     train.add_argument("--done_marker", default="_SUCCESS",
                        help="file that marks a partition ready (_SUCCESS)")
+    granularity = train.add_mutually_exclusive_group()
+    granularity.add_argument("--daily", dest="granularity", action="store_const",
+                             const="daily", help="train only daily partitions ROOT/yyyyMMdd "
+                                                 "(default: daily and hourly ones)")
+    granularity.add_argument("--hourly", dest="granularity", action="store_const",
+                             const="hourly", help="train only hourly partitions "
+                                                  "ROOT/yyyyMMdd/hh")
     train.add_argument("--model", choices=("wide_deep", "dlrm", "dcn"), default="wide_deep",
                        help="built-in model (wide_deep)")
     train.add_argument("--dim", type=int, default=8, help="embedding width (8)")
@@ -195,12 +202,18 @@ def _train(args, parser) -> int:
             max_partitions=args.max_partitions, dense_learning_rate=args.dense_lr,
             sparse_learning_rate=args.sparse_lr, progress=not args.no_progress,
             tensorboard=not args.no_tensorboard, threads=args.threads,
-            delta_export=args.delta_export)
+            delta_export=args.delta_export, granularity=args.granularity)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
-    ready = partitions.list_partitions(args.data, args.done_marker)
+    listed = partitions.list_partitions(args.data, args.done_marker)
+    ready = partitions.of_granularity(listed, args.granularity)
     if not ready:
-        found = "; ".join(partitions.unready(args.data, args.done_marker)) or "it is empty"
+        found = partitions.unready(args.data, args.done_marker)
+        if listed:
+            found.insert(0, f"{len(listed)} ready partition(s) not {args.granularity} "
+                            f"({', '.join(p.name for p in listed[:3])}) skipped by "
+                            f"--{args.granularity}")
+        found = "; ".join(found) or "it is empty"
         expected = (f"mxrec.streaming train expects {LAYOUT} ({args.done_marker!r}; "
                     "--done-marker sets another)")
         if not args.watch:

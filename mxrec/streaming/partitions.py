@@ -119,6 +119,14 @@ def list_partitions(root: str, done_marker: str = DONE_MARKER) -> List[Partition
     return sorted(found, key=lambda p: p.sort_key)
 
 
+def of_granularity(partitions: List[Partition], granularity: Optional[str]) -> List[Partition]:
+    """The daily (ROOT/yyyyMMdd) or hourly (ROOT/yyyyMMdd/hh) ones of `partitions`; all of
+    them for None."""
+    if granularity is None:
+        return list(partitions)
+    return [p for p in partitions if (p.hour is None) == (granularity == "daily")]
+
+
 def unready(root: str, done_marker: str = DONE_MARKER) -> List[str]:
     """What under `root` is not a ready partition, for messages: data files directly in
     the root, entries not named yyyyMMdd, and day or hour folders without their marker.
@@ -162,4 +170,5 @@ def _some(names: List[str], count: int = 3) -> str:
                                        if len(names) > count else "")
 
 
-__all__ = ["DONE_MARKER", "Partition", "list_partitions", "partition_at", "unready"]
+__all__ = ["DONE_MARKER", "Partition", "list_partitions", "of_granularity", "partition_at",
+           "unready"]
