@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train(args, parser) -> int:
-    from mxrec.streaming import models, partitions
+    from mxrec.streaming import models
     from mxrec.streaming.trainer import StreamConfig, StreamingTrainer, summary
 
     if not os.path.isdir(args.data) and "://" not in args.data:
@@ -205,6 +205,26 @@ def _train(args, parser) -> int:
             delta_export=args.delta_export, granularity=args.granularity)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
+    if not _check_partitions(args, parser):
+        return 1
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    entries = StreamingTrainer(config, models.make_model_fn(model)).run()
+    print(summary(entries))
+    if args.report:
+        from mxrec.streaming import report
+
+        report.write_png(config.donefile, args.report)
+        print(f"report: {args.report}")
+    return 0
+
+
+def _check_partitions(args, parser) -> bool:
+    """Says what is wrong with a data root that has no ready partition: False where there
+    is nothing to train (without --watch); warns about what it skips."""
+    from mxrec.streaming import partitions
+
     listed = partitions.list_partitions(args.data, args.done_marker)
     ready = partitions.of_granularity(listed, args.granularity)
     if not ready:
@@ -219,7 +239,7 @@ def _train(args, parser) -> int:
         if not args.watch:
             print(f"mxrec.streaming train: nothing to train: no ready partition in "
                   f"{args.data} ({found}). {expected}", file=sys.stderr)
-            return 1
+            return False
         print(f"mxrec.streaming train: warning: no ready partition in {args.data} yet "
               f"({found}); waiting for {LAYOUT} ({args.done_marker!r}), looking every "
               f"{args.poll_interval:g} s", file=sys.stderr, flush=True)
@@ -228,17 +248,7 @@ def _train(args, parser) -> int:
             print(f"mxrec.streaming train: warning: {args.data}: {problem}; skipped",
                   file=sys.stderr)
         _check_format(args, ready[0].files[:1], parser)
-    import tensorflow as tf
-
-    tf.compat.v1.disable_eager_execution()
-    entries = StreamingTrainer(config, models.make_model_fn(model)).run()
-    print(summary(entries))
-    if args.report:
-        from mxrec.streaming import report
-
-        report.write_png(config.donefile, args.report)
-        print(f"report: {args.report}")
-    return 0
+    return True
 
 
 def _check_format(args, files: List[str], parser) -> None:
