@@ -17,7 +17,12 @@ from mxrec.serving.__main__ import build_parser as serving_parser
 from mxrec.streaming.__main__ import build_parser as streaming_parser
 
 REPO = str(pathlib.Path(__file__).resolve().parent.parent)
-SHARED_SAMPLE = pathlib.Path(REPO).parent.parent / "shared" / "data" / "criteo_sample.csv"
+# The shared data sets lie beside the checkout (../shared/data, as in CI), or beside the
+# folder of worktrees.
+SHARED_SAMPLE = next(
+    (p for p in (pathlib.Path(REPO).parent / "shared", pathlib.Path(REPO).parent.parent / "shared",
+                 pathlib.Path(REPO) / "shared") if (p / "data" / "criteo_sample.csv").is_file()),
+    pathlib.Path(REPO).parent / "shared") / "data" / "criteo_sample.csv"
 HEADER = ",".join(["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)])
 
 
