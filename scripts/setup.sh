@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Sets up a virtual environment with TensorFlow and builds mxrec's native ops in place.
-#   MXREC_TF=2.15 (default) -> .venv       with tensorflow-cpu 2.15.1 + tensorflow-estimator 2.15
-#   MXREC_TF=2.21           -> .venv-tf221 with tensorflow-cpu 2.21.0 (no Estimator)
-# MXREC_TF_PACKAGE=tensorflow uses the GPU-capable wheel instead of tensorflow-cpu.
+#   MXREC_TF=2.15 -> .venv       with tensorflow-cpu 2.15.1 + tensorflow-estimator 2.15
+#                                (Python 3.9-3.11)
+#   MXREC_TF=2.21 -> .venv-tf221 with tensorflow-cpu 2.21.0 (no Estimator; Python 3.10-3.13)
+# Without MXREC_TF: 2.15 where the Python (PYTHON, default python3) has its wheel, else 2.21
+# (Python 3.12 and 3.13). MXREC_TF_PACKAGE=tensorflow uses the GPU-capable wheel instead of
+# tensorflow-cpu. The ops are rebuilt only when a source, setup.py, the compiler or the
+# TensorFlow version changed (scripts/setup_helper.py); mxrec/_lib holds one build at a time,
+# so switching MXREC_TF rebuilds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tf_line="${MXREC_TF:-2.15}"
+python=${PYTHON:-python3}
+tf_line=$("$python" scripts/setup_helper.py pick "${MXREC_TF:-}")
+if [ -z "${MXREC_TF:-}" ] && [ "$tf_line" != 2.15 ]; then
+  echo "scripts/setup.sh: $("$python" --version) has no TensorFlow 2.15 wheel; using" \
+       "TensorFlow 2.21 (.venv-tf221, no Estimator). PYTHON=python3.11 selects 2.15." >&2
+fi
 pkg="${MXREC_TF_PACKAGE:-tensorflow-cpu}"
 case "$tf_line" in
   2.15) venv=.venv; reqs=("$pkg==2.15.1" "tensorflow-estimator==2.15.0" "numpy<2") ;;
   2.21) venv=.venv-tf221; reqs=("$pkg==2.21.0") ;;
-  *) echo "MXREC_TF must be 2.15 or 2.21, got '$tf_line'" >&2; exit 2 ;;
 esac
-python=${PYTHON:-python3}
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
@@ -25,5 +33,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # Build in place: the shared objects land in mxrec/_lib next to the sources.
-"$venv/bin/python" setup.py -q build_ext --inplace --build-temp "build/tf$tf_line" --build-lib "build/lib-tf$tf_line" >/dev/null
+if ! "$venv/bin/python" scripts/setup_helper.py fresh; then
+  rm -f mxrec/_lib/build_stamp.txt
+  # The stamp of the inputs as the build reads them, written once it succeeded.
+  build_stamp=$("$venv/bin/python" scripts/setup_helper.py stamp)
+  "$venv/bin/python" setup.py -q build_ext --inplace --build-temp "build/tf$tf_line" \
+    --build-lib "build/lib-tf$tf_line" >/dev/null
+  echo "$build_stamp" > mxrec/_lib/build_stamp.txt
+fi
 echo "$venv"

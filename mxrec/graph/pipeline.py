@@ -5,6 +5,11 @@
                  └ replays each lookup's ID preprocessing on the element and runs
                    the key stage: element -> (element, rows per lookup, restore per lookup)
 
+An iterator of evaluation lookups (is_train=False) keeps only the ID preprocessing in
+its map (element -> (element, IDs per lookup, time per lookup)); their key stage runs
+in the step that reads the batch, so an evaluation reads the tables as they are when
+it runs, however far ahead (or how many training steps before) the iterator read it.
+
 The element passes through in its flat form (the get_next outputs), so any
 structure the user's dataset has (dicts, sparse components) comes out of the
 new get_next exactly as it came out of the old one. The map is sequential, so
@@ -102,12 +107,13 @@ def _key_stage_rounds(lookups: List[PlannedLookup]) -> List[List[int]]:
     return rounds
 
 
-def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: tf.Graph):
+def _preprocess_fn(source: trace.IteratorSource, lookups: List[PlannedLookup],
+                   graph: tf.Graph):
+    """The lookups' ID preprocessing replayed on an element: (ids, timestamp) per lookup."""
     get_next_name = source.get_next.name
     graph_defs = [trace.subgraph_def(lookup.source, graph) for lookup in lookups]
-    rounds = _key_stage_rounds(lookups)
 
-    def plan(*components):
+    def preprocess(components):
         flat_ids, stamps = [], []
         for index, (lookup, graph_def) in enumerate(zip(lookups, graph_defs)):
             input_map = {f"{get_next_name}:{i}": components[i]
@@ -118,32 +124,59 @@ def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: 
                 name=f"mxrec_ids_{index}")
             flat_ids.append(ids)
             stamps.append(stamp)
-        rows: List[Optional[tf.Tensor]] = [None] * len(lookups)
-        restore: List[Optional[tf.Tensor]] = [None] * len(lookups)
-        reused: List[Optional[tf.Tensor]] = [None] * len(lookups)
-        batch_ids = []
-        previous = []
-        for members in rounds:
-            with tf.control_dependencies(previous):
-                unique_rows, restore_index, reused_rows, ids_of_round = mxrec_ops.key_stage(
-                    [flat_ids[i] for i in members],
-                    [lookups[i].record.table.table_key for i in members],
-                    lookups[members[0]].record.is_train, timestamp=stamps[members[0]],
-                    deferred=True)
-            batch_ids.append(ids_of_round)
-            previous = [unique_rows[0].op]
-            for slot, i in enumerate(members):
-                rows[i], restore[i] = unique_rows[slot], restore_index[slot]
-                reused[i] = reused_rows[slot]
-        for i, lookup in enumerate(lookups):
-            if lookup.send_count is not None:
-                rows[i], restore[i] = pad_to_send_count(lookup.record.table, rows[i],
-                                                        restore[i], lookup.send_count,
-                                                        lookup.name)
-            restore[i].set_shape(lookup.record.restore.shape)
+        return flat_ids, stamps
+
+    return preprocess
+
+
+def _key_stages(lookups: List[PlannedLookup], flat_ids, stamps, deferred: bool):
+    """The key stage of every lookup on its IDs: (rows, restore, reused, batch ids per
+    round), padded to send_count where set."""
+    rows: List[Optional[tf.Tensor]] = [None] * len(lookups)
+    restore: List[Optional[tf.Tensor]] = [None] * len(lookups)
+    reused: List[Optional[tf.Tensor]] = [None] * len(lookups)
+    batch_ids = []
+    previous = []
+    for members in _key_stage_rounds(lookups):
+        with tf.control_dependencies(previous):
+            unique_rows, restore_index, reused_rows, ids_of_round = mxrec_ops.key_stage(
+                [flat_ids[i] for i in members],
+                [lookups[i].record.table.table_key for i in members],
+                lookups[members[0]].record.is_train, timestamp=stamps[members[0]],
+                deferred=deferred)
+        batch_ids.append(ids_of_round)
+        previous = [unique_rows[0].op]
+        for slot, i in enumerate(members):
+            rows[i], restore[i] = unique_rows[slot], restore_index[slot]
+            reused[i] = reused_rows[slot]
+    for i, lookup in enumerate(lookups):
+        if lookup.send_count is not None:
+            rows[i], restore[i] = pad_to_send_count(lookup.record.table, rows[i],
+                                                    restore[i], lookup.send_count,
+                                                    lookup.name)
+        restore[i].set_shape(lookup.record.restore.shape)
+    return rows, restore, reused, batch_ids
+
+
+def _plan_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: tf.Graph):
+    preprocess = _preprocess_fn(source, lookups, graph)
+
+    def plan(*components):
+        flat_ids, stamps = preprocess(components)
+        rows, restore, reused, batch_ids = _key_stages(lookups, flat_ids, stamps, True)
         return tuple(components), tuple(rows), tuple(restore), tuple(reused), tuple(batch_ids)
 
     return plan
+
+
+def _ids_fn(source: trace.IteratorSource, lookups: List[PlannedLookup], graph: tf.Graph):
+    preprocess = _preprocess_fn(source, lookups, graph)
+
+    def ids(*components):
+        flat_ids, stamps = preprocess(components)
+        return tuple(components), tuple(flat_ids), tuple(stamps)
+
+    return ids
 
 
 def make_dataset_iterator(source: trace.IteratorSource, specs, map_fn, prefetch: int):
@@ -175,17 +208,28 @@ def rebuild(source: trace.IteratorSource, lookups: List[PlannedLookup], is_train
     specs = trace.output_specs(source.get_next)
     scope = source.get_next.name.replace(":", "_") + "_mxrec"
     with graph.as_default(), tf.name_scope(scope), tf.device("/device:CPU:0"):
+        if not is_train:
+            # Evaluation: the pipeline prepares the IDs, the step plans them, so the
+            # batch reads the tables as they are when it runs, however long ago the
+            # iterator read it (evaluation inserts and counts nothing: nothing to defer).
+            _, initializer, iterator = make_dataset_iterator(
+                source, specs, _ids_fn(source, lookups, graph), prefetch)
+            outputs, flat_ids, stamps = iterator.get_next()
+            rows, restore, reused, _ = _key_stages(lookups, flat_ids, stamps, False)
+            return RewrittenIterator(source=source, is_train=False, kind=source.kind,
+                                     initializer=initializer, outputs=list(outputs),
+                                     rows=list(rows), restore=list(restore),
+                                     reused=list(reused))
         _, initializer, iterator = make_dataset_iterator(
             source, specs, _plan_fn(source, lookups, graph), prefetch)
         outputs, rows, restore, reused, batch_ids = iterator.get_next()
-        if is_train:
-            # The step that reads a batch's planned rows trains it: commit there.
-            commits = [mxrec_ops.commit_batches(
-                ids, [lookups[i].record.table.table_key for i in members])
-                for ids, members in zip(batch_ids, _key_stage_rounds(lookups))]
-            with tf.control_dependencies(commits):
-                rows = [tf.identity(r) for r in rows]
-                reused = [tf.identity(r) for r in reused]
-    return RewrittenIterator(source=source, is_train=is_train, kind=source.kind,
+        # The step that reads a batch's planned rows trains it: commit there.
+        commits = [mxrec_ops.commit_batches(
+            ids, [lookups[i].record.table.table_key for i in members])
+            for ids, members in zip(batch_ids, _key_stage_rounds(lookups))]
+        with tf.control_dependencies(commits):
+            rows = [tf.identity(r) for r in rows]
+            reused = [tf.identity(r) for r in reused]
+    return RewrittenIterator(source=source, is_train=True, kind=source.kind,
                              initializer=initializer, outputs=list(outputs), rows=list(rows),
                              restore=list(restore), reused=list(reused))

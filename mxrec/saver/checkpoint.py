@@ -198,7 +198,10 @@ class Saver:
     Args:
         directory: where versions live.
         max_to_keep: full versions kept (with their deltas); older ones are deleted
-            after a successful full save. None keeps all.
+            after a successful full save (by rank 0 on several ranks). None keeps all.
+
+    Constructing a Saver (rank 0) removes the `.tmp-` folders that saves killed mid-way
+    left in `directory`.
 
     A save holds the tables as at the step boundary: batches the graph modifier
     planned ahead of their step are not in it (the engine undoes them in the
@@ -250,6 +253,10 @@ class Saver:
                                  "finalized (its saves synchronise the ranks with a collective)")
             with tf.name_scope("mxrec_checkpoint/barrier"):
                 self._barrier = communication.allreduce(tf.constant(1, tf.int32), "sum")
+        if self._rank == 0:  # folders of saves (and deletions) killed mid-way
+            for name in manifest_io.remove_stale_temporaries(directory):
+                logging.info("mxrec checkpoint: removed %s/%s, left by a save that died",
+                             directory, name)
 
     def _wait_for_every_rank(self, session):
         if session.run(self._barrier) != self._size:
@@ -330,7 +337,8 @@ class Saver:
             engine.prune_removed_log(io_.table.table_key, epochs[io_.table.table_name])
         if kind == "full":
             self._last_full = step
-            self._delete_old_versions()
+            if self._rank == 0:  # one process deletes, once every rank's files are in place
+                self._delete_old_versions()
         logging.info("mxrec checkpoint: wrote %s", path)
         return path
 

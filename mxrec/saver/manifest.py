@@ -3,11 +3,20 @@
     <dir>/full-000000001000/     a version: kind and step in its name
         manifest.json            written last: step, kind, chain, files with sizes and sha256s
         dense.npz, table-000.npz ...
-    <dir>/.tmp-...               a save in progress; never read
+    <dir>/.tmp-...               a save in progress, or a version being deleted; never read
 
 A version is written into a `.tmp-` folder and made visible by one rename, so
-a process killed mid-save leaves the earlier versions as they were. Reading a
-version checks every file's size and SHA-256 against its manifest.
+a process killed mid-save leaves the earlier versions as they were; such a
+folder is removed by the next `Saver` on that directory (`remove_stale_temporaries`).
+Reading a version checks every file's size and SHA-256 against its manifest.
+
+Retention (`delete_old_versions`) is run by one process (rank 0 on several ranks,
+once the version is complete on every rank). It hides each old version by one
+rename into a `.tmp-deleted-` folder before removing it, newest first, so a delta
+goes no later than the full save it builds on and a reader never sees a half-deleted
+version or a delta without its full save; a version already gone is skipped. The
+listing leaves out deltas that no full save precedes (what a deletion killed by the
+older, oldest-first order could leave).
 """
 
 import hashlib
@@ -23,6 +32,7 @@ import tensorflow as tf
 
 FORMAT_VERSION = 1
 _VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
+_DELETED_PREFIX = ".tmp-deleted-"
 
 
 class CheckpointError(ValueError):
@@ -129,19 +139,32 @@ def table_files(manifest: Dict, table: str) -> List[str]:
 
 
 def list_versions(directory: str) -> List[Tuple[str, int]]:
-    """(kind, step) of every complete version, by step (a full save before a delta)."""
-    if not tf.io.gfile.isdir(directory):
+    """(kind, step) of every complete version, by step (a full save before a delta).
+
+    Deltas that no full save precedes are left out: nothing can restore them.
+    """
+    try:
+        entries = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
+    except tf.errors.NotFoundError:  # removed while listing
         return []
     found = []
-    for entry in tf.io.gfile.listdir(directory):
+    for entry in entries:
         match = _VERSION_RE.match(entry.rstrip("/"))
         if match:
             found.append((match.group(1), int(match.group(2))))
-    return sorted(found, key=lambda item: (item[1], item[0] == "delta"))
+    found.sort(key=lambda item: (item[1], item[0] == "delta"))
+    first_full = next((step for kind, step in found if kind == "full"), None)
+    return [(kind, step) for kind, step in found
+            if kind == "full" or (first_full is not None and step > first_full)]
 
 
 def delete_old_versions(directory: str, max_to_keep: Optional[int]) -> None:
-    """Keeps the newest `max_to_keep` full versions and what follows them."""
+    """Keeps the newest `max_to_keep` full versions and the deltas that follow them.
+
+    Older versions go newest first (a delta before the full save it builds on), each
+    hidden by one rename before its files are removed; one another process already
+    removed is skipped. Run it from one process per directory (rank 0).
+    """
     if max_to_keep is None:
         return
     versions = list_versions(directory)
@@ -149,9 +172,40 @@ def delete_old_versions(directory: str, max_to_keep: Optional[int]) -> None:
     if len(fulls) <= max_to_keep:
         return
     oldest_kept = fulls[-max_to_keep]
-    for kind, step in versions:
+    for kind, step in reversed(versions):
         if step < oldest_kept:
-            tf.io.gfile.rmtree(posixpath.join(directory, version_name(kind, step)))
+            _delete_version(directory, version_name(kind, step))
+
+
+def _delete_version(directory: str, name: str) -> None:
+    hidden = posixpath.join(directory, f"{_DELETED_PREFIX}{name}-{uuid.uuid4().hex}")
+    try:
+        tf.io.gfile.rename(posixpath.join(directory, name), hidden)
+    except tf.errors.NotFoundError:
+        return  # already gone
+    _remove_tree(hidden)
+
+
+def _remove_tree(path: str) -> None:
+    try:
+        tf.io.gfile.rmtree(path)
+    except tf.errors.NotFoundError:
+        pass
+
+
+def remove_stale_temporaries(directory: str) -> List[str]:
+    """Removes the `.tmp-` folders of saves and deletions that died; returns their names.
+
+    Call it where no save into `directory` is under way (a Saver's construction, rank 0).
+    """
+    try:
+        entries = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
+    except tf.errors.NotFoundError:
+        return []
+    stale = [entry.rstrip("/") for entry in entries if entry.startswith(".tmp-")]
+    for name in stale:
+        _remove_tree(posixpath.join(directory, name))
+    return stale
 
 
 def read_version(directory: str, kind: str, step: int, only: Optional[Iterable[str]] = None

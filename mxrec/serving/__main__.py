@@ -17,7 +17,8 @@ import threading
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mxrec.serving", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--export-base", "--export_base", dest="export_base", required=True,
                         help="folder of numeric version folders (TF Serving layout)")
     parser.add_argument("--model-name", "--model_name", dest="model_name", required=True,

@@ -1,12 +1,13 @@
 """python -m mxrec.streaming train|replay: the streaming trainer and a replay client.
 
-    python -m mxrec.streaming train --data ROOT --workdir DIR [--export_base DIR] ...
+    python -m mxrec.streaming train --data ROOT --model-dir DIR [--export-base DIR] ...
     python -m mxrec.streaming replay --data ROOT/PARTITION --url http://127.0.0.1:P/v1/models/NAME
 
 `train` trains every ready partition of ROOT once, in time order (and, with --watch,
 those that arrive), with a built-in model; `replay` sends a partition's records to a
 TF Serving REST endpoint (mxrec.serving or TensorFlow Serving) and prints the AUC of
-the answers. Run a subcommand with --help for its flags.
+the answers. Run a subcommand with --help for its flags. Every flag takes both spellings
+(--export-base and --export_base); abbreviations are not accepted.
 """
 
 import argparse
@@ -19,6 +20,27 @@ import urllib.request
 from typing import List, Optional
 
 FORMATS = ("criteo", "criteo_csv", "avazu")
+LAYOUT = ("partitions ROOT/yyyyMMdd/ (daily) or ROOT/yyyyMMdd/hh/ (hourly), each made ready "
+          "by its done marker file")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser without prefix matching, whose flags take both spellings:
+    `--export_base` is also `--export-base` and the other way round."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names, **kwargs):
+        spelled = []
+        for name in names:
+            forms = [name] if not name.startswith("--") else [
+                "--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_")]
+            spelled += [form for form in dict.fromkeys(forms) if form not in spelled]
+        if names[0].startswith("--") and "dest" not in kwargs:
+            kwargs["dest"] = names[0][2:].replace("-", "_")
+        return super().add_argument(*spelled, **kwargs)
 
 
 def _schema(args):
@@ -48,22 +70,30 @@ def _add_data_flags(parser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mxrec.streaming", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="python -m mxrec.streaming", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train ready partitions once, in time order",
                                 description="Streaming training with delivery.")
     train.add_argument("--data", required=True,
                        help="data root: ROOT/yyyyMMdd/hh/ or ROOT/yyyyMMdd/ partitions")
-    train.add_argument("--workdir", required=True,
-                       help="checkpoints, donefile.jsonl and TensorBoard scalars go here")
+    train.add_argument("--model_dir", "--workdir", dest="workdir", metavar="DIR", required=True,
+                       help="the model folder: checkpoints, donefile.jsonl and TensorBoard "
+                            "scalars go here (--workdir is the older name)")
     train.add_argument("--export_base", default=None,
                        help="serving versions go to EXPORT_BASE/<version>/ (TF Serving "
                             "layout); default: no export")
     _add_data_flags(train)
     train.add_argument("--done_marker", default="_SUCCESS",
                        help="file that marks a partition ready (_SUCCESS)")
+    granularity = train.add_mutually_exclusive_group()
+    granularity.add_argument("--daily", dest="granularity", action="store_const",
+                             const="daily", help="train only daily partitions ROOT/yyyyMMdd "
+                                                 "(default: daily and hourly ones)")
+    granularity.add_argument("--hourly", dest="granularity", action="store_const",
+                             const="hourly", help="train only hourly partitions "
+                                                  "ROOT/yyyyMMdd/hh")
     train.add_argument("--model", choices=("wide_deep", "dlrm", "dcn"), default="wide_deep",
                        help="built-in model (wide_deep)")
     train.add_argument("--dim", type=int, default=8, help="embedding width (8)")
@@ -172,9 +202,11 @@ def _train(args, parser) -> int:
             max_partitions=args.max_partitions, dense_learning_rate=args.dense_lr,
             sparse_learning_rate=args.sparse_lr, progress=not args.no_progress,
             tensorboard=not args.no_tensorboard, threads=args.threads,
-            delta_export=args.delta_export)
+            delta_export=args.delta_export, granularity=args.granularity)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
+    if not _check_partitions(args, parser):
+        return 1
     import tensorflow as tf
 
     tf.compat.v1.disable_eager_execution()
@@ -186,6 +218,69 @@ def _train(args, parser) -> int:
         report.write_png(config.donefile, args.report)
         print(f"report: {args.report}")
     return 0
+
+
+def _check_partitions(args, parser) -> bool:
+    """Says what is wrong with a data root that has no ready partition: False where there
+    is nothing to train (without --watch); warns about what it skips."""
+    from mxrec.streaming import partitions
+
+    listed = partitions.list_partitions(args.data, args.done_marker)
+    ready = partitions.of_granularity(listed, args.granularity)
+    if not ready:
+        found = partitions.unready(args.data, args.done_marker)
+        if listed:
+            found.insert(0, f"{len(listed)} ready partition(s) not {args.granularity} "
+                            f"({', '.join(p.name for p in listed[:3])}) skipped by "
+                            f"--{args.granularity}")
+        found = "; ".join(found) or "it is empty"
+        expected = (f"mxrec.streaming train expects {LAYOUT} ({args.done_marker!r}; "
+                    "--done-marker sets another)")
+        if not args.watch:
+            print(f"mxrec.streaming train: nothing to train: no ready partition in "
+                  f"{args.data} ({found}). {expected}", file=sys.stderr)
+            return False
+        print(f"mxrec.streaming train: warning: no ready partition in {args.data} yet "
+              f"({found}); waiting for {LAYOUT} ({args.done_marker!r}), looking every "
+              f"{args.poll_interval:g} s", file=sys.stderr, flush=True)
+    else:
+        for problem in partitions.unready(args.data, args.done_marker):
+            print(f"mxrec.streaming train: warning: {args.data}: {problem}; skipped",
+                  file=sys.stderr)
+        _check_format(args, ready[0].files[:1], parser)
+    return True
+
+
+def _check_format(args, files: List[str], parser) -> None:
+    """Refuses `--format criteo` (tab-separated, no header) on comma-separated files,
+    naming the format that reads them, instead of failing on every line later."""
+    if args.schema or args.format != "criteo" or args.delimiter is not None or not files:
+        return
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(files[0], "r") as f:
+        first = f.readline().rstrip("\r\n")
+    if "\t" in first or "," not in first:
+        return
+    header = not first.split(",")[0].strip().lstrip("-").replace(".", "").isdigit()
+    parser.error(f"--format criteo reads tab-separated lines without a header, but "
+                 f"{files[0]} starts with {first[:50]!r}... (comma-separated"
+                 f"{', with a header line' if header else ''}): use --format criteo_csv "
+                 "(Criteo's columns as CSV with a header, as the shared sample), or "
+                 "--delimiter/--header/--schema for another layout")
+
+
+def _refusal(error: "urllib.error.HTTPError") -> str:
+    """The predictor's own message in a refused request (TF Serving's {"error": ...})."""
+    try:
+        body = error.read().decode(errors="replace")
+    except OSError:
+        body = ""
+    try:
+        message = json.loads(body).get("error", body)
+    except (ValueError, AttributeError):
+        message = body
+    return str(message).strip() or error.reason
 
 
 def _post(url: str, body: dict, timeout: float) -> dict:
@@ -216,6 +311,7 @@ def _replay(args, parser) -> int:
         schema = _schema(args)
     except ValueError as error:
         parser.error(str(error))
+    _check_format(args, files, parser)
     tf.compat.v1.disable_eager_execution()
     url = args.url.rstrip("/") + ":predict"
     labels, probs = [], []
@@ -236,6 +332,10 @@ def _replay(args, parser) -> int:
                     inputs["dense"] = out["dense"].tolist()
                 try:
                     answer = _post(url, {"inputs": inputs}, args.timeout)
+                except urllib.error.HTTPError as error:
+                    print(f"replay: {url} refused the request (HTTP {error.code}): "
+                          f"{_refusal(error)}", file=sys.stderr)
+                    return 1
                 except urllib.error.URLError as error:
                     print(f"replay: request to {url} failed: {error}", file=sys.stderr)
                     return 1

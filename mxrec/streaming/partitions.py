@@ -119,4 +119,56 @@ def list_partitions(root: str, done_marker: str = DONE_MARKER) -> List[Partition
     return sorted(found, key=lambda p: p.sort_key)
 
 
-__all__ = ["DONE_MARKER", "Partition", "list_partitions", "partition_at"]
+def of_granularity(partitions: List[Partition], granularity: Optional[str]) -> List[Partition]:
+    """The daily (ROOT/yyyyMMdd) or hourly (ROOT/yyyyMMdd/hh) ones of `partitions`; all of
+    them for None."""
+    if granularity is None:
+        return list(partitions)
+    return [p for p in partitions if (p.hour is None) == (granularity == "daily")]
+
+
+def unready(root: str, done_marker: str = DONE_MARKER) -> List[str]:
+    """What under `root` is not a ready partition, for messages: data files directly in
+    the root, entries not named yyyyMMdd, and day or hour folders without their marker.
+
+    Example:
+        >>> unready("/data/flat")
+        ['data files directly in /data/flat (part-0.txt, part-1.txt): ...']
+    """
+    if not tf.io.gfile.isdir(root):
+        return [f"{root} is not a folder"]
+    entries = _entries(root)
+    files = [e for e in entries if not tf.io.gfile.isdir(posixpath.join(root, e))]
+    folders = [e for e in entries if e not in files]
+    found = []
+    data = [f for f in files if not f.startswith(("_", "."))]
+    if data:
+        found.append(f"data files directly in {root} ({_some(data)}): put each partition's "
+                     "files in a folder ROOT/yyyyMMdd or ROOT/yyyyMMdd/hh")
+    other = [e for e in folders if not _DAY_RE.match(e)]
+    if other:
+        found.append(f"folders not named yyyyMMdd ({_some(other)})")
+    waiting = []
+    for day in (e for e in folders if _DAY_RE.match(e)):
+        day_entries = _entries(posixpath.join(root, day))
+        if done_marker in day_entries:
+            continue
+        hours = [h for h in day_entries if _HOUR_RE.match(h)
+                 and tf.io.gfile.isdir(posixpath.join(root, day, h))]
+        waiting += [f"{day}/{h}" for h in hours
+                    if done_marker not in _entries(posixpath.join(root, day, h))]
+        if not hours:
+            waiting.append(day)
+    if waiting:
+        found.append(f"{len(waiting)} partition folder(s) without their done marker "
+                     f"{done_marker!r}, not ready yet ({_some(waiting)})")
+    return found
+
+
+def _some(names: List[str], count: int = 3) -> str:
+    return ", ".join(names[:count]) + (f", ... ({len(names)} in all)"
+                                       if len(names) > count else "")
+
+
+__all__ = ["DONE_MARKER", "Partition", "list_partitions", "of_granularity", "partition_at",
+           "unready"]

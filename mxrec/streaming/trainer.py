@@ -57,7 +57,7 @@ from mxrec.streaming.parsers import (
     make_dataset,
     raw_feature_inputs,
 )
-from mxrec.streaming.partitions import DONE_MARKER, Partition, list_partitions
+from mxrec.streaming.partitions import DONE_MARKER, Partition, list_partitions, of_granularity
 from mxrec.util import initialize
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -99,6 +99,8 @@ class StreamConfig:
         progress: print a progress line per partition.
         tensorboard: write per-partition scalars.
         threads: intra/inter op threads of the session (0: TensorFlow's default).
+        granularity: "daily" trains only ROOT/yyyyMMdd partitions, "hourly" only
+            ROOT/yyyyMMdd/hh ones; None (default) both.
         delta_export: a delta partition's serving version holds "savedmodel" (a complete
             SavedModel, the previous one with the delta applied: TF Serving loads it; costs
             in proportion to the table) or "delta_only" (only the changed rows and the dense
@@ -128,8 +130,12 @@ class StreamConfig:
     tensorboard: bool = True
     threads: int = 0
     delta_export: str = "savedmodel"
+    granularity: Optional[str] = None
 
     def __post_init__(self):
+        if self.granularity not in (None, "daily", "hourly"):
+            raise ValueError("granularity must be None, 'daily' or 'hourly', got "
+                             f"{self.granularity!r}")
         if self.delta_export not in ("savedmodel", "delta_only"):
             raise ValueError("delta_export must be 'savedmodel' or 'delta_only', got "
                              f"{self.delta_export!r}")
@@ -461,7 +467,8 @@ class StreamingTrainer:
               f"export {entry['export_version']}", flush=True)
 
     def _pending(self, last: Optional[Dict]) -> List[Partition]:
-        ready = list_partitions(self.config.data, self.config.done_marker)
+        ready = of_granularity(list_partitions(self.config.data, self.config.done_marker),
+                               self.config.granularity)
         if last is None:
             return ready
         done_key = _name_key(last["partition"])
