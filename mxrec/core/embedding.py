@@ -15,8 +15,7 @@ the unique rows, which the hash optimizers in `mxrec.optimizers` apply to the
 touched rows only.
 """
 
-import weakref
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -26,9 +25,9 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     SPARSE_TABLE_COLLECTION,
     TIMESTAMP_COLLECTION,
 )
-from mxrec.core import dynamic, host_state, multi_hot, tiers
+from mxrec.core import dynamic, host_state, multi_hot, planners, tiers, wing
 from mxrec.core.asc.feature_spec import FeatureSpec
-from mxrec.core.asc.helper import planned_tensors
+from mxrec.core.planners import LookupRecord, modify_graph_lookups  # noqa: F401 (old path)
 from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
     DIRECT,
     FEATURE_SPEC,
@@ -40,71 +39,12 @@ from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-
     lookup_override,
     register_in_graph,
 )
-from mxrec.distributed import replicated, sharded_state, sharding
-from mxrec.util import communication
-from mxrec.util import ops as mxrec_ops
+from mxrec.util import ranks
 from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
 
 _EVICT_CONFIG_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient")
-# Lookups made with modify_graph=True, per graph, for the graph modifier to
-# rewire. Kept beside the graph rather than in a graph collection, which
-# MetaGraph export would try (and fail) to serialise.
-_MODIFY_GRAPH_LOOKUPS = weakref.WeakKeyDictionary()
-
-
-def _modify_graph_lookups(graph) -> List["LookupRecord"]:
-    return _MODIFY_GRAPH_LOOKUPS.setdefault(graph, [])
-
-
-def modify_graph_lookups(graph) -> List["LookupRecord"]:
-    """The lookups of `graph` made with modify_graph=True, in creation order."""
-    return list(_MODIFY_GRAPH_LOOKUPS.get(graph, ()))
-
-
 _KEY_DTYPES = (tf.int32, tf.int64)
-
-
-class LookupRecord:
-    """A lookup built with modify_graph=True.
-
-    The graph modifier moves the key stage (`rows.op`) into the input pipeline:
-    it computes `ids` from the dataset's elements there and rewires every
-    consumer of `rows`, `restore` and `reused` (the forward lookup, its
-    gradient, the re-initialisation of reused rows and the optimizers' slot
-    resets) to the planned values that arrive with the batch.
-
-    On several ranks (`sharded` set) the key stage runs on the owner of the IDs, after
-    collectives; the modifier then moves the rank-local routing into the input pipeline and
-    the exchange and key stage into a planning subgraph of the step (mxrec.graph.sharded).
-    """
-
-    def __init__(self, table, ids, rows, restore, reused, is_train, send_count,
-                 sharded: Optional["ShardedParts"] = None):
-        self.table = table
-        self.ids = ids
-        self.rows = rows
-        self.restore = restore
-        self.reused = reused
-        self.is_train = is_train
-        self.send_count = send_count
-        self.sharded = sharded
-
-
-class ShardedParts:
-    """The pieces of a sharded lookup (mxrec.core.sharding) the graph modifier rewires.
-
-    Attributes:
-        local_time: the rank's batch time before the all-reduce, or None.
-        route: the rank-local routing (sharding.Route).
-        exchange: what the owner received (sharding.Exchange); `exchange.owned` is the
-            key stage's input.
-    """
-
-    def __init__(self, local_time, route, exchange):
-        self.local_time = local_time
-        self.route = route
-        self.exchange = exchange
 
 
 def _check_name(name):
@@ -279,7 +219,7 @@ def create_table(
                                 fusion_optimizer_var, hashtable_threshold)
     if not padding_keys_mask:
         padding_keys = []  # mx_rec: without the mask, padding keys train like any ID
-    if is_dp and communication.get_rank_size() > 1 and not runtime.config.use_dynamic:
+    if is_dp and ranks.get_rank_size() > 1 and not runtime.config.use_dynamic:
         raise NotImplementedError(
             f"create_table {name!r}: is_dp=True (a table replicated on every rank) plans the "
             "whole global batch on every rank, whose unique rows init(use_dynamic=False) "
@@ -334,9 +274,7 @@ def create_table(
         # store's rows and slots (no variable holds them) as one more saveable.
         if runtime.config.use_dynamic_expansion:
             dynamic.register_saveable(table)
-        elif communication.get_rank_size() > 1 and host_size == 0 and not is_dp:
-            sharded_state.register(table)  # the whole table, gathered from every rank
-        else:
+        elif not wing.current().register_saveable(table, tiered=host_size > 0, is_dp=is_dp):
             host_state.register(name, table_key)
     table.all2all_gradients_op = all2all_gradients_op
     table.is_dp = bool(is_dp)
@@ -407,13 +345,6 @@ def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
     if applied.get(table.table_name) != config:
         table.configure_admission(access_threshold=access or 0, faae_coefficient=coefficient)
         applied[table.table_name] = dict(config)
-
-
-def _batch_timestamp() -> Optional[tf.Tensor]:
-    stamps = tf.compat.v1.get_collection(TIMESTAMP_COLLECTION)
-    if not stamps:
-        return None
-    return tf.cast(tf.reduce_max(stamps[-1]), tf.int64)
 
 
 def add_timestamp(timestamps: tf.Tensor) -> None:
@@ -556,8 +487,7 @@ def sparse_lookup(
     ids = _validate_ids(hashtable, ids)
     scope = name or f"{hashtable.table_name}_lookup"
     hashtable.lookup_names.add(scope)
-    graph = tf.compat.v1.get_default_graph()
-    override = lookup_override(graph)
+    override = lookup_override(tf.compat.v1.get_default_graph())
     if override is not None:
         return override(hashtable, ids, scope, default_values(hashtable, serving_default_value))
     pad_to = None
@@ -567,83 +497,12 @@ def sparse_lookup(
                              "batch's unique rows to send_count, so the lookup needs "
                              "send_count > 0")
         pad_to = int(send_count)  # the graph modifier's pipeline pads modify_graph lookups
-    if communication.get_rank_size() > 1:
-        # A modify_graph lookup keeps send_count as its chunk when rewritten (the pipeline
-        # pads it); until then it exchanges the IDs unpadded.
-        return _sharded_lookup(hashtable, ids, is_train, pad_to, scope, modify_graph,
-                               serving_default_value, is_grad)
-    with tf.name_scope(scope):
-        default = default_values(hashtable, serving_default_value)
-        flat = tf.reshape(ids, [-1])
-        (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-            [flat], [hashtable.table_key], is_train, timestamp=_batch_timestamp())
-        previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
-        if previous is not None:
-            rows.op._add_control_input(previous)
-        hashtable.check_lookup(MODIFY_GRAPH if modify_graph else DIRECT)
-        out = hashtable.lookup_planned(ids, rows, restore, reused, is_train, default=default,
-                                       is_grad=is_grad, send_count=pad_to, scope=scope)
-    if modify_graph:
-        _modify_graph_lookups(graph).append(
-            LookupRecord(hashtable, ids, rows, restore, reused, is_train, send_count))
-    return out
-
-
-def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, scope: str,
-                    modify_graph: bool, serving_default_value, is_grad: bool):
-    """A lookup of a table sharded across the ranks (mxrec.core.sharding): the IDs go to
-    their owners, each owner looks its IDs up in its shard like a one-process table; or, for
-    a table replicated on every rank (is_dp=True, mxrec.core.replicated), every rank looks
-    the global batch up in its replica.
-
-    With modify_graph=True the same graph is built and recorded; the graph modifier moves
-    its routing, exchange and key stage ahead of the step (mxrec.graph.sharded)."""
-    if modify_graph and table.is_dp:
-        raise NotImplementedError(
-            f"sparse_lookup {scope!r}: modify_graph=True is not available for a replicated "
-            f"table (is_dp=True) on several ranks; build the lookup of table "
-            f"{table.table_name!r} with modify_graph=False, or create it with is_dp=False")
-    table.check_lookup(MODIFY_GRAPH if modify_graph else DIRECT)
-    grad_scale = None
-    if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
-        grad_scale = 1.0 / communication.get_rank_size()
-    graph = tf.compat.v1.get_default_graph()
-    if not modify_graph:  # the graph modifier's own initializers meet in their all-reduce
-        sharding.fence_iterators(ids)
-    with tf.name_scope(scope):
-        default = default_values(table, serving_default_value)
-        local_time = _batch_timestamp()
-        timestamp = sharding.batch_time(local_time)
-        if table.is_dp:  # every rank plans the global batch on its replica
-
-            def lookup_owned(owned):
-                (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-                    [owned], [table.table_key], is_train, timestamp=timestamp)
-                previous = table.key_stage_dependency(graph, is_train, rows.op)
-                if previous is not None:
-                    rows.op._add_control_input(previous)
-                return table.lookup_planned(owned, rows, restore, reused, is_train,
-                                            default=default, is_grad=is_grad, scope=scope)
-
-            out = replicated.lookup(table, ids, is_train, grad_scale, lookup_owned)
-            return out if is_grad else tf.stop_gradient(out)
-        routed = sharding.route(ids, communication.get_rank_size())
-        exchanged = sharding.exchange(table, routed, is_train, send_count)
-        (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-            [exchanged.owned], [table.table_key], is_train, timestamp=timestamp)
-        previous = table.key_stage_dependency(graph, is_train, rows.op)
-        if previous is not None:
-            rows.op._add_control_input(previous)
-        # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out of the
-        # by-address optimizers' collections.
-        owned_emb = table.lookup_planned(exchanged.owned, rows, restore, reused, is_train,
-                                         default=default, is_grad=is_grad, scope=scope)
-        out = sharding.send_back(table, owned_emb, exchanged, routed, ids, grad_scale)
-    if modify_graph:
-        _modify_graph_lookups(graph).append(LookupRecord(
-            table, ids, rows, restore, reused, is_train, send_count,
-            sharded=ShardedParts(local_time, routed, exchanged)))
-    return out if is_grad else tf.stop_gradient(out)
+    request = planners.LookupRequest(hashtable, ids, is_train, send_count, pad_to, scope,
+                                     modify_graph, serving_default_value, is_grad)
+    # On several ranks a modify_graph lookup keeps send_count as its chunk when rewritten
+    # (the pipeline pads it); until then it exchanges the IDs unpadded.
+    plan = wing.current().lookup_planner(hashtable, modify_graph) or planners.direct_lookup
+    return plan(request)
 
 
 def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, name, send_count,
@@ -662,7 +521,7 @@ def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, na
         if spec.eviction_threshold is not None:
             config["eviction_threshold"] = spec.eviction_threshold
         _apply_access_and_evict_config(table, config)
-    if communication.get_rank_size() > 1:
+    if ranks.get_rank_size() > 1:
         raise NotImplementedError(
             f"sparse_lookup on table {table.table_name!r} with FeatureSpec {spec.name!r}: "
             "get_asc_insert_func plans a batch in the rank's own dataset, but on several ranks "
@@ -671,16 +530,6 @@ def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, na
             "modify_graph_and_start_emb_cache() (prefetched), or modify_graph=False")
     features = batch[0] if isinstance(batch, (tuple, list)) else batch
     ids = _validate_ids(table, features[spec.ids_key])
-    rows, restore, reused = planned_tensors(batch, spec)
     scope = name or f"{table.table_name}_lookup"
-    table.lookup_names.add(scope)
-    if table.pad_row is not None and send_count is None:
-        raise ValueError(f"sparse_lookup {scope!r} (FeatureSpec {spec.name!r}): "
-                         "init(use_dynamic=False) pads each batch's unique rows to send_count, "
-                         "so the lookup needs send_count > 0")
-    table.check_lookup(FEATURE_SPEC)
-    with tf.name_scope(scope):
-        return table.lookup_planned(
-            ids, rows, restore, reused, is_train,
-            default=default_values(table, serving_default_value), is_grad=is_grad,
-            send_count=None if table.pad_row is None else int(send_count), scope=scope)
+    return planners.feature_spec_lookup(table, spec, batch, ids, is_train, scope, send_count,
+                                        serving_default_value, is_grad)

@@ -27,6 +27,9 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from mxrec.util import ranks
+from mxrec.util.gradients import custom_gradient
+
 _GROUP_KEY = 7301
 DEFAULT_TIMEOUT = 300.0
 _ENV_TIMEOUT = "MXREC_COLLECTIVE_TIMEOUT"
@@ -144,6 +147,9 @@ def get_rank_id() -> int:
 def get_rank_size() -> int:
     """The number of training processes (1 in single-process training)."""
     return 1 if _CLUSTER is None else _CLUSTER.size
+
+
+ranks.register(get_rank_id, get_rank_size)  # the layers below the wing ask mxrec.util.ranks
 
 
 def session_kwargs(config: Optional[tf.compat.v1.ConfigProto] = None) -> Dict:
@@ -356,7 +362,7 @@ def alltoall(tensor: tf.Tensor, grad_scale: Optional[float] = None) -> tf.Tensor
         return _alltoall_laddered(tensor, forward)
     backward = [_next_instance_key() for _ in _LADDER]
 
-    @tf.custom_gradient
+    @custom_gradient
     def exchange(x):
         def grad(dy):
             g = _alltoall_laddered(dy, backward)

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from mxrec.distributed import communication, sharding
+from mxrec.util.gradients import custom_gradient
 
 
 def _fingerprint(table, is_train: bool) -> int:
@@ -56,7 +57,7 @@ def lookup(table, ids: tf.Tensor, is_train: bool, grad_scale: Optional[float],
     every = tf.reshape(tf.scatter_nd(valid[:, None], emb, tf.stack([size * chunk, dim])),
                        tf.stack([size, chunk, dim]))
 
-    @tf.custom_gradient
+    @custom_gradient
     def own_part(replicated):
         def grad(d_own):
             # Every rank's gradient of its own part, to every rank: the sum over the ranks.

@@ -50,9 +50,9 @@ table replicated on every rank, is_dp=True, keeps them all). WarmStart, the serv
 
 This module holds the Saver (what a table file contains, reading and writing
 rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,
-folding versions into one state is `mxrec.saver.merge`, and the timer that
-saves is `mxrec.hooks.checkpoint.IncrementalCheckpointHook` (also importable
-from here, its old path).
+folding versions into one state is `mxrec.saver.merge`. The timer that
+saves, `IncrementalCheckpointHook`, is defined at the end of this module (its mx_rec path)
+and is importable from `mxrec.hooks.checkpoint` too.
 
 Example:
     >>> saver = Saver("/data/ckpt")
@@ -71,9 +71,8 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
-from mxrec.core import dynamic
+from mxrec.core import dynamic, wing
 from mxrec.core.table import graph_tables
-from mxrec.distributed import sharding
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver import merge
 from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)
@@ -83,7 +82,7 @@ from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSIO
     sha256,
     version_name,
 )
-from mxrec.util import communication
+from mxrec.util import ranks
 from mxrec.util.initialize import get_config_initializer
 
 _HOST_SCALARS = ("next_row", "newest_timestamp", "counting_frozen", "access_threshold")
@@ -243,14 +242,8 @@ class Saver:
         self._last_step: Optional[int] = None
         self._last_full: Optional[int] = None
         # Several ranks: each saves the shard it owns of every table into one version.
-        self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
-        self._barrier = None
-        if self._size > 1:
-            if graph.finalized:
-                raise ValueError("mxrec Saver on several ranks: build it before the graph is "
-                                 "finalized (its saves synchronise the ranks with a collective)")
-            with tf.name_scope("mxrec_checkpoint/barrier"):
-                self._barrier = communication.allreduce(tf.constant(1, tf.int32), "sum")
+        self._rank, self._size = ranks.get_rank_id(), ranks.get_rank_size()
+        self._barrier = wing.current().checkpoint_barrier(graph)
 
     def _wait_for_every_rank(self, session):
         if session.run(self._barrier) != self._size:
@@ -513,9 +506,7 @@ def shard_of(table_state: Dict, table, rank: int, size: int) -> Dict:
                 else table.device_vocabulary_size)
 
     def keep(keys):
-        if table.is_dp:
-            return np.ones(len(keys), bool)
-        return sharding.owner_of_numpy(keys, size) == rank
+        return wing.current().owned(table, keys, rank, size)
 
     return merge.reshard(table_state, keep, tiered=getattr(table, "host_vocabulary_size", 0) > 0,
                          capacity=capacity, name=table.table_name)
@@ -576,11 +567,68 @@ _default_savers: "weakref.WeakKeyDictionary[tf.Graph, Dict[Tuple[str, str], Save
     weakref.WeakKeyDictionary())
 
 
-def __getattr__(name):
-    # The old import path of IncrementalCheckpointHook, which is a hook and lives with the
-    # hooks; resolved on use, since this layer does not import the hooks.
-    if name == "IncrementalCheckpointHook":
-        from mxrec.hooks.checkpoint import IncrementalCheckpointHook
+class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
+    """Full saves every `save_checkpoint_due_time` seconds, deltas every
+    `save_delta_checkpoints_secs` seconds, as init(is_incremental_checkpoint=True, ...)
+    configures; restores the latest version (or init's restore_model_version) when the
+    session starts and a checkpoint exists.
 
-        return IncrementalCheckpointHook
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    Args:
+        checkpoint_dir: the versions' directory.
+        save_checkpoint_due_time, save_delta_checkpoints_secs, restore_model_version:
+            override init()'s settings.
+    """
+
+    def __init__(self, checkpoint_dir: str, save_checkpoint_due_time: Optional[float] = None,
+                 save_delta_checkpoints_secs: Optional[float] = None,
+                 restore_model_version: Optional[int] = None, max_to_keep: Optional[int] = 5):
+        config = get_config_initializer().config
+        self._dir = checkpoint_dir
+        self._full_every = (config.save_checkpoint_due_time
+                            if save_checkpoint_due_time is None else save_checkpoint_due_time)
+        self._delta_every = (config.save_delta_checkpoints_secs
+                             if save_delta_checkpoints_secs is None
+                             else save_delta_checkpoints_secs)
+        self._version = (config.restore_model_version
+                         if restore_model_version is None else restore_model_version)
+        self._max_to_keep = max_to_keep
+        self._saver: Optional[Saver] = None
+        self._step = 0
+        self._last_full = self._last_delta = 0.0
+        self.restored_step: Optional[int] = None
+
+    def begin(self):
+        self._saver = Saver(self._dir, max_to_keep=self._max_to_keep)
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        if self._saver.versions():
+            self.restored_step = self._saver.restore(session, self._version)
+            self._step = self.restored_step
+        else:
+            self._saver.save(session, self._current_step(session), kind="full")
+        self._last_full = self._last_delta = time.monotonic()
+
+    def _current_step(self, session) -> int:
+        if self._global_step is not None:
+            return int(session.run(self._global_step))
+        return self._step
+
+    def after_run(self, run_context, run_values):
+        self._step += 1
+        now = time.monotonic()
+        session = run_context.session
+        step = self._current_step(session)
+        if step == self._saver.last_step:
+            return  # nothing trained since the last save (the global step did not move)
+        if self._full_every and now - self._last_full >= self._full_every:
+            self._saver.save(session, step, kind="full")
+            self._last_full = self._last_delta = now
+        elif self._delta_every and now - self._last_delta >= self._delta_every:
+            self._saver.save(session, step, kind="delta")
+            self._last_delta = now
+
+    def end(self, session):
+        step = self._current_step(session)
+        if step != self._saver.last_step:
+            self._saver.save(session, step, kind="delta")

@@ -21,8 +21,8 @@ from typing import Dict, Sequence, Tuple
 import tensorflow as tf
 
 from mxrec.core.asc.feature_spec import FeatureSpec
-from mxrec.util import communication
 from mxrec.util import ops as mxrec_ops
+from mxrec.util import ranks
 from mxrec.util.initialize import get_config_initializer
 
 
@@ -93,11 +93,11 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
     if not isinstance(is_training, bool) or not isinstance(dump_graph, bool):
         raise TypeError("get_asc_insert_func: is_training and dump_graph must be bools")
     specs = _check_specs(tgt_key_specs)
-    if communication.get_rank_size() > 1:
+    if ranks.get_rank_size() > 1:
         tables = sorted({spec.table_name for spec in specs if not spec.is_timestamp})
         raise NotImplementedError(
             f"get_asc_insert_func (tables {tables}): the FeatureSpec path plans each batch in "
-            f"this rank's own dataset, but on {communication.get_rank_size()} ranks the key "
+            f"this rank's own dataset, but on {ranks.get_rank_size()} ranks the key "
             "stage runs on the owner of each ID, after an exchange between the ranks that "
             "cannot run inside a tf.data function. Look up tensor IDs instead: "
             "sparse_lookup(table, ids, modify_graph=True) with "
