@@ -184,7 +184,7 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     graph is finalized; then run `get_initializer(is_training)` instead of the
     old iterators' initializers. On several ranks the pipeline holds only the
     rank-local part of the planning; the exchange of IDs and the owners' key stage
-    run in a planning subgraph of the step (mxrec.graph.sharded), so every rank
+    run in a planning subgraph of the step (mxrec.distributed.sharded_pipeline), so every rank
     must run its initializers and steps in the same order.
 
     Args:
@@ -209,7 +209,18 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         _dump(graph, dump_dir, "graph_before_modify.pbtxt")
     if not records:
         return []
+    by_iterator, sources = _group_by_iterator(records, config)
+    rewritten = _rebuild_iterators(by_iterator, sources, config, graph)
+    _rewire(graph, state, rewritten, by_iterator)
+    state.iterators.extend(rewritten)
+    _register_initializers(graph, rewritten)
+    if dump_graph:
+        _dump(graph, dump_dir, "graph_after_modify.pbtxt")
+    return rewritten
 
+
+def _group_by_iterator(records, config):
+    """The records' lookups by the iterator their IDs come from, and those iterators."""
     by_iterator: Dict[str, List[pipeline.PlannedLookup]] = {}
     sources: Dict[str, trace.IteratorSource] = {}
     for record in records:
@@ -229,7 +240,11 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         by_iterator.setdefault(key, []).append(
             pipeline.PlannedLookup(name=name, record=record, source=ids_source,
                                    send_count=send_count))
+    return by_iterator, sources
 
+
+def _rebuild_iterators(by_iterator, sources, config, graph) -> List:
+    """One new iterator per user iterator, with the preprocessing and key stages added."""
     rewritten = []
     for key, lookups in by_iterator.items():
         modes = {lookup.record.is_train for lookup in lookups}
@@ -241,7 +256,12 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         build = lookups[0].record.rebuild or pipeline.rebuild
         rewritten.append(build(sources[key], lookups, modes.pop(),
                                config.prefetch_batch_number, graph))
+    return rewritten
 
+
+def _rewire(graph, state: _GraphState, rewritten, by_iterator) -> None:
+    """Every consumer of the old get_next outputs and of each record's plan reads the new
+    iterator's; the old key stages are retired."""
     for new in rewritten:
         for index, output in enumerate(new.source.get_next.outputs):
             _replace_uses(output, new.outputs[index])
@@ -258,7 +278,9 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
             _retire_key_stage(graph, record.rows.op, record)
             state.retired.append(record.rows.op)
             state.done_records.append(record)
-    state.iterators.extend(rewritten)
+
+
+def _register_initializers(graph, rewritten) -> None:
     runtime = get_config_initializer()
     for new in rewritten:
         target = (runtime.train_iterator_initializers if new.is_train
@@ -266,9 +288,6 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         # Those of the latest graph only (an Estimator's next graph replaces them, as
         # init()'s `tables`): an initializer of an older graph would keep that graph alive.
         target[:] = [op for op in target if op.graph is graph] + [new.initializer]
-    if dump_graph:
-        _dump(graph, dump_dir, "graph_after_modify.pbtxt")
-    return rewritten
 
 
 def _check_retired(state: _GraphState) -> None:

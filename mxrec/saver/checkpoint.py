@@ -74,7 +74,7 @@ from mxrec._lib import loader
 from mxrec.core import dynamic, wing
 from mxrec.core.table import graph_tables
 from mxrec.saver import manifest as manifest_io
-from mxrec.saver import merge
+from mxrec.saver import merge, schema
 from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)
     FORMAT_VERSION,
     CheckpointError,
@@ -84,8 +84,6 @@ from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSIO
 )
 from mxrec.util import ranks
 from mxrec.util.initialize import get_config_initializer
-
-_HOST_SCALARS = ("next_row", "newest_timestamp", "counting_frozen", "access_threshold")
 
 
 def load_variable(session, variable, value):
@@ -280,13 +278,10 @@ class Saver:
             rows = host["rows"][admitted]
             values = io_.read_rows(session, rows) if len(rows) else {
                 name: np.zeros((0, table.dim), np.float32) for name in io_.state_names()}
-            arrays = {f"host/{k}": host[k] for k in
-                      ("keys", "rows", "counts", "last_seen", "free_rows", "removed")}
-            arrays["host/scalars"] = np.array(
-                [host["next_row"], host["newest_timestamp"], int(host["counting_frozen"])],
-                np.int64)
-            arrays["host/access_threshold"] = np.array(host["access_threshold"], np.float64)
-            arrays.update({f"state/{name}": value for name, value in values.items()})
+            arrays = {schema.host_key(k): host[k] for k in schema.HOST_ARRAYS}
+            arrays[schema.SCALARS_KEY] = schema.pack_scalars(host)
+            arrays[schema.ACCESS_THRESHOLD_KEY] = np.array(host["access_threshold"], np.float64)
+            arrays.update({schema.state_key(name): value for name, value in values.items()})
             if "in_host" in host:  # a table with a host tier: its host-tier rows too
                 arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
             file_name = (f"table-{index:03d}.npz" if self._size == 1
@@ -427,9 +422,11 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
     engine = loader.engine()
     records = table_state["records"]
     keys = np.fromiter(records.keys(), np.int64, len(records))
-    fields = np.array(list(records.values()), dtype=np.float64).reshape(-1, 4)
-    rows = fields[:, 0].astype(np.int32)
-    in_host = fields[:, 3].astype(bool)
+    fields = np.array(list(records.values()), dtype=np.float64).reshape(
+        -1, len(schema.Record._fields))
+    column = {name: fields[:, i] for i, name in enumerate(schema.Record._fields)}
+    rows = column["row"].astype(np.int32)
+    in_host = column["in_host"].astype(bool)
     scalars = table_state["scalars"]
     tier_args = {}
     if in_host.any() or "lru_rows" in table_state:
@@ -451,9 +448,11 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
             tier_components=names, tier_present=present, tier_values=packed)
     engine.import_state(
         io_.table.table_key, keys=keys, rows=rows,
-        counts=fields[:, 1].astype(np.float32), last_seen=fields[:, 2].astype(np.int64),
-        free_rows=table_state["free_rows"], next_row=int(scalars[0]),
-        newest_timestamp=int(scalars[1]), counting_frozen=bool(scalars[2]),
+        counts=column["count"].astype(np.float32),
+        last_seen=column["last_seen"].astype(np.int64), free_rows=table_state["free_rows"],
+        next_row=schema.scalar(scalars, "next_row"),
+        newest_timestamp=schema.scalar(scalars, "newest_timestamp"),
+        counting_frozen=bool(schema.scalar(scalars, "counting_frozen")),
         access_threshold=float(table_state["access_threshold"]), **tier_args)
     values = table_state["values"]
     device = rows >= 0
@@ -481,14 +480,14 @@ def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]
         ids, embeddings, removed = [], [], []
         for file_name in manifest_io.table_files(manifest, name):
             table_arrays = arrays[file_name]
-            admitted = table_arrays["host/rows"] >= 0
-            ids.append(table_arrays["host/keys"][admitted])
-            embeddings.append(table_arrays["state/embedding"])
-            if "host/in_host" in table_arrays:  # rows in the host tier are rows too
-                in_host = table_arrays["host/in_host"].astype(bool)
-                ids.append(table_arrays["host/keys"][in_host])
-                embeddings.append(table_arrays["tier/embedding"])
-            removed.append(table_arrays["host/removed"])
+            admitted = table_arrays[schema.host_key("rows")] >= 0
+            ids.append(table_arrays[schema.host_key("keys")][admitted])
+            embeddings.append(table_arrays[schema.state_key("embedding")])
+            if schema.host_key("in_host") in table_arrays:  # host-tier rows are rows too
+                in_host = table_arrays[schema.host_key("in_host")].astype(bool)
+                ids.append(table_arrays[schema.host_key("keys")][in_host])
+                embeddings.append(table_arrays[schema.tier_key("embedding")])
+            removed.append(table_arrays[schema.host_key("removed")])
         # Each ID once: the ranks of a replicated table (is_dp=True) all wrote it.
         ids, first = np.unique(np.concatenate(ids), return_index=True)
         # An ID removed and admitted again since the last save is a change.
@@ -518,16 +517,16 @@ def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.n
     components = list(host["tier_components"])
     values = host["tier_values"]
     present = host["tier_present"]
-    arrays = {"host/in_host": host["in_host"].astype(np.uint8),
-              "host/lru_rows": host["lru_rows"], "host/lru_ages": host["lru_ages"]}
+    arrays = {schema.host_key(k): host[k] for k in schema.TIER_ARRAYS}
+    arrays[schema.host_key("in_host")] = host["in_host"].astype(np.uint8)
     for name in state_names:
         if name in components:
             c = components.index(name)
-            arrays[f"tier/{name}"] = values[:, c, :]
-            arrays[f"tier_mask/{name}"] = ((present >> np.uint32(c)) & 1).astype(np.uint8)
+            arrays[schema.tier_key(name)] = values[:, c, :]
+            arrays[schema.tier_mask_key(name)] = ((present >> np.uint32(c)) & 1).astype(np.uint8)
         else:  # a slot never swapped out: every host-tier ID restarts it from its initial value
-            arrays[f"tier/{name}"] = np.zeros((len(present), dim), np.float32)
-            arrays[f"tier_mask/{name}"] = np.zeros(len(present), np.uint8)
+            arrays[schema.tier_key(name)] = np.zeros((len(present), dim), np.float32)
+            arrays[schema.tier_mask_key(name)] = np.zeros(len(present), np.uint8)
     return arrays
 
 

@@ -63,6 +63,17 @@ def _check_shape(spec: FeatureSpec, ids: tf.Tensor) -> list:
     return checks
 
 
+def _check_legacy_args(kwargs) -> None:
+    unknown = sorted(set(kwargs) - set(_MX_REC_LEGACY_ARGS))
+    if unknown:
+        raise TypeError(f"get_asc_insert_func() got unexpected keyword argument(s) {unknown}")
+    legacy = sorted(k for k, v in kwargs.items() if v is not None)
+    if legacy:
+        raise NotImplementedError(
+            f"get_asc_insert_func({', '.join(legacy)}=...): mx_rec's form without FeatureSpecs "
+            "is not available; pass tgt_key_specs=[FeatureSpec(...), ...]")
+
+
 def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training: bool = True,
                         dump_graph: bool = False, **kwargs):
     """A function for `dataset.map` that plans each spec's IDs in the host key stage.
@@ -80,14 +91,7 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
         fn(batch) -> batch with the planned tensors added; `batch` is a dict of
         features, or a tuple whose first item is that dict.
     """
-    unknown = sorted(set(kwargs) - set(_MX_REC_LEGACY_ARGS))
-    if unknown:
-        raise TypeError(f"get_asc_insert_func() got unexpected keyword argument(s) {unknown}")
-    legacy = sorted(k for k, v in kwargs.items() if v is not None)
-    if legacy:
-        raise NotImplementedError(
-            f"get_asc_insert_func({', '.join(legacy)}=...): mx_rec's form without FeatureSpecs "
-            "is not available; pass tgt_key_specs=[FeatureSpec(...), ...]")
+    _check_legacy_args(kwargs)
     if tgt_key_specs is None:
         raise TypeError("get_asc_insert_func: tgt_key_specs (a list of FeatureSpec) is required")
     if not isinstance(is_training, bool) or not isinstance(dump_graph, bool):
