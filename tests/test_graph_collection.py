@@ -19,6 +19,7 @@ from mxrec.constants.constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPA
 from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
 from mxrec.optimizers import adagrad, adagrad_by_addr
+from mxrec.saver.checkpoint import save_persistables
 from mxrec.util import communication
 from mxrec.util.initialize import init, terminate_config_initializer
 
@@ -45,7 +46,7 @@ def _train_op(table, emb, dynamic=False):
     return optimizer.apply_gradients(list(zip(grads, sparse_vars)))
 
 
-def _direct(settings, table_args, modify_graph=False, run=True):
+def _direct(settings, table_args, modify_graph=False, run=True, save_to=None):
     """One graph: a table, a lookup (placeholder or dataset IDs), its training step."""
     graph = tf.Graph()
     with graph.as_default():
@@ -69,6 +70,8 @@ def _direct(settings, table_args, modify_graph=False, run=True):
                 if modify_graph:
                     sess.run(get_initializer(True))
                 sess.run(train, feed)
+                if save_to is not None:  # one default Saver per graph and directory
+                    save_persistables(sess, save_to, mode=0, step=1)
     return weakref.ref(graph)
 
 
@@ -85,6 +88,15 @@ def test_dropped_graphs_are_freed(case):
     settings, table_args, lookup_args = CASES[case]
     init(**settings)
     refs = [_direct(settings, table_args, **lookup_args) for _ in range(GRAPHS)]
+    assert _alive(refs) <= 1, f"{_alive(refs)} of {GRAPHS} dropped graphs alive"
+    terminate_config_initializer()
+    assert _alive(refs) == 0
+
+
+def test_graphs_saved_by_save_persistables_are_freed(tmp_path):
+    init()
+    refs = [_direct({}, dict(device_vocabulary_size=64), save_to=str(tmp_path / f"ckpt{i}"))
+            for i in range(GRAPHS)]
     assert _alive(refs) <= 1, f"{_alive(refs)} of {GRAPHS} dropped graphs alive"
     terminate_config_initializer()
     assert _alive(refs) == 0

@@ -25,6 +25,7 @@ class GraphState:
         tier_swap_chain: {(table key, component): the latest swap of a tiered table}.
         tier_lookups: {table key: the training lookups of a tiered table in the graph}.
         modifier: what the graph modifier rewired (mxrec.graph.modifier), or None.
+        default_savers: {(init() prefix, directory): the Saver save_persistables made}.
     """
 
     def __init__(self):
@@ -35,6 +36,7 @@ class GraphState:
         self.tier_swap_chain: Dict[tuple, object] = {}
         self.tier_lookups: Dict[str, int] = {}
         self.modifier = None
+        self.default_savers: Dict[tuple, object] = {}
 
 
 def graph_state(graph) -> GraphState:

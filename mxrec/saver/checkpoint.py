@@ -63,7 +63,6 @@ Example:
 
 import time
 import warnings
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -72,6 +71,7 @@ from absl import logging
 
 from mxrec._lib import loader
 from mxrec.core import dynamic, wing
+from mxrec.core.graph_state import graph_state
 from mxrec.core.table import graph_tables
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver import merge, schema
@@ -547,7 +547,7 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
                          f"got {mode!r}")
     graph = session.graph
     if saver is None:
-        savers = _default_savers.setdefault(graph, {})
+        savers = graph_state(graph).default_savers
         key = (get_config_initializer().prefix, dirname)
         saver = savers.get(key)
         if saver is None:
@@ -559,11 +559,6 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
             raise ValueError("save_persistables: the graph has no global step; pass step=")
         step = tf.compat.v1.train.global_step(session, global_step)
     return saver.save(session, step, kind="delta" if mode == 2 else "full")
-
-
-# graph -> {(init() prefix, directory): Saver}; dropped with the graph.
-_default_savers: "weakref.WeakKeyDictionary[tf.Graph, Dict[Tuple[str, str], Saver]]" = (
-    weakref.WeakKeyDictionary())
 
 
 class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
