@@ -1,4 +1,5 @@
-"""mxrec's import graph runs one way: util -> core -> graph / optimizers / saver -> hooks.
+"""mxrec's import graph runs one way: util -> core -> graph / optimizers / saver -> distributed
+-> hooks.
 
 Every module's imports (top-level and inside functions, `importlib.import_module`
 with a literal name too) are read with `ast`; a module may import its own
@@ -18,22 +19,38 @@ PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent / "mxrec"
 LAYERS: Tuple[Tuple[str, int], ...] = (
     ("mxrec._lib", 0),
     ("mxrec.constants", 0),
-    ("mxrec.launch", 0),  # the launcher: a process starter, imports nothing of mxrec
     ("mxrec.util", 1),
     ("mxrec.core", 2),
     ("mxrec.graph", 3),
     ("mxrec.optimizers", 3),
     ("mxrec.saver", 3),
-    ("mxrec.hooks", 4),
-    ("mxrec.serving", 5),  # the predictor: follows an export base, answers REST requests
-    ("mxrec.streaming", 6),  # the streaming trainer: data in, checkpoints and exports out
+    ("mxrec.distributed", 4),  # several workers: above the single-process layers
+    ("mxrec.hooks", 5),
+    ("mxrec.serving", 6),  # the predictor: follows an export base, answers REST requests
+    ("mxrec.streaming", 7),  # the streaming trainer: data in, checkpoints and exports out
+    ("mxrec.launch", 8),  # the old path of `python -m mxrec.launch` (mxrec.distributed.launch)
 )
 
 # Imports against the direction that are allowed, and why.
 ALLOWED: Dict[Tuple[str, str], str] = {
-    ("mxrec.saver.checkpoint", "mxrec.hooks.checkpoint"):
-        "the old import path of IncrementalCheckpointHook, resolved on use by the module's "
-        "__getattr__ (the hook lives in mxrec.hooks)",
+    # Old import paths of the modules that moved into mxrec.distributed: each is the moved
+    # module under its old name (mx_rec's paths among them: mxrec.util.communication[.hccl_ops]).
+    **{(old, new): "the old import path of a module moved into mxrec.distributed"
+       for old, new in (
+           ("mxrec.util.communication", "mxrec.distributed.communication"),
+           ("mxrec.util.communication", "mxrec.distributed.hccl_ops"),
+           ("mxrec.core.sharding", "mxrec.distributed.sharding"),
+           ("mxrec.core.replicated", "mxrec.distributed.replicated"),
+           ("mxrec.core.sharded_state", "mxrec.distributed.sharded_state"),
+           ("mxrec.graph.sharded", "mxrec.distributed.sharded_pipeline"),
+       )},
+    ("mxrec.core.feature_process", "mxrec.hooks.evict"):
+        "mx_rec's import path of EvictHook (the hook lives in mxrec.hooks)",
+    ("mxrec.util.initialize", "mxrec.distributed.communication"):
+        "init() reads the ranks from the launcher's environment and starts this rank's "
+        "server: multi-worker training's entry point",
+    ("mxrec.util.initialize", "mxrec.distributed.multirank"):
+        "init() on several ranks installs the wing's behaviour (mxrec.core.wing)",
 }
 
 
@@ -165,6 +182,31 @@ def test_imports_run_one_way():
 
 def test_no_import_cycles():
     assert cycles(_package_graph()) == []
+
+
+# Old import paths of moved modules: for users (and mx_rec's scripts), not for mxrec itself.
+OLD_PATHS = ("mxrec.util.communication", "mxrec.core.sharding", "mxrec.core.replicated",
+             "mxrec.core.sharded_state", "mxrec.graph.sharded", "mxrec.launch")
+# mx_rec's own module that names the old path (`mx_rec.util.tf_version_adapter.hccl_ops`).
+OLD_PATH_USERS = {"mxrec.util.tf_version_adapter": "mx_rec's tf_version_adapter re-exports "
+                                                    "mx_rec's hccl_ops path"}
+
+
+def test_no_module_uses_an_old_path():
+    users = [f"{module} imports {target}" for module, targets in sorted(_package_graph().items())
+             for target in sorted(targets)
+             if target in OLD_PATHS and module not in OLD_PATH_USERS]
+    assert not users, "use the modules in mxrec.distributed:\n" + "\n".join(users)
+
+
+def test_the_wing_plugs_in_from_above():
+    """core, graph, optimizers and saver never import mxrec.distributed (their old-path
+    modules aside): the wing installs its behaviour into mxrec.core.wing."""
+    below = ("mxrec.core", "mxrec.graph", "mxrec.optimizers", "mxrec.saver")
+    bad = [f"{module} imports {target}" for module, targets in sorted(_package_graph().items())
+           if module.startswith(below) and module not in OLD_PATHS
+           for target in sorted(targets) if target.startswith("mxrec.distributed")]
+    assert not bad, "\n".join(bad)
 
 
 def test_allowed_exceptions_are_still_needed():

@@ -2,9 +2,13 @@
 //
 // Tables must be reachable by name from op kernels that run inside tf.data
 // functions (where no resource handle can be captured), from any session, and
-// from Python management calls. This directory is the one piece of process
-// state; it maps names to tables and owns the key stage's thread pool, while
-// all table state lives in the HostTable objects themselves.
+// from Python management calls. It maps names to tables and owns the key
+// stage's thread pool, while all table state lives in the HostTable objects
+// themselves. The engine's other process state: `DynamicStoreRegistry`
+// (dynamic_store.h: the dynamic-expansion stores, by the same keys) and three
+// atomics (huge_pages.cc: the allocation limit tests set; host_tier.cc: the
+// row count from which swaps run in parallel; ssd_tier.cc: a counter that
+// makes SSD file names unique).
 #ifndef MXREC_ENGINE_REGISTRY_H_
 #define MXREC_ENGINE_REGISTRY_H_
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 from mxrec._lib import loader
-from mxrec.util import communication
+from mxrec.util import ranks
 
 _FIELDS = (
     ("keys", tf.int64),
@@ -61,7 +61,7 @@ class HostStateSaveable(saveable_object.SaveableObject):
         with tf.device("/device:CPU:0"):
             tensors = loader.op_library().mxrec_export_table(
                 table_key=table_key, name=f"{table_name}_export_host_state")
-        if communication.get_rank_size() > 1:
+        if ranks.get_rank_size() > 1:
             tensors = [_refused(table_name, t) for t in tensors]
         fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
         specs = [
@@ -86,7 +86,7 @@ class HostStateSaveable(saveable_object.SaveableObject):
         """
         del restored_shapes
         fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
-        if communication.get_rank_size() > 1:
+        if ranks.get_rank_size() > 1:
             restored_tensors = [_refused(self.name.split("/")[0], t) for t in restored_tensors]
         with tf.device("/device:CPU:0"):
             inputs = [tf.cast(t, dtype) if dtype != tf.string else t
@@ -144,7 +144,7 @@ def _refused(table_name: str, tensor: tf.Tensor) -> tf.Tensor:
     device rows only, and would gather a replicated table N times over)."""
     check = tf.debugging.Assert(False, [
         f"table {table_name!r} has a host tier (host_vocabulary_size > 0) or is replicated "
-        f"(is_dp=True) on {communication.get_rank_size()} ranks: TF's Saver (and "
+        f"(is_dp=True) on {ranks.get_rank_size()} ranks: TF's Saver (and "
         "CheckpointSaverHook, Estimator checkpoints) cannot save or restore it; use "
         "mxrec.saver.checkpoint.Saver, which writes every rank's shard into one version and "
         "restores it on any number of ranks"])

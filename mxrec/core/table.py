@@ -19,7 +19,6 @@ and `table.slot_refills` gives a hash optimizer what to do to the slots of the
 rows that changed owner before it updates.
 """
 
-import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -27,28 +26,26 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
-from mxrec.core import sharded_state
-from mxrec.util import communication
+from mxrec.core import wing
+from mxrec.core.graph_state import existing_state, graph_state
+from mxrec.util.gradients import custom_gradient
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).
 DIRECT, FEATURE_SPEC, MODIFY_GRAPH = "direct", "feature_spec", "modify_graph"
 
-# graph -> {table name: the table created in that graph}. init()'s `tables` holds the
-# latest table of each name, which an Estimator's or Paddle's next graph replaces.
-_GRAPH_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# graph -> a function (table, ids, scope, default) -> embeddings that builds the lookups of
-# that graph instead of the key stage; tables created there register no host-state
-# saveable. The serving export registers one (the core does not know about serving).
-_LOOKUP_OVERRIDES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# A graph's tables and its lookup override live in its GraphState (mxrec.core.graph_state).
+# init()'s `tables` holds the latest table of each name, which an Estimator's or Paddle's
+# next graph replaces.
 
 
 def register_in_graph(graph, table: "SparseEmbedding") -> None:
-    _GRAPH_TABLES.setdefault(graph, {})[table.table_name] = table
+    graph_state(graph).tables[table.table_name] = table
 
 
 def graph_tables(graph) -> Dict[str, "SparseEmbedding"]:
     """The tables created in `graph`, by name (the latest of a name, under any init())."""
-    return dict(_GRAPH_TABLES.get(graph, {}))
+    state = existing_state(graph)
+    return {} if state is None else dict(state.tables)
 
 
 def set_lookup_override(graph, override: Callable) -> None:
@@ -56,13 +53,15 @@ def set_lookup_override(graph, override: Callable) -> None:
 
     The tables created in `graph` then register no host-state saveable: their
     rows come from wherever the override reads them (the serving export's
-    core-op tables).
+    core-op tables). The serving export registers one (the core does not know about
+    serving).
     """
-    _LOOKUP_OVERRIDES[graph] = override
+    graph_state(graph).lookup_override = override
 
 
 def lookup_override(graph) -> Optional[Callable]:
-    return _LOOKUP_OVERRIDES.get(graph)
+    state = existing_state(graph)
+    return None if state is None else state.lookup_override
 
 
 class SparseEmbedding:
@@ -100,9 +99,10 @@ class SparseEmbedding:
         # Names of this table's lookups (name scopes and FeatureSpec names): set_threshold's
         # ids_name must be one of them.
         self.lookup_names = set()
-        # (graph, is_train) -> the last key-stage op; shared by all tables when
-        # they share admission counts, so that every table plans in lookup order.
-        self._last_key_stage = {} if key_stage_chain is None else key_stage_chain
+        # The chain this table's key stages join (the graph's last op of a chain is in its
+        # GraphState); shared by all tables when they share admission counts, so that every
+        # table plans in lookup order.
+        self._key_stage_chain = self if key_stage_chain is None else key_stage_chain
         self._reused_rows = {}
         self._refills = {}
         self.initializer_error: Optional[Exception] = None
@@ -269,18 +269,20 @@ class SparseEmbedding:
         the rows new IDs receive (and so their initial values) would depend on
         scheduling.
         """
-        previous = self._last_key_stage.get((graph, is_train))
-        self._last_key_stage[(graph, is_train)] = op
-        return previous
+        chains = graph_state(graph).last_key_stage
+        key = (id(self._key_stage_chain), is_train)
+        previous = chains.get(key)
+        chains[key] = (self._key_stage_chain, op)
+        return previous[1] if previous is not None and previous[0] is self._key_stage_chain \
+            else None
 
-
-def _variables_collection() -> str:
-    """GLOBAL_VARIABLES in one process; LOCAL_VARIABLES on several ranks, where a rank's
-    rows mean nothing to another rank count: TF's Saver then saves the table through its
-    ShardedTableSaveable (mxrec.core.sharded_state), keyed by ID, and not this variable."""
-    if communication.get_rank_size() > 1:
-        return tf.compat.v1.GraphKeys.LOCAL_VARIABLES
-    return tf.compat.v1.GraphKeys.GLOBAL_VARIABLES
+    def forget_key_stage(self, graph, op) -> None:
+        """Later key stages of this table's chain no longer run after `op` (the graph
+        modifier retired it)."""
+        chains = graph_state(graph).last_key_stage
+        for key in [k for k, (chain, last) in chains.items()
+                    if chain is self._key_stage_chain and last is op]:
+            del chains[key]
 
 
 class DeviceTable(SparseEmbedding):
@@ -313,11 +315,10 @@ class DeviceTable(SparseEmbedding):
                 initializer=initializer,
                 trainable=False,
                 use_resource=True,
-                collections=[_variables_collection(), SPARSE_TABLE_COLLECTION],
+                collections=[wing.current().variables_collection(), SPARSE_TABLE_COLLECTION],
             )
         self.variable._mxrec_table = self  # lets the optimizers find the table
-        if communication.get_rank_size() > 1:
-            sharded_state.initialize_once(self.variable)
+        wing.current().table_variable_created(self.variable)
 
     def lookup_planned(self, ids, rows, restore, reused, is_train, default=None, is_grad=True,
                        send_count=None, scope=""):
@@ -378,7 +379,7 @@ def restore_rows(unique_emb, restore, default_row=None):
     """unique_emb [U, dim] gathered at restore [N] (U means the default row), with a dense
     gradient. default_row: [dim] for positions without a row; zeros when None."""
 
-    @tf.custom_gradient
+    @custom_gradient
     def restore_fn(emb):
         num_unique = tf.shape(emb)[0]
         if default_row is None:

@@ -33,21 +33,19 @@ Example:
 """
 
 import os
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.core.graph_state import graph_state
 from mxrec.core.table import DeviceTable
 
 EMBEDDING = "embedding"
-# graph -> {(table_key, component): the last swap's scatter}: swaps of one
-# table and component run one after another, in plan order, within a step.
-_SWAP_CHAINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# graph -> {table_key: training lookups of the table in the graph}.
-_LOOKUPS_PER_STEP: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# Per graph (mxrec.core.graph_state): {(table_key, component): the last swap's scatter}
+# (swaps of one table and component run one after another, in plan order, within a
+# step), and {table_key: training lookups of the table in the graph}.
 
 
 def _check_count(table_name: str, label: str, value) -> int:
@@ -122,7 +120,7 @@ def is_tiered(table) -> bool:
 
 
 def _previous_swap(graph, table_key: str, component: str) -> List[tf.Operation]:
-    previous = _SWAP_CHAINS.setdefault(graph, {}).get((table_key, component))
+    previous = graph_state(graph).tier_swap_chain.get((table_key, component))
     return [] if previous is None else [previous]
 
 
@@ -133,7 +131,7 @@ def count_training_lookup(table) -> None:
     another's rows as swap victims, so the engine protects that many batches.
     """
     graph = tf.compat.v1.get_default_graph()
-    counts = _LOOKUPS_PER_STEP.setdefault(graph, {})
+    counts = graph_state(graph).tier_lookups
     counts[table.table_key] = counts.get(table.table_key, 0) + 1
     loader.engine().set_swap_protect(table.table_key, counts[table.table_key])
 
@@ -184,7 +182,7 @@ def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
                 table_key=table.table_key, component=component)
         values = tf.cast(values, variable.dtype.base_dtype)
         update = variable.scatter_update(tf.IndexedSlices(values, reused))
-    _SWAP_CHAINS[graph][(table.table_key, component)] = update
+    graph_state(graph).tier_swap_chain[(table.table_key, component)] = update
     return update
 
 

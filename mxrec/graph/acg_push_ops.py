@@ -19,7 +19,7 @@ from typing import Set
 
 import tensorflow as tf
 
-from mxrec.core.embedding import modify_graph_lookups
+from mxrec.core.planners import modify_graph_lookups
 
 PUSHED_OP_TYPES = frozenset(["StringSplit", "StringSplitV2", "StringToNumber"])
 DUMP_DIR = "export_graph"

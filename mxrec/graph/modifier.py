@@ -28,13 +28,13 @@ trains on; fetching one directly fails with an error that names it and
 """
 
 import os
-import weakref
 from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from mxrec.core.embedding import modify_graph_lookups
-from mxrec.graph import pipeline, sharded, trace
+from mxrec.core.graph_state import existing_state, graph_state
+from mxrec.core.planners import modify_graph_lookups
+from mxrec.graph import pipeline, trace
 from mxrec.util import initialize
 from mxrec.util.initialize import get_config_initializer
 
@@ -65,15 +65,21 @@ class _GraphState:
         return any(record is done for done in self.done_records)
 
 
-# Per graph, and dropped with the graph. Not a graph collection: collections of
-# Python objects make every meta-graph export (Estimator's saver) warn.
-_STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
+# Per graph, in the graph's GraphState (mxrec.core.graph_state), dropped with the graph.
+# Not a graph collection: collections of Python objects make every meta-graph export
+# (Estimator's saver) warn.
 
 
 def _state(graph: tf.Graph) -> _GraphState:
-    if graph not in _STATES:
-        _STATES[graph] = _GraphState()
-    return _STATES[graph]
+    state = graph_state(graph)
+    if state.modifier is None:
+        state.modifier = _GraphState()
+    return state.modifier
+
+
+def _existing(graph: tf.Graph) -> Optional[_GraphState]:
+    state = existing_state(graph)
+    return None if state is None else state.modifier
 
 
 def _lookup_name(record) -> str:
@@ -108,9 +114,7 @@ def _retire_key_stage(graph: tf.Graph, key_stage: tf.Operation, record) -> None:
                         tf.zeros([0], tensor.dtype), shape=[None])
                 key_stage._update_input(index, empty)  # pylint: disable=protected-access
     # Later direct lookups of the table must not chain onto the retired op.
-    chain = record.table._last_key_stage  # pylint: disable=protected-access
-    for key in [k for k, op in chain.items() if op is key_stage]:
-        del chain[key]
+    record.table.forget_key_stage(graph, key_stage)
 
 
 def _guard_old_get_next(graph: tf.Graph, get_next: tf.Operation) -> None:
@@ -153,7 +157,7 @@ def rewritten_tensor(tensor, graph: Optional[tf.Graph] = None):
     def one(value):
         if not isinstance(value, tf.Tensor):
             raise TypeError(f"rewritten_tensor: expected tensors, got {type(value).__name__}")
-        state = _STATES.get(graph if graph is not None else value.graph)
+        state = _existing(graph if graph is not None else value.graph)
         return value if state is None else state.replacements.get(value.name, value)
 
     return tf.nest.map_structure(one, tensor, expand_composites=True)
@@ -180,7 +184,7 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     graph is finalized; then run `get_initializer(is_training)` instead of the
     old iterators' initializers. On several ranks the pipeline holds only the
     rank-local part of the planning; the exchange of IDs and the owners' key stage
-    run in a planning subgraph of the step (mxrec.graph.sharded), so every rank
+    run in a planning subgraph of the step (mxrec.distributed.sharded_pipeline), so every rank
     must run its initializers and steps in the same order.
 
     Args:
@@ -205,19 +209,23 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         _dump(graph, dump_dir, "graph_before_modify.pbtxt")
     if not records:
         return []
+    by_iterator, sources = _group_by_iterator(records, config)
+    rewritten = _rebuild_iterators(by_iterator, sources, config, graph)
+    _rewire(graph, state, rewritten, by_iterator)
+    state.iterators.extend(rewritten)
+    _register_initializers(graph, rewritten)
+    if dump_graph:
+        _dump(graph, dump_dir, "graph_after_modify.pbtxt")
+    return rewritten
 
+
+def _group_by_iterator(records, config):
+    """The records' lookups by the iterator their IDs come from, and those iterators."""
     by_iterator: Dict[str, List[pipeline.PlannedLookup]] = {}
     sources: Dict[str, trace.IteratorSource] = {}
     for record in records:
         name = _lookup_name(record)
-        if record.sharded is not None:
-            # On several ranks the key stage reads IDs that came by collectives: trace the
-            # lookup's own IDs (and batch time) instead.
-            traced = [record.ids] + ([record.sharded.local_time]
-                                     if record.sharded.local_time is not None else [])
-        else:
-            traced = list(record.rows.op.inputs)
-        ids_source = trace.trace_ids(traced, name)
+        ids_source = trace.trace_ids(record.traced, name)
         send_count = None
         if not config.use_dynamic:
             if record.send_count is None or int(record.send_count) <= 0:
@@ -232,7 +240,11 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         by_iterator.setdefault(key, []).append(
             pipeline.PlannedLookup(name=name, record=record, source=ids_source,
                                    send_count=send_count))
+    return by_iterator, sources
 
+
+def _rebuild_iterators(by_iterator, sources, config, graph) -> List:
+    """One new iterator per user iterator, with the preprocessing and key stages added."""
     rewritten = []
     for key, lookups in by_iterator.items():
         modes = {lookup.record.is_train for lookup in lookups}
@@ -241,10 +253,15 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
                 f"iterator {sources[key].iterator.name!r} feeds lookups with is_train=True and "
                 f"is_train=False ({[lookup.name for lookup in lookups]}); use one dataset "
                 "iterator for training and another for evaluation")
-        build = sharded.rebuild if lookups[0].record.sharded is not None else pipeline.rebuild
+        build = lookups[0].record.rebuild or pipeline.rebuild
         rewritten.append(build(sources[key], lookups, modes.pop(),
                                config.prefetch_batch_number, graph))
+    return rewritten
 
+
+def _rewire(graph, state: _GraphState, rewritten, by_iterator) -> None:
+    """Every consumer of the old get_next outputs and of each record's plan reads the new
+    iterator's; the old key stages are retired."""
     for new in rewritten:
         for index, output in enumerate(new.source.get_next.outputs):
             _replace_uses(output, new.outputs[index])
@@ -261,15 +278,16 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
             _retire_key_stage(graph, record.rows.op, record)
             state.retired.append(record.rows.op)
             state.done_records.append(record)
-    state.iterators.extend(rewritten)
+
+
+def _register_initializers(graph, rewritten) -> None:
     runtime = get_config_initializer()
     for new in rewritten:
         target = (runtime.train_iterator_initializers if new.is_train
                   else runtime.eval_iterator_initializers)
-        target.append(new.initializer)
-    if dump_graph:
-        _dump(graph, dump_dir, "graph_after_modify.pbtxt")
-    return rewritten
+        # Those of the latest graph only (an Estimator's next graph replaces them, as
+        # init()'s `tables`): an initializer of an older graph would keep that graph alive.
+        target[:] = [op for op in target if op.graph is graph] + [new.initializer]
 
 
 def _check_retired(state: _GraphState) -> None:
@@ -290,7 +308,7 @@ def get_initializer(is_training: bool, graph: Optional[tf.Graph] = None) -> tf.O
         RuntimeError: the graph was not rewritten yet, or has no iterator of that kind.
     """
     graph = graph if graph is not None else tf.compat.v1.get_default_graph()
-    state = _STATES.get(graph)
+    state = _existing(graph)
     iterators = state.iterators if state else []
     if not iterators:
         raise RuntimeError(
@@ -336,7 +354,7 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
         if self._modify_graph:
             modify_graph_and_start_emb_cache(graph, dump_graph=self._dump_graph,
                                              dump_dir=self._dump_dir)
-        state = _STATES.get(graph)
+        state = _existing(graph)
         if state is not None:
             _check_retired(state)
         self._initializers = [it.initializer for it in state.iterators] if state else []
@@ -355,7 +373,7 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
         in a tuple or alone cannot be changed and still fails with the message that names
         `rewritten_tensor`.
         """
-        state = _STATES.get(self._graph) if self._graph is not None else None
+        state = _existing(self._graph) if self._graph is not None else None
         if state is not None and state.replacements:
             _swap_in_place(run_context.original_args.fetches, state.replacements)
         return None

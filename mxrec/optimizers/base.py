@@ -4,8 +4,7 @@ import weakref
 
 import tensorflow as tf
 
-from mxrec.core import sharded_state
-from mxrec.util import communication
+from mxrec.core import wing
 
 
 class HashOptimizerMixin:
@@ -60,31 +59,8 @@ class HashOptimizerMixin:
             if self not in table.optimizers:
                 table.optimizers.append(self)
         update = super().apply_gradients(grads_and_vars, global_step=global_step, name=name)
-        if communication.get_rank_size() > 1:
-            _slots_to_local_variables(self, [var for _, var in grads_and_vars])
+        wing.current().slots_created(self, [var for _, var in grads_and_vars])
         return update
-
-
-def _slots_to_local_variables(optimizer, table_variables) -> None:
-    """On several ranks a table's slot rows, like its rows, are this rank's own layout: they
-    leave GLOBAL_VARIABLES for LOCAL_VARIABLES (initialised with them, not saved by TF's
-    Saver), and the table's ShardedTableSaveable saves them keyed by ID."""
-    global_variables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-    for variable in table_variables:
-        for slot_name in optimizer.get_slot_names():
-            slot = optimizer.get_slot(variable, slot_name)
-            if slot is not None and any(slot is v for v in global_variables):
-                saveable = getattr(variable._mxrec_table, "sharded_saveable", None)  # noqa: SLF001
-                if saveable is not None and saveable.built:
-                    raise ValueError(
-                        f"{type(optimizer).__name__} creates slot {slot_name!r} of table "
-                        f"{variable._mxrec_table.table_name!r} after a TF Saver was built "  # noqa: SLF001
-                        "over it: on several ranks the table saves its slots through its "
-                        "ShardedTableSaveable, which the Saver has fixed; build the Saver "
-                        "after the train op")
-                global_variables[:] = [v for v in global_variables if v is not slot]
-                tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, slot)
-                sharded_state.initialize_once(slot)
 
 
 def check_declared(optimizer, table) -> None:

@@ -50,9 +50,9 @@ table replicated on every rank, is_dp=True, keeps them all). WarmStart, the serv
 
 This module holds the Saver (what a table file contains, reading and writing
 rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,
-folding versions into one state is `mxrec.saver.merge`, and the timer that
-saves is `mxrec.hooks.checkpoint.IncrementalCheckpointHook` (also importable
-from here, its old path).
+folding versions into one state is `mxrec.saver.merge`. The timer that
+saves, `IncrementalCheckpointHook`, is defined at the end of this module (its mx_rec path)
+and is importable from `mxrec.hooks.checkpoint` too.
 
 Example:
     >>> saver = Saver("/data/ckpt")
@@ -63,7 +63,6 @@ Example:
 
 import time
 import warnings
-import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -71,10 +70,11 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
-from mxrec.core import dynamic, sharding
+from mxrec.core import dynamic, wing
+from mxrec.core.graph_state import graph_state
 from mxrec.core.table import graph_tables
 from mxrec.saver import manifest as manifest_io
-from mxrec.saver import merge
+from mxrec.saver import merge, schema
 from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)
     FORMAT_VERSION,
     CheckpointError,
@@ -82,10 +82,8 @@ from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSIO
     sha256,
     version_name,
 )
-from mxrec.util import communication
+from mxrec.util import ranks
 from mxrec.util.initialize import get_config_initializer
-
-_HOST_SCALARS = ("next_row", "newest_timestamp", "counting_frozen", "access_threshold")
 
 
 def load_variable(session, variable, value):
@@ -245,14 +243,8 @@ class Saver:
         self._last_step: Optional[int] = None
         self._last_full: Optional[int] = None
         # Several ranks: each saves the shard it owns of every table into one version.
-        self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
-        self._barrier = None
-        if self._size > 1:
-            if graph.finalized:
-                raise ValueError("mxrec Saver on several ranks: build it before the graph is "
-                                 "finalized (its saves synchronise the ranks with a collective)")
-            with tf.name_scope("mxrec_checkpoint/barrier"):
-                self._barrier = communication.allreduce(tf.constant(1, tf.int32), "sum")
+        self._rank, self._size = ranks.get_rank_id(), ranks.get_rank_size()
+        self._barrier = wing.current().checkpoint_barrier(graph)
         if self._rank == 0:  # folders of saves (and deletions) killed mid-way
             for name in manifest_io.remove_stale_temporaries(directory):
                 logging.info("mxrec checkpoint: removed %s/%s, left by a save that died",
@@ -293,13 +285,10 @@ class Saver:
             rows = host["rows"][admitted]
             values = io_.read_rows(session, rows) if len(rows) else {
                 name: np.zeros((0, table.dim), np.float32) for name in io_.state_names()}
-            arrays = {f"host/{k}": host[k] for k in
-                      ("keys", "rows", "counts", "last_seen", "free_rows", "removed")}
-            arrays["host/scalars"] = np.array(
-                [host["next_row"], host["newest_timestamp"], int(host["counting_frozen"])],
-                np.int64)
-            arrays["host/access_threshold"] = np.array(host["access_threshold"], np.float64)
-            arrays.update({f"state/{name}": value for name, value in values.items()})
+            arrays = {schema.host_key(k): host[k] for k in schema.HOST_ARRAYS}
+            arrays[schema.SCALARS_KEY] = schema.pack_scalars(host)
+            arrays[schema.ACCESS_THRESHOLD_KEY] = np.array(host["access_threshold"], np.float64)
+            arrays.update({schema.state_key(name): value for name, value in values.items()})
             if "in_host" in host:  # a table with a host tier: its host-tier rows too
                 arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
             file_name = (f"table-{index:03d}.npz" if self._size == 1
@@ -441,9 +430,11 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
     engine = loader.engine()
     records = table_state["records"]
     keys = np.fromiter(records.keys(), np.int64, len(records))
-    fields = np.array(list(records.values()), dtype=np.float64).reshape(-1, 4)
-    rows = fields[:, 0].astype(np.int32)
-    in_host = fields[:, 3].astype(bool)
+    fields = np.array(list(records.values()), dtype=np.float64).reshape(
+        -1, len(schema.Record._fields))
+    column = {name: fields[:, i] for i, name in enumerate(schema.Record._fields)}
+    rows = column["row"].astype(np.int32)
+    in_host = column["in_host"].astype(bool)
     scalars = table_state["scalars"]
     tier_args = {}
     if in_host.any() or "lru_rows" in table_state:
@@ -465,9 +456,11 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
             tier_components=names, tier_present=present, tier_values=packed)
     engine.import_state(
         io_.table.table_key, keys=keys, rows=rows,
-        counts=fields[:, 1].astype(np.float32), last_seen=fields[:, 2].astype(np.int64),
-        free_rows=table_state["free_rows"], next_row=int(scalars[0]),
-        newest_timestamp=int(scalars[1]), counting_frozen=bool(scalars[2]),
+        counts=column["count"].astype(np.float32),
+        last_seen=column["last_seen"].astype(np.int64), free_rows=table_state["free_rows"],
+        next_row=schema.scalar(scalars, "next_row"),
+        newest_timestamp=schema.scalar(scalars, "newest_timestamp"),
+        counting_frozen=bool(schema.scalar(scalars, "counting_frozen")),
         access_threshold=float(table_state["access_threshold"]), **tier_args)
     values = table_state["values"]
     device = rows >= 0
@@ -495,14 +488,14 @@ def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]
         ids, embeddings, removed = [], [], []
         for file_name in manifest_io.table_files(manifest, name):
             table_arrays = arrays[file_name]
-            admitted = table_arrays["host/rows"] >= 0
-            ids.append(table_arrays["host/keys"][admitted])
-            embeddings.append(table_arrays["state/embedding"])
-            if "host/in_host" in table_arrays:  # rows in the host tier are rows too
-                in_host = table_arrays["host/in_host"].astype(bool)
-                ids.append(table_arrays["host/keys"][in_host])
-                embeddings.append(table_arrays["tier/embedding"])
-            removed.append(table_arrays["host/removed"])
+            admitted = table_arrays[schema.host_key("rows")] >= 0
+            ids.append(table_arrays[schema.host_key("keys")][admitted])
+            embeddings.append(table_arrays[schema.state_key("embedding")])
+            if schema.host_key("in_host") in table_arrays:  # host-tier rows are rows too
+                in_host = table_arrays[schema.host_key("in_host")].astype(bool)
+                ids.append(table_arrays[schema.host_key("keys")][in_host])
+                embeddings.append(table_arrays[schema.tier_key("embedding")])
+            removed.append(table_arrays[schema.host_key("removed")])
         # Each ID once: the ranks of a replicated table (is_dp=True) all wrote it.
         ids, first = np.unique(np.concatenate(ids), return_index=True)
         # An ID removed and admitted again since the last save is a change.
@@ -520,9 +513,7 @@ def shard_of(table_state: Dict, table, rank: int, size: int) -> Dict:
                 else table.device_vocabulary_size)
 
     def keep(keys):
-        if table.is_dp:
-            return np.ones(len(keys), bool)
-        return sharding.owner_of_numpy(keys, size) == rank
+        return wing.current().owned(table, keys, rank, size)
 
     return merge.reshard(table_state, keep, tiered=getattr(table, "host_vocabulary_size", 0) > 0,
                          capacity=capacity, name=table.table_name)
@@ -534,16 +525,16 @@ def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.n
     components = list(host["tier_components"])
     values = host["tier_values"]
     present = host["tier_present"]
-    arrays = {"host/in_host": host["in_host"].astype(np.uint8),
-              "host/lru_rows": host["lru_rows"], "host/lru_ages": host["lru_ages"]}
+    arrays = {schema.host_key(k): host[k] for k in schema.TIER_ARRAYS}
+    arrays[schema.host_key("in_host")] = host["in_host"].astype(np.uint8)
     for name in state_names:
         if name in components:
             c = components.index(name)
-            arrays[f"tier/{name}"] = values[:, c, :]
-            arrays[f"tier_mask/{name}"] = ((present >> np.uint32(c)) & 1).astype(np.uint8)
+            arrays[schema.tier_key(name)] = values[:, c, :]
+            arrays[schema.tier_mask_key(name)] = ((present >> np.uint32(c)) & 1).astype(np.uint8)
         else:  # a slot never swapped out: every host-tier ID restarts it from its initial value
-            arrays[f"tier/{name}"] = np.zeros((len(present), dim), np.float32)
-            arrays[f"tier_mask/{name}"] = np.zeros(len(present), np.uint8)
+            arrays[schema.tier_key(name)] = np.zeros((len(present), dim), np.float32)
+            arrays[schema.tier_mask_key(name)] = np.zeros(len(present), np.uint8)
     return arrays
 
 
@@ -564,7 +555,7 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
                          f"got {mode!r}")
     graph = session.graph
     if saver is None:
-        savers = _default_savers.setdefault(graph, {})
+        savers = graph_state(graph).default_savers
         key = (get_config_initializer().prefix, dirname)
         saver = savers.get(key)
         if saver is None:
@@ -578,16 +569,68 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
     return saver.save(session, step, kind="delta" if mode == 2 else "full")
 
 
-# graph -> {(init() prefix, directory): Saver}; dropped with the graph.
-_default_savers: "weakref.WeakKeyDictionary[tf.Graph, Dict[Tuple[str, str], Saver]]" = (
-    weakref.WeakKeyDictionary())
+class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
+    """Full saves every `save_checkpoint_due_time` seconds, deltas every
+    `save_delta_checkpoints_secs` seconds, as init(is_incremental_checkpoint=True, ...)
+    configures; restores the latest version (or init's restore_model_version) when the
+    session starts and a checkpoint exists.
 
+    Args:
+        checkpoint_dir: the versions' directory.
+        save_checkpoint_due_time, save_delta_checkpoints_secs, restore_model_version:
+            override init()'s settings.
+    """
 
-def __getattr__(name):
-    # The old import path of IncrementalCheckpointHook, which is a hook and lives with the
-    # hooks; resolved on use, since this layer does not import the hooks.
-    if name == "IncrementalCheckpointHook":
-        from mxrec.hooks.checkpoint import IncrementalCheckpointHook
+    def __init__(self, checkpoint_dir: str, save_checkpoint_due_time: Optional[float] = None,
+                 save_delta_checkpoints_secs: Optional[float] = None,
+                 restore_model_version: Optional[int] = None, max_to_keep: Optional[int] = 5):
+        config = get_config_initializer().config
+        self._dir = checkpoint_dir
+        self._full_every = (config.save_checkpoint_due_time
+                            if save_checkpoint_due_time is None else save_checkpoint_due_time)
+        self._delta_every = (config.save_delta_checkpoints_secs
+                             if save_delta_checkpoints_secs is None
+                             else save_delta_checkpoints_secs)
+        self._version = (config.restore_model_version
+                         if restore_model_version is None else restore_model_version)
+        self._max_to_keep = max_to_keep
+        self._saver: Optional[Saver] = None
+        self._step = 0
+        self._last_full = self._last_delta = 0.0
+        self.restored_step: Optional[int] = None
 
-        return IncrementalCheckpointHook
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def begin(self):
+        self._saver = Saver(self._dir, max_to_keep=self._max_to_keep)
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        if self._saver.versions():
+            self.restored_step = self._saver.restore(session, self._version)
+            self._step = self.restored_step
+        else:
+            self._saver.save(session, self._current_step(session), kind="full")
+        self._last_full = self._last_delta = time.monotonic()
+
+    def _current_step(self, session) -> int:
+        if self._global_step is not None:
+            return int(session.run(self._global_step))
+        return self._step
+
+    def after_run(self, run_context, run_values):
+        self._step += 1
+        now = time.monotonic()
+        session = run_context.session
+        step = self._current_step(session)
+        if step == self._saver.last_step:
+            return  # nothing trained since the last save (the global step did not move)
+        if self._full_every and now - self._last_full >= self._full_every:
+            self._saver.save(session, step, kind="full")
+            self._last_full = self._last_delta = now
+        elif self._delta_every and now - self._last_delta >= self._delta_every:
+            self._saver.save(session, step, kind="delta")
+            self._last_delta = now
+
+    def end(self, session):
+        step = self._current_step(session)
+        if step != self._saver.last_step:
+            self._saver.save(session, step, kind="delta")

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.saver import manifest as manifest_io
+from mxrec.saver import schema
 from mxrec.saver.manifest import CheckpointError
 
 _VERSION_DIR = re.compile(r"^(full|delta)-(\d{12})$")
@@ -145,38 +146,36 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
     records = table_state["records"]
     values = table_state["values"]
     tier_values = table_state["tier_values"]
-    for key in arrays["host/removed"].tolist():
+    for key in arrays[schema.host_key("removed")].tolist():
         records.pop(key, None)
         values.pop(key, None)
         tier_values.pop(key, None)
-    state_names = [k[len("state/"):] for k in arrays if k.startswith("state/")]
-    keys = arrays["host/keys"].tolist()
-    rows = arrays["host/rows"].tolist()
-    counts = arrays["host/counts"].tolist()
-    last_seen = arrays["host/last_seen"].tolist()
-    in_host = (arrays["host/in_host"].tolist() if "host/in_host" in arrays
-               else [0] * len(keys))
-    tier_names = [k[len("tier/"):] for k in arrays if k.startswith("tier/")]
+    state_names = schema.names_with_prefix(arrays, "state")
+    keys, rows, counts, last_seen = (arrays[schema.host_key(k)].tolist()
+                                     for k in ("keys", "rows", "counts", "last_seen"))
+    in_host = (arrays[schema.host_key("in_host")].tolist()
+               if schema.host_key("in_host") in arrays else [0] * len(keys))
+    tier_names = schema.names_with_prefix(arrays, "tier")
     device_index = 0
     tier_index = 0
     for key, row, count, seen, host in zip(keys, rows, counts, last_seen, in_host):
-        records[key] = (row, count, seen, int(host))
+        records[key] = schema.Record(row, count, seen, int(host))
         values.pop(key, None)
         tier_values.pop(key, None)
         if row >= 0:
-            values[key] = {n: arrays[f"state/{n}"][device_index] for n in state_names}
+            values[key] = {n: arrays[schema.state_key(n)][device_index] for n in state_names}
             device_index += 1
         elif host:
-            tier_values[key] = {n: arrays[f"tier/{n}"][tier_index] for n in tier_names
-                                if arrays[f"tier_mask/{n}"][tier_index]}
+            tier_values[key] = {n: arrays[schema.tier_key(n)][tier_index] for n in tier_names
+                                if arrays[schema.tier_mask_key(n)][tier_index]}
             tier_index += 1
-    table_state["free_rows"] = arrays["host/free_rows"]
-    table_state["scalars"] = arrays["host/scalars"]
-    table_state["access_threshold"] = arrays["host/access_threshold"]
+    table_state["free_rows"] = arrays[schema.host_key("free_rows")]
+    table_state["scalars"] = arrays[schema.SCALARS_KEY]
+    table_state["access_threshold"] = arrays[schema.ACCESS_THRESHOLD_KEY]
     table_state["state_names"] = state_names
     for field in ("lru_rows", "lru_ages"):
-        if f"host/{field}" in arrays:
-            table_state[field] = arrays[f"host/{field}"]
+        if schema.host_key(field) in arrays:
+            table_state[field] = arrays[schema.host_key(field)]
 
 
 def merge_ranks(table_state: Dict, files: List[Dict[str, np.ndarray]], kind: str, name: str):
@@ -186,7 +185,7 @@ def merge_ranks(table_state: Dict, files: List[Dict[str, np.ndarray]], kind: str
     newest = table_state.get("newest", -1)
     for index, arrays in enumerate(files):
         merge_table(table_state, arrays, kind if index == 0 else "delta", name)
-        newest = max(newest, int(arrays["host/scalars"][1]))
+        newest = max(newest, schema.scalar(arrays[schema.SCALARS_KEY], "newest_timestamp"))
     table_state["newest"] = newest
 
 
@@ -207,18 +206,18 @@ def reshard(table_state: Dict, keep: Callable[[np.ndarray], np.ndarray], tiered:
     out_records, values, tier_values = {}, {}, {}
     next_row = 0
     for key in kept.tolist():
-        row, count, seen, host = records[key]
+        row, count, seen, host = records[key]  # a schema.Record
         value = table_state["values"].get(key) if row >= 0 else None
         if row < 0 and host:
             value = table_state["tier_values"].get(key, {})
         admitted = row >= 0 or host
         if not admitted:
-            out_records[key] = (-1, count, seen, 0)
+            out_records[key] = schema.Record(-1, count, seen, 0)
         elif tiered:
-            out_records[key] = (-1, count, seen, 1)
+            out_records[key] = schema.Record(-1, count, seen, 1)
             tier_values[key] = value
         else:
-            out_records[key] = (next_row, count, seen, 0)
+            out_records[key] = schema.Record(next_row, count, seen, 0)
             values[key] = value
             next_row += 1
     if next_row > capacity:
@@ -226,9 +225,10 @@ def reshard(table_state: Dict, keep: Callable[[np.ndarray], np.ndarray], tiered:
             f"table {name!r}: this rank's share of the checkpoint has {next_row} admitted IDs "
             f"but device_vocabulary_size is {capacity}; raise device_vocabulary_size (per "
             "rank) or restore on more ranks")
-    scalars = np.array(table_state["scalars"], np.int64)
-    scalars[0] = next_row
-    scalars[1] = table_state.get("newest", scalars[1])
+    scalars = schema.with_scalars(
+        table_state["scalars"], next_row=next_row,
+        newest_timestamp=table_state.get(
+            "newest", schema.scalar(table_state["scalars"], "newest_timestamp")))
     out = dict(table_state, records=out_records, values=values, tier_values=tier_values,
                free_rows=np.zeros(0, np.int32), scalars=scalars)
     out.pop("lru_rows", None)

@@ -71,7 +71,7 @@ from mxrec.core import dynamic, tiers
 from mxrec.core.table import graph_tables
 from mxrec.saver import checkpoint as saver_checkpoint
 from mxrec.saver import merge, sparse
-from mxrec.util import communication
+from mxrec.util import ranks
 
 _HOST_DTYPES = {
     "keys": tf.int64, "rows": tf.int32, "counts": tf.float32, "last_seen": tf.int64,
@@ -324,7 +324,7 @@ class _VersionsEntry(_Entry):
         versions = merge.read_chain(self.directory, self.step)
         state = merge.whole_tables(versions)
         dense = versions[-1][2]["dense.npz"]
-        rank, size = communication.get_rank_id(), communication.get_rank_size()
+        rank, size = ranks.get_rank_id(), ranks.get_rank_size()
         for io_ in self._ios:
             table = io_.table
             shard = saver_checkpoint.shard_of(state[table.table_name], table, rank, size)

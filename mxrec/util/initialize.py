@@ -1,9 +1,10 @@
 """Global configuration of mxrec: `init()` and `terminate_config_initializer()`.
 
 The parameter names follow mx_rec's `init`. Every setting either takes effect,
-or is refused with NotImplementedError naming it (multi-worker training, core
-binding, ...); `use_hot`, which mx_rec documents as a placement hint, only
-warns. README.md's compatibility table lists each one.
+or is refused with NotImplementedError naming it (core binding, ...); `use_hot`,
+which mx_rec documents as a placement hint, only warns. Several ranks
+(`rank_size > 1`, `use_mpi=True`) train one model sharded across them
+(`mxrec.distributed`, docs/MULTIWORKER.md). docs/MX_REC_COMPAT.md lists each setting.
 """
 
 import contextlib
@@ -17,7 +18,7 @@ from mxrec._lib import loader
 from mxrec.constants.constants import ENV_KEY_PROCESS_THREAD_NUM as _ENV_THREADS
 from mxrec.constants.constants import ENV_USE_COMBINE_FAAE as _ENV_COMBINE_FAAE
 from mxrec.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
-from mxrec.util import communication
+from mxrec.distributed import communication
 from mxrec.util import ops as _ops
 
 _MAX_THREADS = 64
@@ -36,7 +37,8 @@ class MxrecConfig:
             mxrec.launch`): rank and size come from its environment.
         rank_id: this process's rank in [0, rank_size).
         rank_size: number of training processes; > 1 shards every table across them
-            (mxrec.core.sharding) over TensorFlow's collectives (mxrec.util.communication).
+            (mxrec.distributed.sharding) over TensorFlow's collectives
+            (mxrec.distributed.communication).
         train_steps: steps of one training round before evaluation; -1 = until the data ends.
         eval_steps: steps of one evaluation round; -1 = until the data ends.
         save_steps: steps between checkpoints; -1 = never by step.
@@ -282,7 +284,9 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
         use_mpi, kwargs.get("rank_id", 0), kwargs.get("rank_size", 1))
     kwargs["rank_id"], kwargs["rank_size"] = rank, size
     config = MxrecConfig(use_mpi=use_mpi, **kwargs)
-    communication.setup(config.rank_id, config.rank_size)
+    from mxrec.distributed import multirank  # noqa: PLC0415 (the wing imports core)
+
+    multirank.setup(config.rank_id, config.rank_size)
     if kwargs.get("use_hot") is True:
         warnings.warn("init(use_hot=True): mxrec has no hot-embedding cache; the hint has no "
                       "effect (every row is read from the table)", UserWarning, stacklevel=2)

@@ -21,8 +21,8 @@ from typing import Dict, Sequence, Tuple
 import tensorflow as tf
 
 from mxrec.core.asc.feature_spec import FeatureSpec
-from mxrec.util import communication
 from mxrec.util import ops as mxrec_ops
+from mxrec.util import ranks
 from mxrec.util.initialize import get_config_initializer
 
 
@@ -63,6 +63,17 @@ def _check_shape(spec: FeatureSpec, ids: tf.Tensor) -> list:
     return checks
 
 
+def _check_legacy_args(kwargs) -> None:
+    unknown = sorted(set(kwargs) - set(_MX_REC_LEGACY_ARGS))
+    if unknown:
+        raise TypeError(f"get_asc_insert_func() got unexpected keyword argument(s) {unknown}")
+    legacy = sorted(k for k, v in kwargs.items() if v is not None)
+    if legacy:
+        raise NotImplementedError(
+            f"get_asc_insert_func({', '.join(legacy)}=...): mx_rec's form without FeatureSpecs "
+            "is not available; pass tgt_key_specs=[FeatureSpec(...), ...]")
+
+
 def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training: bool = True,
                         dump_graph: bool = False, **kwargs):
     """A function for `dataset.map` that plans each spec's IDs in the host key stage.
@@ -80,24 +91,17 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
         fn(batch) -> batch with the planned tensors added; `batch` is a dict of
         features, or a tuple whose first item is that dict.
     """
-    unknown = sorted(set(kwargs) - set(_MX_REC_LEGACY_ARGS))
-    if unknown:
-        raise TypeError(f"get_asc_insert_func() got unexpected keyword argument(s) {unknown}")
-    legacy = sorted(k for k, v in kwargs.items() if v is not None)
-    if legacy:
-        raise NotImplementedError(
-            f"get_asc_insert_func({', '.join(legacy)}=...): mx_rec's form without FeatureSpecs "
-            "is not available; pass tgt_key_specs=[FeatureSpec(...), ...]")
+    _check_legacy_args(kwargs)
     if tgt_key_specs is None:
         raise TypeError("get_asc_insert_func: tgt_key_specs (a list of FeatureSpec) is required")
     if not isinstance(is_training, bool) or not isinstance(dump_graph, bool):
         raise TypeError("get_asc_insert_func: is_training and dump_graph must be bools")
     specs = _check_specs(tgt_key_specs)
-    if communication.get_rank_size() > 1:
+    if ranks.get_rank_size() > 1:
         tables = sorted({spec.table_name for spec in specs if not spec.is_timestamp})
         raise NotImplementedError(
             f"get_asc_insert_func (tables {tables}): the FeatureSpec path plans each batch in "
-            f"this rank's own dataset, but on {communication.get_rank_size()} ranks the key "
+            f"this rank's own dataset, but on {ranks.get_rank_size()} ranks the key "
             "stage runs on the owner of each ID, after an exchange between the ranks that "
             "cannot run inside a tf.data function. Look up tensor IDs instead: "
             "sparse_lookup(table, ids, modify_graph=True) with "

@@ -1,0 +1,53 @@
+"""What mxrec keeps per `tf.Graph`, in one object reached through the graph.
+
+The state is an attribute of the graph itself, not a value of a module-level map: the
+tensors it holds refer back to their graph, so a map from graph to state would keep every
+graph alive (a `WeakKeyDictionary` entry whose value reaches its key is never dropped). Held
+by the graph, the state and the graph form one cycle that Python's collector frees as soon
+as nothing else holds the graph (an Estimator builds a graph per `train`/`evaluate`).
+"""
+
+from typing import Callable, Dict, List, Optional
+
+_ATTRIBUTE = "_mxrec_graph_state"
+
+
+class GraphState:
+    """mxrec's state of one graph.
+
+    Attributes:
+        tables: {table name: the table created in this graph} (the latest of a name).
+        lookup_override: the serving export's (table, ids, scope, default) -> embeddings,
+            which builds the graph's lookups instead of the key stage, or None.
+        modify_graph_lookups: the `LookupRecord`s of modify_graph=True lookups, in order.
+        last_key_stage: {(key-stage chain, is_train): the latest key-stage op}; a table's
+            next key stage runs after it (`SparseEmbedding.key_stage_dependency`).
+        tier_swap_chain: {(table key, component): the latest swap of a tiered table}.
+        tier_lookups: {table key: the training lookups of a tiered table in the graph}.
+        modifier: what the graph modifier rewired (mxrec.graph.modifier), or None.
+        default_savers: {(init() prefix, directory): the Saver save_persistables made}.
+    """
+
+    def __init__(self):
+        self.tables: Dict[str, object] = {}
+        self.lookup_override: Optional[Callable] = None
+        self.modify_graph_lookups: List[object] = []
+        self.last_key_stage: Dict[object, object] = {}
+        self.tier_swap_chain: Dict[tuple, object] = {}
+        self.tier_lookups: Dict[str, int] = {}
+        self.modifier = None
+        self.default_savers: Dict[tuple, object] = {}
+
+
+def graph_state(graph) -> GraphState:
+    """The state of `graph`, made on first use."""
+    state = getattr(graph, _ATTRIBUTE, None)
+    if state is None:
+        state = GraphState()
+        setattr(graph, _ATTRIBUTE, state)
+    return state
+
+
+def existing_state(graph) -> Optional[GraphState]:
+    """The state of `graph` if mxrec made one, else None (nothing is created)."""
+    return getattr(graph, _ATTRIBUTE, None)

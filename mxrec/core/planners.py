@@ -1,0 +1,153 @@
+"""How a lookup gets its plan: one planner per plan source, and the one helper that runs
+the key stage.
+
+`sparse_lookup` checks its arguments, builds a `LookupRequest` and picks one planner, once:
+
+- `direct_lookup`: the key stage on the lookup's IDs in the step (also the graph
+  modifier's source: with modify_graph=True it records a `LookupRecord` that
+  `mxrec.graph.modifier` moves into the input pipeline);
+- `feature_spec_lookup`: IDs that `get_asc_insert_func` planned in the dataset;
+- on several ranks, the wing's planners (`mxrec.distributed.planner`: sharded and
+  replicated tables), through `mxrec.core.wing.current().lookup_planner`;
+- multi-hot IDs (`mxrec.core.multi_hot`) sit on top: flattened, looked up by one of these.
+
+Each planner orders its own key stages through `run_key_stage`: a table's key stages in one
+graph run in creation order (one mutex per table serialises batches; a later stage sees the
+earlier ones' rows).
+"""
+
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from mxrec.constants.constants import TIMESTAMP_COLLECTION
+from mxrec.core.asc.helper import planned_tensors
+from mxrec.core.graph_state import graph_state
+from mxrec.core.table import DIRECT, FEATURE_SPEC, MODIFY_GRAPH, default_values
+from mxrec.util import ops as mxrec_ops
+
+
+@dataclasses.dataclass
+class LookupRequest:
+    """One sparse_lookup of tensor IDs, its arguments checked.
+
+    Attributes:
+        send_count: the caller's send_count (the graph modifier pads to it).
+        pad_to: the padded unique-row count of this lookup's own plan, or None (dynamic
+            shapes, and modify_graph lookups, which the pipeline pads).
+    """
+
+    table: object
+    ids: tf.Tensor
+    is_train: bool
+    send_count: Optional[int]
+    pad_to: Optional[int]
+    scope: str
+    modify_graph: bool
+    serving_default_value: object
+    is_grad: bool
+
+    @property
+    def mode(self) -> str:
+        return MODIFY_GRAPH if self.modify_graph else DIRECT
+
+
+class LookupRecord:
+    """A lookup built with modify_graph=True.
+
+    The graph modifier moves the key stage (`rows.op`) into the input pipeline:
+    it computes `ids` from the dataset's elements there and rewires every
+    consumer of `rows`, `restore` and `reused` (the forward lookup, its
+    gradient, the re-initialisation of reused rows and the optimizers' slot
+    resets) to the planned values that arrive with the batch.
+
+    On several ranks (`sharded` set) the key stage runs on the owner of the IDs, after
+    collectives; the modifier then moves the rank-local routing into the input pipeline and
+    the exchange and key stage into a planning subgraph of the step
+    (mxrec.distributed.sharded_pipeline): the wing's planner sets `trace_from` (the tensors
+    the modifier traces back to the iterator) and `rebuild` (how the pipeline is rebuilt).
+    """
+
+    def __init__(self, table, ids, rows, restore, reused, is_train, send_count,
+                 sharded=None, trace_from: Optional[List[tf.Tensor]] = None, rebuild=None):
+        self.table = table
+        self.ids = ids
+        self.rows = rows
+        self.restore = restore
+        self.reused = reused
+        self.is_train = is_train
+        self.send_count = send_count
+        self.sharded = sharded
+        self.trace_from = trace_from
+        self.rebuild = rebuild
+
+    @property
+    def traced(self) -> List[tf.Tensor]:
+        """The tensors the graph modifier traces back to the lookup's iterator."""
+        if self.trace_from is not None:
+            return list(self.trace_from)
+        return list(self.rows.op.inputs)
+
+
+def record_lookup(graph, record: LookupRecord) -> None:
+    graph_state(graph).modify_graph_lookups.append(record)
+
+
+def modify_graph_lookups(graph) -> List[LookupRecord]:
+    """The lookups of `graph` made with modify_graph=True, in creation order."""
+    return list(graph_state(graph).modify_graph_lookups)
+
+
+def batch_timestamp() -> Optional[tf.Tensor]:
+    """The batch's time (the max of the latest declared time feature), or None."""
+    stamps = tf.compat.v1.get_collection(TIMESTAMP_COLLECTION)
+    if not stamps:
+        return None
+    return tf.cast(tf.reduce_max(stamps[-1]), tf.int64)
+
+
+def run_key_stage(table, ids: tf.Tensor, is_train: bool, timestamp):
+    """The key stage of `table` on flat `ids`: (rows, restore, reused), ordered after the
+    table's previous key stage of this graph and mode."""
+    (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
+        [ids], [table.table_key], is_train, timestamp=timestamp)
+    previous = table.key_stage_dependency(tf.compat.v1.get_default_graph(), is_train, rows.op)
+    if previous is not None:
+        rows.op._add_control_input(previous)  # noqa: SLF001 (no public API adds one)
+    return rows, restore, reused
+
+
+def direct_lookup(request: LookupRequest) -> tf.Tensor:
+    """The key stage on the lookup's own IDs, in the step (recorded for the graph modifier
+    with modify_graph=True)."""
+    table = request.table
+    with tf.name_scope(request.scope):
+        default = default_values(table, request.serving_default_value)
+        rows, restore, reused = run_key_stage(table, tf.reshape(request.ids, [-1]),
+                                              request.is_train, batch_timestamp())
+        table.check_lookup(request.mode)
+        out = table.lookup_planned(request.ids, rows, restore, reused, request.is_train,
+                                   default=default, is_grad=request.is_grad,
+                                   send_count=request.pad_to, scope=request.scope)
+    if request.modify_graph:
+        record_lookup(tf.compat.v1.get_default_graph(), LookupRecord(
+            table, request.ids, rows, restore, reused, request.is_train, request.send_count))
+    return out
+
+
+def feature_spec_lookup(table, spec, batch, ids: tf.Tensor, is_train: bool, scope: str,
+                        send_count, serving_default_value, is_grad: bool) -> tf.Tensor:
+    """Lookup of IDs that get_asc_insert_func already planned in the dataset."""
+    rows, restore, reused = planned_tensors(batch, spec)
+    table.lookup_names.add(scope)
+    if table.pad_row is not None and send_count is None:
+        raise ValueError(f"sparse_lookup {scope!r} (FeatureSpec {spec.name!r}): "
+                         "init(use_dynamic=False) pads each batch's unique rows to send_count, "
+                         "so the lookup needs send_count > 0")
+    table.check_lookup(FEATURE_SPEC)
+    with tf.name_scope(scope):
+        return table.lookup_planned(
+            ids, rows, restore, reused, is_train,
+            default=default_values(table, serving_default_value), is_grad=is_grad,
+            send_count=None if table.pad_row is None else int(send_count), scope=scope)
