@@ -33,6 +33,7 @@ from mxrec.core import (
     replicated,
     sharded_state,
     sharding,
+    target_batch,
     tiers,
 )
 from mxrec.core.asc.feature_spec import FeatureSpec
@@ -327,7 +328,8 @@ def create_table(
     args = (name, key_dtype, int(dim), initializer, int(device_vocabulary_size), padding_keys,
             value_dtype, table_key)
     if runtime.config.use_dynamic_expansion:
-        table = dynamic.DynamicTable(*args, key_stage_chain=chain)
+        table = dynamic.DynamicTable(*args, key_stage_chain=chain,
+                                     static_shapes=not runtime.config.use_dynamic)
     elif host_size > 0:
         table = tiers.TieredTable(*args, device=accelerator_device(),
                                   static_shapes=not runtime.config.use_dynamic,
@@ -416,9 +418,13 @@ def _apply_access_and_evict_config(table: SparseEmbedding, config: Dict):
         applied[table.table_name] = dict(config)
 
 
-def _batch_timestamp() -> Optional[tf.Tensor]:
+def _batch_timestamp(is_train: bool = True) -> Optional[tf.Tensor]:
+    """The batch time of a training lookup. Evaluation lookups count nothing and make no
+    one older, so they take none: the collection holds the training batch's time (mx_rec's
+    scripts add train_batch["timestamp"]), which would tie an evaluation lookup to the
+    training iterator (and the graph modifier refuses IDs from two iterators)."""
     stamps = tf.compat.v1.get_collection(TIMESTAMP_COLLECTION)
-    if not stamps:
+    if not stamps or not is_train:
         return None
     return tf.cast(tf.reduce_max(stamps[-1]), tf.int64)
 
@@ -583,7 +589,7 @@ def sparse_lookup(
         default = default_values(hashtable, serving_default_value)
         flat = tf.reshape(ids, [-1])
         (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-            [flat], [hashtable.table_key], is_train, timestamp=_batch_timestamp())
+            [flat], [hashtable.table_key], is_train, timestamp=_batch_timestamp(is_train))
         previous = hashtable.key_stage_dependency(graph, is_train, rows.op)
         if previous is not None:
             rows.op._add_control_input(previous)
@@ -593,6 +599,7 @@ def sparse_lookup(
     if modify_graph:
         _modify_graph_lookups(graph).append(
             LookupRecord(hashtable, ids, rows, restore, reused, is_train, send_count))
+        target_batch.remember(graph, is_train, batch)  # mx_rec's get_target_batch
     return out
 
 
@@ -619,7 +626,7 @@ def _sharded_lookup(table: SparseEmbedding, ids, is_train: bool, send_count, sco
         sharding.fence_iterators(ids)
     with tf.name_scope(scope):
         default = default_values(table, serving_default_value)
-        local_time = _batch_timestamp()
+        local_time = _batch_timestamp(is_train)
         timestamp = sharding.batch_time(local_time)
         if table.is_dp:  # every rank plans the global batch on its replica
 
