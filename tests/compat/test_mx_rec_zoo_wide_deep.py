@@ -26,10 +26,10 @@ SIZES = {
 
 # (USE_MODIFY_GRAPH, CACHE_MODE, USE_DYNAMIC, USE_FAAE, USE_DYNAMIC_EXPANSION,
 # USE_MULTI_LOOKUP); run.sh's defaults first (it sets USE_MODIFY_GRAPH=1).
-MODES = [
+MODES = [  # admission/eviction halves the device rows (the example's own): HBM only
     (1, "HBM", 0, 0, 0, 0),
-    (0, "HBM", 1, 0, 0, 1),
-    (0, "DDR", 0, 1, 0, 0),
+    (0, "HBM", 1, 1, 0, 1),
+    (0, "DDR", 0, 0, 0, 0),
     (1, "SSD", 1, 0, 0, 0),
     (1, "HBM", 1, 0, 1, 1),
 ]
