@@ -51,7 +51,8 @@ def test_mode_trains_evaluates_saves_restores(tmp_path, data, modify_graph, cach
                                               faae, expansion, multi):
     env = dict(SIZES, DLRM_CRITEO_DATA_PATH=data, CACHE_MODE=cache, USE_DYNAMIC=dynamic,
                USE_FAAE=faae, USE_DYNAMIC_EXPANSION=expansion, USE_MULTI_LOOKUP=multi)
-    reference = run_example("wide_deep", tmp_path / "direct", dict(env, ZOO_DIRECT=1))
+    direct = "modify_graph" if modify_graph else 1
+    reference = run_example("wide_deep", tmp_path / "direct", dict(env, ZOO_DIRECT=direct))
     trained = run_example("wide_deep", tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
     assert trained["steps"] == 120 and len(trained["auc"]) == 1
     assert (tmp_path / "run" / "saved-model" / "sparse-model-0").is_dir()

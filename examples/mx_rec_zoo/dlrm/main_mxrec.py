@@ -63,11 +63,12 @@ dense_hashtable_seed = 128
 sparse_hashtable_seed = 128
 shuffle_seed = 128
 random.seed(shuffle_seed)
-DIRECT_FLAG = bool(int(os.getenv("ZOO_DIRECT", "0")))  # mxrec port: the reference mode
+DIRECT_FLAG = os.getenv("ZOO_DIRECT", "0") not in ("", "0")  # mxrec port: the reference mode
 
 
 def _direct_faae():  # mxrec port: the FeatureSpecs' admission/eviction, for tensor IDs
-    if not (DIRECT_FLAG and use_faae):
+    # (ZOO_DIRECT=modify_graph: none, as the example's modify_graph lookups pass None)
+    if not (DIRECT_FLAG and use_faae) or os.getenv("ZOO_DIRECT") == "modify_graph":
         return None
     return {"access_threshold": int(os.getenv("ZOO_ACCESS_THRESHOLD", "1000")),
             "eviction_threshold": 180}
