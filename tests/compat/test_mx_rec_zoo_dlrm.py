@@ -13,8 +13,9 @@ deterministic, so no mode is asserted equal to the reference: its learning rate 
 computed from the global step that the same session.run increments, and its dense updates
 race with the gradients read from the ref variables of disable_v2_behavior (two runs of
 one mode differ by about 0.02 AUC at these settings). Every mode must also learn (AUC
-above 0.55; the multi-lookup DDR mode, whose two lookups of one table double the
-embeddings and their gradients, reaches 0.57).
+above 0.6; with multi-lookup, whose two lookups of one table double the embeddings and
+their gradients, DLRM reaches only 0.55-0.57 at these sizes, so multi-lookup is tested
+with Wide&Deep).
 """
 
 import numpy as np
@@ -34,13 +35,12 @@ SIZES = {  # small sizes (the port reads them from ZOO_*; the defaults are the e
 
 # run.sh's switches: (USE_MODIFY_GRAPH, CACHE_MODE, USE_DYNAMIC, USE_FAAE,
 # USE_DYNAMIC_EXPANSION, USE_MULTI_LOOKUP); the first is run.sh's defaults.
-MODES = [
+MODES = [  # with Wide&Deep's, every switch on and off (SSD and multi-lookup: Wide&Deep's)
     (0, "HBM", 0, 0, 0, 0),
-    (1, "DDR", 1, 0, 0, 1),
+    (1, "DDR", 1, 0, 0, 0),
     (0, "HBM", 1, 1, 0, 0),
     (1, "HBM", 0, 1, 0, 0),
     (0, "HBM", 0, 0, 1, 0),
-    (1, "SSD", 0, 0, 0, 0),
 ]
 
 
@@ -66,7 +66,7 @@ def test_mode_trains_evaluates_saves_restores(tmp_path, data, modify_graph, cach
     assert (tmp_path / "run" / "saved-model" / "sparse-model-0").is_dir()
     assert np.all(np.isfinite(trained["losses"]))
     auc, want = trained["auc"][0], reference["auc"][0]
-    assert min(auc, want) > 0.55, f"the mode did not learn: AUC {auc}, direct {want}"
+    assert min(auc, want) > 0.6, f"the mode did not learn: AUC {auc}, direct {want}"
     positives, negatives = label_counts(data)
     assert abs(auc - want) <= auc_tolerance(positives, negatives, want), (auc, want)
     # The script's IF_LOAD finds ./saved-model/sparse-model-0: restore, evaluate only.
