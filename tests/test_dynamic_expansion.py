@@ -393,8 +393,13 @@ def test_is_grad_false_keeps_the_lookup_out_of_training(mx):
     assert frozen.op.type == "StopGradient"
 
 
-def test_static_shapes_are_refused(mx):
+def test_static_shapes_pad_to_send_count(mx):
+    # Was refused; static shapes now pad local_emb and the addresses to send_count, as
+    # RecSDK's examples run them (USE_DYNAMIC=0 with USE_DYNAMIC_EXPANSION=1); values are
+    # compared with dynamic shapes in tests/compat/test_mx_rec_zoo_api.py.
     mx(use_dynamic_expansion=True, use_dynamic=False)
-    with pytest.raises(NotImplementedError, match="use_dynamic=False"):
-        create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.1),
-                     device_vocabulary_size=SIZE_HINT)
+    table = create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.1),
+                         device_vocabulary_size=SIZE_HINT)
+    assert table.pad_row == -1
+    sparse_lookup(table, tf.constant([1, 2, 1], tf.int64), send_count=5)
+    assert _v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)[0].shape.as_list() == [5, DIM]

@@ -30,6 +30,12 @@ ID_OFFSET_COLLECTION = "mxrec_sparse_lookup_id_offset"
 ENV_KEY_PROCESS_THREAD_NUM = "KEY_PROCESS_THREAD_NUM"
 ENV_USE_COMBINE_FAAE = "USE_COMBINE_FAAE"
 
+# mx_rec's names of its host-op libraries (mx_rec.constants.constants), which scripts pass
+# to mx_rec.util.ops.import_host_pipeline_ops(path): the ASC ops and the end-of-sequence
+# dataset op behind Dataset.eos_map. mxrec's ops are in its own library (mxrec/_lib).
+LIBASC_OPS_SO = "libasc_ops.so"
+LIBREC_EOS_OPS_SO = "librec_eos_ops.so"
+
 # mx_rec's channel ids of training and evaluation (ConfigInitializer's
 # train_params_config.get_training_mode_channel_id).
 TRAIN_CHANNEL_ID = 0

@@ -52,7 +52,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     LOCAL_EMB_COLLECTION,
 )
 from mxrec.core.host_state import HostStateSaveable
-from mxrec.core.table import SparseEmbedding, restore_rows
+from mxrec.core.table import SparseEmbedding, pad_to_send_count, restore_rows
 
 # The host table of a dynamic table never runs out of rows: its rows are the
 # store's addresses, and the store grows to hold them.
@@ -87,9 +87,12 @@ class DynamicTable(SparseEmbedding):
     is_dynamic = True
 
     def __init__(self, name, key_dtype, dim, initializer, size_hint, padding_keys, value_dtype,
-                 table_key, key_stage_chain=None):
+                 table_key, key_stage_chain=None, static_shapes=False):
         super().__init__(name, key_dtype, dim, initializer, size_hint, padding_keys,
                          value_dtype, table_key, key_stage_chain)
+        # init(use_dynamic=False): unique rows padded to send_count with address -1, which
+        # no ID gets: its local_emb rows are zeros and the by-address optimizers skip it.
+        self.pad_row = PAD_ADDRESS if static_shapes else None
         self.graph = tf.compat.v1.get_default_graph()
         self.chunk_rows = chunk_rows_for(size_hint, dim)
         loader.engine().create_dynamic_store(key=table_key, name=name, dim=dim,
@@ -122,7 +125,14 @@ class DynamicTable(SparseEmbedding):
         and addresses out of the collections the by-address optimizers train from; reused
         rows and send_count do not occur in this mode (rows are never reused, shapes are
         dynamic)."""
-        del reused, send_count, scope
+        del reused
+        if send_count is not None:
+            rows, restore = pad_to_send_count(self, rows, restore, send_count, scope)
+        padded = None
+        if self.pad_row is not None:
+            # Padding is the tail of the rows (here, or the graph modifier's pipeline).
+            padded = rows
+            rows = rows[:tf.reduce_sum(tf.cast(rows >= 0, tf.int32))]
         with tf.device(_CPU):
             addresses = tf.cast(rows, tf.int64, name="addresses")
             deps = []
@@ -144,6 +154,11 @@ class DynamicTable(SparseEmbedding):
             with tf.control_dependencies(deps):
                 local_emb = _ops().mxrec_dynamic_gather(addresses, table_key=self.table_key,
                                                         dim=self.dim, name="local_emb")
+            if padded is not None:
+                pads = tf.zeros(tf.stack([tf.size(padded) - tf.size(rows), self.dim]))
+                local_emb = tf.concat([local_emb, pads], axis=0, name="local_emb_padded")
+                local_emb.set_shape(padded.shape.concatenate([self.dim]))
+                addresses = tf.cast(padded, tf.int64, name="addresses_padded")
         out = self._finish(ids, restore_rows(local_emb, restore, default), default, is_grad)
         if is_train and is_grad:
             addresses._mxrec_dynamic_table = self  # lets the by-address optimizers find it
@@ -169,16 +184,17 @@ TIERS_REFUSED = (
     "grows in device memory and has no host or SSD tier")
 
 
+# The address of static shapes' padding (init(use_dynamic=False)); no ID gets it.
+PAD_ADDRESS = -1
+
+
 def check_settings(name: str, host_vocabulary_size: int, ssd_vocabulary_size: int,
                    use_dynamic: bool) -> None:
-    """create_table's checks of a table of this mode: no tiers, dynamic shapes."""
+    """create_table's checks of a table of this mode: no tiers. Static shapes
+    (use_dynamic=False) work: local_emb and the addresses are padded to send_count."""
+    del use_dynamic
     if host_vocabulary_size or ssd_vocabulary_size:
         raise ValueError(f"create_table {name!r}: {TIERS_REFUSED}")
-    if not use_dynamic:
-        raise NotImplementedError(
-            f"create_table {name!r}: init(use_dynamic=False) (static shapes, unique rows "
-            "padded to send_count) is not available with init(use_dynamic_expansion=True), "
-            "whose addresses have the batch's own length")
 
 
 def _ops():

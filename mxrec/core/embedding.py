@@ -26,7 +26,16 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     SPARSE_TABLE_COLLECTION,
     TIMESTAMP_COLLECTION,
 )
-from mxrec.core import arguments, dynamic, host_state, multi_hot, planners, tiers, wing
+from mxrec.core import (
+    arguments,
+    dynamic,
+    host_state,
+    multi_hot,
+    planners,
+    target_batch,
+    tiers,
+    wing,
+)
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.planners import LookupRecord, modify_graph_lookups  # noqa: F401 (old path)
 from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
@@ -143,7 +152,7 @@ def _make_table(runtime, config: arguments.TableConfig, table_key: str) -> Spars
             config.device_vocabulary_size, config.padding_keys, config.value_dtype, table_key)
     static_shapes = not runtime.config.use_dynamic
     if runtime.config.use_dynamic_expansion:
-        return dynamic.DynamicTable(*args, key_stage_chain=chain)
+        return dynamic.DynamicTable(*args, key_stage_chain=chain, static_shapes=static_shapes)
     if config.tiered:
         return tiers.TieredTable(*args, device=accelerator_device(), static_shapes=static_shapes,
                                  key_stage_chain=chain,
@@ -274,6 +283,8 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: Optional[int] = N
                                     serving_default_value, is_grad)
     if access_and_evict_config:
         _apply_access_and_evict_config(hashtable, access_and_evict_config)
+    if modify_graph:  # mx_rec's get_target_batch
+        target_batch.remember(tf.compat.v1.get_default_graph(), is_train, batch)
     return _tensor_lookup(hashtable, arguments.validate_ids(hashtable, ids), send_count,
                           is_train, name or f"{hashtable.table_name}_lookup", modify_graph,
                           serving_default_value, is_grad)

@@ -26,6 +26,8 @@ class GraphState:
         tier_lookups: {table key: the training lookups of a tiered table in the graph}.
         modifier: what the graph modifier rewired (mxrec.graph.modifier), or None.
         default_savers: {(init() prefix, directory): the Saver save_persistables made}.
+        target_batches: {is_train: the first `batch=` a modify_graph lookup of that mode was
+            given} (mx_rec's get_target_batch).
     """
 
     def __init__(self):
@@ -37,6 +39,7 @@ class GraphState:
         self.tier_lookups: Dict[str, int] = {}
         self.modifier = None
         self.default_savers: Dict[tuple, object] = {}
+        self.target_batches: Dict[bool, object] = {}
 
 
 def graph_state(graph) -> GraphState:

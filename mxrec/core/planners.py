@@ -99,10 +99,14 @@ def modify_graph_lookups(graph) -> List[LookupRecord]:
     return list(graph_state(graph).modify_graph_lookups)
 
 
-def batch_timestamp() -> Optional[tf.Tensor]:
-    """The batch's time (the max of the latest declared time feature), or None."""
+def batch_timestamp(is_train: bool = True) -> Optional[tf.Tensor]:
+    """The batch time of a training lookup (the max of the latest declared time feature), or
+    None. Evaluation lookups count nothing and make no one older, so they take none: the
+    collection holds the training batch's time (mx_rec's scripts add
+    train_batch["timestamp"]), which would tie an evaluation lookup to the training iterator
+    (and the graph modifier refuses IDs from two iterators)."""
     stamps = tf.compat.v1.get_collection(TIMESTAMP_COLLECTION)
-    if not stamps:
+    if not stamps or not is_train:
         return None
     return tf.cast(tf.reduce_max(stamps[-1]), tf.int64)
 
@@ -125,7 +129,7 @@ def direct_lookup(request: LookupRequest) -> tf.Tensor:
     with tf.name_scope(request.scope):
         default = default_values(table, request.serving_default_value)
         rows, restore, reused = run_key_stage(table, tf.reshape(request.ids, [-1]),
-                                              request.is_train, batch_timestamp())
+                                              request.is_train, batch_timestamp(request.is_train))
         table.check_lookup(request.mode)
         out = table.lookup_planned(request.ids, rows, restore, reused, request.is_train,
                                    default=default, is_grad=request.is_grad,

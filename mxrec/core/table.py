@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
-from mxrec.core import wing
+from mxrec.core import row_initializer, wing
 from mxrec.core.graph_state import existing_state, graph_state
 from mxrec.util.gradients import custom_gradient
 
@@ -218,6 +218,11 @@ class SparseEmbedding:
         value = getattr(self.initializer, "value", None)
         if value is not None and np.isscalar(value):
             return tf.fill(shape, tf.constant(value, self.value_dtype))
+        # Variance scaling (mx_rec's examples use it): drawn with the whole table's spread.
+        rows = row_initializer.rows_like_table(self.initializer, self.initial_shape(), count,
+                                               self.value_dtype)
+        if rows is not None:
+            return rows
         try:
             return self.initializer(shape, dtype=self.value_dtype)
         except (TypeError, ValueError, NotImplementedError) as err:
@@ -226,6 +231,14 @@ class SparseEmbedding:
                 return None
             raise ValueError(f"table {self.table_name!r}: {required_for}, which "
                              f"{self._initializer_failure()}") from err
+
+    def initial_shape(self) -> List[int]:
+        """The shape the initializer filled at the start: the table variable's (its device
+        rows), the size hint's for a table without one."""
+        variable = self.__dict__.get("variable")
+        if variable is not None and variable.shape.is_fully_defined():
+            return variable.shape.as_list()
+        return [int(self.device_vocabulary_size), int(self.dim)]
 
     def _initializer_failure(self) -> str:
         err = self.initializer_error

@@ -50,7 +50,7 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
         sharding.fence_iterators(ids)
     with tf.name_scope(scope):
         default = default_values(table, request.serving_default_value)
-        local_time = planners.batch_timestamp()
+        local_time = planners.batch_timestamp(is_train)
         timestamp = sharding.batch_time(local_time)
         if table.is_dp:  # every rank plans the global batch on its replica
 

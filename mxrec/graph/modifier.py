@@ -35,6 +35,7 @@ import tensorflow as tf
 from mxrec.core.graph_state import existing_state, graph_state
 from mxrec.core.planners import modify_graph_lookups
 from mxrec.graph import pipeline, trace
+from mxrec.graph import target_batch as _target_batch
 from mxrec.util import initialize
 from mxrec.util.initialize import get_config_initializer
 
@@ -397,3 +398,7 @@ def _swap_in_place(fetches, replacements: Dict[str, tf.Tensor]) -> None:
 
 # mxrec.util.initialize.get_initializer (mx_rec's import path) answers with this module's.
 initialize.register_initializer_provider(get_initializer)
+# ... and train_params_config.get_target_batch with mxrec.graph.target_batch's.
+initialize.register_target_batch_provider(
+    lambda is_training: _target_batch.get_target_batch(is_training, get_initializer,
+                                                       rewritten_tensor))

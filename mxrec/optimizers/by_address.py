@@ -20,8 +20,13 @@ from mxrec.optimizers.base import check_declared, check_learning_rate
 _CPU = "/device:CPU:0"
 
 
-class ByAddressOptimizer:
+class ByAddressOptimizer(tf.compat.v1.train.Optimizer):
     """Base of SGDByAddr, AdagradByAddress and LazyAdamByAddress.
+
+    A `tf.compat.v1.train.Optimizer`, as mx_rec's by-address optimizers are, so that
+    scripts may pass it where TF expects one (RecSDK's loss-scale wrappers check
+    `isinstance(opt, Optimizer)` and rescale `opt._learning_rate`); `compute_gradients` is
+    TF's, `apply_gradients` takes (gradient, address) pairs (below).
 
     Subclasses implement `_apply(table, grad, address, lr)` and may override
     `_prepare()` (before the updates, e.g. to create step variables) and
@@ -32,6 +37,7 @@ class ByAddressOptimizer:
         check_learning_rate(learning_rate, factory)
         if not isinstance(name, str) or not name:
             raise ValueError(f"{factory}: name must be a non-empty string, got {name!r}")
+        super().__init__(use_locking=False, name=name)
         self._learning_rate = learning_rate
         self._name = name
 
@@ -137,6 +143,11 @@ class ByAddressOptimizer:
                 with tf.device(_CPU):
                     grad = grads[0] if len(grads) == 1 else tf.concat(grads, axis=0)
                     address = addresses[0] if len(addresses) == 1 else tf.concat(addresses, 0)
+                    if table.pad_row is not None:
+                        # init(use_dynamic=False): the padding (address -1) trains nothing.
+                        keep = address >= 0
+                        grad = tf.boolean_mask(grad, keep)
+                        address = tf.boolean_mask(address, keep)
                     updates.append(self._apply(table, grad, address, lr))
             with tf.control_dependencies(updates):
                 finish = list(self._finish())

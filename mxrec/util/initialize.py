@@ -19,6 +19,7 @@ from mxrec.constants.constants import ENV_KEY_PROCESS_THREAD_NUM as _ENV_THREADS
 from mxrec.constants.constants import ENV_USE_COMBINE_FAAE as _ENV_COMBINE_FAAE
 from mxrec.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
 from mxrec.distributed import communication
+from mxrec.util import eos as _eos  # noqa: F401 (adds mx_rec's Dataset.eos_map)
 from mxrec.util import ops as _ops
 
 _MAX_THREADS = 64
@@ -173,6 +174,15 @@ class ConfigInitializer:
         """The `if_load` given to init() or set_if_load(): whether the script loads a model."""
         return self.config.if_load
 
+    @if_load.setter
+    def if_load(self, value: bool) -> None:
+        """mx_rec's `ConfigInitializer.get_instance().if_load = found_checkpoint`: the same
+        flag as set_if_load (checked to be a bool). mxrec restores through any TF Saver's
+        restore(), whatever the flag says; scripts read it to decide whether to call one."""
+        if not isinstance(value, bool):
+            raise TypeError(f"ConfigInitializer.if_load must be a bool, got {value!r}")
+        self.config.if_load = value
+
     @property
     def use_dynamic(self) -> bool:
         return self.config.use_dynamic
@@ -195,6 +205,33 @@ class ConfigInitializer:
     def train_params_config(self) -> "TrainParamsConfig":
         """mx_rec's training parameters: get_initializer, get_training_mode_channel_id."""
         return TrainParamsConfig(self)
+
+    # The attributes __init__ sets; with the properties that have setters, the only ones
+    # that may be assigned (see __setattr__).
+    _ATTRIBUTES = frozenset({
+        "config", "prefix", "tables", "admission_configs", "shared_key_stage_chain",
+        "train_iterator_initializers", "lookup_modes", "eval_iterator_initializers"})
+
+    def __setattr__(self, name: str, value) -> None:
+        """Refuses attributes ConfigInitializer does not have. mx_rec scripts assign some
+        (`max_steps`, `train_steps`, `modify_graph`, ...) that mx_rec reads nowhere either;
+        a new attribute would silently do nothing, so it is an AttributeError naming it."""
+        prop = getattr(type(self), name, None)
+        if isinstance(prop, property):
+            if prop.fset is None:
+                raise AttributeError(
+                    f"ConfigInitializer.{name} is read-only: it comes from init({name}=...) "
+                    "(or is derived from the settings of init())")
+            prop.fset(self, value)
+            return
+        if name not in self._ATTRIBUTES:
+            settings = sorted(f.name for f in dataclasses.fields(MxrecConfig))
+            hint = (f"; {name} is a setting of init({name}=...)" if name in settings else
+                    "; mxrec's settings are the parameters of init(): " + ", ".join(settings))
+            raise AttributeError(
+                f"ConfigInitializer has no attribute {name!r}: assigning it would change "
+                f"nothing{hint}")
+        object.__setattr__(self, name, value)
 
     def __init__(self, config: MxrecConfig):
         self.config = config
@@ -230,6 +267,27 @@ class TrainParamsConfig:
     def get_initializer(is_training: bool):
         """See `get_initializer` (the rewritten iterators' initializer)."""
         return get_initializer(is_training)
+
+    @staticmethod
+    def get_target_batch(is_training: bool):
+        """mx_rec's batch of the rewritten training (True) or evaluation (False) iterator:
+        the `batch=` given to that mode's `sparse_lookup(..., modify_graph=True)`, each of
+        its tensors swapped for the new iterator's output that replaced it (fetch these, not
+        the old batch, after `modify_graph_and_start_emb_cache()`).
+
+        Raises:
+            TypeError: is_training is not a bool.
+            RuntimeError: the graph was not rewritten, or no lookup of that mode was given
+                `batch=`.
+        """
+        if not isinstance(is_training, bool):
+            raise TypeError(f"get_target_batch: is_training must be a bool, got {is_training!r}")
+        if _target_batch_provider is None:
+            raise RuntimeError(
+                "get_target_batch: the graph has no rewritten iterator; call "
+                "modify_graph_and_start_emb_cache() (mxrec.graph.modifier) after building the "
+                "model with sparse_lookup(..., modify_graph=True, batch=batch)")
+        return _target_batch_provider(is_training)
 
     def get_training_mode_channel_id(self, is_training: bool) -> Optional[int]:
         """0 (training) or 1 (evaluation) once a lookup of that mode was built under this
@@ -399,6 +457,15 @@ def register_initializer_provider(provider: Callable[[bool], object]) -> None:
     """Lets `get_initializer` answer with `provider(is_training)` (the graph modifier's)."""
     global _initializer_provider
     _initializer_provider = provider
+
+
+_target_batch_provider: Optional[Callable[[bool], object]] = None
+
+
+def register_target_batch_provider(provider: Callable[[bool], object]) -> None:
+    """Lets `TrainParamsConfig.get_target_batch` answer (the graph layer registers it)."""
+    global _target_batch_provider
+    _target_batch_provider = provider
 
 
 def get_initializer(is_training: bool):

@@ -1,11 +1,17 @@
 """Python wrappers of mxrec's TensorFlow ops."""
 
+import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
+from mxrec.constants.constants import (
+    EVAL_CHANNEL_ID,
+    LIBASC_OPS_SO,
+    LIBREC_EOS_OPS_SO,
+    TRAIN_CHANNEL_ID,
+)
 
 # The ConfigInitializer in force, as mxrec.util.initialize registers it (that module
 # imports this one, so this one does not import it).
@@ -59,7 +65,15 @@ def after_commit(tensors: Sequence[tf.Tensor], batch_ids: tf.Tensor,
 
 
 class HostPipelineOps:
-    """mx_rec's `import_host_pipeline_ops()` object."""
+    """mx_rec's `import_host_pipeline_ops()` object.
+
+    Attributes:
+        library: the mx_rec library it stands for (LIBASC_OPS_SO, or LIBREC_EOS_OPS_SO
+            for Dataset.eos_map); every op runs from mxrec's own library.
+    """
+
+    def __init__(self, library: str = LIBASC_OPS_SO):
+        self.library = library
 
     def set_threshold(self, threshold, emb_name: str, ids_name: Optional[str] = None,
                       name=None):
@@ -124,6 +138,29 @@ class HostPipelineOps:
         return tf.no_op(name=name or f"clear_channel_{channel_id}")
 
 
-def import_host_pipeline_ops() -> HostPipelineOps:
+def import_host_pipeline_ops(so_path: Optional[str] = None) -> HostPipelineOps:
+    """mx_rec's host ops object (set_threshold, return_timestamp, clear_channel).
+
+    Args:
+        so_path: mx_rec's library to load, by name or path: None or LIBASC_OPS_SO
+            ("libasc_ops.so"), or LIBREC_EOS_OPS_SO ("librec_eos_ops.so", the object
+            `Dataset.eos_map` takes). mxrec has both in its own op library; the name picks
+            which mx_rec library the object stands for.
+
+    Raises:
+        TypeError: so_path is not a string.
+        ValueError: a library mx_rec does not have.
+    """
+    library = LIBASC_OPS_SO
+    if so_path is not None:
+        if not isinstance(so_path, str):
+            raise TypeError(f"import_host_pipeline_ops: so_path must be a string, got "
+                            f"{so_path!r}")
+        library = os.path.basename(so_path)
+        if library not in (LIBASC_OPS_SO, LIBREC_EOS_OPS_SO):
+            raise ValueError(
+                f"import_host_pipeline_ops({so_path!r}): mx_rec's host-op libraries are "
+                f"{LIBASC_OPS_SO!r} and {LIBREC_EOS_OPS_SO!r} (mx_rec.constants.constants."
+                "LIBASC_OPS_SO, LIBREC_EOS_OPS_SO); mxrec's ops are in mxrec/_lib")
     loader.op_library()
-    return HostPipelineOps()
+    return HostPipelineOps(library)

@@ -1,0 +1,58 @@
+"""Runs the ports of RecSDK's model examples (examples/mx_rec_zoo/).
+
+Each run is what `run.sh` does for one process: the example's environment, its working
+directory, `python main_mxrec.py`; the port writes its results (AUC per evaluation,
+steps, losses) as JSON to ZOO_RESULT.
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import tensorflow as tf
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ZOO = ROOT / "examples" / "mx_rec_zoo"
+
+
+def run_example(example: str, workdir: pathlib.Path, env: dict) -> dict:
+    """Runs examples/mx_rec_zoo/<example>/main_mxrec.py in `workdir` with `env`, in a
+    process of its own (as run.sh does; the examples set process-wide TF behaviour)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = workdir / "result.json"
+    if result.exists():
+        result.unlink()
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "USE_"))}
+    full.update({k: str(v) for k, v in env.items()})
+    full.update(ZOO_RESULT=str(result), MXREC_LOG_LEVEL="ERROR", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=os.pathsep.join([str(ROOT), str(ZOO), str(ZOO / example)]))
+    done = subprocess.run([sys.executable, str(ZOO / example / "main_mxrec.py")], cwd=workdir,
+                          env=full, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise AssertionError(f"{example} failed ({done.returncode}) with {env}:\n"
+                             f"{done.stderr[-6000:]}")
+    return json.loads(result.read_text())
+
+
+def auc_tolerance(positives: int, negatives: int, auc: float) -> float:
+    """Four standard errors of an AUC (Hanley and McNeil, 1982) on an evaluation set of
+    that many positive and negative samples."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    variance = (auc * (1 - auc) + (positives - 1) * (q1 - auc * auc)
+                + (negatives - 1) * (q2 - auc * auc)) / (positives * negatives)
+    return 4 * math.sqrt(variance)
+
+
+def label_counts(data_dir: pathlib.Path):
+    """(positives, negatives) of the test records."""
+    positives = total = 0
+    for path in sorted((data_dir / "test").glob("*.tfrecord")):
+        for record in tf.compat.v1.io.tf_record_iterator(str(path)):
+            example = tf.train.Example.FromString(record)
+            labels = example.features.feature["label"].int64_list.value
+            positives += sum(labels)
+            total += len(labels)
+    return positives, total - positives
