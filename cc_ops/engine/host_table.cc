@@ -264,124 +264,132 @@ void HostTable::HashKeys(BatchWork& w, ThreadPool* pool) {
 }
 
 void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
-  const bool has_padding = !options_.padding_keys.empty();
-  const bool train = w.train;
-  const bool count = train && !counting_frozen_;
-  const bool tiered_rows = tier_ != nullptr;
-  const bool journal = w.journal != nullptr;
-  const float weight = static_cast<float>(admission_.faae_coefficient);
-  const int64_t n = w.n;
-  // Shards [lo, hi) of one group: its task visits the batch in input order and
-  // plans the IDs of those shards, so that each shard sees its IDs in input
+  // One task per group of shards: it visits the batch in input order and
+  // plans the IDs of its shards, so that each shard sees its IDs in input
   // order whatever the number of groups.
-  auto plan_group = [&](int64_t group) {
-    const int lo = static_cast<int>(kNumShards * group / w.groups);
-    const int hi = static_cast<int>(kNumShards * (group + 1) / w.groups);
-    auto mine = [lo, hi](uint64_t h) {
-      const int s = static_cast<int>(h >> kShardShift);
-      return s >= lo && s < hi;
-    };
-    // No growth of the probe arrays inside the loop, so prefetched slots hold
-    // (record indices would hold anyway).
-    for (int s = lo; s < hi; ++s) {
-      if (train) {
-        shards_[s].Reserve(w.shard_ids[s]);
-        shards_[s].PrepareTime(w.timestamp);
-      }
-      if (w.shard_ids[s] > 0) w.dedupe[s].Start(w.shard_ids[s]);
-      w.uniques[s].reserve(static_cast<size_t>(w.shard_ids[s]));
-    }
-    auto prefetch = [&](uint64_t h) {
-      const int s = static_cast<int>(h >> kShardShift);
-      shards_[s].Prefetch(h);
-      w.dedupe[s].Prefetch(h);
-    };
-    for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
-      if (mine(w.hashes[p])) prefetch(w.hashes[p]);
-    }
-    // Pass 1, over the positions: each distinct ID is looked up (in training:
-    // inserted) once, at its first occurrence; later ones only count.
-    for (int64_t p = 0; p < n; ++p) {
-      if (p + kPrefetchDistance < n) {
-        const uint64_t ahead = w.hashes[p + kPrefetchDistance];
-        if (mine(ahead)) prefetch(ahead);
-      }
-      const uint64_t hash = w.hashes[p];
-      if (!mine(hash)) continue;
-      const int s = static_cast<int>(hash >> kShardShift);
-      const int64_t key = w.keys[p];
-      w.first[p] = 0;
-      if (has_padding && IsPadding(key)) {
-        w.local[p] = kDefaultSlot;
-        continue;
-      }
-      std::vector<BatchWork::Unique>& uniq = w.uniques[s];
-      bool added = false;
-      Dedupe::Entry& entry = w.dedupe[s].FindOrAdd(key, hash, &added);
-      if (added) {
-        bool inserted = false;
-        const uint32_t index = train ? shards_[s].FindOrInsert(key, hash, &inserted)
-                                     : shards_[s].Find(key, hash);
-        if (index == KeyMap::kNoRecord) {
-          entry.local = kDefaultSlot;
-        } else {
-          entry.local = static_cast<int32_t>(uniq.size());
-          uniq.push_back(
-              BatchWork::Unique{key, index, w.dedupe[s].slot_of(entry), 0, inserted ? 1u : 0u});
-          w.first[p] = 1;
-        }
-      }
-      if (entry.local != kDefaultSlot) {
-        uint32_t overflow = 0;
-        entry.Count(&overflow);
-        if (overflow != 0) uniq[entry.local].occurrences += overflow;
-      }
-      w.local[p] = entry.local;
-    }
-    if (!train) return;
-    // Pass 2, over the distinct IDs (training): last-seen time, the journal's
-    // undo entry, and the admission count, one occurrence after another as
-    // before (each adds the same weight, so the sum is the same float).
-    for (int s = lo; s < hi; ++s) {
-      KeyMap& map = shards_[s];
-      const std::vector<BatchWork::Unique>& uniq = w.uniques[s];
-      const size_t distinct = uniq.size();
-      for (size_t u = 0; u < distinct; ++u) {
-        if (u + kPrefetchDistance < distinct) {
-          __builtin_prefetch(&map.record(uniq[u + kPrefetchDistance].index), 1);
-          w.dedupe[s].PrefetchSlot(uniq[u + kPrefetchDistance].slot);
-        }
-        const BatchWork::Unique& id = uniq[u];
-        KeyRecord& rec = map.record(id.index);
-        const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
-        if (journal) {
-          w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
-                                   rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
-        }
-        map.set_last_seen(id.index, w.timestamp);
-        rec.seen_recently = 1;
-        rec.epoch = epoch_;
-        if (!count) continue;
-        if (shared_counts_) {
-          const uint64_t hash = HashKey(id.key);
-          for (uint32_t k = 0; k < occurrences; ++k) {
-            rec.count = shared_counts_->Add(id.key, hash, weight);
-          }
-        } else {
-          float total = rec.count;
-          for (uint32_t k = 0; k < occurrences; ++k) total += weight;
-          rec.count = total;
-        }
-        // Tiered: keep the row's copy of its owner's count (rows are disjoint
-        // across shards, so the groups write apart).
-        if (tiered_rows && rec.row >= 0) row_count_[rec.row] = rec.count;
-      }
-    }
+  auto plan_group = [this, &w](int64_t group) {
+    const ShardGroup shards{static_cast<int>(kNumShards * group / w.groups),
+                            static_cast<int>(kNumShards * (group + 1) / w.groups)};
+    PrepareShards(w, shards);
+    FindIds(w, shards);
+    if (w.train) CountIds(w, shards);
   };
   if (w.groups > 1) {
     pool->ParallelFor(w.groups, plan_group);
   } else {
     plan_group(0);
+  }
+}
+
+void HostTable::PrepareShards(BatchWork& w, ShardGroup shards) {
+  // No growth of the probe arrays inside FindIds, so prefetched slots hold
+  // (record indices would hold anyway).
+  for (int s = shards.lo; s < shards.hi; ++s) {
+    if (w.train) {
+      shards_[s].Reserve(w.shard_ids[s]);
+      shards_[s].PrepareTime(w.timestamp);
+    }
+    if (w.shard_ids[s] > 0) w.dedupe[s].Start(w.shard_ids[s]);
+    w.uniques[s].reserve(static_cast<size_t>(w.shard_ids[s]));
+  }
+}
+
+void HostTable::FindIds(BatchWork& w, ShardGroup shards) {
+  // Over the positions: each distinct ID is looked up (in training: inserted)
+  // once, at its first occurrence; later ones only count. Writes w.local and
+  // w.first of the group's positions and the shards' uniques.
+  const bool has_padding = !options_.padding_keys.empty();
+  const bool train = w.train;
+  const int64_t n = w.n;
+  auto prefetch = [this, &w](uint64_t h) {
+    const int s = static_cast<int>(h >> kShardShift);
+    shards_[s].Prefetch(h);
+    w.dedupe[s].Prefetch(h);
+  };
+  for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
+    if (shards.Holds(w.hashes[p])) prefetch(w.hashes[p]);
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    if (p + kPrefetchDistance < n) {
+      const uint64_t ahead = w.hashes[p + kPrefetchDistance];
+      if (shards.Holds(ahead)) prefetch(ahead);
+    }
+    const uint64_t hash = w.hashes[p];
+    if (!shards.Holds(hash)) continue;
+    const int s = static_cast<int>(hash >> kShardShift);
+    const int64_t key = w.keys[p];
+    w.first[p] = 0;
+    if (has_padding && IsPadding(key)) {
+      w.local[p] = kDefaultSlot;
+      continue;
+    }
+    std::vector<BatchWork::Unique>& uniq = w.uniques[s];
+    bool added = false;
+    Dedupe::Entry& entry = w.dedupe[s].FindOrAdd(key, hash, &added);
+    if (added) {
+      bool inserted = false;
+      const uint32_t index = train ? shards_[s].FindOrInsert(key, hash, &inserted)
+                                   : shards_[s].Find(key, hash);
+      if (index == KeyMap::kNoRecord) {
+        entry.local = kDefaultSlot;
+      } else {
+        entry.local = static_cast<int32_t>(uniq.size());
+        uniq.push_back(
+            BatchWork::Unique{key, index, w.dedupe[s].slot_of(entry), 0, inserted ? 1u : 0u});
+        w.first[p] = 1;
+      }
+    }
+    if (entry.local != kDefaultSlot) {
+      uint32_t overflow = 0;
+      entry.Count(&overflow);
+      if (overflow != 0) uniq[entry.local].occurrences += overflow;
+    }
+    w.local[p] = entry.local;
+  }
+}
+
+void HostTable::CountIds(BatchWork& w, ShardGroup shards) {
+  // Over the distinct IDs (training): last-seen time, the journal's undo
+  // entry, and the admission count, one occurrence after another as before
+  // (each adds the same weight, so the sum is the same float).
+  const bool count = !counting_frozen_;
+  const bool tiered_rows = tier_ != nullptr;
+  const bool journal = w.journal != nullptr;
+  const float weight = static_cast<float>(admission_.faae_coefficient);
+  for (int s = shards.lo; s < shards.hi; ++s) {
+    KeyMap& map = shards_[s];
+    const std::vector<BatchWork::Unique>& uniq = w.uniques[s];
+    const size_t distinct = uniq.size();
+    for (size_t u = 0; u < distinct; ++u) {
+      if (u + kPrefetchDistance < distinct) {
+        __builtin_prefetch(&map.record(uniq[u + kPrefetchDistance].index), 1);
+        w.dedupe[s].PrefetchSlot(uniq[u + kPrefetchDistance].slot);
+      }
+      const BatchWork::Unique& id = uniq[u];
+      KeyRecord& rec = map.record(id.index);
+      const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
+      if (journal) {
+        w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
+                                 rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
+      }
+      map.set_last_seen(id.index, w.timestamp);
+      rec.seen_recently = 1;
+      rec.epoch = epoch_;
+      if (!count) continue;
+      if (shared_counts_) {
+        const uint64_t hash = HashKey(id.key);
+        for (uint32_t k = 0; k < occurrences; ++k) {
+          rec.count = shared_counts_->Add(id.key, hash, weight);
+        }
+      } else {
+        float total = rec.count;
+        for (uint32_t k = 0; k < occurrences; ++k) total += weight;
+        rec.count = total;
+      }
+      // Tiered: keep the row's copy of its owner's count (rows are disjoint
+      // across shards, so the groups write apart).
+      if (tiered_rows && rec.row >= 0) row_count_[rec.row] = rec.count;
+    }
   }
 }
 

@@ -280,7 +280,24 @@ class HostTable {
   // DeviceSlot (training, device-only: a row at once, or a shortfall).
   struct BatchWork;
   void HashKeys(BatchWork& w, ThreadPool* pool);
+  // Shards [lo, hi): the part of a batch one FindAndCount task plans.
+  struct ShardGroup {
+    int lo;
+    int hi;
+    bool Holds(uint64_t hash) const {
+      const int s = static_cast<int>(hash >> kShardShift);
+      return s >= lo && s < hi;
+    }
+  };
+  // Finds (in training: inserts and counts) every ID, one task per group of
+  // shards: PrepareShards sizes the group's maps and dedupe tables for the
+  // batch, FindIds (pass 1, over the positions) gives each position its
+  // index among its shard's distinct IDs, CountIds (pass 2, training, over
+  // the distinct IDs) updates their records.
   void FindAndCount(BatchWork& w, ThreadPool* pool);
+  void PrepareShards(BatchWork& w, ShardGroup shards);
+  void FindIds(BatchWork& w, ShardGroup shards);
+  void CountIds(BatchWork& w, ShardGroup shards);
   Status AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
   int32_t EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec, BatchPlan* plan) const;
   // TieredSlot and DeviceSlot run once per distinct ID, and so do
