@@ -745,6 +745,7 @@ TableStats HostTable::Stats() const {
   TableStats stats = stats_;
   stats.rows_in_use = next_row_ - static_cast<int64_t>(free_rows_.size());
   stats.tier_ids = tier_ids_;
+  stats.tiered = tier_ != nullptr;
   stats.ids_tracked = 0;
   for (const auto& shard : shards_) {
     stats.ids_tracked += shard.size();

@@ -119,6 +119,26 @@ struct TableStats {
   int64_t eval_batches = 0;
   int64_t tier_ids = 0;       // admitted IDs whose row is in the host (or SSD) tier
   int64_t id_map_bytes = 0;   // the ID map (all shards: probe arrays, records, tier records), in bytes
+  bool tiered = false;        // the table has a host tier (tier_ids is listed only then)
+
+  // The one list of the statistics by name: fn(name, value) for each, in
+  // this order (the pybind module's stats dict is filled from it). A new
+  // statistic is a member above and a line here.
+  template <typename Fn>
+  void ForEachField(Fn&& fn) const {
+    fn("capacity", capacity);
+    fn("rows_in_use", rows_in_use);
+    fn("ids_tracked", ids_tracked);
+    fn("ids_seen", ids_seen);
+    fn("admitted", admitted);
+    fn("rejected", rejected);
+    fn("evicted", evicted);
+    fn("evicted_rows", evicted_rows);
+    fn("train_batches", train_batches);
+    fn("eval_batches", eval_batches);
+    fn("id_map_bytes", id_map_bytes);
+    if (tiered) fn("tier_ids", tier_ids);
+  }
 };
 
 class HostTable {

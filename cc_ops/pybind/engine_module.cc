@@ -45,6 +45,15 @@ py::array_t<T> ToArray(const std::vector<T>& values) {
   return out;
 }
 
+// A stats struct of the engine (TableStats, TierStats, DynamicStoreStats) as
+// a dict, from the struct's own list of its fields.
+template <typename Stats>
+py::dict StatsDict(const Stats& stats) {
+  py::dict d;
+  stats.ForEachField([&d](const char* name, int64_t value) { d[name] = value; });
+  return d;
+}
+
 py::list Process(const std::vector<std::string>& keys,
                  const std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& ids,
                  bool train, int64_t timestamp, bool deferred) {
@@ -194,20 +203,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       py::arg("key"), py::arg("component") = std::string(HostTier::kEmbedding));
   m.def("tier_stats", [](const std::string& key) {
     std::shared_ptr<HostTable> table = Table(key);
-    const TierStats t = Tier(table)->Stats();
-    py::dict d;
-    d["host_rows"] = t.host_rows;
-    d["ssd_rows"] = t.ssd_rows;
-    d["host_bytes"] = t.host_bytes;
-    d["ssd_file_bytes"] = t.ssd_file_bytes;
-    d["ssd_compactions"] = t.ssd_compactions;
-    d["swap_in_total"] = t.swap_in_total;
-    d["swap_out_total"] = t.swap_out_total;
-    d["fresh_total"] = t.fresh_total;
-    d["swap_in_last"] = t.swap_in_last;
-    d["swap_out_last"] = t.swap_out_last;
-    d["pending_plans"] = t.pending_plans;
-    return d;
+    return StatsDict(Tier(table)->Stats());
   });
   m.def(
       "configure_admission",
@@ -259,21 +255,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def("pending_batches", [](const std::string& key) { return Table(key)->pending_batches(); });
   m.def("removed_log_size", [](const std::string& key) { return Table(key)->removed_log_size(); });
   m.def("stats", [](const std::string& key) {
-    const TableStats s = Table(key)->Stats();
-    py::dict d;
-    d["capacity"] = s.capacity;
-    d["rows_in_use"] = s.rows_in_use;
-    d["ids_tracked"] = s.ids_tracked;
-    d["ids_seen"] = s.ids_seen;
-    d["admitted"] = s.admitted;
-    d["rejected"] = s.rejected;
-    d["evicted"] = s.evicted;
-    d["evicted_rows"] = s.evicted_rows;
-    d["train_batches"] = s.train_batches;
-    d["eval_batches"] = s.eval_batches;
-    d["id_map_bytes"] = s.id_map_bytes;
-    if (Table(key)->tiered()) d["tier_ids"] = s.tier_ids;
-    return d;
+    return StatsDict(Table(key)->Stats());
   });
   m.def("export_rows", [](const std::string& key) {
     std::vector<int64_t> keys;
@@ -410,12 +392,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def("dynamic_store_stats", [](const std::string& key) {
     std::shared_ptr<DynamicStore> store;
     RaiseIfError(DynamicStoreRegistry::Global().Get(key, &store));
-    const DynamicStoreStats s = store->Stats();
-    py::dict d;
-    d["rows"] = s.rows;
-    d["capacity"] = s.capacity;
-    d["chunks"] = s.chunks;
-    d["slots"] = s.slots;
+    py::dict d = StatsDict(store->Stats());
     d["chunk_rows"] = store->options().chunk_rows;
     d["slot_names"] = store->SlotNames();
     return d;
