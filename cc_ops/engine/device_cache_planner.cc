@@ -148,7 +148,7 @@ DeviceCachePlanner::RowGrant DeviceCachePlanner::TakeDeviceRow(TierBatch& t, con
     if (t.journal != nullptr) t.journal->popped_free.push_back(grant.row);
     return grant;
   }
-  if (rows_->next < rows_->capacity) {
+  if (rows_->next < rows_->device_capacity) {
     grant.row = static_cast<int32_t>(rows_->next++);
     if (t.journal != nullptr) ++t.journal->fresh_rows;
     // A never used row holds the variable initializer's value already, as in

@@ -20,8 +20,8 @@ constexpr int32_t kDefaultSlot = -1;
 
 HostTable::HostTable(TableOptions options)
     : options_(std::move(options)), ids_(options_.host_capacity > 0) {
-  stats_.capacity = options_.device_capacity;
-  rows_.capacity = options_.device_capacity;
+  stats_.device_capacity = options_.device_capacity;
+  rows_.device_capacity = options_.device_capacity;
   if (options_.host_capacity > 0) {
     cache_ = std::make_unique<DeviceCachePlanner>(options_, &ids_, &rows_);
   }
@@ -544,7 +544,7 @@ int32_t HostTable::DeviceSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan
       rows_.free.pop_back();
       plan->reused_rows.push_back(rec->row);
       w.granted.emplace_back(id, true);
-    } else if (rows_.next < rows_.capacity) {
+    } else if (rows_.next < rows_.device_capacity) {
       rec->row = static_cast<int32_t>(rows_.next++);
       w.granted.emplace_back(id, false);
     } else {

@@ -112,7 +112,7 @@ struct TableState {
 };
 
 struct TableStats {
-  int64_t capacity = 0;
+  int64_t device_capacity = 0;  // rows of the device table (device_vocabulary_size)
   int64_t rows_in_use = 0;
   int64_t ids_tracked = 0;    // IDs with a host record, admitted or still counting
   int64_t ids_seen = 0;       // occurrences of IDs in training batches
@@ -131,7 +131,8 @@ struct TableStats {
   // statistic is a member above and a line here.
   template <typename Fn>
   void ForEachField(Fn&& fn) const {
-    fn("capacity", capacity);
+    fn("capacity", device_capacity);  // the key read since the first release
+    fn("device_capacity", device_capacity);
     fn("rows_in_use", rows_in_use);
     fn("ids_tracked", ids_tracked);
     fn("ids_seen", ids_seen);

@@ -63,13 +63,13 @@ class IdMap {
 // The device rows of a table: every row below `next` has been handed out;
 // `free` holds those eviction gave back (reused last in, first out).
 struct DeviceRows {
-  int64_t capacity = 0;  // rows of the device table (device_vocabulary_size)
-  int64_t next = 0;      // rows [next, capacity) never used
+  int64_t device_capacity = 0;  // rows of the device table (device_vocabulary_size)
+  int64_t next = 0;  // rows [next, device_capacity) never used
   std::vector<int32_t> free;
 
   int64_t in_use() const { return next - static_cast<int64_t>(free.size()); }
   // Rows that can be handed out without taking one from its owner.
-  int64_t spare() const { return static_cast<int64_t>(free.size()) + (capacity - next); }
+  int64_t spare() const { return static_cast<int64_t>(free.size()) + (device_capacity - next); }
 };
 
 }  // namespace mxrec

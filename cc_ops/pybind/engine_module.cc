@@ -134,20 +134,22 @@ PYBIND11_MODULE(_mxrec_engine, m) {
 
   m.def(
       "create_table",
-      [](const std::string& key, const std::string& name, int64_t dim, int64_t capacity,
+      [](const std::string& key, const std::string& name, int64_t dim, int64_t device_capacity,
          const std::vector<int64_t>& padding_keys, double access_threshold,
          double faae_coefficient, int64_t host_capacity, int64_t ssd_capacity,
          const std::string& ssd_path) {
         TableOptions options;
         options.name = name;
         options.dim = dim;
-        options.device_capacity = capacity;
+        options.device_capacity = device_capacity;
         options.padding_keys = padding_keys;
         options.host_capacity = host_capacity;
         options.ssd_capacity = ssd_capacity;
         options.ssd_path = ssd_path;
         CreateTable(key, options, access_threshold, faae_coefficient);
       },
+      // "capacity": the device rows (mx_rec's device_vocabulary_size), the
+      // keyword every caller passes.
       py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
       py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
       py::arg("faae_coefficient") = 1.0, py::arg("host_capacity") = 0,
