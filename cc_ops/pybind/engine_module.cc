@@ -38,6 +38,10 @@ std::shared_ptr<HostTable> Table(const std::string& key) {
   return table;
 }
 
+// A C-contiguous array argument, converted from any array-like.
+template <typename T>
+using Array = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
 template <typename T>
 py::array_t<T> ToArray(const std::vector<T>& values) {
   py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
@@ -125,13 +129,71 @@ int Component(HostTier* tier, const std::string& name) {
   return index;
 }
 
-}  // namespace
-}  // namespace mxrec
+// The checkpoint state of a table as a dict (ExportState), and back.
+py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_chain) {
+  std::shared_ptr<HostTable> table = Table(key);
+  TableState state;
+  Status status;
+  {
+    py::gil_scoped_release release;
+    status = table->ExportState(since_epoch, delta_chain, &state);
+  }
+  RaiseIfError(status);
+  py::dict d;
+  d["keys"] = ToArray(state.keys);
+  d["rows"] = ToArray(state.rows);
+  d["counts"] = ToArray(state.counts);
+  d["last_seen"] = ToArray(state.last_seen);
+  d["free_rows"] = ToArray(state.free_rows);
+  d["removed"] = ToArray(state.removed);
+  d["next_row"] = state.next_row;
+  d["newest_timestamp"] = state.newest_timestamp;
+  d["counting_frozen"] = state.counting_frozen;
+  d["access_threshold"] = state.access_threshold;
+  if (table->tiered()) {
+    const int64_t dim = table->options().dim;
+    const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
+    const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
+    d["in_host"] = ToArray(state.in_host);
+    d["lru_rows"] = ToArray(state.lru_rows);
+    d["lru_ages"] = ToArray(state.lru_ages);
+    d["tier_components"] = state.tier_components;
+    d["tier_present"] = ToArray(state.tier_present);
+    py::array_t<float> values({n_host, n_comp, dim});
+    std::copy(state.tier_values.begin(), state.tier_values.end(), values.mutable_data());
+    d["tier_values"] = values;
+  }
+  d["epoch"] = state.epoch;
+  return d;
+}
 
-PYBIND11_MODULE(_mxrec_engine, m) {
-  using namespace mxrec;  // NOLINT: a .cc file, kept to this module body
-  m.doc() = "Host engine of mxrec (management calls; the training path uses the TF ops).";
+void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> rows,
+                 Array<float> counts, Array<int64_t> last_seen, Array<int32_t> free_rows,
+                 int64_t next_row, int64_t newest_timestamp, bool counting_frozen,
+                 double access_threshold, Array<uint8_t> in_host, Array<int32_t> lru_rows,
+                 Array<uint32_t> lru_ages, const std::vector<std::string>& tier_components,
+                 Array<uint32_t> tier_present, Array<float> tier_values) {
+  TableState state;
+  state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
+  state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
+  state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
+  state.tier_components = tier_components;
+  state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
+  state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
+  state.keys.assign(keys.data(), keys.data() + keys.size());
+  state.rows.assign(rows.data(), rows.data() + rows.size());
+  state.counts.assign(counts.data(), counts.data() + counts.size());
+  state.last_seen.assign(last_seen.data(), last_seen.data() + last_seen.size());
+  state.free_rows.assign(free_rows.data(), free_rows.data() + free_rows.size());
+  state.next_row = next_row;
+  state.newest_timestamp = newest_timestamp;
+  state.counting_frozen = counting_frozen;
+  state.access_threshold = access_threshold;
+  RaiseIfError(Table(key)->ImportState(state));
+}
 
+// Tables: create, look up, plan batches, statistics, eviction; the pool.
+void DefineTableCalls(py::module_& m) {
   m.def(
       "create_table",
       [](const std::string& key, const std::string& name, int64_t dim, int64_t device_capacity,
@@ -155,87 +217,6 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       py::arg("faae_coefficient") = 1.0, py::arg("host_capacity") = 0,
       py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "");
   m.def("is_tiered", [](const std::string& key) { return Table(key)->tiered(); });
-  m.def("set_swap_protect", [](const std::string& key, uint32_t batches) {
-    Table(key)->SetSwapProtect(batches);
-  });
-  m.def("tier_register", [](const std::string& key, const std::string& component) {
-    return Component(Tier(Table(key)), component);
-  });
-  m.def(
-      "tier_swap",
-      [](const std::string& key, const std::string& component,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> rows,
-         py::array_t<float, py::array::c_style | py::array::forcecast> current) {
-        std::shared_ptr<HostTable> table = Table(key);
-        HostTier* tier = Tier(table);
-        const int64_t n = rows.size();
-        const int64_t dim = table->options().dim;
-        if (current.size() != n * dim) throw py::value_error("current must be [len(rows), dim]");
-        py::array_t<float> incoming({n, dim});
-        std::vector<uint8_t> fresh_bytes(n);
-        const int index = Component(tier, component);
-        Status status;
-        {
-          py::gil_scoped_release release;
-          std::unique_ptr<bool[]> fresh(new bool[n > 0 ? n : 1]);
-          status = tier->Swap(index, rows.data(), n, current.data(), incoming.mutable_data(),
-                              fresh.get(), Registry::Global().pool().get());
-          for (int64_t i = 0; i < n; ++i) fresh_bytes[i] = fresh[i] ? 1 : 0;
-        }
-        RaiseIfError(status);
-        py::array_t<bool> fresh_out(n);
-        for (int64_t i = 0; i < n; ++i) fresh_out.mutable_data()[i] = fresh_bytes[i] != 0;
-        return py::make_tuple(incoming, fresh_out);
-      },
-      py::arg("key"), py::arg("component"), py::arg("rows"), py::arg("current"));
-  m.def(
-      "tier_export",
-      [](const std::string& key, const std::string& component) {
-        std::shared_ptr<HostTable> table = Table(key);
-        HostTier* tier = Tier(table);
-        const int index = Component(tier, component);
-        std::vector<int64_t> keys;
-        std::vector<float> values;
-        RaiseIfError(tier->Export(index, &keys, &values));
-        const int64_t dim = table->options().dim;
-        py::array_t<float> out({static_cast<int64_t>(keys.size()), dim});
-        std::copy(values.begin(), values.end(), out.mutable_data());
-        return py::make_tuple(ToArray(keys), out);
-      },
-      py::arg("key"), py::arg("component") = std::string(HostTier::kEmbedding));
-  m.def("tier_stats", [](const std::string& key) {
-    std::shared_ptr<HostTable> table = Table(key);
-    return StatsDict(Tier(table)->Stats());
-  });
-  m.def(
-      "configure_admission",
-      [](const std::string& key, double access_threshold, double faae_coefficient,
-         double probability, uint64_t seed) {
-        if (access_threshold < 0) throw py::value_error("access_threshold must be >= 0");
-        if (faae_coefficient <= 0) throw py::value_error("faae_coefficient must be > 0");
-        if (!(probability > 0 && probability <= 1)) {
-          throw py::value_error("admission probability must be in (0, 1]");
-        }
-        AdmissionOptions admission{access_threshold, faae_coefficient, probability, seed};
-        Table(key)->ConfigureAdmission(admission);
-      },
-      py::arg("key"), py::arg("access_threshold") = 0.0, py::arg("faae_coefficient") = 1.0,
-      py::arg("probability") = 1.0, py::arg("seed") = 0);
-  m.def(
-      "share_counts",
-      [](const std::string& key, const std::string& group) {
-        Table(key)->ShareCounts(Registry::Global().CountGroup(group));
-      },
-      py::arg("key"), py::arg("group"));
-  m.def("admission", [](const std::string& key) {
-    const AdmissionOptions a = Table(key)->admission();
-    py::dict d;
-    d["access_threshold"] = a.access_threshold;
-    d["faae_coefficient"] = a.faae_coefficient;
-    d["probability"] = a.probability;
-    d["seed"] = a.seed;
-    return d;
-  });
   m.def("drop_prefix", [](const std::string& prefix) { return Registry::Global().DropPrefix(prefix); });
   m.def("table_keys", [] { return Registry::Global().Keys(); });
   m.def("set_num_threads", [](int n) {
@@ -291,79 +272,101 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       py::arg("key"), py::arg("threshold"));
   m.def("newest_timestamp", [](const std::string& key) { return Table(key)->newest_timestamp(); });
   m.def("wall_clock_seconds", &WallClockSeconds);
+}
+
+// Feature admission.
+void DefineAdmissionCalls(py::module_& m) {
   m.def(
-      "export_state",
-      [](const std::string& key, uint32_t since_epoch, bool delta_chain) {
+      "configure_admission",
+      [](const std::string& key, double access_threshold, double faae_coefficient,
+         double probability, uint64_t seed) {
+        if (access_threshold < 0) throw py::value_error("access_threshold must be >= 0");
+        if (faae_coefficient <= 0) throw py::value_error("faae_coefficient must be > 0");
+        if (!(probability > 0 && probability <= 1)) {
+          throw py::value_error("admission probability must be in (0, 1]");
+        }
+        AdmissionOptions admission{access_threshold, faae_coefficient, probability, seed};
+        Table(key)->ConfigureAdmission(admission);
+      },
+      py::arg("key"), py::arg("access_threshold") = 0.0, py::arg("faae_coefficient") = 1.0,
+      py::arg("probability") = 1.0, py::arg("seed") = 0);
+  m.def(
+      "share_counts",
+      [](const std::string& key, const std::string& group) {
+        Table(key)->ShareCounts(Registry::Global().CountGroup(group));
+      },
+      py::arg("key"), py::arg("group"));
+  m.def("admission", [](const std::string& key) {
+    const AdmissionOptions a = Table(key)->admission();
+    py::dict d;
+    d["access_threshold"] = a.access_threshold;
+    d["faae_coefficient"] = a.faae_coefficient;
+    d["probability"] = a.probability;
+    d["seed"] = a.seed;
+    return d;
+  });
+}
+
+// The host tier of tiered tables (host_vocabulary_size > 0).
+void DefineTierCalls(py::module_& m) {
+  m.def("set_swap_protect", [](const std::string& key, uint32_t batches) {
+    Table(key)->SetSwapProtect(batches);
+  });
+  m.def("tier_register", [](const std::string& key, const std::string& component) {
+    return Component(Tier(Table(key)), component);
+  });
+  m.def(
+      "tier_swap",
+      [](const std::string& key, const std::string& component,
+         py::array_t<int32_t, py::array::c_style | py::array::forcecast> rows,
+         py::array_t<float, py::array::c_style | py::array::forcecast> current) {
         std::shared_ptr<HostTable> table = Table(key);
-        TableState state;
+        HostTier* tier = Tier(table);
+        const int64_t n = rows.size();
+        const int64_t dim = table->options().dim;
+        if (current.size() != n * dim) throw py::value_error("current must be [len(rows), dim]");
+        py::array_t<float> incoming({n, dim});
+        std::vector<uint8_t> fresh_bytes(n);
+        const int index = Component(tier, component);
         Status status;
         {
           py::gil_scoped_release release;
-          status = table->ExportState(since_epoch, delta_chain, &state);
+          std::unique_ptr<bool[]> fresh(new bool[n > 0 ? n : 1]);
+          status = tier->Swap(index, rows.data(), n, current.data(), incoming.mutable_data(),
+                              fresh.get(), Registry::Global().pool().get());
+          for (int64_t i = 0; i < n; ++i) fresh_bytes[i] = fresh[i] ? 1 : 0;
         }
         RaiseIfError(status);
-        py::dict d;
-        d["keys"] = ToArray(state.keys);
-        d["rows"] = ToArray(state.rows);
-        d["counts"] = ToArray(state.counts);
-        d["last_seen"] = ToArray(state.last_seen);
-        d["free_rows"] = ToArray(state.free_rows);
-        d["removed"] = ToArray(state.removed);
-        d["next_row"] = state.next_row;
-        d["newest_timestamp"] = state.newest_timestamp;
-        d["counting_frozen"] = state.counting_frozen;
-        d["access_threshold"] = state.access_threshold;
-        if (table->tiered()) {
-          const int64_t dim = table->options().dim;
-          const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
-          const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
-          d["in_host"] = ToArray(state.in_host);
-          d["lru_rows"] = ToArray(state.lru_rows);
-          d["lru_ages"] = ToArray(state.lru_ages);
-          d["tier_components"] = state.tier_components;
-          d["tier_present"] = ToArray(state.tier_present);
-          py::array_t<float> values({n_host, n_comp, dim});
-          std::copy(state.tier_values.begin(), state.tier_values.end(), values.mutable_data());
-          d["tier_values"] = values;
-        }
-        d["epoch"] = state.epoch;
-        return d;
+        py::array_t<bool> fresh_out(n);
+        for (int64_t i = 0; i < n; ++i) fresh_out.mutable_data()[i] = fresh_bytes[i] != 0;
+        return py::make_tuple(incoming, fresh_out);
       },
-      py::arg("key"), py::arg("since_epoch") = 0, py::arg("delta_chain") = false);
+      py::arg("key"), py::arg("component"), py::arg("rows"), py::arg("current"));
   m.def(
-      "import_state",
-      [](const std::string& key, py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> rows,
-         py::array_t<float, py::array::c_style | py::array::forcecast> counts,
-         py::array_t<int64_t, py::array::c_style | py::array::forcecast> last_seen,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> free_rows,
-         int64_t next_row, int64_t newest_timestamp, bool counting_frozen,
-         double access_threshold,
-         py::array_t<uint8_t, py::array::c_style | py::array::forcecast> in_host,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> lru_rows,
-         py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lru_ages,
-         const std::vector<std::string>& tier_components,
-         py::array_t<uint32_t, py::array::c_style | py::array::forcecast> tier_present,
-         py::array_t<float, py::array::c_style | py::array::forcecast> tier_values) {
-        TableState state;
-        state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
-        state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
-        state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
-        state.tier_components = tier_components;
-        state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
-        state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
-        state.keys.assign(keys.data(), keys.data() + keys.size());
-        state.rows.assign(rows.data(), rows.data() + rows.size());
-        state.counts.assign(counts.data(), counts.data() + counts.size());
-        state.last_seen.assign(last_seen.data(), last_seen.data() + last_seen.size());
-        state.free_rows.assign(free_rows.data(), free_rows.data() + free_rows.size());
-        state.next_row = next_row;
-        state.newest_timestamp = newest_timestamp;
-        state.counting_frozen = counting_frozen;
-        state.access_threshold = access_threshold;
-        RaiseIfError(Table(key)->ImportState(state));
+      "tier_export",
+      [](const std::string& key, const std::string& component) {
+        std::shared_ptr<HostTable> table = Table(key);
+        HostTier* tier = Tier(table);
+        const int index = Component(tier, component);
+        std::vector<int64_t> keys;
+        std::vector<float> values;
+        RaiseIfError(tier->Export(index, &keys, &values));
+        const int64_t dim = table->options().dim;
+        py::array_t<float> out({static_cast<int64_t>(keys.size()), dim});
+        std::copy(values.begin(), values.end(), out.mutable_data());
+        return py::make_tuple(ToArray(keys), out);
       },
-      py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
+      py::arg("key"), py::arg("component") = std::string(HostTier::kEmbedding));
+  m.def("tier_stats", [](const std::string& key) {
+    std::shared_ptr<HostTable> table = Table(key);
+    return StatsDict(Tier(table)->Stats());
+  });
+}
+
+// Host state in and out of checkpoints.
+void DefineCheckpointCalls(py::module_& m) {
+  m.def("export_state", &ExportState, py::arg("key"), py::arg("since_epoch") = 0, py::arg("delta_chain") = false);
+  m.def("import_state", &ImportState, py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
       py::arg("free_rows"), py::arg("next_row"), py::arg("newest_timestamp"),
       py::arg("counting_frozen"), py::arg("access_threshold"),
       py::arg("in_host") = py::array_t<uint8_t>(0), py::arg("lru_rows") = py::array_t<int32_t>(0),
@@ -374,9 +377,11 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def("prune_removed_log", [](const std::string& key, uint32_t epoch) {
     Table(key)->PruneRemovedLog(epoch);
   });
+}
 
-  // Dynamic expansion (init(use_dynamic_expansion=True)): the chunked row store
-  // of a table, keyed like its host table. See engine/dynamic_store.h.
+// Dynamic expansion (init(use_dynamic_expansion=True)): the chunked row store
+// of a table, keyed like its host table. See engine/dynamic_store.h.
+void DefineDynamicStoreCalls(py::module_& m) {
   m.def(
       "create_dynamic_store",
       [](const std::string& key, const std::string& name, int64_t dim, int64_t chunk_rows) {
@@ -450,4 +455,16 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       },
       py::arg("key"), py::arg("addresses"), py::arg("values"), py::arg("slot") = "",
       py::arg("initial") = 0.0f);
+}
+
+}  // namespace
+}  // namespace mxrec
+
+PYBIND11_MODULE(_mxrec_engine, m) {
+  m.doc() = "Host engine of mxrec (management calls; the training path uses the TF ops).";
+  mxrec::DefineTableCalls(m);
+  mxrec::DefineAdmissionCalls(m);
+  mxrec::DefineTierCalls(m);
+  mxrec::DefineCheckpointCalls(m);
+  mxrec::DefineDynamicStoreCalls(m);
 }
