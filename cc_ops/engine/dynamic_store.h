@@ -50,6 +50,16 @@ struct DynamicStoreStats {
   int64_t capacity = 0;  // rows allocated (whole chunks)
   int64_t chunks = 0;
   int64_t slots = 0;
+
+  // The one list of the statistics by name: fn(name, value) for each, in
+  // this order (the pybind module's dynamic_store_stats dict is filled from it).
+  template <typename Fn>
+  void ForEachField(Fn&& fn) const {
+    fn("rows", rows);
+    fn("capacity", capacity);
+    fn("chunks", chunks);
+    fn("slots", slots);
+  }
 };
 
 class DynamicStore {

@@ -1,6 +1,6 @@
 // Key-stage planning (Process and its phases, Commit), admission, eviction
-// and shrink. The tiered planner is in host_table_tier.cc, checkpoints in
-// host_table_state.cc.
+// and shrink. The tiered device cache is planned by DeviceCachePlanner
+// (device_cache_planner.cc), checkpoints are in host_table_state.cc.
 
 #include "host_table.h"
 
@@ -18,37 +18,13 @@ constexpr int64_t kParallelMinIds = 1 << 15;
 constexpr int32_t kDefaultSlot = -1;
 }  // namespace
 
-HostTable::HostTable(TableOptions options) : options_(std::move(options)) {
-  stats_.capacity = options_.device_capacity;
+HostTable::HostTable(TableOptions options)
+    : options_(std::move(options)), ids_(options_.host_capacity > 0) {
+  stats_.device_capacity = options_.device_capacity;
+  rows_.device_capacity = options_.device_capacity;
   if (options_.host_capacity > 0) {
-    TierOptions tier;
-    tier.name = options_.name;
-    tier.dim = options_.dim;
-    tier.host_capacity = options_.host_capacity;
-    tier.ssd_capacity = options_.ssd_capacity;
-    tier.ssd_path = options_.ssd_path;
-    tier_ = std::make_unique<HostTier>(std::move(tier));
-    const size_t rows = static_cast<size_t>(options_.device_capacity);
-    row_key_.assign(rows, 0);
-    row_stamp_.assign(rows, 0);
-    row_count_.assign(rows, 0.0f);
-    lru_prev_.assign(rows, -1);
-    lru_next_.assign(rows, -1);
-    for (auto& shard : shards_) shard = NewMap();
+    cache_ = std::make_unique<DeviceCachePlanner>(options_, &ids_, &rows_);
   }
-}
-
-HostTable::RecordRef HostTable::Ref(int shard, int64_t key, uint32_t index) {
-  KeyMap& map = shards_[shard];
-  return RecordRef{key, &map.record(index), map.tiered() ? &map.tier(index) : nullptr};
-}
-
-HostTable::RecordRef HostTable::FindRecord(int64_t key) {
-  const uint64_t hash = HashKey(key);
-  const int s = static_cast<int>(hash >> kShardShift);
-  const uint32_t index = shards_[s].Find(key, hash);
-  if (index == KeyMap::kNoRecord) return RecordRef{key, nullptr, nullptr};
-  return Ref(s, key, index);
 }
 
 void HostTable::ConfigureAdmission(const AdmissionOptions& admission) {
@@ -200,7 +176,7 @@ struct HostTable::BatchWork {
   PendingBatch* journal = nullptr;                // deferred training batches
   // AssignRows: tiered tables: admitted IDs without a device row and their
   // indexes in unique_rows; device-only: the rows handed out by this batch
-  // (record, row came from free_rows_), to take back if the batch cannot be
+  // (record, row came from rows_.free), to take back if the batch cannot be
   // planned, and the new IDs left without one.
   std::vector<RecordRef> need;
   std::vector<int32_t> need_slots;
@@ -264,124 +240,132 @@ void HostTable::HashKeys(BatchWork& w, ThreadPool* pool) {
 }
 
 void HostTable::FindAndCount(BatchWork& w, ThreadPool* pool) {
-  const bool has_padding = !options_.padding_keys.empty();
-  const bool train = w.train;
-  const bool count = train && !counting_frozen_;
-  const bool tiered_rows = tier_ != nullptr;
-  const bool journal = w.journal != nullptr;
-  const float weight = static_cast<float>(admission_.faae_coefficient);
-  const int64_t n = w.n;
-  // Shards [lo, hi) of one group: its task visits the batch in input order and
-  // plans the IDs of those shards, so that each shard sees its IDs in input
+  // One task per group of shards: it visits the batch in input order and
+  // plans the IDs of its shards, so that each shard sees its IDs in input
   // order whatever the number of groups.
-  auto plan_group = [&](int64_t group) {
-    const int lo = static_cast<int>(kNumShards * group / w.groups);
-    const int hi = static_cast<int>(kNumShards * (group + 1) / w.groups);
-    auto mine = [lo, hi](uint64_t h) {
-      const int s = static_cast<int>(h >> kShardShift);
-      return s >= lo && s < hi;
-    };
-    // No growth of the probe arrays inside the loop, so prefetched slots hold
-    // (record indices would hold anyway).
-    for (int s = lo; s < hi; ++s) {
-      if (train) {
-        shards_[s].Reserve(w.shard_ids[s]);
-        shards_[s].PrepareTime(w.timestamp);
-      }
-      if (w.shard_ids[s] > 0) w.dedupe[s].Start(w.shard_ids[s]);
-      w.uniques[s].reserve(static_cast<size_t>(w.shard_ids[s]));
-    }
-    auto prefetch = [&](uint64_t h) {
-      const int s = static_cast<int>(h >> kShardShift);
-      shards_[s].Prefetch(h);
-      w.dedupe[s].Prefetch(h);
-    };
-    for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
-      if (mine(w.hashes[p])) prefetch(w.hashes[p]);
-    }
-    // Pass 1, over the positions: each distinct ID is looked up (in training:
-    // inserted) once, at its first occurrence; later ones only count.
-    for (int64_t p = 0; p < n; ++p) {
-      if (p + kPrefetchDistance < n) {
-        const uint64_t ahead = w.hashes[p + kPrefetchDistance];
-        if (mine(ahead)) prefetch(ahead);
-      }
-      const uint64_t hash = w.hashes[p];
-      if (!mine(hash)) continue;
-      const int s = static_cast<int>(hash >> kShardShift);
-      const int64_t key = w.keys[p];
-      w.first[p] = 0;
-      if (has_padding && IsPadding(key)) {
-        w.local[p] = kDefaultSlot;
-        continue;
-      }
-      std::vector<BatchWork::Unique>& uniq = w.uniques[s];
-      bool added = false;
-      Dedupe::Entry& entry = w.dedupe[s].FindOrAdd(key, hash, &added);
-      if (added) {
-        bool inserted = false;
-        const uint32_t index = train ? shards_[s].FindOrInsert(key, hash, &inserted)
-                                     : shards_[s].Find(key, hash);
-        if (index == KeyMap::kNoRecord) {
-          entry.local = kDefaultSlot;
-        } else {
-          entry.local = static_cast<int32_t>(uniq.size());
-          uniq.push_back(
-              BatchWork::Unique{key, index, w.dedupe[s].slot_of(entry), 0, inserted ? 1u : 0u});
-          w.first[p] = 1;
-        }
-      }
-      if (entry.local != kDefaultSlot) {
-        uint32_t overflow = 0;
-        entry.Count(&overflow);
-        if (overflow != 0) uniq[entry.local].occurrences += overflow;
-      }
-      w.local[p] = entry.local;
-    }
-    if (!train) return;
-    // Pass 2, over the distinct IDs (training): last-seen time, the journal's
-    // undo entry, and the admission count, one occurrence after another as
-    // before (each adds the same weight, so the sum is the same float).
-    for (int s = lo; s < hi; ++s) {
-      KeyMap& map = shards_[s];
-      const std::vector<BatchWork::Unique>& uniq = w.uniques[s];
-      const size_t distinct = uniq.size();
-      for (size_t u = 0; u < distinct; ++u) {
-        if (u + kPrefetchDistance < distinct) {
-          __builtin_prefetch(&map.record(uniq[u + kPrefetchDistance].index), 1);
-          w.dedupe[s].PrefetchSlot(uniq[u + kPrefetchDistance].slot);
-        }
-        const BatchWork::Unique& id = uniq[u];
-        KeyRecord& rec = map.record(id.index);
-        const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
-        if (journal) {
-          w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
-                                   rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
-        }
-        map.set_last_seen(id.index, w.timestamp);
-        rec.seen_recently = 1;
-        rec.epoch = epoch_;
-        if (!count) continue;
-        if (shared_counts_) {
-          const uint64_t hash = HashKey(id.key);
-          for (uint32_t k = 0; k < occurrences; ++k) {
-            rec.count = shared_counts_->Add(id.key, hash, weight);
-          }
-        } else {
-          float total = rec.count;
-          for (uint32_t k = 0; k < occurrences; ++k) total += weight;
-          rec.count = total;
-        }
-        // Tiered: keep the row's copy of its owner's count (rows are disjoint
-        // across shards, so the groups write apart).
-        if (tiered_rows && rec.row >= 0) row_count_[rec.row] = rec.count;
-      }
-    }
+  auto plan_group = [this, &w](int64_t group) {
+    const ShardGroup shards{static_cast<int>(kNumShards * group / w.groups),
+                            static_cast<int>(kNumShards * (group + 1) / w.groups)};
+    PrepareShards(w, shards);
+    FindIds(w, shards);
+    if (w.train) CountIds(w, shards);
   };
   if (w.groups > 1) {
     pool->ParallelFor(w.groups, plan_group);
   } else {
     plan_group(0);
+  }
+}
+
+void HostTable::PrepareShards(BatchWork& w, ShardGroup shards) {
+  // No growth of the probe arrays inside FindIds, so prefetched slots hold
+  // (record indices would hold anyway).
+  for (int s = shards.lo; s < shards.hi; ++s) {
+    if (w.train) {
+      ids_[s].Reserve(w.shard_ids[s]);
+      ids_[s].PrepareTime(w.timestamp);
+    }
+    if (w.shard_ids[s] > 0) w.dedupe[s].Start(w.shard_ids[s]);
+    w.uniques[s].reserve(static_cast<size_t>(w.shard_ids[s]));
+  }
+}
+
+void HostTable::FindIds(BatchWork& w, ShardGroup shards) {
+  // Over the positions: each distinct ID is looked up (in training: inserted)
+  // once, at its first occurrence; later ones only count. Writes w.local and
+  // w.first of the group's positions and the shards' uniques.
+  const bool has_padding = !options_.padding_keys.empty();
+  const bool train = w.train;
+  const int64_t n = w.n;
+  auto prefetch = [this, &w](uint64_t h) {
+    const int s = static_cast<int>(h >> kShardShift);
+    ids_[s].Prefetch(h);
+    w.dedupe[s].Prefetch(h);
+  };
+  for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
+    if (shards.Holds(w.hashes[p])) prefetch(w.hashes[p]);
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    if (p + kPrefetchDistance < n) {
+      const uint64_t ahead = w.hashes[p + kPrefetchDistance];
+      if (shards.Holds(ahead)) prefetch(ahead);
+    }
+    const uint64_t hash = w.hashes[p];
+    if (!shards.Holds(hash)) continue;
+    const int s = static_cast<int>(hash >> kShardShift);
+    const int64_t key = w.keys[p];
+    w.first[p] = 0;
+    if (has_padding && IsPadding(key)) {
+      w.local[p] = kDefaultSlot;
+      continue;
+    }
+    std::vector<BatchWork::Unique>& uniq = w.uniques[s];
+    bool added = false;
+    Dedupe::Entry& entry = w.dedupe[s].FindOrAdd(key, hash, &added);
+    if (added) {
+      bool inserted = false;
+      const uint32_t index = train ? ids_[s].FindOrInsert(key, hash, &inserted)
+                                   : ids_[s].Find(key, hash);
+      if (index == KeyMap::kNoRecord) {
+        entry.local = kDefaultSlot;
+      } else {
+        entry.local = static_cast<int32_t>(uniq.size());
+        uniq.push_back(
+            BatchWork::Unique{key, index, w.dedupe[s].slot_of(entry), 0, inserted ? 1u : 0u});
+        w.first[p] = 1;
+      }
+    }
+    if (entry.local != kDefaultSlot) {
+      uint32_t overflow = 0;
+      entry.Count(&overflow);
+      if (overflow != 0) uniq[entry.local].occurrences += overflow;
+    }
+    w.local[p] = entry.local;
+  }
+}
+
+void HostTable::CountIds(BatchWork& w, ShardGroup shards) {
+  // Over the distinct IDs (training): last-seen time, the journal's undo
+  // entry, and the admission count, one occurrence after another as before
+  // (each adds the same weight, so the sum is the same float).
+  const bool count = !counting_frozen_;
+  DeviceCachePlanner* const cache = cache_.get();
+  const bool journal = w.journal != nullptr;
+  const float weight = static_cast<float>(admission_.faae_coefficient);
+  for (int s = shards.lo; s < shards.hi; ++s) {
+    KeyMap& map = ids_[s];
+    const std::vector<BatchWork::Unique>& uniq = w.uniques[s];
+    const size_t distinct = uniq.size();
+    for (size_t u = 0; u < distinct; ++u) {
+      if (u + kPrefetchDistance < distinct) {
+        __builtin_prefetch(&map.record(uniq[u + kPrefetchDistance].index), 1);
+        w.dedupe[s].PrefetchSlot(uniq[u + kPrefetchDistance].slot);
+      }
+      const BatchWork::Unique& id = uniq[u];
+      KeyRecord& rec = map.record(id.index);
+      const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
+      if (journal) {
+        w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
+                                 rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
+      }
+      map.set_last_seen(id.index, w.timestamp);
+      rec.seen_recently = 1;
+      rec.epoch = epoch_;
+      if (!count) continue;
+      if (shared_counts_) {
+        const uint64_t hash = HashKey(id.key);
+        for (uint32_t k = 0; k < occurrences; ++k) {
+          rec.count = shared_counts_->Add(id.key, hash, weight);
+        }
+      } else {
+        float total = rec.count;
+        for (uint32_t k = 0; k < occurrences; ++k) total += weight;
+        rec.count = total;
+      }
+      // Tiered: keep the row's copy of its owner's count (rows are disjoint
+      // across shards, so the groups write apart).
+      if (cache != nullptr && rec.row >= 0) cache->SetCount(rec.row, rec.count);
+    }
   }
 }
 
@@ -415,10 +399,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     ++stats_.eval_batches;
   }
   if (n == 0) return Status::Ok();
-  if (train && ++stamp_ == 0) {
-    std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
-    stamp_ = 1;
-  }
+  if (train && cache_ != nullptr) cache_->StartBatch();
   if (work_ == nullptr) work_ = std::make_unique<BatchWork>();
   BatchWork& w = *work_;
   w.Reset();
@@ -434,9 +415,9 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     journal.newest_before = newest_timestamp_;
     w.journal = &journal;
   }
-  if (!train && tier_ != nullptr && tier_->pending_plans() > 0) {
+  if (!train && cache_ != nullptr && cache_->tier()->pending_plans() > 0) {
     // Evaluation reads the embedding (component 0) where its values are.
-    MXREC_RETURN_IF_ERROR(PhysicalView(&w.physical, nullptr, 0));
+    MXREC_RETURN_IF_ERROR(cache_->PhysicalView(&w.physical, nullptr, 0));
   }
   HashKeys(w, pool);
   if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
@@ -460,7 +441,7 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   // newly admitted IDs. Only the first occurrences take this sequential pass;
   // the restore index of every position is filled in after it, in parallel.
   const bool train = w.train;
-  const bool tiered = tier_ != nullptr;
+  const bool tiered = cache_ != nullptr;
   for (int s = 0; s < kNumShards; ++s) w.global[s].resize(w.uniques[s].size());
   // The distinct IDs in order of first occurrence, as (shard, index in its
   // uniques); their records left the cache since FindAndCount, so each is
@@ -476,24 +457,24 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
     if (i + kPrefetchDistance < distinct) {
       const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
       const uint32_t ahead = w.uniques[s_ahead][l_ahead].index;
-      __builtin_prefetch(&shards_[s_ahead].record(ahead));
+      __builtin_prefetch(&ids_[s_ahead].record(ahead));
       // A tiered ID without a device row reads its tier record too (a separate array).
-      if (tiered && train) __builtin_prefetch(&shards_[s_ahead].tier(ahead));
+      if (tiered && train) __builtin_prefetch(&ids_[s_ahead].tier(ahead));
     }
     const auto [s, l] = w.ordered[i];
     const BatchWork::Unique& id = w.uniques[s][l];
     int32_t g;
     if (!train) {
-      g = EvalSlot(w, id.key, shards_[s].record(id.index), plan);
+      g = EvalSlot(w, id.key, ids_[s].record(id.index), plan);
     } else if (tiered) {
-      g = TieredSlot(w, Ref(s, id.key, id.index), plan);
+      g = TieredSlot(w, ids_.Ref(s, id.key, id.index), plan);
     } else {
-      g = DeviceSlot(w, RecordRef{id.key, &shards_[s].record(id.index), nullptr}, plan);
+      g = DeviceSlot(w, RecordRef{id.key, &ids_[s].record(id.index), nullptr}, plan);
     }
     w.global[s][l] = g;
   }
   // IDs that look up as the default value point one past the unique rows;
-  // AssignTieredRows fills the rows it hands out in place, so the count holds.
+  // the planner fills the rows it hands out in place, so the count holds.
   const int32_t default_index = static_cast<int32_t>(plan->unique_rows.size());
   int32_t* restore = plan->restore_out != nullptr ? plan->restore_out : plan->restore.data();
   std::atomic<int64_t> non_padding{0};
@@ -522,7 +503,9 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
     stats_.rejected += defaults.load();
   }
   if (!w.need.empty()) {
-    const Status status = AssignTieredRows(w.need, w.need_slots, plan, w.journal);
+    const int64_t new_before = plan->new_ids;
+    const Status status = cache_->AssignRows(w.need, w.need_slots, epoch_, plan, w.journal);
+    stats_.admitted += plan->new_ids - new_before;
     if (!status.ok()) {
       plan->unique_rows.clear();
       plan->reused_rows.clear();
@@ -538,9 +521,7 @@ int32_t HostTable::TieredSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan
   const int32_t index = static_cast<int32_t>(plan->unique_rows.size());
   KeyRecord* rec = id.rec;
   if (rec->row >= 0) {
-    row_stamp_[rec->row] = stamp_;
-    LruUnlink(rec->row);
-    LruPushTail(rec->row);
+    cache_->Touch(rec->row);
     plan->unique_rows.push_back(rec->row);
     return index;
   }
@@ -558,13 +539,13 @@ int32_t HostTable::TieredSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan
 int32_t HostTable::DeviceSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan) {
   KeyRecord* rec = id.rec;
   if (rec->row < 0 && Admits(id.key, *rec)) {
-    if (!free_rows_.empty()) {
-      rec->row = free_rows_.back();
-      free_rows_.pop_back();
+    if (!rows_.free.empty()) {
+      rec->row = rows_.free.back();
+      rows_.free.pop_back();
       plan->reused_rows.push_back(rec->row);
       w.granted.emplace_back(id, true);
-    } else if (next_row_ < options_.device_capacity) {
-      rec->row = static_cast<int32_t>(next_row_++);
+    } else if (rows_.next < rows_.device_capacity) {
+      rec->row = static_cast<int32_t>(rows_.next++);
       w.granted.emplace_back(id, false);
     } else {
       ++w.shortfall;
@@ -584,9 +565,9 @@ Status HostTable::RefuseBatch(BatchWork& w, BatchPlan* plan) {
   // row would otherwise serve the new ID with the evicted ID's trained values.
   for (auto it = w.granted.rbegin(); it != w.granted.rend(); ++it) {
     if (it->second) {
-      free_rows_.push_back(it->first.rec->row);
+      rows_.free.push_back(it->first.rec->row);
     } else {
-      --next_row_;
+      --rows_.next;
     }
     it->first.rec->row = -1;
   }
@@ -676,21 +657,18 @@ int64_t HostTable::EraseUnpending(const std::function<bool(const KeyMap&, uint32
     return std::binary_search(pending_keys.begin(), pending_keys.end(), key);
   };
   int64_t removed = 0;
-  for (auto& shard : shards_) {
+  for (auto& shard : ids_) {
     removed += shard.EraseIf([&](int64_t key, uint32_t index) {
       const KeyRecord& rec = shard.record(index);
       if (!pred(shard, index) || (!pending_keys.empty() && is_pending(key))) return false;
       if (rec.row >= 0) {
-        free_rows_.push_back(rec.row);
+        rows_.free.push_back(rec.row);
         ++stats_.evicted_rows;
-        if (tier_) LruUnlink(rec.row);
+        if (cache_) cache_->ReleaseRow(rec.row);
       }
       if (shard.tiered() && shard.tier(index).in_host) {
-        const int32_t host_slot = shard.tier(index).host_slot;
-        --tier_ids_;
         ++stats_.evicted_rows;
-        if (host_slot >= 0) --host_resident_;
-        tier_->Erase(key, host_slot);
+        cache_->EraseTierId(key, shard.tier(index).host_slot);
       }
       if (shared_counts_) shared_counts_->Erase(key, HashKey(key));
       // Only a removal a later delta must list: of an ID that a save of the
@@ -716,7 +694,7 @@ int64_t HostTable::Evict(int64_t max_age) {
 
 int64_t HostTable::Shrink(int threshold) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& shard : shards_) {
+  for (auto& shard : ids_) {
     shard.ForEach([&shard](int64_t, uint32_t index) {
       KeyRecord& rec = shard.record(index);
       if (rec.seen_recently) {
@@ -735,14 +713,31 @@ int64_t HostTable::Shrink(int threshold) {
 TableStats HostTable::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   TableStats stats = stats_;
-  stats.rows_in_use = next_row_ - static_cast<int64_t>(free_rows_.size());
-  stats.tier_ids = tier_ids_;
+  stats.rows_in_use = rows_.in_use();
+  stats.tier_ids = cache_ != nullptr ? cache_->tier_ids() : 0;
+  stats.tiered = cache_ != nullptr;
   stats.ids_tracked = 0;
-  for (const auto& shard : shards_) {
+  for (const auto& shard : ids_) {
     stats.ids_tracked += shard.size();
     stats.id_map_bytes += shard.bytes();
   }
   return stats;
+}
+
+void HostTable::SetSwapProtect(uint32_t batches) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cache_ != nullptr) cache_->SetSwapProtect(batches);
+}
+
+Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float* values,
+                           bool* found) {
+  std::vector<int32_t> slots;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MXREC_RETURN_IF_ERROR(cache_->HostSlots(component, keys, n, &slots));
+  }
+  // Outside the table's lock: the tier has its own.
+  return cache_->tier()->Read(component, keys, slots.data(), n, values, found);
 }
 
 }  // namespace mxrec

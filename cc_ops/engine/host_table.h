@@ -1,8 +1,10 @@
 // The host side of one sparse table: the ID -> device row map, admission
 // counts, last-seen times and the free device rows. Plain C++, no TensorFlow.
-// One class in three files: host_table.cc (key-stage planning, admission,
-// eviction), host_table_tier.cc (the device-cache planner of tiered tables)
-// and host_table_state.cc (checkpoint export and import).
+// HostTable is the core table: its ID map (id_map.h), admission, the
+// key-stage planning of batches, pending batches (batch_journal.h),
+// eviction and statistics (host_table.cc), and checkpoint export and import
+// over that state (host_table_state.cc). A tiered table's device cache is
+// planned by its DeviceCachePlanner (device_cache_planner.h).
 #ifndef MXREC_ENGINE_HOST_TABLE_H_
 #define MXREC_ENGINE_HOST_TABLE_H_
 
@@ -16,7 +18,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "batch_journal.h"
+#include "device_cache_planner.h"
 #include "host_tier.h"
+#include "id_map.h"
 #include "key_map.h"
 #include "shared_counts.h"
 #include "status.h"
@@ -107,7 +112,7 @@ struct TableState {
 };
 
 struct TableStats {
-  int64_t capacity = 0;
+  int64_t device_capacity = 0;  // rows of the device table (device_vocabulary_size)
   int64_t rows_in_use = 0;
   int64_t ids_tracked = 0;    // IDs with a host record, admitted or still counting
   int64_t ids_seen = 0;       // occurrences of IDs in training batches
@@ -119,11 +124,32 @@ struct TableStats {
   int64_t eval_batches = 0;
   int64_t tier_ids = 0;       // admitted IDs whose row is in the host (or SSD) tier
   int64_t id_map_bytes = 0;   // the ID map (all shards: probe arrays, records, tier records), in bytes
+  bool tiered = false;        // the table has a host tier (tier_ids is listed only then)
+
+  // The one list of the statistics by name: fn(name, value) for each, in
+  // this order (the pybind module's stats dict is filled from it). A new
+  // statistic is a member above and a line here.
+  template <typename Fn>
+  void ForEachField(Fn&& fn) const {
+    fn("capacity", device_capacity);  // the key read since the first release
+    fn("device_capacity", device_capacity);
+    fn("rows_in_use", rows_in_use);
+    fn("ids_tracked", ids_tracked);
+    fn("ids_seen", ids_seen);
+    fn("admitted", admitted);
+    fn("rejected", rejected);
+    fn("evicted", evicted);
+    fn("evicted_rows", evicted_rows);
+    fn("train_batches", train_batches);
+    fn("eval_batches", eval_batches);
+    fn("id_map_bytes", id_map_bytes);
+    if (tiered) fn("tier_ids", tier_ids);
+  }
 };
 
 class HostTable {
  public:
-  static constexpr int kNumShards = 16;
+  static constexpr int kNumShards = IdMap::kNumShards;
 
   explicit HostTable(TableOptions options);
   ~HostTable();
@@ -185,7 +211,7 @@ class HostTable {
   // Rows handed out so far: every row the key stage gave an ID is below it.
   int64_t next_row() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return next_row_;
+    return rows_.next;
   }
 
   TableStats Stats() const;
@@ -221,52 +247,16 @@ class HostTable {
   Status ReadTier(int component, const int64_t* keys, int64_t n, float* values, bool* found);
 
   // Whether the table has a host tier (host_capacity > 0).
-  bool tiered() const { return tier_ != nullptr; }
+  bool tiered() const { return cache_ != nullptr; }
   // The host tier, or null in device-only mode.
-  HostTier* tier() const { return tier_.get(); }
+  HostTier* tier() const { return cache_ != nullptr ? cache_->tier() : nullptr; }
   // Batches planned together in one training step (the table's lookups per
   // step): their IDs are never chosen as swap victims of each other. Batches
   // of later steps need no protection: their swaps run in plan order.
   void SetSwapProtect(uint32_t batches);
 
  private:
-  // The top 4 bits of an ID's hash pick its shard, so that the buckets inside
-  // a shard use the low ones.
-  static constexpr int kShardShift = 60;
-  static_assert(kNumShards == 16, "kShardShift assumes 16 shards");
-
-  // What a deferred training batch changed, to undo in views of the state at
-  // the step boundary.
-  struct Undo {
-    int64_t key;
-    int64_t last_seen;
-    float count;
-    uint32_t epoch;
-    uint8_t seen_recently;
-    uint8_t inserted;  // the batch created the record
-  };
-  struct PendingBatch {
-    uint64_t id = 0;
-    std::vector<Undo> undo;              // each ID of the batch, as before it
-    std::vector<int64_t> admitted;       // IDs the batch gave a row first
-    std::vector<int32_t> popped_free;    // rows taken from free_rows_, in order
-    int64_t fresh_rows = 0;              // rows taken from next_row_
-    int64_t newest_before = -1;          // newest_timestamp_ before the batch
-  };
-  // Where an ID's values are at the step boundary (tiered tables).
-  struct Physical {
-    int32_t row = -1;
-    uint8_t in_host = 0;
-    int32_t host_slot = -1;
-  };
-  // One ID as the key stage and the tier planner handle it: its key (the
-  // records do not hold it), its record, and (tiered tables) its tier record.
-  // The pointers hold until the ID is erased: records never move.
-  struct RecordRef {
-    int64_t key = 0;
-    KeyRecord* rec = nullptr;  // null: the ID has no record
-    TierRecord* tier = nullptr;
-  };
+  static constexpr int kShardShift = IdMap::kShardShift;
 
   // Key-stage planning, admission and eviction (host_table.cc).
   //
@@ -276,17 +266,33 @@ class HostTable {
   // input order, then fill in the restore index. Each
   // distinct ID gets its index in unique_rows from the slot function of the
   // batch's mode: EvalSlot (evaluation), TieredSlot (training, host tier:
-  // rows are handed out once the batch is known, by AssignTieredRows) or
+  // rows are handed out once the batch is known, by the DeviceCachePlanner) or
   // DeviceSlot (training, device-only: a row at once, or a shortfall).
   struct BatchWork;
   void HashKeys(BatchWork& w, ThreadPool* pool);
+  // Shards [lo, hi): the part of a batch one FindAndCount task plans.
+  struct ShardGroup {
+    int lo;
+    int hi;
+    bool Holds(uint64_t hash) const {
+      const int s = static_cast<int>(hash >> kShardShift);
+      return s >= lo && s < hi;
+    }
+  };
+  // Finds (in training: inserts and counts) every ID, one task per group of
+  // shards: PrepareShards sizes the group's maps and dedupe tables for the
+  // batch, FindIds (pass 1, over the positions) gives each position its
+  // index among its shard's distinct IDs, CountIds (pass 2, training, over
+  // the distinct IDs) updates their records.
   void FindAndCount(BatchWork& w, ThreadPool* pool);
+  void PrepareShards(BatchWork& w, ShardGroup shards);
+  void FindIds(BatchWork& w, ShardGroup shards);
+  void CountIds(BatchWork& w, ShardGroup shards);
   Status AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
   int32_t EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec, BatchPlan* plan) const;
-  // TieredSlot and DeviceSlot run once per distinct ID, and so do
-  // TakeDeviceRow, MoveToHost and PlaceArrival below once per arriving ID:
-  // they are inline, defined in the one file that calls them, because the
-  // -fPIC build would keep a plain member function out of line.
+  // TieredSlot and DeviceSlot run once per distinct ID: they are inline,
+  // defined in the one file that calls them, because the -fPIC build would
+  // keep a plain member function out of line.
   inline int32_t TieredSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan);
   inline int32_t DeviceSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan);
   // A device-only batch that brings more new IDs than there are rows: takes
@@ -294,8 +300,6 @@ class HostTable {
   Status RefuseBatch(BatchWork& w, BatchPlan* plan);
   // Records in a deferred batch's journal the rows a device-only batch took.
   void JournalGrants(BatchWork& w);
-  RecordRef FindRecord(int64_t key);
-  RecordRef Ref(int shard, int64_t key, uint32_t index);
   bool Admits(int64_t key, const KeyRecord& rec) const;
   bool IsPadding(int64_t key) const;
   // Keys of every pending batch.
@@ -303,51 +307,9 @@ class HostTable {
   // Erases records matching pred, except IDs of pending batches.
   int64_t EraseUnpending(const std::function<bool(const KeyMap&, uint32_t)>& pred);
   // The maps of an empty table (tiered tables: with tier records).
-  KeyMap NewMap() const { return KeyMap(options_.host_capacity > 0); }
+  KeyMap NewMap() const { return IdMap::NewShard(options_.host_capacity > 0); }
   // Newest trained batch time.
   int64_t BoundaryNewest() const;
-
-  // The tiered device-cache planner (host_table_tier.cc).
-  //
-  // Hands device rows to `need` (in order), choosing victims among rows no
-  // batch of this step uses, and queues the swap plan. A deferred batch's
-  // `journal` records the rows taken and the IDs admitted.
-  Status AssignTieredRows(const std::vector<RecordRef>& need, const std::vector<int32_t>& slots,
-                          BatchPlan* plan, PendingBatch* journal);
-  // Its scratch, and the device row one arriving ID gets (with what leaves it).
-  struct TierBatch;
-  struct RowGrant;
-  // Whether `need` fits: in the table's tiers, and in the device rows that
-  // the step's batches leave to victims.
-  Status CheckTierRoom(const std::vector<RecordRef>& need) const;
-  // Takes `count` victims off the recency list, in the order they are used.
-  Status PickVictims(int64_t count, TierBatch& t);
-  // A free row, else a never used one, else the next victim (its owner moves
-  // to a host slot).
-  inline RowGrant TakeDeviceRow(TierBatch& t, const RecordRef& id);
-  inline void MoveToHost(const RecordRef& victim);
-  // Gives `rec` the granted row, at index `slot` of unique_rows, and adds the
-  // row's swap to the plan.
-  inline void PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t slot, TierBatch& t,
-                           BatchPlan* plan);
-  int32_t PickVictim();
-  // The recency list (head: least recently used): `row` taken off it, or put
-  // back at one end.
-  void LruUnlink(int32_t row);
-  void LruPushTail(int32_t row);
-  void LruPushHead(int32_t row);
-  int32_t AllocHostSlot();
-  // Chooses the oldest host-resident IDs to go to disk while host memory is
-  // over host_vocabulary_size (SSD tier only), adding them to `plan`.
-  void PlanSpills(SwapPlan* plan);
-  // IDs that pending swap plans moved: where their values still are. `row_owner`
-  // (optional): each row a pending plan refilled -> its owner at the boundary,
-  // or nullopt where the row was free. `component` >= 0: the view of that
-  // component's values (plans it applied already are not undone); -1: of all
-  // components, which fails while a plan is applied in part (inside a step).
-  Status PhysicalView(std::unordered_map<int64_t, Physical>* physical,
-                      std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
-                      int component) const;
 
   // Checkpoint export and import (host_table_state.cc).
   //
@@ -375,21 +337,14 @@ class HostTable {
   // The state's records in new maps (built aside: a bad checkpoint leaves the
   // table as it was).
   Status BuildMaps(const TableState& state, std::vector<KeyMap>* maps) const;
-  // Tiered tables: replaces the host tier's values and the planner's host
-  // slots and recency list; *stamp: the batch stamp to continue from.
-  Status RestoreTier(const TableState& state, const std::vector<int64_t>& host_keys,
-                     std::vector<KeyMap>* maps, uint32_t* stamp);
-  // The device cache's recency list from the state (rows keep their order
-  // and their ages in batches); returns the batch stamp to continue from.
-  uint32_t RebuildRecency(const TableState& state);
 
+  // Locking: mu_ serialises everything below (one mutex per table serialises
+  // batches), the planner included; the HostTier has its own lock.
   const TableOptions options_;
   mutable std::mutex mu_;
   std::unique_ptr<BatchWork> work_;  // Process's scratch, reused
-  KeyMap shards_[kNumShards];
-  std::vector<int32_t> free_rows_;  // rows freed by eviction, reused LIFO
-  int64_t next_row_ = 0;            // rows [next_row_, capacity) never used
-  uint32_t stamp_ = 0;  // training batches planned (device-cache recency)
+  IdMap ids_;
+  DeviceRows rows_;
   bool counting_frozen_ = false;
   AdmissionOptions admission_;
   std::shared_ptr<SharedCounts> shared_counts_;
@@ -405,28 +360,8 @@ class HostTable {
   uint64_t next_batch_id_ = 1;
   uint64_t import_barrier_ = 1;
   TableStats stats_;
-
-  // Tiered tables only (empty otherwise): the owner ID of each device row,
-  // the batch stamp that last used it, and a recency list of owned rows
-  // (head: least recently used), which is also ordered by stamp.
-  std::unique_ptr<HostTier> tier_;
-  std::vector<int64_t> row_key_;
-  std::vector<uint32_t> row_stamp_;
-  std::vector<float> row_count_;  // the owner's admission count (victim choice)
-  std::vector<int32_t> lru_prev_;
-  std::vector<int32_t> lru_next_;
-  int32_t lru_head_ = -1;
-  int32_t lru_tail_ = -1;
-  int64_t tier_ids_ = 0;
-  // Host slots, numbered by this planner (HostTier stores the values): free
-  // ones, the next never used one, IDs holding one, and (SSD tier) the order
-  // in which IDs took theirs, oldest first, for spilling; entries whose ID
-  // no longer holds that slot are skipped.
-  std::vector<int32_t> free_host_slots_;
-  int32_t next_host_slot_ = 0;
-  int64_t host_resident_ = 0;
-  std::deque<std::pair<int64_t, int32_t>> host_arrival_;
-  uint32_t swap_protect_ = 1;
+  // Tiered tables only (null otherwise): the device cache over the host tier.
+  std::unique_ptr<DeviceCachePlanner> cache_;
 };
 
 }  // namespace mxrec

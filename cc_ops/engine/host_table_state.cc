@@ -57,7 +57,7 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
       if (epoch > since_epoch) state->removed.push_back(key);
     }
   }
-  if (tier_) MXREC_RETURN_IF_ERROR(ExportTier(records, boundary, state));
+  if (cache_) MXREC_RETURN_IF_ERROR(ExportTier(records, boundary, state));
   state->epoch = epoch_++;
   if (delta_chain) {
     track_removals_ = true;
@@ -70,9 +70,9 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
 Status HostTable::ViewBoundary(Boundary* boundary) const {
   // Rows a pending plan refilled -> their owner before it (nullopt: free).
   std::unordered_map<int32_t, std::optional<int64_t>> row_owner;
-  if (tier_) MXREC_RETURN_IF_ERROR(PhysicalView(&boundary->physical, &row_owner, -1));
-  boundary->next_row = next_row_;
-  boundary->free_rows = free_rows_;
+  if (cache_) MXREC_RETURN_IF_ERROR(cache_->PhysicalView(&boundary->physical, &row_owner, -1));
+  boundary->next_row = rows_.next;
+  boundary->free_rows = rows_.free;
   for (auto batch = pending_.rbegin(); batch != pending_.rend(); ++batch) {
     for (const Undo& u : batch->undo) boundary->before[u.key] = &u;
     boundary->unadmitted.insert(batch->admitted.begin(), batch->admitted.end());
@@ -107,14 +107,14 @@ std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary&
   };
   std::vector<ExportedRecord> records;
   for (int s = 0; s < kNumShards; ++s) {
-    shards_[s].ForEach([&](int64_t key, uint32_t index) {
-      const RecordRef id = Ref(s, key, index);
+    ids_[s].ForEach([&](int64_t key, uint32_t index) {
+      const RecordRef id = ids_.Ref(s, key, index);
       auto it = boundary.before.find(key);
       const Undo* undo = it == boundary.before.end() ? nullptr : it->second;
       if (undo != nullptr && undo->inserted) return;  // not known at the boundary
       const uint32_t epoch = undo != nullptr ? undo->epoch : id.rec->epoch;
       if (since_epoch == 0 || epoch > since_epoch) {
-        records.push_back({key, id.rec, shards_[s].last_seen(index), undo, physical_of(id)});
+        records.push_back({key, id.rec, ids_[s].last_seen(index), undo, physical_of(id)});
       }
     });
   }
@@ -136,12 +136,8 @@ Status HostTable::ExportTier(const std::vector<ExportedRecord>& records, const B
       host_slots.push_back(e.where.host_slot);
     }
   }
-  for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
-    if (row >= boundary.next_row || boundary.unowned.count(row) > 0) continue;
-    state->lru_rows.push_back(row);
-    state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
-  }
-  return tier_->Gather(host_keys, host_slots, &state->tier_components, &state->tier_present,
+  cache_->ExportRecency(boundary.next_row, boundary.unowned, state);
+  return cache_->tier()->Gather(host_keys, host_slots, &state->tier_components, &state->tier_present,
                        &state->tier_values);
 }
 
@@ -149,11 +145,11 @@ void HostTable::MarkPendingChanged(const Boundary& boundary) {
   // What the pending batches' steps will change, and IDs saved where a pending
   // plan moves them from: the next delta holds them as they are then.
   for (const auto& [key, undo] : boundary.before) {
-    const RecordRef id = FindRecord(key);
+    const RecordRef id = ids_.Find(key);
     if (id.rec != nullptr) id.rec->epoch = epoch_;
   }
   for (const auto& entry : boundary.physical) {
-    const RecordRef id = FindRecord(entry.first);
+    const RecordRef id = ids_.Find(entry.first);
     if (id.rec != nullptr) id.rec->epoch = epoch_;
   }
 }
@@ -177,20 +173,19 @@ Status HostTable::ImportState(const TableState& state) {
   MXREC_RETURN_IF_ERROR(CheckTierFlags(state));
   MXREC_RETURN_IF_ERROR(CheckRows(state));
   std::vector<int64_t> host_keys;  // tiered: the IDs in the host tier, in state order
-  if (tier_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_keys));
+  if (cache_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_keys));
   std::vector<KeyMap> fresh;
   fresh.reserve(kNumShards);
   for (int s = 0; s < kNumShards; ++s) fresh.push_back(NewMap());
   MXREC_RETURN_IF_ERROR(BuildMaps(state, &fresh));
-  uint32_t stamp = 0;
-  if (tier_) MXREC_RETURN_IF_ERROR(RestoreTier(state, host_keys, &fresh, &stamp));
-  for (int s = 0; s < kNumShards; ++s) shards_[s] = std::move(fresh[s]);
-  free_rows_ = state.free_rows;
-  next_row_ = state.next_row;
+  // Tiered: the host tier's values, the planner's host slots and recency list.
+  if (cache_) MXREC_RETURN_IF_ERROR(cache_->Restore(state, host_keys, &fresh));
+  for (int s = 0; s < kNumShards; ++s) ids_[s] = std::move(fresh[s]);
+  rows_.free = state.free_rows;
+  rows_.next = state.next_row;
   newest_timestamp_ = state.newest_timestamp;
   counting_frozen_ = state.counting_frozen;
   admission_.access_threshold = state.access_threshold;
-  stamp_ = stamp;
   removed_log_.clear();
   // Batches planned against the state replaced never train: committing one
   // is an error (Commit), and HostTier::Replace dropped their swap plans.
@@ -202,7 +197,7 @@ Status HostTable::ImportState(const TableState& state) {
 
 Status HostTable::CheckTierFlags(const TableState& state) const {
   if (state.in_host.empty()) return Status::Ok();
-  if (!tier_) {
+  if (!cache_) {
     int64_t host_ids = 0;
     for (uint8_t flag : state.in_host) host_ids += flag ? 1 : 0;
     if (host_ids > 0) {
@@ -314,83 +309,16 @@ Status HostTable::BuildMaps(const TableState& state, std::vector<KeyMap>* maps) 
     rec.row = state.rows[i];
     rec.count = state.counts[i];
     map.set_last_seen(index, state.last_seen[i]);
-    if (tier_ && !state.in_host.empty()) map.tier(index).in_host = state.in_host[i];
+    if (cache_ && !state.in_host.empty()) map.tier(index).in_host = state.in_host[i];
     rec.in_chain = 1;  // a restored save: its removals matter to a later delta
   }
   return Status::Ok();
 }
 
-Status HostTable::RestoreTier(const TableState& state, const std::vector<int64_t>& host_keys,
-                              std::vector<KeyMap>* maps, uint32_t* stamp) {
-  // The new tier records of host_keys, in order (records never move).
-  std::vector<TierRecord*> host_records;
-  host_records.reserve(host_keys.size());
-  for (int64_t key : host_keys) {
-    const uint64_t hash = HashKey(key);
-    KeyMap& map = (*maps)[hash >> kShardShift];
-    host_records.push_back(&map.tier(map.Find(key, hash)));
-  }
-  std::vector<int32_t> host_slots;
-  MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
-                                       state.tier_values, &host_slots));
-  // Nothing below fails.
-  free_host_slots_.clear();
-  host_arrival_.clear();
-  next_host_slot_ = 0;
-  host_resident_ = 0;
-  for (size_t i = 0; i < host_records.size(); ++i) {
-    host_records[i]->host_slot = host_slots[i];
-    if (host_slots[i] < 0) continue;
-    next_host_slot_ = std::max(next_host_slot_, host_slots[i] + 1);
-    ++host_resident_;
-    if (options_.ssd_capacity > 0) host_arrival_.emplace_back(host_keys[i], host_slots[i]);
-  }
-  *stamp = RebuildRecency(state);
-  tier_ids_ = static_cast<int64_t>(host_keys.size());
-  return Status::Ok();
-}
-
-uint32_t HostTable::RebuildRecency(const TableState& state) {
-  uint32_t max_age = 0;
-  for (uint32_t age : state.lru_ages) max_age = std::max(max_age, age);
-  const uint32_t stamp = max_age + 1;
-  std::fill(row_key_.begin(), row_key_.end(), 0);
-  std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
-  std::fill(row_count_.begin(), row_count_.end(), 0.0f);
-  std::fill(lru_prev_.begin(), lru_prev_.end(), -1);
-  std::fill(lru_next_.begin(), lru_next_.end(), -1);
-  lru_head_ = lru_tail_ = -1;
-  for (size_t i = 0; i < state.keys.size(); ++i) {
-    if (state.rows[i] >= 0) {
-      row_key_[state.rows[i]] = state.keys[i];
-      row_count_[state.rows[i]] = state.counts[i];
-    }
-  }
-  for (size_t i = 0; i < state.lru_rows.size(); ++i) {
-    const int32_t row = state.lru_rows[i];
-    row_stamp_[row] = stamp - state.lru_ages[i];
-    LruPushTail(row);
-  }
-  if (state.lru_rows.empty()) {
-    // A snapshot without the cache order (a device-only table's, a warm
-    // start): owned rows in row order, all equally old.
-    std::vector<int32_t> owned_rows;
-    for (int32_t row : state.rows) {
-      if (row >= 0) owned_rows.push_back(row);
-    }
-    std::sort(owned_rows.begin(), owned_rows.end());
-    for (int32_t row : owned_rows) {
-      row_stamp_[row] = stamp;
-      LruPushTail(row);
-    }
-  }
-  return stamp;
-}
-
 void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<int32_t, int64_t>> pairs;
-  for (const auto& shard : shards_) {
+  for (const auto& shard : ids_) {
     shard.ForEach([&](int64_t key, uint32_t index) {
       const int32_t row = shard.record(index).row;
       if (row >= 0) pairs.emplace_back(row, key);

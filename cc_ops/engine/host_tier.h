@@ -84,6 +84,23 @@ struct TierStats {
   int64_t swap_out_last = 0;
   int64_t pending_plans = 0;  // planned, not yet applied by every component
   int64_t ssd_compactions = 0;
+
+  // The one list of the statistics by name: fn(name, value) for each, in
+  // this order (the pybind module's tier_stats dict is filled from it).
+  template <typename Fn>
+  void ForEachField(Fn&& fn) const {
+    fn("host_rows", host_rows);
+    fn("ssd_rows", ssd_rows);
+    fn("host_bytes", host_bytes);
+    fn("ssd_file_bytes", ssd_file_bytes);
+    fn("ssd_compactions", ssd_compactions);
+    fn("swap_in_total", swap_in_total);
+    fn("swap_out_total", swap_out_total);
+    fn("fresh_total", fresh_total);
+    fn("swap_in_last", swap_in_last);
+    fn("swap_out_last", swap_out_last);
+    fn("pending_plans", pending_plans);
+  }
 };
 
 class HostTier {

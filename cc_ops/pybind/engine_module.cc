@@ -38,11 +38,24 @@ std::shared_ptr<HostTable> Table(const std::string& key) {
   return table;
 }
 
+// A C-contiguous array argument, converted from any array-like.
+template <typename T>
+using Array = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
 template <typename T>
 py::array_t<T> ToArray(const std::vector<T>& values) {
   py::array_t<T> out(static_cast<py::ssize_t>(values.size()));
   std::copy(values.begin(), values.end(), out.mutable_data());
   return out;
+}
+
+// A stats struct of the engine (TableStats, TierStats, DynamicStoreStats) as
+// a dict, from the struct's own list of its fields.
+template <typename Stats>
+py::dict StatsDict(const Stats& stats) {
+  py::dict d;
+  stats.ForEachField([&d](const char* name, int64_t value) { d[name] = value; });
+  return d;
 }
 
 py::list Process(const std::vector<std::string>& keys,
@@ -116,34 +129,186 @@ int Component(HostTier* tier, const std::string& name) {
   return index;
 }
 
-}  // namespace
-}  // namespace mxrec
+// The checkpoint state of a table as a dict (ExportState), and back.
+py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_chain) {
+  std::shared_ptr<HostTable> table = Table(key);
+  TableState state;
+  Status status;
+  {
+    py::gil_scoped_release release;
+    status = table->ExportState(since_epoch, delta_chain, &state);
+  }
+  RaiseIfError(status);
+  py::dict d;
+  d["keys"] = ToArray(state.keys);
+  d["rows"] = ToArray(state.rows);
+  d["counts"] = ToArray(state.counts);
+  d["last_seen"] = ToArray(state.last_seen);
+  d["free_rows"] = ToArray(state.free_rows);
+  d["removed"] = ToArray(state.removed);
+  d["next_row"] = state.next_row;
+  d["newest_timestamp"] = state.newest_timestamp;
+  d["counting_frozen"] = state.counting_frozen;
+  d["access_threshold"] = state.access_threshold;
+  if (table->tiered()) {
+    const int64_t dim = table->options().dim;
+    const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
+    const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
+    d["in_host"] = ToArray(state.in_host);
+    d["lru_rows"] = ToArray(state.lru_rows);
+    d["lru_ages"] = ToArray(state.lru_ages);
+    d["tier_components"] = state.tier_components;
+    d["tier_present"] = ToArray(state.tier_present);
+    py::array_t<float> values({n_host, n_comp, dim});
+    std::copy(state.tier_values.begin(), state.tier_values.end(), values.mutable_data());
+    d["tier_values"] = values;
+  }
+  d["epoch"] = state.epoch;
+  return d;
+}
 
-PYBIND11_MODULE(_mxrec_engine, m) {
-  using namespace mxrec;  // NOLINT: a .cc file, kept to this module body
-  m.doc() = "Host engine of mxrec (management calls; the training path uses the TF ops).";
+void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> rows,
+                 Array<float> counts, Array<int64_t> last_seen, Array<int32_t> free_rows,
+                 int64_t next_row, int64_t newest_timestamp, bool counting_frozen,
+                 double access_threshold, Array<uint8_t> in_host, Array<int32_t> lru_rows,
+                 Array<uint32_t> lru_ages, const std::vector<std::string>& tier_components,
+                 Array<uint32_t> tier_present, Array<float> tier_values) {
+  TableState state;
+  state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
+  state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
+  state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
+  state.tier_components = tier_components;
+  state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
+  state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
+  state.keys.assign(keys.data(), keys.data() + keys.size());
+  state.rows.assign(rows.data(), rows.data() + rows.size());
+  state.counts.assign(counts.data(), counts.data() + counts.size());
+  state.last_seen.assign(last_seen.data(), last_seen.data() + last_seen.size());
+  state.free_rows.assign(free_rows.data(), free_rows.data() + free_rows.size());
+  state.next_row = next_row;
+  state.newest_timestamp = newest_timestamp;
+  state.counting_frozen = counting_frozen;
+  state.access_threshold = access_threshold;
+  RaiseIfError(Table(key)->ImportState(state));
+}
 
+// Tables: create, look up, plan batches, statistics, eviction; the pool.
+void DefineTableCalls(py::module_& m) {
   m.def(
       "create_table",
-      [](const std::string& key, const std::string& name, int64_t dim, int64_t capacity,
+      [](const std::string& key, const std::string& name, int64_t dim, int64_t device_capacity,
          const std::vector<int64_t>& padding_keys, double access_threshold,
          double faae_coefficient, int64_t host_capacity, int64_t ssd_capacity,
          const std::string& ssd_path) {
         TableOptions options;
         options.name = name;
         options.dim = dim;
-        options.device_capacity = capacity;
+        options.device_capacity = device_capacity;
         options.padding_keys = padding_keys;
         options.host_capacity = host_capacity;
         options.ssd_capacity = ssd_capacity;
         options.ssd_path = ssd_path;
         CreateTable(key, options, access_threshold, faae_coefficient);
       },
+      // "capacity": the device rows (mx_rec's device_vocabulary_size), the
+      // keyword every caller passes.
       py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
       py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
       py::arg("faae_coefficient") = 1.0, py::arg("host_capacity") = 0,
       py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "");
   m.def("is_tiered", [](const std::string& key) { return Table(key)->tiered(); });
+  m.def("drop_prefix", [](const std::string& prefix) { return Registry::Global().DropPrefix(prefix); });
+  m.def("table_keys", [] { return Registry::Global().Keys(); });
+  m.def("set_num_threads", [](int n) {
+    if (n < 1) throw py::value_error("KEY_PROCESS_THREAD_NUM must be >= 1");
+    Registry::Global().SetNumThreads(n);
+  });
+  m.def("num_threads", [] { return Registry::Global().pool()->num_threads(); });
+  m.def("set_tier_parallel_min_rows", [](int64_t rows) { HostTier::SetParallelMinRows(rows); });
+  // Tests of the out-of-memory paths: larger blocks are refused (0: no limit).
+  m.def("set_allocation_limit_for_testing", [](int64_t bytes) {
+    if (bytes < 0) throw py::value_error("the allocation limit must be >= 0");
+    SetAllocationLimitForTesting(static_cast<size_t>(bytes));
+  });
+  m.def("process", &Process, py::arg("keys"), py::arg("ids"), py::arg("train"),
+        py::arg("timestamp") = -1, py::arg("deferred") = false);
+  m.def("commit", [](const std::string& key, uint64_t batch_id) {
+    RaiseIfError(Table(key)->Commit(batch_id));
+  });
+  m.def("pending_batches", [](const std::string& key) { return Table(key)->pending_batches(); });
+  m.def("removed_log_size", [](const std::string& key) { return Table(key)->removed_log_size(); });
+  m.def("stats", [](const std::string& key) {
+    return StatsDict(Table(key)->Stats());
+  });
+  m.def("export_rows", [](const std::string& key) {
+    std::vector<int64_t> keys;
+    std::vector<int32_t> rows;
+    Table(key)->ExportRows(&keys, &rows);
+    return py::make_tuple(ToArray(keys), ToArray(rows));
+  });
+  m.def("set_threshold", [](const std::string& key, double threshold) {
+    if (threshold < 0) throw py::value_error("threshold must be >= 0");
+    Table(key)->SetThreshold(threshold);
+  });
+  m.def(
+      "evict",
+      [](const std::string& key, int64_t max_age) {
+        if (max_age < 0) throw py::value_error("eviction_threshold must be >= 0");
+        std::shared_ptr<HostTable> table = Table(key);
+        py::gil_scoped_release release;
+        return table->Evict(max_age);
+      },
+      py::arg("key"), py::arg("max_age"));
+  m.def(
+      "shrink",
+      [](const std::string& key, int threshold) {
+        if (threshold < 1 || threshold > UINT16_MAX) {
+          throw py::value_error("shrink threshold must be in [1, 65535]");
+        }
+        std::shared_ptr<HostTable> table = Table(key);
+        py::gil_scoped_release release;
+        return table->Shrink(threshold);
+      },
+      py::arg("key"), py::arg("threshold"));
+  m.def("newest_timestamp", [](const std::string& key) { return Table(key)->newest_timestamp(); });
+  m.def("wall_clock_seconds", &WallClockSeconds);
+}
+
+// Feature admission.
+void DefineAdmissionCalls(py::module_& m) {
+  m.def(
+      "configure_admission",
+      [](const std::string& key, double access_threshold, double faae_coefficient,
+         double probability, uint64_t seed) {
+        if (access_threshold < 0) throw py::value_error("access_threshold must be >= 0");
+        if (faae_coefficient <= 0) throw py::value_error("faae_coefficient must be > 0");
+        if (!(probability > 0 && probability <= 1)) {
+          throw py::value_error("admission probability must be in (0, 1]");
+        }
+        AdmissionOptions admission{access_threshold, faae_coefficient, probability, seed};
+        Table(key)->ConfigureAdmission(admission);
+      },
+      py::arg("key"), py::arg("access_threshold") = 0.0, py::arg("faae_coefficient") = 1.0,
+      py::arg("probability") = 1.0, py::arg("seed") = 0);
+  m.def(
+      "share_counts",
+      [](const std::string& key, const std::string& group) {
+        Table(key)->ShareCounts(Registry::Global().CountGroup(group));
+      },
+      py::arg("key"), py::arg("group"));
+  m.def("admission", [](const std::string& key) {
+    const AdmissionOptions a = Table(key)->admission();
+    py::dict d;
+    d["access_threshold"] = a.access_threshold;
+    d["faae_coefficient"] = a.faae_coefficient;
+    d["probability"] = a.probability;
+    d["seed"] = a.seed;
+    return d;
+  });
+}
+
+// The host tier of tiered tables (host_vocabulary_size > 0).
+void DefineTierCalls(py::module_& m) {
   m.def("set_swap_protect", [](const std::string& key, uint32_t batches) {
     Table(key)->SetSwapProtect(batches);
   });
@@ -194,192 +359,14 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       py::arg("key"), py::arg("component") = std::string(HostTier::kEmbedding));
   m.def("tier_stats", [](const std::string& key) {
     std::shared_ptr<HostTable> table = Table(key);
-    const TierStats t = Tier(table)->Stats();
-    py::dict d;
-    d["host_rows"] = t.host_rows;
-    d["ssd_rows"] = t.ssd_rows;
-    d["host_bytes"] = t.host_bytes;
-    d["ssd_file_bytes"] = t.ssd_file_bytes;
-    d["ssd_compactions"] = t.ssd_compactions;
-    d["swap_in_total"] = t.swap_in_total;
-    d["swap_out_total"] = t.swap_out_total;
-    d["fresh_total"] = t.fresh_total;
-    d["swap_in_last"] = t.swap_in_last;
-    d["swap_out_last"] = t.swap_out_last;
-    d["pending_plans"] = t.pending_plans;
-    return d;
+    return StatsDict(Tier(table)->Stats());
   });
-  m.def(
-      "configure_admission",
-      [](const std::string& key, double access_threshold, double faae_coefficient,
-         double probability, uint64_t seed) {
-        if (access_threshold < 0) throw py::value_error("access_threshold must be >= 0");
-        if (faae_coefficient <= 0) throw py::value_error("faae_coefficient must be > 0");
-        if (!(probability > 0 && probability <= 1)) {
-          throw py::value_error("admission probability must be in (0, 1]");
-        }
-        AdmissionOptions admission{access_threshold, faae_coefficient, probability, seed};
-        Table(key)->ConfigureAdmission(admission);
-      },
-      py::arg("key"), py::arg("access_threshold") = 0.0, py::arg("faae_coefficient") = 1.0,
-      py::arg("probability") = 1.0, py::arg("seed") = 0);
-  m.def(
-      "share_counts",
-      [](const std::string& key, const std::string& group) {
-        Table(key)->ShareCounts(Registry::Global().CountGroup(group));
-      },
-      py::arg("key"), py::arg("group"));
-  m.def("admission", [](const std::string& key) {
-    const AdmissionOptions a = Table(key)->admission();
-    py::dict d;
-    d["access_threshold"] = a.access_threshold;
-    d["faae_coefficient"] = a.faae_coefficient;
-    d["probability"] = a.probability;
-    d["seed"] = a.seed;
-    return d;
-  });
-  m.def("drop_prefix", [](const std::string& prefix) { return Registry::Global().DropPrefix(prefix); });
-  m.def("table_keys", [] { return Registry::Global().Keys(); });
-  m.def("set_num_threads", [](int n) {
-    if (n < 1) throw py::value_error("KEY_PROCESS_THREAD_NUM must be >= 1");
-    Registry::Global().SetNumThreads(n);
-  });
-  m.def("num_threads", [] { return Registry::Global().pool()->num_threads(); });
-  m.def("set_tier_parallel_min_rows", [](int64_t rows) { HostTier::SetParallelMinRows(rows); });
-  // Tests of the out-of-memory paths: larger blocks are refused (0: no limit).
-  m.def("set_allocation_limit_for_testing", [](int64_t bytes) {
-    if (bytes < 0) throw py::value_error("the allocation limit must be >= 0");
-    SetAllocationLimitForTesting(static_cast<size_t>(bytes));
-  });
-  m.def("process", &Process, py::arg("keys"), py::arg("ids"), py::arg("train"),
-        py::arg("timestamp") = -1, py::arg("deferred") = false);
-  m.def("commit", [](const std::string& key, uint64_t batch_id) {
-    RaiseIfError(Table(key)->Commit(batch_id));
-  });
-  m.def("pending_batches", [](const std::string& key) { return Table(key)->pending_batches(); });
-  m.def("removed_log_size", [](const std::string& key) { return Table(key)->removed_log_size(); });
-  m.def("stats", [](const std::string& key) {
-    const TableStats s = Table(key)->Stats();
-    py::dict d;
-    d["capacity"] = s.capacity;
-    d["rows_in_use"] = s.rows_in_use;
-    d["ids_tracked"] = s.ids_tracked;
-    d["ids_seen"] = s.ids_seen;
-    d["admitted"] = s.admitted;
-    d["rejected"] = s.rejected;
-    d["evicted"] = s.evicted;
-    d["evicted_rows"] = s.evicted_rows;
-    d["train_batches"] = s.train_batches;
-    d["eval_batches"] = s.eval_batches;
-    d["id_map_bytes"] = s.id_map_bytes;
-    if (Table(key)->tiered()) d["tier_ids"] = s.tier_ids;
-    return d;
-  });
-  m.def("export_rows", [](const std::string& key) {
-    std::vector<int64_t> keys;
-    std::vector<int32_t> rows;
-    Table(key)->ExportRows(&keys, &rows);
-    return py::make_tuple(ToArray(keys), ToArray(rows));
-  });
-  m.def("set_threshold", [](const std::string& key, double threshold) {
-    if (threshold < 0) throw py::value_error("threshold must be >= 0");
-    Table(key)->SetThreshold(threshold);
-  });
-  m.def(
-      "evict",
-      [](const std::string& key, int64_t max_age) {
-        if (max_age < 0) throw py::value_error("eviction_threshold must be >= 0");
-        std::shared_ptr<HostTable> table = Table(key);
-        py::gil_scoped_release release;
-        return table->Evict(max_age);
-      },
-      py::arg("key"), py::arg("max_age"));
-  m.def(
-      "shrink",
-      [](const std::string& key, int threshold) {
-        if (threshold < 1 || threshold > UINT16_MAX) {
-          throw py::value_error("shrink threshold must be in [1, 65535]");
-        }
-        std::shared_ptr<HostTable> table = Table(key);
-        py::gil_scoped_release release;
-        return table->Shrink(threshold);
-      },
-      py::arg("key"), py::arg("threshold"));
-  m.def("newest_timestamp", [](const std::string& key) { return Table(key)->newest_timestamp(); });
-  m.def("wall_clock_seconds", &WallClockSeconds);
-  m.def(
-      "export_state",
-      [](const std::string& key, uint32_t since_epoch, bool delta_chain) {
-        std::shared_ptr<HostTable> table = Table(key);
-        TableState state;
-        Status status;
-        {
-          py::gil_scoped_release release;
-          status = table->ExportState(since_epoch, delta_chain, &state);
-        }
-        RaiseIfError(status);
-        py::dict d;
-        d["keys"] = ToArray(state.keys);
-        d["rows"] = ToArray(state.rows);
-        d["counts"] = ToArray(state.counts);
-        d["last_seen"] = ToArray(state.last_seen);
-        d["free_rows"] = ToArray(state.free_rows);
-        d["removed"] = ToArray(state.removed);
-        d["next_row"] = state.next_row;
-        d["newest_timestamp"] = state.newest_timestamp;
-        d["counting_frozen"] = state.counting_frozen;
-        d["access_threshold"] = state.access_threshold;
-        if (table->tiered()) {
-          const int64_t dim = table->options().dim;
-          const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
-          const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
-          d["in_host"] = ToArray(state.in_host);
-          d["lru_rows"] = ToArray(state.lru_rows);
-          d["lru_ages"] = ToArray(state.lru_ages);
-          d["tier_components"] = state.tier_components;
-          d["tier_present"] = ToArray(state.tier_present);
-          py::array_t<float> values({n_host, n_comp, dim});
-          std::copy(state.tier_values.begin(), state.tier_values.end(), values.mutable_data());
-          d["tier_values"] = values;
-        }
-        d["epoch"] = state.epoch;
-        return d;
-      },
-      py::arg("key"), py::arg("since_epoch") = 0, py::arg("delta_chain") = false);
-  m.def(
-      "import_state",
-      [](const std::string& key, py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> rows,
-         py::array_t<float, py::array::c_style | py::array::forcecast> counts,
-         py::array_t<int64_t, py::array::c_style | py::array::forcecast> last_seen,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> free_rows,
-         int64_t next_row, int64_t newest_timestamp, bool counting_frozen,
-         double access_threshold,
-         py::array_t<uint8_t, py::array::c_style | py::array::forcecast> in_host,
-         py::array_t<int32_t, py::array::c_style | py::array::forcecast> lru_rows,
-         py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lru_ages,
-         const std::vector<std::string>& tier_components,
-         py::array_t<uint32_t, py::array::c_style | py::array::forcecast> tier_present,
-         py::array_t<float, py::array::c_style | py::array::forcecast> tier_values) {
-        TableState state;
-        state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
-        state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
-        state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
-        state.tier_components = tier_components;
-        state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
-        state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
-        state.keys.assign(keys.data(), keys.data() + keys.size());
-        state.rows.assign(rows.data(), rows.data() + rows.size());
-        state.counts.assign(counts.data(), counts.data() + counts.size());
-        state.last_seen.assign(last_seen.data(), last_seen.data() + last_seen.size());
-        state.free_rows.assign(free_rows.data(), free_rows.data() + free_rows.size());
-        state.next_row = next_row;
-        state.newest_timestamp = newest_timestamp;
-        state.counting_frozen = counting_frozen;
-        state.access_threshold = access_threshold;
-        RaiseIfError(Table(key)->ImportState(state));
-      },
-      py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
+}
+
+// Host state in and out of checkpoints.
+void DefineCheckpointCalls(py::module_& m) {
+  m.def("export_state", &ExportState, py::arg("key"), py::arg("since_epoch") = 0, py::arg("delta_chain") = false);
+  m.def("import_state", &ImportState, py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
       py::arg("free_rows"), py::arg("next_row"), py::arg("newest_timestamp"),
       py::arg("counting_frozen"), py::arg("access_threshold"),
       py::arg("in_host") = py::array_t<uint8_t>(0), py::arg("lru_rows") = py::array_t<int32_t>(0),
@@ -390,9 +377,11 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def("prune_removed_log", [](const std::string& key, uint32_t epoch) {
     Table(key)->PruneRemovedLog(epoch);
   });
+}
 
-  // Dynamic expansion (init(use_dynamic_expansion=True)): the chunked row store
-  // of a table, keyed like its host table. See engine/dynamic_store.h.
+// Dynamic expansion (init(use_dynamic_expansion=True)): the chunked row store
+// of a table, keyed like its host table. See engine/dynamic_store.h.
+void DefineDynamicStoreCalls(py::module_& m) {
   m.def(
       "create_dynamic_store",
       [](const std::string& key, const std::string& name, int64_t dim, int64_t chunk_rows) {
@@ -410,12 +399,7 @@ PYBIND11_MODULE(_mxrec_engine, m) {
   m.def("dynamic_store_stats", [](const std::string& key) {
     std::shared_ptr<DynamicStore> store;
     RaiseIfError(DynamicStoreRegistry::Global().Get(key, &store));
-    const DynamicStoreStats s = store->Stats();
-    py::dict d;
-    d["rows"] = s.rows;
-    d["capacity"] = s.capacity;
-    d["chunks"] = s.chunks;
-    d["slots"] = s.slots;
+    py::dict d = StatsDict(store->Stats());
     d["chunk_rows"] = store->options().chunk_rows;
     d["slot_names"] = store->SlotNames();
     return d;
@@ -471,4 +455,16 @@ PYBIND11_MODULE(_mxrec_engine, m) {
       },
       py::arg("key"), py::arg("addresses"), py::arg("values"), py::arg("slot") = "",
       py::arg("initial") = 0.0f);
+}
+
+}  // namespace
+}  // namespace mxrec
+
+PYBIND11_MODULE(_mxrec_engine, m) {
+  m.doc() = "Host engine of mxrec (management calls; the training path uses the TF ops).";
+  mxrec::DefineTableCalls(m);
+  mxrec::DefineAdmissionCalls(m);
+  mxrec::DefineTierCalls(m);
+  mxrec::DefineCheckpointCalls(m);
+  mxrec::DefineDynamicStoreCalls(m);
 }

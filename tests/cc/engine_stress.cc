@@ -1002,10 +1002,10 @@ void Run(const std::string& ssd_dir) {
   background.push_back(Every(std::chrono::milliseconds(2), stop, [&, monitor_rounds]() mutable {
     for (auto& table : all) {
       const TableStats stats = table->Stats();
-      STRESS_CHECK(stats.rows_in_use >= 0 && stats.rows_in_use <= stats.capacity &&
+      STRESS_CHECK(stats.rows_in_use >= 0 && stats.rows_in_use <= stats.device_capacity &&
                        stats.ids_tracked >= 0 && stats.admitted >= 0 && stats.evicted >= 0,
                    table->options().name, ": stats rows ", stats.rows_in_use, " of ",
-                   stats.capacity);
+                   stats.device_capacity);
       if (table->tiered()) {
         const TierStats tier = table->tier()->Stats();
         STRESS_CHECK(tier.host_rows >= 0 && tier.ssd_rows >= 0 && tier.pending_plans >= 0,

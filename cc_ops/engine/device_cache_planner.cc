@@ -1,24 +1,38 @@
-// The tiered device-cache planner of HostTable: residency, swap victims (the
-// recency list), host slot numbers, spills to the SSD tier, and where values
-// are while swap plans are pending. See "Host and SSD tiers" in
-// docs/ARCHITECTURE.md.
+// The device-cache planner of a tiered table: residency, swap victims (the
+// recency list), host slot numbers, spills to the SSD tier, where values are
+// while swap plans are pending, and the planner's part of checkpoints. See
+// "Host and SSD tiers" in docs/ARCHITECTURE.md.
 
-#include "host_table.h"
+#include "device_cache_planner.h"
 
 #include <algorithm>
 #include <utility>
 
+#include "host_table.h"
+
 namespace mxrec {
 
-namespace {
-// Records are prefetched this many places ahead of their use in the planning
-// loops.
-constexpr int64_t kAhead = 8;
-}  // namespace
+DeviceCachePlanner::DeviceCachePlanner(const TableOptions& options, IdMap* ids, DeviceRows* rows)
+    : options_(options), ids_(ids), rows_(rows) {
+  TierOptions tier;
+  tier.name = options_.name;
+  tier.dim = options_.dim;
+  tier.host_capacity = options_.host_capacity;
+  tier.ssd_capacity = options_.ssd_capacity;
+  tier.ssd_path = options_.ssd_path;
+  tier_ = std::make_unique<HostTier>(std::move(tier));
+  const size_t device_rows = static_cast<size_t>(options_.device_capacity);
+  row_key_.assign(device_rows, 0);
+  row_stamp_.assign(device_rows, 0);
+  row_count_.assign(device_rows, 0.0f);
+  lru_prev_.assign(device_rows, -1);
+  lru_next_.assign(device_rows, -1);
+}
 
-// The scratch of one AssignTieredRows call.
-struct HostTable::TierBatch {
+// The scratch of one AssignRows call.
+struct DeviceCachePlanner::TierBatch {
   PendingBatch* journal = nullptr;  // deferred training batches
+  uint32_t epoch = 0;               // the save epoch victims and arrivals get
   // Rows to take from their owners, in the order they are handed out, and
   // the hashes of those owners' IDs.
   std::vector<int32_t> victims;
@@ -27,7 +41,7 @@ struct HostTable::TierBatch {
   SwapPlan swaps;
 };
 
-struct HostTable::RowGrant {
+struct DeviceCachePlanner::RowGrant {
   int32_t row = -1;
   // The row needs the arriving ID's values (from the host tier or the
   // initializer); a never used row holds the initializer's already.
@@ -38,25 +52,24 @@ struct HostTable::RowGrant {
   int32_t out_slot = -1;
 };
 
-void HostTable::SetSwapProtect(uint32_t batches) {
-  std::lock_guard<std::mutex> lock(mu_);
+void DeviceCachePlanner::SetSwapProtect(uint32_t batches) {
   swap_protect_ = std::max<uint32_t>(1, batches);
 }
 
-Status HostTable::AssignTieredRows(const std::vector<RecordRef>& need,
-                                   const std::vector<int32_t>& slots, BatchPlan* plan,
-                                   PendingBatch* journal) {
-  MXREC_RETURN_IF_ERROR(CheckTierRoom(need));
+Status DeviceCachePlanner::AssignRows(const std::vector<RecordRef>& need,
+                                      const std::vector<int32_t>& slots, uint32_t epoch,
+                                      BatchPlan* plan, PendingBatch* journal) {
+  MXREC_RETURN_IF_ERROR(CheckRoom(need));
   tier_->TakeReleased(&free_host_slots_);
   // Victims, in the order the loop below hands out rows: free rows first, then
   // never used ones, then victims. Picking them all up front picks the same
   // rows (the rows handed out meanwhile join the recency list's tail as
   // protected), and lets the victims' records load ahead of their use.
-  const int64_t spare =
-      static_cast<int64_t>(free_rows_.size()) + (options_.device_capacity - next_row_);
+  const int64_t spare = rows_->spare();
   const int64_t victim_count = std::max<int64_t>(0, static_cast<int64_t>(need.size()) - spare);
   TierBatch t;
   t.journal = journal;
+  t.epoch = epoch;
   MXREC_RETURN_IF_ERROR(PickVictims(victim_count, t));
   for (size_t i = 0; i < need.size(); ++i) {
     if (i + kAhead < need.size()) {
@@ -71,12 +84,12 @@ Status HostTable::AssignTieredRows(const std::vector<RecordRef>& need,
   return Status::Ok();
 }
 
-Status HostTable::CheckTierRoom(const std::vector<RecordRef>& need) const {
+Status DeviceCachePlanner::CheckRoom(const std::vector<RecordRef>& need) const {
   const int64_t device = options_.device_capacity;
   const int64_t total = device + options_.host_capacity + options_.ssd_capacity;
   int64_t brand_new = 0;
   for (const RecordRef& id : need) brand_new += id.tier->in_host ? 0 : 1;
-  const int64_t owned = next_row_ - static_cast<int64_t>(free_rows_.size());
+  const int64_t owned = rows_->in_use();
   if (owned + tier_ids_ + brand_new > total) {
     return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
                        "' is full: ", owned + tier_ids_, " IDs have rows (",
@@ -94,8 +107,7 @@ Status HostTable::CheckTierRoom(const std::vector<RecordRef>& need) const {
        row = lru_prev_[row]) {
     ++protected_rows;
   }
-  const int64_t available = static_cast<int64_t>(free_rows_.size()) + (device - next_row_) +
-                            (owned - protected_rows);
+  const int64_t available = rows_->spare() + (owned - protected_rows);
   if (static_cast<int64_t>(need.size()) > available) {
     return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
                        "': the device cache cannot hold the batches of one step: they use ",
@@ -107,7 +119,7 @@ Status HostTable::CheckTierRoom(const std::vector<RecordRef>& need) const {
   return Status::Ok();
 }
 
-Status HostTable::PickVictims(int64_t count, TierBatch& t) {
+Status DeviceCachePlanner::PickVictims(int64_t count, TierBatch& t) {
   t.victims.resize(static_cast<size_t>(count));
   t.victim_hash.resize(static_cast<size_t>(count));
   for (int64_t v = 0; v < count; ++v) {
@@ -123,21 +135,21 @@ Status HostTable::PickVictims(int64_t count, TierBatch& t) {
     t.victim_hash[v] = HashKey(row_key_[row]);
   }
   for (int64_t v = 0; v < std::min(count, kAhead); ++v) {
-    shards_[t.victim_hash[v] >> kShardShift].Prefetch(t.victim_hash[v]);
+    (*ids_)[IdMap::ShardOf(t.victim_hash[v])].Prefetch(t.victim_hash[v]);
   }
   return Status::Ok();
 }
 
-HostTable::RowGrant HostTable::TakeDeviceRow(TierBatch& t, const RecordRef& id) {
+DeviceCachePlanner::RowGrant DeviceCachePlanner::TakeDeviceRow(TierBatch& t, const RecordRef& id) {
   RowGrant grant;
-  if (!free_rows_.empty()) {
-    grant.row = free_rows_.back();
-    free_rows_.pop_back();
+  if (!rows_->free.empty()) {
+    grant.row = rows_->free.back();
+    rows_->free.pop_back();
     if (t.journal != nullptr) t.journal->popped_free.push_back(grant.row);
     return grant;
   }
-  if (next_row_ < options_.device_capacity) {
-    grant.row = static_cast<int32_t>(next_row_++);
+  if (rows_->next < rows_->device_capacity) {
+    grant.row = static_cast<int32_t>(rows_->next++);
     if (t.journal != nullptr) ++t.journal->fresh_rows;
     // A never used row holds the variable initializer's value already, as in
     // device-only mode.
@@ -146,32 +158,32 @@ HostTable::RowGrant HostTable::TakeDeviceRow(TierBatch& t, const RecordRef& id) 
   }
   const int64_t ahead = t.next_victim + kAhead;
   if (ahead < static_cast<int64_t>(t.victims.size())) {
-    shards_[t.victim_hash[ahead] >> kShardShift].Prefetch(t.victim_hash[ahead]);
+    (*ids_)[IdMap::ShardOf(t.victim_hash[ahead])].Prefetch(t.victim_hash[ahead]);
   }
   const uint64_t hash = t.victim_hash[t.next_victim];
   grant.row = t.victims[t.next_victim++];
-  const int s = static_cast<int>(hash >> kShardShift);
+  const int s = IdMap::ShardOf(hash);
   const int64_t victim_key = row_key_[grant.row];
-  const RecordRef victim = Ref(s, victim_key, shards_[s].Find(victim_key, hash));
-  MoveToHost(victim);
+  const RecordRef victim = ids_->Ref(s, victim_key, (*ids_)[s].Find(victim_key, hash));
+  MoveToHost(victim, t.epoch);
   grant.has_out = true;
   grant.out_key = victim.key;
   grant.out_slot = victim.tier->host_slot;
   return grant;
 }
 
-void HostTable::MoveToHost(const RecordRef& victim) {
+void DeviceCachePlanner::MoveToHost(const RecordRef& victim, uint32_t epoch) {
   victim.rec->row = -1;
   victim.tier->in_host = 1;
   victim.tier->host_slot = AllocHostSlot();
-  victim.rec->epoch = epoch_;  // its tier changed: the next delta holds it
+  victim.rec->epoch = epoch;  // its tier changed: the next delta holds it
   ++tier_ids_;
   ++host_resident_;
   if (options_.ssd_capacity > 0) host_arrival_.emplace_back(victim.key, victim.tier->host_slot);
 }
 
-void HostTable::PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t slot,
-                             TierBatch& t, BatchPlan* plan) {
+void DeviceCachePlanner::PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t slot,
+                                      TierBatch& t, BatchPlan* plan) {
   const int32_t row = grant.row;
   id.rec->row = row;
   row_key_[row] = id.key;
@@ -188,7 +200,6 @@ void HostTable::PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t
     if (in_slot >= 0) --host_resident_;
   } else {
     ++plan->new_ids;
-    ++stats_.admitted;
     if (t.journal != nullptr) t.journal->admitted.push_back(id.key);
   }
   plan->unique_rows[slot] = row;
@@ -204,7 +215,7 @@ void HostTable::PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t
   swaps.in_slots.push_back(in_slot);
 }
 
-int32_t HostTable::PickVictim() {
+int32_t DeviceCachePlanner::PickVictim() {
   // Least recently used first; among rows last used by the same batch, the
   // least frequently counted of the first few goes.
   constexpr int kFrequencyWindow = 8;
@@ -226,34 +237,7 @@ int32_t HostTable::PickVictim() {
   return best;
 }
 
-void HostTable::LruUnlink(int32_t row) {
-  const int32_t prev = lru_prev_[row];
-  const int32_t next = lru_next_[row];
-  if (prev >= 0) {
-    lru_next_[prev] = next;
-  } else {
-    lru_head_ = next;
-  }
-  if (next >= 0) {
-    lru_prev_[next] = prev;
-  } else {
-    lru_tail_ = prev;
-  }
-  lru_prev_[row] = lru_next_[row] = -1;
-}
-
-void HostTable::LruPushTail(int32_t row) {
-  lru_prev_[row] = lru_tail_;
-  lru_next_[row] = -1;
-  if (lru_tail_ >= 0) {
-    lru_next_[lru_tail_] = row;
-  } else {
-    lru_head_ = row;
-  }
-  lru_tail_ = row;
-}
-
-void HostTable::LruPushHead(int32_t row) {
+void DeviceCachePlanner::LruPushHead(int32_t row) {
   lru_prev_[row] = -1;
   lru_next_[row] = lru_head_;
   if (lru_head_ >= 0) {
@@ -264,7 +248,7 @@ void HostTable::LruPushHead(int32_t row) {
   lru_head_ = row;
 }
 
-int32_t HostTable::AllocHostSlot() {
+int32_t DeviceCachePlanner::AllocHostSlot() {
   if (!free_host_slots_.empty()) {
     const int32_t slot = free_host_slots_.back();
     free_host_slots_.pop_back();
@@ -273,7 +257,7 @@ int32_t HostTable::AllocHostSlot() {
   return next_host_slot_++;
 }
 
-void HostTable::PlanSpills(SwapPlan* plan) {
+void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
   if (options_.ssd_capacity <= 0) return;
   // IDs on disk (or with no values yet) are the tier's IDs without a host slot.
   // With the SSD tier full, host memory holds the rest beyond its size for a
@@ -282,7 +266,7 @@ void HostTable::PlanSpills(SwapPlan* plan) {
          tier_ids_ - host_resident_ < options_.ssd_capacity) {
     const auto [key, slot] = host_arrival_.front();
     host_arrival_.pop_front();
-    const RecordRef id = FindRecord(key);
+    const RecordRef id = ids_->Find(key);
     if (id.rec == nullptr || !id.tier->in_host || id.tier->host_slot != slot) continue;  // moved since
     id.tier->host_slot = -1;
     --host_resident_;
@@ -293,7 +277,7 @@ void HostTable::PlanSpills(SwapPlan* plan) {
   if (static_cast<int64_t>(host_arrival_.size()) > 2 * host_resident_ + 1024) {
     std::deque<std::pair<int64_t, int32_t>> kept;
     for (const auto& entry : host_arrival_) {
-      const RecordRef id = FindRecord(entry.first);
+      const RecordRef id = ids_->Find(entry.first);
       if (id.rec != nullptr && id.tier->in_host && id.tier->host_slot == entry.second) {
         kept.push_back(entry);
       }
@@ -302,32 +286,35 @@ void HostTable::PlanSpills(SwapPlan* plan) {
   }
 }
 
-Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float* values,
-                           bool* found) {
-  std::vector<int32_t> slots(static_cast<size_t>(n), -2);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // At the step boundary: where pending swap plans have not moved values yet.
-    std::unordered_map<int64_t, Physical> physical;
-    if (tier_->pending_plans() > 0) {
-      MXREC_RETURN_IF_ERROR(PhysicalView(&physical, nullptr, component));
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      auto moved = physical.find(keys[i]);
-      if (moved != physical.end()) {
-        if (moved->second.in_host) slots[i] = moved->second.host_slot;
-        continue;
-      }
-      const RecordRef id = FindRecord(keys[i]);
-      if (id.rec != nullptr && id.tier->in_host) slots[i] = id.tier->host_slot;
-    }
+Status DeviceCachePlanner::HostSlots(int component, const int64_t* keys, int64_t n,
+                                     std::vector<int32_t>* slots) {
+  slots->assign(static_cast<size_t>(n), -2);
+  // At the step boundary: where pending swap plans have not moved values yet.
+  std::unordered_map<int64_t, Physical> physical;
+  if (tier_->pending_plans() > 0) {
+    MXREC_RETURN_IF_ERROR(PhysicalView(&physical, nullptr, component));
   }
-  return tier_->Read(component, keys, slots.data(), n, values, found);
+  for (int64_t i = 0; i < n; ++i) {
+    auto moved = physical.find(keys[i]);
+    if (moved != physical.end()) {
+      if (moved->second.in_host) (*slots)[i] = moved->second.host_slot;
+      continue;
+    }
+    const RecordRef id = ids_->Find(keys[i]);
+    if (id.rec != nullptr && id.tier->in_host) (*slots)[i] = id.tier->host_slot;
+  }
+  return Status::Ok();
 }
 
-Status HostTable::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
-                               std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
-                               int component) const {
+void DeviceCachePlanner::EraseTierId(int64_t key, int32_t host_slot) {
+  --tier_ids_;
+  if (host_slot >= 0) --host_resident_;
+  tier_->Erase(key, host_slot);
+}
+
+Status DeviceCachePlanner::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
+                                        std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
+                                        int component) const {
   // Batches planned ahead of their step have moved IDs between the device rows
   // and the host tier in the records, but not yet their values.
   std::vector<SwapPlan> pending;
@@ -367,6 +354,82 @@ Status HostTable::PhysicalView(std::unordered_map<int64_t, Physical>* physical,
     }
   }
   return Status::Ok();
+}
+
+void DeviceCachePlanner::ExportRecency(int64_t next_row, const std::unordered_set<int32_t>& unowned,
+                                       TableState* state) const {
+  for (int32_t row = lru_head_; row >= 0; row = lru_next_[row]) {
+    if (row >= next_row || unowned.count(row) > 0) continue;
+    state->lru_rows.push_back(row);
+    state->lru_ages.push_back(std::min<uint32_t>(stamp_ - row_stamp_[row], 1u << 30));
+  }
+}
+
+Status DeviceCachePlanner::Restore(const TableState& state, const std::vector<int64_t>& host_keys,
+                                   std::vector<KeyMap>* maps) {
+  // The new tier records of host_keys, in order (records never move).
+  std::vector<TierRecord*> host_records;
+  host_records.reserve(host_keys.size());
+  for (int64_t key : host_keys) {
+    const uint64_t hash = HashKey(key);
+    KeyMap& map = (*maps)[IdMap::ShardOf(hash)];
+    host_records.push_back(&map.tier(map.Find(key, hash)));
+  }
+  std::vector<int32_t> host_slots;
+  MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
+                                       state.tier_values, &host_slots));
+  // Nothing below fails.
+  free_host_slots_.clear();
+  host_arrival_.clear();
+  next_host_slot_ = 0;
+  host_resident_ = 0;
+  for (size_t i = 0; i < host_records.size(); ++i) {
+    host_records[i]->host_slot = host_slots[i];
+    if (host_slots[i] < 0) continue;
+    next_host_slot_ = std::max(next_host_slot_, host_slots[i] + 1);
+    ++host_resident_;
+    if (options_.ssd_capacity > 0) host_arrival_.emplace_back(host_keys[i], host_slots[i]);
+  }
+  stamp_ = RebuildRecency(state);
+  tier_ids_ = static_cast<int64_t>(host_keys.size());
+  return Status::Ok();
+}
+
+uint32_t DeviceCachePlanner::RebuildRecency(const TableState& state) {
+  uint32_t max_age = 0;
+  for (uint32_t age : state.lru_ages) max_age = std::max(max_age, age);
+  const uint32_t stamp = max_age + 1;
+  std::fill(row_key_.begin(), row_key_.end(), 0);
+  std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
+  std::fill(row_count_.begin(), row_count_.end(), 0.0f);
+  std::fill(lru_prev_.begin(), lru_prev_.end(), -1);
+  std::fill(lru_next_.begin(), lru_next_.end(), -1);
+  lru_head_ = lru_tail_ = -1;
+  for (size_t i = 0; i < state.keys.size(); ++i) {
+    if (state.rows[i] >= 0) {
+      row_key_[state.rows[i]] = state.keys[i];
+      row_count_[state.rows[i]] = state.counts[i];
+    }
+  }
+  for (size_t i = 0; i < state.lru_rows.size(); ++i) {
+    const int32_t row = state.lru_rows[i];
+    row_stamp_[row] = stamp - state.lru_ages[i];
+    LruPushTail(row);
+  }
+  if (state.lru_rows.empty()) {
+    // A snapshot without the cache order (a device-only table's, a warm
+    // start): owned rows in row order, all equally old.
+    std::vector<int32_t> owned_rows;
+    for (int32_t row : state.rows) {
+      if (row >= 0) owned_rows.push_back(row);
+    }
+    std::sort(owned_rows.begin(), owned_rows.end());
+    for (int32_t row : owned_rows) {
+      row_stamp_[row] = stamp;
+      LruPushTail(row);
+    }
+  }
+  return stamp;
 }
 
 }  // namespace mxrec
