@@ -189,7 +189,9 @@ OLD_PATHS = ("mxrec.util.communication", "mxrec.core.sharding", "mxrec.core.repl
              "mxrec.core.sharded_state", "mxrec.graph.sharded", "mxrec.launch")
 # mx_rec's own module that names the old path (`mx_rec.util.tf_version_adapter.hccl_ops`).
 OLD_PATH_USERS = {"mxrec.util.tf_version_adapter": "mx_rec's tf_version_adapter re-exports "
-                                                    "mx_rec's hccl_ops path"}
+                                                    "mx_rec's hccl_ops path",
+                  "mxrec.util": "mx_rec's `mx_rec.util.communication` attribute, imported on "
+                                "first use by the package's __getattr__"}
 
 
 def test_no_module_uses_an_old_path():

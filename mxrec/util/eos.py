@@ -15,7 +15,7 @@ same method (when mxrec.util.initialize is imported):
 from tensorflow.python.data.ops import dataset_ops
 
 from mxrec.constants.constants import EVAL_CHANNEL_ID, LIBREC_EOS_OPS_SO, TRAIN_CHANNEL_ID
-from mxrec.util import communication
+from mxrec.util import ranks
 from mxrec.util import ops as _ops
 
 
@@ -51,7 +51,7 @@ def eos_map(dataset, librec, channel_id: int, max_train_steps: int = -1,
     evaluation_limit = _check_steps("max_eval_steps", max_eval_steps)
     if channel_id == EVAL_CHANNEL_ID:
         limit = evaluation_limit
-    if communication.get_rank_size() > 1:
+    if ranks.get_rank_size() > 1:
         raise NotImplementedError(
             "eos_map on several ranks: mx_rec's EosDataset coordinates the end of each "
             "channel's data across the ranks; mxrec does not yet do that. Give every "
