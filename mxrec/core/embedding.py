@@ -26,15 +26,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     SPARSE_TABLE_COLLECTION,
     TIMESTAMP_COLLECTION,
 )
-from mxrec.core import (
-    dynamic,
-    host_state,
-    multi_hot,
-    replicated,
-    sharded_state,
-    sharding,
-    tiers,
-)
+from mxrec.core import dynamic, host_state, multi_hot, tiers
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import planned_tensors
 from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-exported)
@@ -48,6 +40,7 @@ from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-
     lookup_override,
     register_in_graph,
 )
+from mxrec.distributed import replicated, sharded_state, sharding
 from mxrec.util import communication
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.device import accelerator_device

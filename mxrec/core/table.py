@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
-from mxrec.core import sharded_state
+from mxrec.distributed import sharded_state
 from mxrec.util import communication
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).

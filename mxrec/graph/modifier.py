@@ -34,7 +34,8 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from mxrec.core.embedding import modify_graph_lookups
-from mxrec.graph import pipeline, sharded, trace
+from mxrec.distributed import sharded_pipeline as sharded
+from mxrec.graph import pipeline, trace
 from mxrec.util import initialize
 from mxrec.util.initialize import get_config_initializer
 

@@ -4,7 +4,7 @@ import weakref
 
 import tensorflow as tf
 
-from mxrec.core import sharded_state
+from mxrec.distributed import sharded_state
 from mxrec.util import communication
 
 

@@ -71,8 +71,9 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
-from mxrec.core import dynamic, sharding
+from mxrec.core import dynamic
 from mxrec.core.table import graph_tables
+from mxrec.distributed import sharding
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver import merge
 from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)

@@ -10,7 +10,7 @@ Example:
 
 import tensorflow as tf
 
-from mxrec.util import communication
+from mxrec.distributed import communication
 
 WORLD_GROUP = "hccl_world_group"
 

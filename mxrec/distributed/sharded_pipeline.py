@@ -1,0 +1,319 @@
+"""The graph modifier on several ranks: what runs in the input pipeline, and what in the step.
+
+TensorFlow's collectives cannot run inside a tf.data function in the session runtime (the
+function has no CollectiveExecutor), so the ID exchange of a sharded lookup
+(mxrec.core.sharding) cannot join the one-process pipeline's `dataset.map`. The planning
+is split in three:
+
+    dataset ─► map(route) ─► prefetch(prefetch_batch_number) ─► local iterator
+                 │   replays each lookup's ID preprocessing and runs `sharding.route`:
+                 │   local unique IDs, occurrence counts, owner buckets (no collective)
+    planning subgraph (in the step's session.run, the same collectives on every rank):
+        the element held since the previous planning ─► `sharding.exchange` (chunk
+        all-reduce, ID all-to-all), the batch-time all-reduce, the owner's deferred key
+        stage ─► enqueue the element, its routing and its plan into a FIFOQueue (capacity
+        prefetch + 1) ─► get_next_as_optional ─► all-reduce "every rank has one more":
+        yes, hold it; no, mark the end of the data
+    step: dequeue ─► commit the batch ─► the owner's device lookup from the planned rows
+          ─► embeddings all-to-all back (differentiable, as the direct path)
+
+With prefetch p > 0 the queue holds p planned batches between steps: the step trains batch
+k while it plans batch k + p (that planning is a control input of the step's backward
+pass only, so it overlaps the forward pass). The first step after an initialisation (or any
+step that finds fewer than p batches planned: a step that fetched no gradient did not plan)
+first plans up to p batches, one chained copy of the planning subgraph per missing batch,
+each copy with its own collective instance keys. With p = 0 the step plans its own batch
+first. Once every planned batch is consumed after the end of the data, the step's dequeue
+ends with OutOfRangeError, at the same step as one process; since the end is known one
+element ahead, that step runs no collective (a step that fails after a collective may tear
+down buffers a peer still reads, which aborts the collectives of every rank). The
+initializer restarts the local iterator, drops the planned batches (the engine retires their
+pending state at the next commit: docs/ARCHITECTURE.md, "The step boundary") and pulls the
+first element, so every rank must run it at the same point, as the steps.
+
+Every rank runs the same sequence of collectives in every step (the decisions that choose a
+branch, "has every rank a batch" and the queue's fill, are the same on every rank), so the
+ranks stay in lockstep. An evaluation iterator works the same way, without commits. A
+step that ends in OutOfRangeError leaves its step id to the next step of its kind; the
+initializer's all-reduce (and every other kind of step's) keeps the ranks from reusing it
+while a peer still finishes the failed step (communication.allreduce, docs/MULTIWORKER.md).
+"""
+
+import dataclasses
+import re
+from typing import List, Optional, Tuple
+
+import tensorflow as tf
+
+from mxrec.distributed import communication, sharding
+from mxrec.graph import pipeline, trace
+from mxrec.util import ops as mxrec_ops
+
+# The rank-local routing of one lookup, as the dataset's map returns it.
+_ROUTE_FIELDS = ("pairs", "counts", "where", "order", "index")
+# What the step reads of one lookup's plan, in queue order, and their dtypes.
+_PLAN_FIELDS = ("where", "order", "index", "chunk", "valid", "first", "owned",
+                "rows", "restore", "reused", "batch_ids")
+_PLAN_DTYPES = (tf.int32, tf.int32, tf.int32, tf.int32, tf.int32, tf.int32, tf.int64,
+                tf.int32, tf.int32, tf.int32, tf.int64)
+
+
+@dataclasses.dataclass
+class _Element:
+    """One dataset element after the map: the flat components, and per lookup its routing
+    and its local batch time (or None)."""
+
+    components: Tuple[tf.Tensor, ...]
+    routes: List[sharding.Route]
+    stamps: List[Optional[tf.Tensor]]
+
+
+def _route_fn(source: trace.IteratorSource, lookups, graph: tf.Graph):
+    get_next_name = source.get_next.name
+    size = communication.get_rank_size()
+    graph_defs = [trace.subgraph_def(lookup.source, graph) for lookup in lookups]
+
+    def route(*components):
+        routes, stamps = [], []
+        for index, (lookup, graph_def) in enumerate(zip(lookups, graph_defs)):
+            parts = lookup.record.sharded
+            outputs = {f"{get_next_name}:{i}": components[i]
+                       for i in lookup.source.used_outputs}
+            wanted = [lookup.record.ids]
+            if parts.local_time is not None:
+                wanted.append(parts.local_time)
+            values = _replay(graph_def, outputs, wanted, f"mxrec_ids_{index}")
+            routed = sharding.route(values[0], size)
+            routes.append(tuple(getattr(routed, field) for field in _ROUTE_FIELDS))
+            if len(values) > 1:
+                stamps.append(tf.cast(values[1], tf.int64))
+        return tuple(components), tuple(routes), tuple(stamps)
+
+    return route
+
+
+def _replay(graph_def, outputs, wanted: List[tf.Tensor], name: str) -> List[tf.Tensor]:
+    """`wanted` computed from the element's get_next `outputs` by the replayed ops; a
+    get_next output itself is taken as it is."""
+    read = {ref if ":" in ref else ref + ":0"
+            for node in graph_def.node for ref in node.input}
+    input_map = {key: value for key, value in outputs.items() if key in read}
+    names = [t.name for t in wanted if t.name not in outputs]
+    imported = iter(tf.compat.v1.import_graph_def(
+        graph_def, input_map=input_map, return_elements=names, name=name) if names else [])
+    return [outputs[t.name] if t.name in outputs else next(imported) for t in wanted]
+
+
+def _unpack(value, lookups) -> _Element:
+    components, routes, stamps = value
+    stamps = list(stamps)
+    element_stamps = [stamps.pop(0) if lookup.record.sharded.local_time is not None else None
+                      for lookup in lookups]
+    return _Element(components=tuple(components),
+                    routes=[sharding.Route(*route) for route in routes],
+                    stamps=element_stamps)
+
+
+def _plan(element: _Element, lookups, is_train: bool) -> List[tf.Tensor]:
+    """The exchange and the owners' key stages of one element: the queue's flat entry."""
+    flat = list(element.components)
+    previous = []
+    for lookup, routed, stamp in zip(lookups, element.routes, element.stamps):
+        record = lookup.record
+        with tf.name_scope(lookup.name.replace("/", "_")):
+            timestamp = sharding.batch_time(stamp)
+            exchanged = sharding.exchange(record.table, routed, is_train, lookup.send_count)
+            # The key stages of one batch run in creation order, as the direct path chains them.
+            with tf.control_dependencies(previous):
+                (rows,), (restore,), (reused,), batch_ids = mxrec_ops.key_stage(
+                    [exchanged.owned], [record.table.table_key], is_train,
+                    timestamp=timestamp, deferred=True)
+        previous = [rows.op]
+        flat += [routed.where, routed.order, routed.index, exchanged.chunk, exchanged.valid,
+                 exchanged.first, exchanged.owned, rows, restore, reused, batch_ids]
+    return flat
+
+
+@dataclasses.dataclass
+class _Planner:
+    """The queue of planned batches and the subgraphs that fill it.
+
+    The agreement "every rank has a next element" is reached one element ahead: the
+    element is pulled from the local iterator into `held` (capacity 1) by the step (or
+    initializer) that plans the one before it. So the step that ends with OutOfRangeError
+    runs no collective: a step that fails after a collective can tear down buffers a peer
+    is still reading, which aborts the ranks' collectives for good.
+    """
+
+    iterator: object
+    queue: tf.queue.FIFOQueue
+    ended: tf.queue.FIFOQueue  # one mark once the data ran out
+    held: tf.queue.FIFOQueue  # the next element, once every rank has one
+    lookups: list
+    is_train: bool
+
+    def is_ended(self) -> tf.Tensor:
+        return self.ended.size() > 0
+
+    def pull_next(self) -> tf.Tensor:
+        """Takes the next local element into `held` if every rank has one, else marks the
+        end of the data (an all-reduce); returns a scalar to depend on."""
+        optional = self.iterator.get_next_as_optional()
+        everyone = communication.allreduce(tf.cast(optional.has_value(), tf.int32), "min")
+
+        def hold():
+            value = tf.nest.flatten(optional.get_value())
+            with tf.control_dependencies([self.held.enqueue(value)]):
+                return tf.constant(True)
+
+        def finish():
+            with tf.control_dependencies([self.ended.enqueue(tf.constant(0, tf.int32))]):
+                return tf.constant(False)
+
+        return tf.cond(everyone > 0, hold, finish)
+
+    def _plan_held(self) -> tf.Tensor:
+        flat = self.held.dequeue()
+        flat = flat if isinstance(flat, list) else [flat]
+        value = tf.nest.pack_sequence_as(self.iterator.element_spec, flat)
+        entry = _plan(_unpack(value, self.lookups), self.lookups, self.is_train)
+        with tf.control_dependencies([self.queue.enqueue(entry)]):
+            return self.pull_next()
+
+    def plan_once(self) -> tf.Tensor:
+        """One planning subgraph (its own collectives and instance keys): plans the held
+        element and pulls the one after it. Before the first (a one-shot iterator whose
+        initializer was not run) it pulls one first."""
+        primed = tf.cond(self.held.size() > 0, lambda: tf.constant(True), self.pull_next)
+        with tf.control_dependencies([primed]):
+            return tf.cond(self.is_ended(), lambda: tf.constant(False), self._plan_held)
+
+    def plan_if(self, wanted: tf.Tensor) -> tf.Tensor:
+        """plan_once when `wanted` and the data has not ended (the same on every rank)."""
+        go = tf.logical_and(wanted, tf.logical_not(self.is_ended()))
+        return tf.cond(go, self.plan_once, lambda: tf.constant(False))
+
+
+def _drain(queue: tf.queue.FIFOQueue) -> tf.Operation:
+    """Dequeues everything `queue` holds."""
+    def body(remaining):
+        del remaining
+        taken = queue.dequeue()
+        with tf.control_dependencies(taken if isinstance(taken, list) else [taken]):
+            # The size after the dequeue (a loop-invariant size op would be read once).
+            return queue.size()
+
+    return tf.group(tf.while_loop(lambda remaining: remaining > 0, body, [queue.size()]))
+
+
+def _end_of_data():
+    """A function whose op fails with OutOfRangeError ("End of sequence"), as the user's
+    iterator would: get_next of an iterator over no element."""
+    nothing = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(0))
+    return lambda: tf.cast(nothing.get_next(), tf.int32)
+
+
+_GRADIENT_SCOPE = re.compile(r"gradients(_\d+)?$")
+
+
+def _gradient_consumers(tensor: tf.Tensor) -> List[tf.Operation]:
+    """The ops of a tf.gradients backward pass that read `tensor`."""
+    return [op for op in tensor.consumers()
+            if any(_GRADIENT_SCOPE.match(part) for part in op.name.split("/"))]
+
+
+def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int,
+            graph: tf.Graph):
+    """The rewritten iterator of `source` for lookups of sharded tables.
+
+    Returns:
+        pipeline.RewrittenIterator, whose `replacements` map each lookup's routing and
+        exchange tensors in the user's graph to the planned ones.
+    """
+    specs = trace.output_specs(source.get_next)
+    scope = source.get_next.name.replace(":", "_") + "_mxrec"
+    with graph.as_default(), tf.name_scope(scope), tf.device("/device:CPU:0"):
+        _, kind_initializer, iterator = pipeline.make_dataset_iterator(
+            source, specs, _route_fn(source, lookups, graph), prefetch)
+        component_dtypes = [spec.dtype for spec in specs]
+        queue = tf.queue.FIFOQueue(
+            prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups),
+            name="planned_batches")
+        ended = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name="data_ended")
+        held = tf.queue.FIFOQueue(
+            1, [spec.dtype for spec in tf.nest.flatten(iterator.element_spec)],
+            name="next_element")
+        planner = _Planner(iterator=iterator, queue=queue, ended=ended, held=held,
+                           lookups=lookups, is_train=is_train)
+        # Top the queue up to `prefetch` planned batches, one copy per missing batch.
+        filled = []
+        for copy in range(prefetch):
+            with tf.name_scope(f"fill_{copy}"), tf.control_dependencies(filled):
+                filled = [planner.plan_if(queue.size() < prefetch)]
+        with tf.name_scope("plan_next"), tf.control_dependencies(filled):
+            planned_next = planner.plan_if(tf.constant(True))
+        before_dequeue = filled if prefetch > 0 else [planned_next]
+        end_of_data = _end_of_data()
+        with tf.control_dependencies(before_dequeue):
+            exhausted = tf.logical_and(planner.is_ended(), tf.equal(queue.size(), 0))
+            check = tf.cond(exhausted, end_of_data, lambda: tf.constant(0, tf.int32))
+            with tf.control_dependencies([check]):
+                entry = queue.dequeue()
+        entry = list(entry) if isinstance(entry, (list, tuple)) else [entry]
+        outputs = entry[:len(specs)]
+        for output, spec in zip(outputs, specs):
+            output.set_shape(spec.shape)
+        per_lookup = len(_PLAN_FIELDS)
+        planned = [dict(zip(_PLAN_FIELDS, entry[len(specs) + i * per_lookup:
+                                                 len(specs) + (i + 1) * per_lookup]))
+                   for i in range(len(lookups))]
+        if is_train:
+            # The step that reads a batch's planned rows trains it: commit there.
+            for lookup, plan in zip(lookups, planned):
+                plan["rows"], plan["reused"] = mxrec_ops.after_commit(
+                    [plan["rows"], plan["reused"]], plan["batch_ids"],
+                    [lookup.record.table.table_key])
+        replacements = []
+        for lookup, plan in zip(lookups, planned):
+            record, parts = lookup.record, lookup.record.sharded
+            old = dict(where=parts.route.where, order=parts.route.order,
+                       index=parts.route.index, chunk=parts.exchange.chunk,
+                       valid=parts.exchange.valid, first=parts.exchange.first,
+                       owned=parts.exchange.owned)
+            for field, tensor in old.items():
+                plan[field].set_shape(tensor.shape)
+                replacements.append((tensor, plan[field]))
+            plan["restore"].set_shape(record.restore.shape)
+            plan["rows"].set_shape(record.rows.shape)
+            plan["reused"].set_shape(record.reused.shape)
+        if prefetch > 0:  # with prefetch 0 the dequeue waits for it already
+            _schedule_next_plan(planned_next, replacements)
+        restart = [kind_initializer, _drain(queue), _drain(ended), _drain(held)]
+        # Every rank runs its initializer at the same point of its program: it pulls the
+        # first element (and agrees that every rank has one).
+        with tf.name_scope("prime"), tf.control_dependencies(restart):
+            primed = planner.pull_next()
+        initializer = tf.group(primed, name="initializer")
+    return pipeline.RewrittenIterator(
+        source=source, is_train=is_train, kind=source.kind, initializer=initializer,
+        outputs=outputs, rows=[p["rows"] for p in planned],
+        restore=[p["restore"] for p in planned], reused=[p["reused"] for p in planned],
+        replacements=replacements)
+
+
+def _schedule_next_plan(planned_next: tf.Tensor, replacements) -> None:
+    """Makes the step run `planned_next` (planning batch k + p while batch k trains) without
+    delaying the forward pass: the backward pass reads the first lookup's routing through an
+    identity that waits for it. Without a backward pass in the graph (evaluation,
+    is_grad=False) the forward pass reads it that way."""
+    old, new = replacements[0]  # the first lookup's `where`
+    with tf.control_dependencies([planned_next]):
+        waiting = tf.identity(new)
+    backward = _gradient_consumers(old)
+    if not backward:
+        replacements[0] = (old, waiting)
+        return
+    for consumer in backward:
+        for position, tensor in enumerate(consumer.inputs):
+            if tensor is old:
+                consumer._update_input(position, waiting)  # pylint: disable=protected-access
