@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -18,7 +19,8 @@ namespace {
 struct State {
   std::mutex mu;
   bool ready = false;
-  Result failure;  // the first failed exchange, or ok
+  Result failure;       // the first failed exchange, or ok
+  Result init_failure;  // a failed set-up, or ok
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
@@ -139,9 +141,12 @@ Result WaitAll(std::vector<MPI_Request>* requests, const std::vector<int>& peers
 
 }  // namespace
 
-Result Initialize() {
+Result Initialize() { return Initialize(kDefaultInitTimeout); }
+
+Result Initialize(double timeout_seconds) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.init_failure.ok()) return s.init_failure;
   if (s.ready) return Result::Ok();
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -158,8 +163,29 @@ Result Initialize() {
                      std::to_string(provided) + "); mxrec's exchanges run on several threads. "
                      "Initialise with MPI_Init_thread(MPI_THREAD_MULTIPLE) (mpi4py's default)");
   }
-  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &s.comm);
-  if (rc != MPI_SUCCESS) return Error(Code::kInternal, "MPI_Comm_dup: " + MpiError(rc));
+  // Collective over every rank: bounded like any other wait.
+  MPI_Request request;
+  int rc = MPI_Comm_idup(MPI_COMM_WORLD, &s.comm, &request);
+  if (rc != MPI_SUCCESS) return Error(Code::kInternal, "MPI_Comm_idup: " + MpiError(rc));
+  Clock clock(timeout_seconds);
+  while (true) {
+    int done = 0;
+    rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return Error(Code::kInternal, "MPI_Comm_idup: " + MpiError(rc));
+    if (done) break;
+    if (clock.expired()) {
+      int world_rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+      s.init_failure = Error(Code::kDeadlineExceeded,
+                        "mxrec's MPI set-up on rank " + std::to_string(world_rank) +
+                            " timed out after " + std::to_string(timeout_seconds) +
+                            " s: not every rank of the MPI job started mxrec's exchanges "
+                            "(every rank must call init(); raise MXREC_COLLECTIVE_TIMEOUT if "
+                            "they are only slow)");
+      return s.init_failure;
+    }
+    clock.Pause();
+  }
   MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(s.comm, &s.rank);
   MPI_Comm_size(s.comm, &s.size);
@@ -415,3 +441,16 @@ void Schedule(std::function<void()> task) {
 
 }  // namespace mpi
 }  // namespace mxrec
+
+// For Python (ctypes): the collective set-up at init(), with the collective timeout.
+// Returns the Code as an int; on failure `message` holds the reason.
+extern "C" __attribute__((visibility("default"))) int mxrec_mpi_initialize(
+    double timeout_seconds, int* rank, int* size, char* message, int capacity) {
+  mxrec::mpi::Result r = mxrec::mpi::Initialize(timeout_seconds);
+  *rank = mxrec::mpi::Rank();
+  *size = mxrec::mpi::Size();
+  if (capacity > 0) {
+    std::snprintf(message, capacity, "%s", r.message.c_str());
+  }
+  return static_cast<int>(r.code);
+}

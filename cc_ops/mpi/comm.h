@@ -48,7 +48,12 @@ enum class Reduction { kSum, kMax, kMin };
 using Allocate = std::function<char*(const std::vector<int64_t>& recv_bytes, Result* error)>;
 
 // Initialises MPI (MPI_THREAD_MULTIPLE) unless mpi4py or the program did, and
-// creates mxrec's communicator. Safe to call from any thread, any number of times.
+// creates mxrec's communicator, which is collective: every rank must call it (mxrec's
+// init() does, through mxrec_mpi_initialize), and a rank whose peers do not join within
+// `timeout_seconds` fails. Safe to call from any thread, any number of times; later calls
+// return the first call's outcome.
+constexpr double kDefaultInitTimeout = 300.0;
+Result Initialize(double timeout_seconds);
 Result Initialize();
 int Rank();
 int Size();

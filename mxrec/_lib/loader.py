@@ -55,7 +55,7 @@ def mpi_op_library():
     import tensorflow as tf
 
     info = _build_info()
-    path = _LIB_DIR / "_mxrec_mpi_ops.so"
+    path = mpi_op_library_path()
     if not path.exists():
         raise ImportError(
             "training on several ranks needs mxrec's MPI exchanges, which were not built: "
@@ -72,3 +72,7 @@ def mpi_op_library():
         return tf.load_op_library(str(path))
     except (tf.errors.NotFoundError, OSError) as err:
         raise ImportError(f"cannot load mxrec's MPI op library: {err}. {_REBUILD_HINT}") from err
+
+
+def mpi_op_library_path():
+    return _LIB_DIR / "_mxrec_mpi_ops.so"

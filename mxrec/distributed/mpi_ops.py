@@ -13,6 +13,8 @@ Example:
     >>> total = allreduce(dense_grad, "sum")                   # the same bits on every rank
 """
 
+import ctypes
+import functools
 import itertools
 import weakref
 from typing import Optional, Tuple
@@ -27,23 +29,37 @@ _EAGER_CHANNELS = itertools.count(1)
 _REDUCTIONS = ("sum", "max", "min", "mean")
 
 
+_ERRORS = {2: tf.errors.DeadlineExceededError, 3: tf.errors.AbortedError}
+
+
 def library():
     """The loaded MPI op library (ImportError naming what is missing)."""
     return loader.mpi_op_library()
 
 
-def rank_and_size() -> Tuple[int, int]:
-    """(rank, size) of this process in the MPI job."""
-    try:
-        from mpi4py import MPI  # noqa: PLC0415
-    except ImportError:
-        value = library().mxrec_mpi_ranks().numpy() if tf.executing_eagerly() else None
-        if value is None:
-            raise ImportError("mxrec.distributed.mpi_ops.rank_and_size needs mpi4py in graph "
-                              "mode (pip install mpi4py)") from None
-        return int(value[0]), int(value[1])
-    library()
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+@functools.cache
+def _initialize(timeout_seconds: float) -> Tuple[int, int]:
+    lib = library()
+    native = ctypes.CDLL(str(loader.mpi_op_library_path()))
+    native.mxrec_mpi_initialize.restype = ctypes.c_int
+    native.mxrec_mpi_initialize.argtypes = [ctypes.c_double, ctypes.POINTER(ctypes.c_int),
+                                            ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
+                                            ctypes.c_int]
+    rank, size = ctypes.c_int(), ctypes.c_int()
+    message = ctypes.create_string_buffer(2048)
+    code = native.mxrec_mpi_initialize(timeout_seconds, ctypes.byref(rank), ctypes.byref(size),
+                                       message, len(message))
+    if code != 0:
+        error = _ERRORS.get(code, tf.errors.InternalError)
+        raise error(None, None, message.value.decode(errors="replace"))
+    del lib
+    return rank.value, size.value
+
+
+def rank_and_size(timeout_seconds: Optional[float] = None) -> Tuple[int, int]:
+    """(rank, size) of this process in the MPI job, after mxrec's MPI set-up, which is
+    collective: every rank calls it (init() does), within the collective timeout."""
+    return _initialize(_timeout(timeout_seconds))
 
 
 def next_channel() -> int:
@@ -61,7 +77,7 @@ def next_channel() -> int:
 def _timeout(timeout_seconds: Optional[float]) -> float:
     if timeout_seconds is not None:
         return float(timeout_seconds)
-    from mxrec.util import communication  # noqa: PLC0415 (communication imports this module)
+    from mxrec.distributed import communication  # noqa: PLC0415 (it imports this module)
 
     return communication.timeout_seconds()
 
