@@ -34,7 +34,7 @@ constexpr mxrec::mpi::DType DTypeOf<float>() { return mxrec::mpi::DType::kFloat3
 template <>
 constexpr mxrec::mpi::DType DTypeOf<double>() { return mxrec::mpi::DType::kFloat64; }
 template <>
-constexpr mxrec::mpi::DType DTypeOf<int32>() { return mxrec::mpi::DType::kInt32; }
+constexpr mxrec::mpi::DType DTypeOf<int32_t>() { return mxrec::mpi::DType::kInt32; }
 template <>
 constexpr mxrec::mpi::DType DTypeOf<int64_t>() { return mxrec::mpi::DType::kInt64; }
 
@@ -85,7 +85,7 @@ class AlltoallvOp : public ExchangeKernel {
                                                  "by their bytes; shape " +
                                                  data.shape().DebugString()),
                       done);
-    auto c = counts.vec<int32>();
+    auto c = counts.vec<int32_t>();
     std::vector<int64_t> send_bytes(size);
     int64_t rows = 0;
     for (int p = 0; p < size; ++p) {
@@ -127,8 +127,8 @@ class AlltoallvOp : public ExchangeKernel {
           *error = {mxrec::mpi::Code::kInternal, std::string(s.message())};
           return nullptr;
         }
-        auto rc = recv_counts->vec<int32>();
-        for (int p = 0; p < size; ++p) rc(p) = static_cast<int32>(recv_bytes[p] / row_bytes);
+        auto rc = recv_counts->vec<int32_t>();
+        for (int p = 0; p < size; ++p) rc(p) = static_cast<int32_t>(recv_bytes[p] / row_bytes);
         // A zero-row output has no buffer; any non-null pointer serves for 0 bytes.
         return total == 0 ? reinterpret_cast<char*>(recv_counts->data())
                           : static_cast<char*>(out->data());
@@ -185,8 +185,8 @@ class RanksOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ToTf(mxrec::mpi::Initialize()));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({2}), &out));
-    out->vec<int32>()(0) = mxrec::mpi::Rank();
-    out->vec<int32>()(1) = mxrec::mpi::Size();
+    out->vec<int32_t>()(0) = mxrec::mpi::Rank();
+    out->vec<int32_t>()(1) = mxrec::mpi::Size();
   }
 };
 
@@ -198,7 +198,7 @@ class RanksOp : public OpKernel {
 
 REGISTER_MPI(float)
 REGISTER_MPI(double)
-REGISTER_MPI(int32)
+REGISTER_MPI(int32_t)
 REGISTER_MPI(int64_t)
 #undef REGISTER_MPI
 
