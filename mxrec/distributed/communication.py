@@ -124,7 +124,7 @@ def _engine() -> str:
 def _setup_mpi(rank: int, size: int) -> Cluster:
     from mxrec.distributed import mpi_ops  # noqa: PLC0415 (loads the MPI library)
 
-    mpi_rank, mpi_size = mpi_ops.rank_and_size()
+    mpi_rank, mpi_size = mpi_ops.rank_and_size(timeout_seconds())
     if (mpi_rank, mpi_size) != (rank, size):
         raise ValueError(
             f"init(): rank {rank} of {size}, but the MPI job gives this process rank "
@@ -339,7 +339,8 @@ def allreduce(tensor, reduction: str = "sum") -> tf.Tensor:
 
         # Rank-order reduction: the same bits on every rank. No gradient is promised here
         # (as on the gRPC engine); mpi_ops.allreduce registers one for sum.
-        return tf.stop_gradient(mpi_ops.allreduce(tensor, reduction, name="allreduce"))
+        return tf.stop_gradient(mpi_ops.allreduce(tensor, reduction, name="allreduce",
+                                                  timeout_seconds=timeout_seconds()))
     # The first-generation CollectiveReduce, not V2, on purpose: the session runtime gives
     # every step that holds V2 collectives only one shared sequence of step ids, but a step
     # with first-generation collectives a sequence of its own, keyed by their instance keys.
@@ -441,7 +442,8 @@ def _alltoall_mpi(tensor: tf.Tensor, grad_scale: Optional[float]) -> tf.Tensor:
     shape = tf.shape(tensor)
     flat = tf.reshape(tensor, tf.concat([[-1], shape[2:]], axis=0))
     counts = tf.fill([size], shape[1])
-    received, _ = mpi_ops.alltoallv(flat, counts, name="alltoall")
+    received, _ = mpi_ops.alltoallv(flat, counts, name="alltoall",
+                                    timeout_seconds=timeout_seconds())
     if not tensor.dtype.is_floating:
         received = tf.stop_gradient(received)
     out = tf.reshape(received, shape)

@@ -16,6 +16,7 @@ Example:
 import ctypes
 import functools
 import itertools
+import os
 import weakref
 from typing import Optional, Tuple
 
@@ -75,11 +76,21 @@ def next_channel() -> int:
 
 
 def _timeout(timeout_seconds: Optional[float]) -> float:
+    """The given bound, else MXREC_COLLECTIVE_TIMEOUT (communication passes its own: this
+    module sits below communication and does not import it)."""
     if timeout_seconds is not None:
         return float(timeout_seconds)
-    from mxrec.distributed import communication  # noqa: PLC0415 (it imports this module)
-
-    return communication.timeout_seconds()
+    raw = os.environ.get("MXREC_COLLECTIVE_TIMEOUT")
+    if not raw:
+        return 300.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"MXREC_COLLECTIVE_TIMEOUT must be a number of seconds, got "
+                         f"{raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"MXREC_COLLECTIVE_TIMEOUT must be > 0, got {raw!r}")
+    return value
 
 
 def alltoallv(data, send_counts, name: str = "alltoallv",
