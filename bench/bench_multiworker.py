@@ -101,7 +101,10 @@ def main(argv=None) -> int:
                 f"({r['step_ms']:.1f} ms/step")
         if base:
             line += f", {r['samples_per_second'] / base:.2f} x 1 process"
-        line += (f"); traced step: collectives {r['collective_ms']:.0f} ms, other ops "
+        line += (f"); traced step: collectives {r['collective_ms']:.1f} ms (all-to-all "
+                 f"forward {r.get('alltoall_forward_ms', 0):.1f}, backward "
+                 f"{r.get('alltoall_backward_ms', 0):.1f}, all-reduce "
+                 f"{r.get('allreduce_ms', 0):.1f}; waiting for peers included), other ops "
                  f"{r['other_ops_ms']:.0f} ms (summed over threads)")
         if ranks > 1:
             sent, minimum = exchange_bytes(ids, ranks, args.batch, args.dim, args.steps)

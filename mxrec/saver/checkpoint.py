@@ -231,7 +231,9 @@ class Saver:
         variable_tables = [t for t in self._tables if t.variables_in_graph]
         sparse = {t.table.variable.ref() for t in variable_tables}
         sparse |= {slot.ref() for t in variable_tables for slot in t.slots.values()}
-        self._dense = [v for v in tf.compat.v1.global_variables() if v.ref() not in sparse]
+        # Several ranks: GLOBAL_VARIABLES also holds the tables' saveables (sharded_state).
+        self._dense = [v for v in tf.compat.v1.global_variables()
+                       if isinstance(v, tf.Variable) and v.ref() not in sparse]
         self._dense_feeds = None
         if not graph.finalized:
             with tf.name_scope("mxrec_checkpoint/dense"):

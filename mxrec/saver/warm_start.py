@@ -164,8 +164,9 @@ class _Entry:
 
     def _select(self, graph, tables, sparse_owned, vars_to_warm_start):
         def dense_matches(pattern, key):
+            # isinstance: on several ranks GLOBAL_VARIABLES also holds the tables' saveables.
             return [v for v in graph.get_collection(key, scope=pattern)
-                    if v.op.name not in sparse_owned]
+                    if isinstance(v, tf.Variable) and v.op.name not in sparse_owned]
 
         chosen_tables, chosen_dense = {}, {}
         if vars_to_warm_start is None:

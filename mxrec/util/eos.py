@@ -15,8 +15,8 @@ same method (when mxrec.util.initialize is imported):
 from tensorflow.python.data.ops import dataset_ops
 
 from mxrec.constants.constants import EVAL_CHANNEL_ID, LIBREC_EOS_OPS_SO, TRAIN_CHANNEL_ID
-from mxrec.util import ranks
 from mxrec.util import ops as _ops
+from mxrec.util import ranks
 
 
 def _check_steps(name: str, value) -> int:

@@ -1,0 +1,145 @@
+"""mxrec.launch stops in bounded time and names the failing rank (issue 23's launcher part).
+
+The ranks are small Python scripts (no TensorFlow): each writes its pid, then rank 0 fails
+or everybody waits. For both engines (mpi: the launcher's mpirun; grpc: its own processes):
+a rank that ignores SIGTERM, a frozen (SIGSTOPped) rank, and SIGTERM to the launcher leave
+no process behind within the grace period plus a margin, and the exit status is the
+failing rank's. Also `-m MODULE`.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mxrec.distributed import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+GRACE = 2.0
+MARGIN = 25.0  # process start-up under load, mpirun's own teardown
+
+RANK_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("MXREC_RANK", "-1")))
+    pids = sys.argv[1]
+    with open(os.path.join(pids, f"rank-{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    mode = sys.argv[2]
+    print(f"rank {rank} up", flush=True)
+    if mode == "ignore_term" and rank == 1:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "freeze" and rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if mode in ("ignore_term", "freeze") and rank == 0:
+        time.sleep(1.5)
+        sys.exit(3)
+    time.sleep(600)
+""")
+
+
+def _engines():
+    engines = ["grpc"]
+    if launch.mpirun_path() is not None:
+        engines.append("mpi")
+    return engines
+
+
+def _start(tmp_path, engine, mode, ranks=2):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER", "MXREC_EXCHANGE"):
+        env.pop(name, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mxrec.launch", "-n", str(ranks), "--engine", engine,
+         "--grace", str(GRACE), str(script), str(pids), mode],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, pids
+
+
+def _rank_pids(pids, ranks, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [pids / f"rank-{r}" for r in range(ranks)]
+        if all(p.exists() and p.read_text() for p in found):
+            return [int(p.read_text()) for p in found]
+        time.sleep(0.1)
+    raise AssertionError("the ranks did not start")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie waits only for its parent to reap it: gone for our purpose.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _assert_all_gone(pids_of_ranks, within):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(_alive(p) for p in pids_of_ranks):
+        time.sleep(0.1)
+    left = [p for p in pids_of_ranks if _alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"ranks still running: {left}"
+
+
+@pytest.mark.parametrize("engine", _engines())
+@pytest.mark.parametrize("mode", ["ignore_term", "freeze"])
+def test_a_failed_rank_stops_every_rank_within_the_grace(tmp_path, engine, mode):
+    proc, pids = _start(tmp_path, engine, mode)
+    ranks = _rank_pids(pids, 2)
+    start = time.monotonic()
+    out, _ = proc.communicate(timeout=GRACE + MARGIN + 30)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 3, out
+    assert "rank 0 failed with exit status 3" in out, out
+    assert elapsed < 1.5 + GRACE + MARGIN, (elapsed, out)
+    _assert_all_gone(ranks, within=1.0)
+
+
+@pytest.mark.parametrize("engine", _engines())
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, engine):
+    proc, pids = _start(tmp_path, engine, "wait")
+    ranks = _rank_pids(pids, 2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=GRACE + MARGIN)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "got SIGTERM" in out, out
+    _assert_all_gone(ranks, within=1.0)
+
+
+def test_module_runs_as_python_dash_m(tmp_path):
+    package = tmp_path / "pkg_launch_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(
+        "import os, sys\nprint('module rank', os.environ.get('OMPI_COMM_WORLD_RANK', "
+        "os.environ.get('MXREC_RANK')), sys.argv[1:])\n")
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+    result = subprocess.run(
+        [sys.executable, "-m", "mxrec.launch", "-n", "2", "--engine", "grpc", "-m",
+         "pkg_launch_probe", "train", "--flag"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        assert f"[{rank}] module rank {rank} ['train', '--flag']" in result.stdout, result.stdout
+
+
+def test_grace_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("MXREC_LAUNCH_GRACE", "soon")
+    with pytest.raises(ValueError, match="MXREC_LAUNCH_GRACE"):
+        launch._grace(None)  # noqa: SLF001
