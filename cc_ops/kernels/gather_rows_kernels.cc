@@ -2,7 +2,7 @@
 // ../ops/gather_rows_ops.cc). Both check every restore value first, so a bad
 // plan is an InvalidArgument naming the op, the position and the value, never
 // a read or write past a buffer. The copies and sums run over TensorFlow's
-// intra-op pool.
+// intra-op pool (tensorflow::Shard).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -13,7 +13,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/platform/threadpool.h"
+#include "tensorflow/core/util/work_sharder.h"
 
 namespace mxrec {
 namespace {
@@ -90,9 +90,10 @@ class GatherRowsOp : public OpKernel {
         std::memcpy(out + i * dim, from, row_bytes);
       }
     };
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
     // Cost per position: one row read and one written.
-    workers->ParallelFor(n, static_cast<int64_t>(2 * row_bytes), copy);
+    const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
+    tensorflow::Shard(threads->num_threads, threads->workers, n,
+                      static_cast<int64_t>(2 * row_bytes), copy);
   }
 };
 
@@ -168,9 +169,9 @@ class GatherRowsGradOp : public OpKernel {
       }
     };
     const int64_t per_row = std::max<int64_t>(1, n / num_unique);
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    workers->ParallelFor(num_unique, static_cast<int64_t>(3 * per_row * dim * sizeof(T)),
-                         sum_rows);
+    const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
+    tensorflow::Shard(threads->num_threads, threads->workers, num_unique,
+                      static_cast<int64_t>(3 * per_row * dim * sizeof(T)), sum_rows);
   }
 };
 
