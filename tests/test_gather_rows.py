@@ -15,7 +15,7 @@ from mxrec.core import gather
 from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.optimizers import adagrad, lazy_adam
 
-# The kernel's threshold (N * dim values) above which the gradient sums in parallel.
+# The kernels' threshold (N * dim values) above which they work in shards.
 PARALLEL_VALUES = 1 << 18
 
 

@@ -24,10 +24,12 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
-// Below this many gradient values one thread scatters them in place; above it
-// the positions are sorted by row (stable, so each row's sum keeps position
-// order) and the rows are summed in parallel.
-constexpr int64_t kParallelGradValues = int64_t{1} << 18;
+// Below this many values (positions x dim) a kernel runs on its own thread: a
+// step runs many lookups at once, and shards of small copies cost more than
+// they save. Above it the forward copies rows in shards, and the gradient sorts
+// the positions by row (stable, so each row's sum keeps position order) and
+// sums the rows in shards.
+constexpr int64_t kParallelValues = int64_t{1} << 18;
 
 // InvalidArgument unless restore is a vector whose every value lies in
 // [0, num_unique].
@@ -90,6 +92,10 @@ class GatherRowsOp : public OpKernel {
         std::memcpy(out + i * dim, from, row_bytes);
       }
     };
+    if (n * dim < kParallelValues) {
+      copy(0, n);
+      return;
+    }
     // Cost per position: one row read and one written.
     const auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
     tensorflow::Shard(threads->num_threads, threads->workers, n,
@@ -136,7 +142,7 @@ class GatherRowsGradOp : public OpKernel {
 
     // Each row's sum starts from zero and adds its positions in increasing
     // order, as unsorted_segment_sum does, so the floats are the same.
-    if (n * dim < kParallelGradValues) {
+    if (n * dim < kParallelValues) {
       std::memset(out, 0, static_cast<size_t>(out_size) * sizeof(T));
       for (int64_t i = 0; i < n; ++i) {
         const int64_t row = static_cast<int64_t>(rows[i]);
