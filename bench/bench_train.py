@@ -34,6 +34,12 @@ Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_train.py --prefetch_depths 2 --rounds 3
     PYTHONPATH=. .venv/bin/python bench/bench_train.py --prefetch_depths ""  # no rewrite
     PYTHONPATH=.:/tmp/tfra .venv/bin/python bench/bench_train.py --quick --json train.json
+    PYTHONPATH=. .venv/bin/python bench/bench_train.py --gather_ab --quick --no_tfra
+
+--gather_ab adds (a-old) and (p<N>-old): the same mxrec variants with the lookup's
+restore gather built from TensorFlow's ops (concat + GatherV2, unsorted_segment_sum
++ slice as its gradient) instead of the fused MxrecGatherRows / MxrecGatherRowsGrad
+(mxrec.core.gather), in the same rounds, so the change is an A/B of one run.
 """
 
 import argparse
@@ -61,6 +67,7 @@ from examples.model import (  # noqa: E402
     dlrm_logits,
 )
 from examples.synthetic_criteo import SyntheticCriteo  # noqa: E402
+from mxrec.core.gather import fused_gather  # noqa: E402
 from mxrec.graph.modifier import (  # noqa: E402
     get_initializer,
     modify_graph_and_start_emb_cache,
@@ -106,6 +113,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--settle", type=int, default=None,
                         help="unmeasured steps per variant at the start of each round "
                              "(default: the deepest prefetch + 1)")
+    parser.add_argument("--gather_ab", action="store_true",
+                        help="also run each mxrec variant with the restore gather built from "
+                             "TensorFlow's ops (the build before the fused op), in the same "
+                             "rounds")
     parser.add_argument("--seed", type=int, default=2024)
     report.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -182,6 +193,16 @@ def build_tfra_training(dense, sparse, labels, capacities, config, tfra=None) ->
     train_dense = tf.compat.v1.train.AdamOptimizer(config.dense_learning_rate).minimize(
         loss, var_list=dense_vars)
     return TrainGraph(tf.group(train_sparse, train_dense), loss, logits, labels, [])
+
+
+def with_composed_gather(build):
+    """`build` with every lookup's restore gather from TensorFlow's ops (no fused op)."""
+
+    def built(*args, **kwargs):
+        with fused_gather(False):
+            return build(*args, **kwargs)
+
+    return built
 
 
 class Variant:
@@ -278,19 +299,27 @@ def main(argv=None) -> int:
             f"(t) TFRA {getattr(tfra, '__version__', '?')} dynamic_embedding, raw IDs",
             lambda *a: build_tfra_training(*a, tfra=tfra), stacked, capacities, config,
             key_stage="TFRA lookup_unique"))
-    if not args.no_direct:
-        variants.append(Variant("(a) mxrec, direct (no rewrite)", build_mxrec_training,
-                                stacked, capacities, config, key_stage="in the step"))
+    gathers = [("", build_mxrec_training)]
+    if args.gather_ab:
+        gathers.append(("-old", with_composed_gather(build_mxrec_training)))
     base_config = get_config_initializer().config
     scopes = contextlib.ExitStack()
-    for depth in args.prefetch_depths:
-        # Host tables of their own, and the prefetch depth the rewrite reads.
-        scopes.enter_context(scoped_config_initializer(
-            dataclasses.replace(base_config, prefetch_batch_number=depth)))
-        variants.append(Variant(
-            f"(p{depth}) mxrec, rewrite, prefetch {depth}", build_mxrec_training, stacked,
-            capacities, config, prefetch=depth,
-            key_stage="tf.data, in GetNext" if depth == 0 else f"tf.data, {depth} ahead"))
+    for suffix, build in gathers:
+        note = ", TF ops' restore gather" if suffix else ""
+        if not args.no_direct:
+            if suffix:
+                # Host tables of their own (the same names as (a)'s).
+                scopes.enter_context(scoped_config_initializer(base_config))
+            variants.append(Variant(f"(a{suffix}) mxrec, direct (no rewrite){note}", build,
+                                    stacked, capacities, config, key_stage="in the step"))
+        for depth in args.prefetch_depths:
+            # Host tables of their own, and the prefetch depth the rewrite reads.
+            scopes.enter_context(scoped_config_initializer(
+                dataclasses.replace(base_config, prefetch_batch_number=depth)))
+            variants.append(Variant(
+                f"(p{depth}{suffix}) mxrec, rewrite, prefetch {depth}{note}", build, stacked,
+                capacities, config, prefetch=depth,
+                key_stage="tf.data, in GetNext" if depth == 0 else f"tf.data, {depth} ahead"))
     for variant in variants:
         variant.run(args.warmup, measure=False)
     per_round = [args.steps // args.rounds + (i < args.steps % args.rounds)
@@ -358,6 +387,16 @@ def main(argv=None) -> int:
                      2.0)
     if "(t)" not in by_tag:
         out.figure("TFRA", f"skipped ({tfra_missing})")
+    if args.gather_ab:
+        print("\nA/B of the restore gather (same run): fused op / TF ops, and each against (b)")
+        for tag in [t for t in by_tag if not t.endswith("-old)") and t[1] in "ap"]:
+            old_tag = tag[:-1] + "-old)"
+            if old_tag in by_tag:
+                print(f"- {tag}: {by_tag[tag] / by_tag[old_tag]:.3f} x {old_tag}; x (b) "
+                      f"{by_tag[tag] / baseline:.3f} fused, {by_tag[old_tag] / baseline:.3f} "
+                      "TF ops")
+                out.figure(f"train {tag} fused gather / TF ops' gather",
+                           round(by_tag[tag] / by_tag[old_tag], 3))
     out.write(args.json)
 
     if args.profile:

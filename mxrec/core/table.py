@@ -26,9 +26,8 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
-from mxrec.core import row_initializer, wing
+from mxrec.core import gather, row_initializer, wing
 from mxrec.core.graph_state import existing_state, graph_state
-from mxrec.util.gradients import custom_gradient
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).
 DIRECT, FEATURE_SPEC, MODIFY_GRAPH = "direct", "feature_spec", "modify_graph"
@@ -340,7 +339,7 @@ class DeviceTable(SparseEmbedding):
         deps = self._refills_before_gather(reused) if is_train else []
         with tf.control_dependencies(deps):
             unique_emb = tf.gather(self.variable, rows)
-        emb = restore_rows(unique_emb, restore, default)
+        emb = restore_rows(unique_emb, restore, default, device=self.variable.device)
         if not is_train:
             emb = self._rows_off_the_device(ids, emb)
         return self._finish(ids, emb, default, is_grad)
@@ -388,27 +387,11 @@ class DeviceTable(SparseEmbedding):
         return resets
 
 
-def restore_rows(unique_emb, restore, default_row=None):
+def restore_rows(unique_emb, restore, default_row=None, device=None):
     """unique_emb [U, dim] gathered at restore [N] (U means the default row), with a dense
-    gradient. default_row: [dim] for positions without a row; zeros when None."""
-
-    @custom_gradient
-    def restore_fn(emb):
-        num_unique = tf.shape(emb)[0]
-        if default_row is None:
-            default = tf.zeros(tf.stack([1, tf.shape(emb)[1]]), emb.dtype)
-        else:
-            default = tf.reshape(tf.cast(default_row, emb.dtype), [1, -1])
-        padded = tf.concat([emb, default], axis=0)
-        out = tf.gather(padded, restore)
-
-        def grad(dy):
-            summed = tf.math.unsorted_segment_sum(dy, restore, num_unique + 1)
-            return summed[:num_unique]
-
-        return out, grad
-
-    return restore_fn(unique_emb)
+    gradient. default_row: [dim] for positions without a row; zeros when None. device:
+    where the table's rows live; on the CPU one fused op (mxrec.core.gather)."""
+    return gather.restore_rows(unique_emb, restore, default_row, device)
 
 
 def pad_to_send_count(table: SparseEmbedding, rows, restore, send_count: int, scope: str):
