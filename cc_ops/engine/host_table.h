@@ -240,6 +240,10 @@ class HostTable {
 
   // Copies out (key, row) of every admitted ID, ordered by row.
   void ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const;
+  // The same at the step boundary: pending batches undone (IDs they admitted
+  // left out, rows they refilled given back to their owners), as ExportState
+  // sees the table, without ExportState's epoch or delta bookkeeping.
+  Status ExportBoundaryRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows);
 
   // Tiered tables: the host-tier values of `keys` for tier component
   // `component` (evaluation reads rows off the device in place); found[i] is

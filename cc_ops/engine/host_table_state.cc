@@ -315,6 +315,22 @@ Status HostTable::BuildMaps(const TableState& state, std::vector<KeyMap>* maps) 
   return Status::Ok();
 }
 
+namespace {
+
+// (row, key) pairs -> keys and rows ordered by row.
+void SortedByRow(std::vector<std::pair<int32_t, int64_t>>* pairs, std::vector<int64_t>* keys,
+                 std::vector<int32_t>* rows) {
+  std::sort(pairs->begin(), pairs->end());
+  keys->clear();
+  rows->clear();
+  for (const auto& [row, key] : *pairs) {
+    rows->push_back(row);
+    keys->push_back(key);
+  }
+}
+
+}  // namespace
+
 void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<int32_t, int64_t>> pairs;
@@ -324,13 +340,19 @@ void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* row
       if (row >= 0) pairs.emplace_back(row, key);
     });
   }
-  std::sort(pairs.begin(), pairs.end());
-  keys->clear();
-  rows->clear();
-  for (const auto& [row, key] : pairs) {
-    rows->push_back(row);
-    keys->push_back(key);
+  SortedByRow(&pairs, keys, rows);
+}
+
+Status HostTable::ExportBoundaryRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Boundary boundary;
+  MXREC_RETURN_IF_ERROR(ViewBoundary(&boundary));
+  std::vector<std::pair<int32_t, int64_t>> pairs;
+  for (const ExportedRecord& e : CollectRecords(boundary, 0)) {
+    if (e.where.row >= 0) pairs.emplace_back(e.where.row, e.key);
   }
+  SortedByRow(&pairs, keys, rows);
+  return Status::Ok();
 }
 
 }  // namespace mxrec

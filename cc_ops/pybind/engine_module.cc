@@ -240,12 +240,19 @@ void DefineTableCalls(py::module_& m) {
   m.def("stats", [](const std::string& key) {
     return StatsDict(Table(key)->Stats());
   });
-  m.def("export_rows", [](const std::string& key) {
-    std::vector<int64_t> keys;
-    std::vector<int32_t> rows;
-    Table(key)->ExportRows(&keys, &rows);
-    return py::make_tuple(ToArray(keys), ToArray(rows));
-  });
+  m.def(
+      "export_rows",
+      [](const std::string& key, bool at_boundary) {
+        std::vector<int64_t> keys;
+        std::vector<int32_t> rows;
+        if (at_boundary) {
+          RaiseIfError(Table(key)->ExportBoundaryRows(&keys, &rows));
+        } else {
+          Table(key)->ExportRows(&keys, &rows);
+        }
+        return py::make_tuple(ToArray(keys), ToArray(rows));
+      },
+      py::arg("key"), py::arg("at_boundary") = false);
   m.def("set_threshold", [](const std::string& key, double threshold) {
     if (threshold < 0) throw py::value_error("threshold must be >= 0");
     Table(key)->SetThreshold(threshold);

@@ -219,12 +219,14 @@ def table_of_address(address, optimizer: str) -> DynamicTable:
 
 
 def export_values(table: DynamicTable, slot: str = "") -> Tuple[np.ndarray, np.ndarray]:
-    """(ids [K] int64, values [K, dim] float32) of every admitted ID, ordered by address.
+    """(ids [K] int64, values [K, dim] float32) of every admitted ID, ordered by address,
+    as trained steps left them: batches planned ahead and not yet stepped (graph-modifier
+    prefetch, an Estimator's input) are not part of the export, as in a checkpoint.
 
     slot: "" for the embedding, or an optimizer slot as store_stats()["slot_names"]
         lists them ("<optimizer name>/<slot>", e.g. "LazyAdamByAddress/m").
     """
-    ids, rows = loader.engine().export_rows(table.table_key)
+    ids, rows = loader.engine().export_rows(table.table_key, at_boundary=True)
     values = loader.engine().dynamic_store_read(table.table_key, rows.astype(np.int64), slot)
     return ids, values
 
