@@ -18,9 +18,8 @@ their gradients, DLRM reaches only 0.55-0.57 at these sizes, so multi-lookup is 
 with Wide&Deep).
 """
 
-import numpy as np
 import pytest
-from zoo_support import ZOO, auc_tolerance, label_counts, run_example
+from zoo_support import ZOO, check_mode
 
 SIZES = {  # small sizes (the port reads them from ZOO_*; the defaults are the example's)
     "TRAIN_RANK_SIZE": 1, "ZOO_BATCH_SIZE": 256, "ZOO_LINE_PER_SAMPLE": 64,
@@ -59,20 +58,7 @@ def test_mode_trains_evaluates_saves_restores(tmp_path, data, modify_graph, cach
                                               faae, expansion, multi):
     env = dict(SIZES, DLRM_CRITEO_DATA_PATH=data, CACHE_MODE=cache, USE_DYNAMIC=dynamic,
                USE_FAAE=faae, USE_DYNAMIC_EXPANSION=expansion, USE_MULTI_LOOKUP=multi)
-    direct = "modify_graph" if modify_graph else 1
-    reference = run_example("dlrm", tmp_path / "direct", dict(env, ZOO_DIRECT=direct))
-    trained = run_example("dlrm", tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
-    assert trained["steps"] == reference["steps"] == 48 and len(trained["auc"]) == 1
-    assert (tmp_path / "run" / "saved-model" / "sparse-model-0").is_dir()
-    assert np.all(np.isfinite(trained["losses"]))
-    auc, want = trained["auc"][0], reference["auc"][0]
-    assert min(auc, want) > 0.6, f"the mode did not learn: AUC {auc}, direct {want}"
-    positives, negatives = label_counts(data)
-    assert abs(auc - want) <= auc_tolerance(positives, negatives, want), (auc, want)
-    # The script's IF_LOAD finds ./saved-model/sparse-model-0: restore, evaluate only.
-    restored = run_example("dlrm", tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
-    assert restored["restored_step"] == trained["saved_step"]
-    assert restored["auc"] == trained["auc"]
+    check_mode("dlrm", tmp_path, data, env, modify_graph, steps=48)
 
 
 def test_the_port_marks_every_edit():

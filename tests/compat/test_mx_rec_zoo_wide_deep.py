@@ -11,9 +11,8 @@ The example's dropout draws differ between the paths (another graph, other op se
 part of the noise the tolerance allows.
 """
 
-import numpy as np
 import pytest
-from zoo_support import ZOO, auc_tolerance, label_counts, run_example
+from zoo_support import ZOO, check_mode
 
 SIZES = {
     "TRAIN_RANK_SIZE": 1, "ZOO_BATCH_SIZE": 128, "ZOO_TRAIN_EPOCH": 4, "ZOO_TEST_EPOCH": 1,
@@ -51,19 +50,7 @@ def test_mode_trains_evaluates_saves_restores(tmp_path, data, modify_graph, cach
                                               faae, expansion, multi):
     env = dict(SIZES, DLRM_CRITEO_DATA_PATH=data, CACHE_MODE=cache, USE_DYNAMIC=dynamic,
                USE_FAAE=faae, USE_DYNAMIC_EXPANSION=expansion, USE_MULTI_LOOKUP=multi)
-    direct = "modify_graph" if modify_graph else 1
-    reference = run_example("wide_deep", tmp_path / "direct", dict(env, ZOO_DIRECT=direct))
-    trained = run_example("wide_deep", tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
-    assert trained["steps"] == 120 and len(trained["auc"]) == 1
-    assert (tmp_path / "run" / "saved-model" / "sparse-model-0").is_dir()
-    assert np.all(np.isfinite(trained["losses"]))
-    auc, want = trained["auc"][0], reference["auc"][0]
-    assert min(auc, want) > 0.6, f"the mode did not learn: AUC {auc}, direct {want}"
-    positives, negatives = label_counts(data)
-    assert abs(auc - want) <= auc_tolerance(positives, negatives, want), (auc, want)
-    restored = run_example("wide_deep", tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
-    assert restored["restored_step"] == trained["saved_step"]
-    assert restored["auc"] == trained["auc"]
+    check_mode("wide_deep", tmp_path, data, env, modify_graph, steps=120)
 
 
 def test_the_port_marks_every_edit():

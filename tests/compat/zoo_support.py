@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import tensorflow as tf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -56,3 +57,26 @@ def label_counts(data_dir: pathlib.Path):
             positives += sum(labels)
             total += len(labels)
     return positives, total - positives
+
+
+def check_mode(example: str, tmp_path: pathlib.Path, data: pathlib.Path, env: dict,
+               modify_graph: int, steps: int) -> None:
+    """One of run.sh's modes: trains, evaluates and saves, then restores and evaluates again.
+
+    The AUC must be within auc_tolerance of the one-process direct run of the same model
+    (ZOO_DIRECT), above 0.6, and the restored run's AUC the training run's, exactly.
+    """
+    direct = "modify_graph" if modify_graph else 1
+    reference = run_example(example, tmp_path / "direct", dict(env, ZOO_DIRECT=direct))
+    trained = run_example(example, tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
+    assert trained["steps"] == reference["steps"] == steps and len(trained["auc"]) == 1
+    assert (tmp_path / "run" / "saved-model" / "sparse-model-0").is_dir()
+    assert np.all(np.isfinite(trained["losses"]))
+    auc, want = trained["auc"][0], reference["auc"][0]
+    assert min(auc, want) > 0.6, f"the mode did not learn: AUC {auc}, direct {want}"
+    positives, negatives = label_counts(data)
+    assert abs(auc - want) <= auc_tolerance(positives, negatives, want), (auc, want)
+    # The script's IF_LOAD finds ./saved-model/sparse-model-0: restore, evaluate only.
+    restored = run_example(example, tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
+    assert restored["restored_step"] == trained["saved_step"]
+    assert restored["auc"] == trained["auc"]
