@@ -2,8 +2,8 @@
 against one process on the same partitions: the same donefile (each partition once, the same
 rows, one progressive AUC per partition equal to one process's), the same serving versions
 (kinds, tables by ID, dense values) and the same predictions on a held-out partition, with
-admission, daily eviction, partitions of two files, a partition of one line (fewer lines
-than ranks: rank 0's slices are empty) and an empty partition.
+admission, daily eviction, a host tier, partitions of two files, a partition of one line
+(fewer lines than ranks: rank 0's slices are empty) and an empty partition.
 
 The tables start from zeros (--init_stddev 0): with random rows an ID's initial row depends
 on where its owner puts it, so only zero (or constant) initial rows make N ranks equal one
@@ -20,6 +20,7 @@ import pytest
 import tensorflow as tf
 from test_streaming_trainer import MODEL_FLAGS, PARTITIONS, SCHEMA_SPEC, _export_state, write_stream
 
+from mxrec.saver import serving
 from mxrec.serving import versions
 from mxrec.serving.predictor import ModelInstance
 from mxrec.streaming import donefile, parsers
@@ -172,3 +173,21 @@ def test_the_plain_tensorflow_baseline_is_refused_on_ranks(runs, tmp_path):
     result = train(2, root / "data", tmp_path / "work", tmp_path / "export", flags=plain)
     assert result.returncode != 0
     assert "one process only" in result.stdout + result.stderr
+
+
+def test_a_host_tier_on_two_ranks_equals_one_process(runs, tmp_path):
+    """100 device rows per rank and table, 200 in all for more IDs than that: each owner's
+    host tier holds the rest; the versions equal one process's without a tier."""
+    root, _ = runs
+    check(train(2, root / "data", tmp_path / "work", tmp_path / "export",
+                extra=["--vocabulary", "100", "--host_vocabulary", "4000"]))
+    entries = donefile.read(str(tmp_path / "work" / "donefile.jsonl"))
+    assert [e["partition"] for e in entries] == ALL_PARTITIONS
+    newest = _export_state(tmp_path / "export")[1]
+    ids = [len(serving.exported_tables(str(tmp_path / "export" / str(e["step"])))
+               ["embedding"]["ids"]) for e in entries]
+    assert max(e["table_rows"]["embedding"] for e in entries) <= 2 * 100 < max(ids), ids
+    query = held_out(root / "held_out_tier")
+    assert_same_versions(predictions(root / "export1", query),
+                         predictions(tmp_path / "export", query), "2 ranks, host tier")
+    assert_same_state(_export_state(root / "export1")[1], newest, "2 ranks, host tier")
