@@ -60,18 +60,23 @@ def held_out(root):
     return {k: np.concatenate([p[k] for p in parts]) for k in ("sparse", "dense")}
 
 
+def command(ranks, data, work, export, extra=(), env=None, flags=MODEL_FLAGS):
+    """(argv, environment) of the CLI on `ranks` ranks (the launcher for ranks > 1)."""
+    argv = ["-m", "mxrec.streaming", "train", "--data", str(data), "--model-dir", str(work),
+            "--export-base", str(export), "--schema", SCHEMA_SPEC, "--no_progress",
+            *flags, *extra]
+    if ranks > 1:
+        argv = ["-m", "mxrec.launch", "-n", str(ranks)] + argv
+    return [sys.executable, *argv], dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3",
+                                         MXREC_COLLECTIVE_TIMEOUT="120", **(env or {}))
+
+
 def train(ranks, data, work, export, extra=(), env=None, timeout=600, flags=MODEL_FLAGS):
     """The CLI on `ranks` ranks (the launcher for ranks > 1); the finished process."""
-    command = ["-m", "mxrec.streaming", "train", "--data", str(data), "--model-dir", str(work),
-               "--export-base", str(export), "--schema", SCHEMA_SPEC, "--no_progress",
-               *flags, *extra]
-    if ranks > 1:
-        command = ["-m", "mxrec.launch", "-n", str(ranks)] + command
-    full_env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3",
-                    MXREC_COLLECTIVE_TIMEOUT="120", **(env or {}))
+    argv, full_env = command(ranks, data, work, export, extra, env, flags)
     for _ in range(3):
-        result = subprocess.run([sys.executable, *command], env=full_env, capture_output=True,
-                                text=True, timeout=timeout)
+        result = subprocess.run(argv, env=full_env, capture_output=True, text=True,
+                                timeout=timeout)
         # The launcher picks free ports by binding and closing them; another process may
         # take one before the rank binds it. Such a run is started again (new ports).
         if _PORT_TAKEN not in result.stdout + result.stderr:

@@ -4,18 +4,24 @@ rank count reshards), and the result equals one process that never stopped: the 
 holds each partition once, every serving version predicts what the uninterrupted run's
 does, the newest version holds the same tables and dense values."""
 
+import os
+import random
+import signal
+import subprocess
+
 import numpy as np
 from test_streaming_ranks_equal import (
     ALL_PARTITIONS,
     assert_same_state,
     assert_same_versions,
     check,
+    command,
     held_out,
     predictions,
     train,
     write_data,
 )
-from test_streaming_trainer import _export_state
+from test_streaming_trainer import _export_state, _wait_for_new_paths
 
 from mxrec.streaming import donefile
 from mxrec.streaming.trainer import FAULT_ENV
@@ -63,3 +69,56 @@ def test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run(t
                          predictions(export, query), "killed and restarted")
     assert_same_state(_export_state(tmp_path / "ref_export")[1], _export_state(export)[1],
                       "killed and restarted, newest version")
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The process id of `rank` among the launcher's children (their MXREC_RANK)."""
+    children = []
+    for task in os.listdir(f"/proc/{launcher.pid}/task"):
+        with open(f"/proc/{launcher.pid}/task/{task}/children") as f:
+            children += [int(pid) for pid in f.read().split()]
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if f"MXREC_RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no rank {rank} among the launcher's children {children}")
+
+
+def test_kills_at_seeded_moments_of_a_rank_and_of_the_launcher(tmp_path):
+    """SIGKILL of rank 1 and SIGTERM to the launcher at points derived from the run's progress
+    (a seeded number of new paths under the checkpoints, under the export: mid-save,
+    mid-export), after a kill before the save (rank 1 after training partition 3: rank 0
+    waits in the save until the launcher stops it); then a run to the end."""
+    data = tmp_path / "data"
+    write_data(data)
+    check(train(1, data, tmp_path / "ref_work", tmp_path / "ref_export"))
+    work, export = tmp_path / "work", tmp_path / "export"
+    _killed(train(2, data, work, export, env={FAULT_ENV: "after_train:3:1"}), 1)
+    assert [e["partition"] for e in donefile.read(str(work / "donefile.jsonl"))] == \
+        ALL_PARTITIONS[:2]
+    rng = random.Random(5)
+    for where, victim in ((work / "checkpoints", "rank 1"), (export, "launcher")):
+        argv, env = command(2, data, work, export)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        stopped = _wait_for_new_paths(proc, where, rng.randint(2, 10))
+        if stopped:
+            if victim == "launcher":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                os.kill(_rank_pid(proc, 1), signal.SIGKILL)
+        _, err = proc.communicate(timeout=180)
+        # Killed, or it finished before that point (then a later run has nothing to do).
+        assert (proc.returncode != 0) == stopped, (victim, proc.returncode, err[-3000:])
+    check(train(2, data, work, export))
+    entries = donefile.read(str(work / "donefile.jsonl"))
+    assert [e["partition"] for e in entries] == ALL_PARTITIONS
+    query = held_out(tmp_path / "held_out")
+    assert_same_versions(predictions(tmp_path / "ref_export", query),
+                         predictions(export, query), "killed at seeded moments")
+    assert_same_state(_export_state(tmp_path / "ref_export")[1], _export_state(export)[1],
+                      "killed at seeded moments, newest version")
