@@ -12,6 +12,7 @@ process bit for bit before training.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -136,6 +137,7 @@ def test_two_ranks_equal_one_process(runs):
     assert [e["partition"] for e in two] == ALL_PARTITIONS
     assert [e["step"] for e in two] == list(range(1, len(ALL_PARTITIONS) + 1))
     assert [e["ranks"] for e in two] == [2] * len(ALL_PARTITIONS)
+    assert {e["exchange"] for e in two} == {"grpc"} and {e["exchange"] for e in one} == {None}
     by_name = {e["partition"]: e for e in two}
     assert by_name[ONE_LINE]["rows"] == 1 and by_name[EMPTY]["rows"] == 0
     for a, b in zip(one, two):
@@ -196,3 +198,44 @@ def test_a_host_tier_on_two_ranks_equals_one_process(runs, tmp_path):
     assert_same_versions(predictions(root / "export1", query),
                          predictions(tmp_path / "export", query), "2 ranks, host tier")
     assert_same_state(_export_state(root / "export1")[1], newest, "2 ranks, host tier")
+
+
+def _mpi_engine():
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    library = os.path.join(REPO, "mxrec", "_lib", "_mxrec_mpi_ops.so")
+    return (os.path.exists(mpirun) or shutil.which("mpirun")) and os.path.exists(library)
+
+
+@pytest.mark.skipif(not _mpi_engine(), reason="no mpirun or no _mxrec_mpi_ops.so")
+def test_the_mpi_engine_gives_the_same_versions(runs, tmp_path):
+    """The trainer does not depend on the exchange engine: MXREC_EXCHANGE=mpi (the launcher
+    then starts the ranks under mpirun) trains the same model."""
+    root, _ = runs
+    result = train(2, root / "data", tmp_path / "work", tmp_path / "export",
+                   env={"MXREC_EXCHANGE": "mpi"})
+    check(result)
+    entries = donefile.read(str(tmp_path / "work" / "donefile.jsonl"))
+    assert [e["partition"] for e in entries] == ALL_PARTITIONS
+    assert {e["exchange"] for e in entries} == {"mpi"}
+    query = held_out(root / "held_out_mpi")
+    assert_same_versions(predictions(root / "export1", query),
+                         predictions(tmp_path / "export", query), "2 ranks, MPI engine")
+
+
+def test_batch_validation_gathers_every_rank(runs, tmp_path):
+    """--validation batch: each batch's logits before its update, gathered from both ranks:
+    the figures of one process in the same mode."""
+    root, _ = runs
+    extra = ["--validation", "batch"]
+    check(train(1, root / "data", tmp_path / "work1", tmp_path / "export1", extra=extra))
+    check(train(2, root / "data", tmp_path / "work2", tmp_path / "export2", extra=extra))
+    one, two = (donefile.read(str(tmp_path / f"work{n}" / "donefile.jsonl")) for n in (1, 2))
+    assert [e["partition"] for e in two] == ALL_PARTITIONS
+    for a, b in zip(one, two):
+        assert a["metrics"]["rows"] == b["metrics"]["rows"] == a["rows"]
+        for metric in ("auc", "logloss", "calibration"):
+            x, y = a["metrics"][metric], b["metrics"][metric]
+            assert (x != x and y != y) or abs(x - y) < 1e-5, (metric, a, b)
+    query = held_out(root / "held_out_batch")
+    assert_same_versions(predictions(root / "export1", query),
+                         predictions(tmp_path / "export2", query), "2 ranks, batch validation")

@@ -553,6 +553,8 @@ class StreamingTrainer:
                  "metrics": scored, "rows": rows, "lines": lines, "bad_lines": bad_lines,
                  "bad_line_examples": counter.messages[:5], "evicted": int(evicted),
                  "table_rows": table_rows, "ranks": self._size,
+                 "exchange": None if self._size == 1 else (
+                     "mpi" if communication.uses_mpi() else "grpc"),
                  "train_seconds": round(train_seconds, 4),
                  "seconds": round(time.monotonic() - start, 4), "time": time.time()}
         if self._rank == 0:
