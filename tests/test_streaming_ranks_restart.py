@@ -48,9 +48,12 @@ def test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run(t
     assert [e["partition"] for e in donefile.read(str(work / "donefile.jsonl"))] == \
         ALL_PARTITIONS[:3]
     # Restart on one process (the 2-rank checkpoint reshards onto it), killed after the line
-    # of partition 5 is written; then on 2 ranks again (1 -> 2) to the end.
+    # of partition 5 is written; then on 2 ranks again (1 -> 2).
     one = train(1, data, work, export, env={FAULT_ENV: "after_donefile:5"})
     assert one.returncode == -9, one.stderr[-3000:]
+    # Rank 1 dies once it is through partition 6 (rank 0 may not have written its line yet).
+    _killed(train(2, data, work, export, env={FAULT_ENV: "after_donefile:6:1"}), 1)
+    assert len(donefile.read(str(work / "donefile.jsonl"))) in (5, 6)
     check(train(2, data, work, export))
 
     entries = donefile.read(str(work / "donefile.jsonl"))
