@@ -3,7 +3,8 @@ against one process on the same partitions: the same donefile (each partition on
 rows, one progressive AUC per partition equal to one process's), the same serving versions
 (kinds, tables by ID, dense values) and the same predictions on a held-out partition, with
 admission, daily eviction, a host tier, partitions of two files, a partition of one line
-(fewer lines than ranks: rank 0's slices are empty) and an empty partition.
+(fewer lines than ranks: rank 0's slices are empty) and an empty partition; per-day shrink
+over three days; the MPI engine; --validation batch.
 
 The tables start from zeros (--init_stddev 0): with random rows an ID's initial row depends
 on where its owner puts it, so only zero (or constant) initial rows make N ranks equal one
@@ -239,3 +240,20 @@ def test_batch_validation_gathers_every_rank(runs, tmp_path):
     query = held_out(root / "held_out_batch")
     assert_same_versions(predictions(root / "export1", query),
                          predictions(tmp_path / "export2", query), "2 ranks, batch validation")
+
+
+def test_per_day_shrink_on_two_ranks_equals_one_process(tmp_path):
+    """--shrink_days 1 over three days: each owner removes its IDs unseen for a day, as one
+    process removes them."""
+    data = tmp_path / "data"
+    write_stream(str(data), ["20240101/00", "20240102/00", "20240103/00"], rows=120, seed=4)
+    flags = [f for f in MODEL_FLAGS if f != "--evict_daily"] + ["--shrink_days", "1"]
+    check(train(1, data, tmp_path / "work1", tmp_path / "export1", flags=flags))
+    check(train(2, data, tmp_path / "work2", tmp_path / "export2", flags=flags))
+    one, two = (donefile.read(str(tmp_path / f"work{n}" / "donefile.jsonl")) for n in (1, 2))
+    assert [e["evicted"] for e in two] == [e["evicted"] for e in one]
+    assert one[-1]["evicted"] > 0  # the third day's shrink removed the first day's IDs
+    assert [e["table_rows"] for e in two] == [e["table_rows"] for e in one]
+    query = held_out(tmp_path / "held_out")
+    assert_same_versions(predictions(tmp_path / "export1", query),
+                         predictions(tmp_path / "export2", query), "2 ranks, shrink")
