@@ -257,3 +257,27 @@ def test_per_day_shrink_on_two_ranks_equals_one_process(tmp_path):
     query = held_out(tmp_path / "held_out")
     assert_same_versions(predictions(tmp_path / "export1", query),
                          predictions(tmp_path / "export2", query), "2 ranks, shrink")
+
+
+@pytest.mark.skipif(not _mpi_engine(), reason="no mpirun")
+def test_plain_mpirun_trains_the_same_versions(runs, tmp_path):
+    """`mpirun -n 2 python -m mxrec.streaming train ...` without mxrec's launcher: ranks from
+    Open MPI's environment, the default (gRPC) engine."""
+    root, _ = runs
+    argv, env = command(1, root / "data", tmp_path / "work", tmp_path / "export")
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    prefix = [mpirun if os.path.exists(mpirun) else shutil.which("mpirun"), "--oversubscribe",
+              "--bind-to", "none", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+              "-x", "MXREC_COLLECTIVE_TIMEOUT", "-n", "2"]
+    if os.geteuid() == 0:
+        prefix.insert(1, "--allow-run-as-root")
+    env.pop("MXREC_EXCHANGE", None)
+    result = subprocess.run(prefix + argv, env=env, capture_output=True, text=True,
+                            timeout=600)
+    check(result)
+    entries = donefile.read(str(tmp_path / "work" / "donefile.jsonl"))
+    assert [e["partition"] for e in entries] == ALL_PARTITIONS
+    assert {(e["ranks"], e["exchange"]) for e in entries} == {(2, "grpc")}
+    query = held_out(root / "held_out_mpirun")
+    assert_same_versions(predictions(root / "export1", query),
+                         predictions(tmp_path / "export", query), "plain mpirun")
