@@ -701,10 +701,6 @@ def summary(entries: List[Dict]) -> str:
                        "mean_progressive_auc": float(np.mean(aucs)) if aucs else None})
 
 
-__all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary",
-           "DEFAULT_SIGNATURE", "RAW_SIGNATURE"]
-
-
 def _summed_over_ranks(grads: List) -> List:
     """The dense gradients summed over the ranks: one all-reduce of them all, flattened."""
     present = [i for i, g in enumerate(grads) if g is not None]
@@ -717,3 +713,8 @@ def _summed_over_ranks(grads: List) -> List:
     for i, value, piece in zip(present, values, pieces):
         out[i] = tf.reshape(piece, value.shape)
     return out
+
+
+__all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary",
+           "DEFAULT_SIGNATURE", "RAW_SIGNATURE"]
+
