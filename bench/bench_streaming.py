@@ -17,6 +17,9 @@ Sections (each prints a Markdown table; baselines are measured in the same run):
 - delta: time to apply a 1,000-row delta against table size (100k and 1M rows): the
   predictor's in-place apply and writing a delta-only version (both should stay flat),
   and, for comparison, `apply_delta` writing a complete SavedModel (grows with the table).
+- ranks: the streaming CLI on 1 process and on 2 ranks (python -m mxrec.launch -n 2 -m
+  mxrec.streaming train) over the same partitions: samples/s of the training passes and
+  seconds per partition (pass, sharded checkpoint, export, donefile), 2 ranks / 1 process.
 - movielens: progressive AUC and rows in use, in one run on the same daily partitions:
   mxrec with raw IDs, plain TensorFlow with IDs folded into hash buckets, mxrec with
   admission and eviction.
@@ -209,6 +212,52 @@ def bench_overhead(partitions: int, rows: int, batch_size: int, threads: int,
     shutil.rmtree(work)
 
 
+def _cli_run(ranks: int, root: str, work: str, batch_size: int, vocabulary: int) -> list:
+    argv = ["-m", "mxrec.streaming", "train", "--data", root, "--model-dir",
+            os.path.join(work, "model"), "--export-base", os.path.join(work, "export"),
+            "--format", "criteo", "--model", "wide_deep", "--dim", "8", "--vocabulary",
+            str(vocabulary), "--batch_size", str(batch_size), "--validation", "none",
+            "--no_tensorboard", "--no_progress"]
+    if ranks > 1:
+        argv = ["-m", "mxrec.launch", "-n", str(ranks)] + argv
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"streaming on {ranks} rank(s) failed: {result.stderr[-2000:]}")
+    return donefile.read(os.path.join(work, "model", "donefile.jsonl"))
+
+
+def bench_ranks(partitions: int, rows: int, batch_size: int, repeats: int,
+                out: report.Report) -> None:
+    work = tempfile.mkdtemp(prefix="bench_ranks_")
+    root = os.path.join(work, "data")
+    _hourly_stream(root, partitions, rows)
+    total = partitions * rows
+    train = {1: [], 2: []}
+    whole = {1: [], 2: []}
+    for r in range(repeats):  # alternating which goes first
+        for ranks in ((1, 2) if r % 2 == 0 else (2, 1)):
+            # every ID of the run fits a rank's table (26 per line at most)
+            entries = _cli_run(ranks, root, os.path.join(work, f"r{r}-{ranks}"), batch_size,
+                               max(200_000, total * 26))
+            assert sum(e["rows"] for e in entries) == total
+            train[ranks].append(sum(e["train_seconds"] for e in entries))
+            whole[ranks].append(sum(e["seconds"] for e in entries))
+    print(f"\n### Streaming on ranks ({partitions} partitions x {rows:,} rows, global batch "
+          f"{batch_size}, wide_deep dim 8, best of {repeats}; {machine()})\n")
+    print("| run | training samples/s | seconds per partition (all stages) | ratio (training) "
+          "|\n|---|---|---|---|")
+    base = total / min(train[1])
+    for ranks in (1, 2):
+        speed = total / min(train[ranks])
+        print(f"| {ranks} rank(s) | {speed:,.0f} | {min(whole[ranks]) / partitions:.2f} | "
+              f"{speed / base:.3f} |")
+    out.goal("streaming on 2 ranks: training x 1 process", total / min(train[2]) / base, 0.8)
+    out.figure("streaming on 2 ranks: whole partition x 1 process",
+               round(min(whole[1]) / min(whole[2]), 3))
+    shutil.rmtree(work)
+
+
 def bench_delivery(partitions: int, rows: int, mode: str) -> list:
     work = tempfile.mkdtemp(prefix="bench_delivery_")
     root, export = os.path.join(work, "data"), os.path.join(work, "export")
@@ -349,7 +398,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", default="parse,overhead,delivery,delta",
-                        help="comma-separated: parse, overhead, delivery, delta, movielens")
+                        help="comma-separated: parse, overhead, delivery, delta, ranks, "
+                             "movielens")
     parser.add_argument("--parse_rows", type=int, default=None,
                         help="rows parsed (200000; --quick 50000)")
     parser.add_argument("--partitions", type=int, default=2,
@@ -381,7 +431,8 @@ def main(argv=None) -> int:
             setattr(args, name, short if args.quick else full)
     out = report.Report()
     sections = [s for s in args.sections.split(",") if s]
-    unknown = sorted(set(sections) - {"parse", "overhead", "delivery", "delta", "movielens"})
+    unknown = sorted(set(sections) - {"parse", "overhead", "delivery", "delta", "ranks",
+                                      "movielens"})
     if unknown:
         parser.error(f"--sections: unknown {unknown}")
     if "movielens" in sections and not (args.movielens and os.path.isdir(args.movielens)):
@@ -403,6 +454,8 @@ def main(argv=None) -> int:
             work = [e["seconds"] for e in entries[1:]]
             print(f"| {mode} | {', '.join(f'{x:.2f}' for x in latencies)} | "
                   f"{', '.join(f'{x:.2f}' for x in work)} |")
+    if "ranks" in sections:
+        bench_ranks(args.partitions, args.rows, args.batch_size, args.repeats, out)
     if "delta" in sections:
         bench_delta([int(s) for s in args.delta_sizes.split(",")], 1000, out)
     if "movielens" in sections:

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--cross_layers", type=int, default=2, help="dcn cross layers (2)")
     train.add_argument("--vocabulary", type=int, default=200_000,
                        help="device rows per table (200000)")
+    train.add_argument("--host_vocabulary", type=int, default=0,
+                       help="host-memory rows per table for IDs past the device rows (a host "
+                            "tier; the device rows become a cache); 0: none (default)")
     train.add_argument("--init_stddev", type=float, default=0.01,
                        help="stddev of new rows (0.01); 0: zeros")
     train.add_argument("--access_threshold", type=int, default=None,
@@ -190,7 +193,8 @@ def _train(args, parser) -> int:
                                    init_stddev=args.init_stddev,
                                    access_threshold=args.access_threshold,
                                    eviction_threshold=args.eviction_threshold, seed=args.seed,
-                                   buckets=args.buckets)
+                                   buckets=args.buckets,
+                                   host_vocabulary=args.host_vocabulary)
         config = StreamConfig(
             data=args.data, schema=_schema(args), workdir=args.workdir,
             export_base=args.export_base, batch_size=args.batch_size,

@@ -8,7 +8,10 @@ never a torn line.
 
 Line fields: partition, day, step (= checkpoint version), checkpoint ("full" or
 "delta"), export_version (or null), metrics (progressive validation), rows
-(trained), lines, bad_lines, evicted, table_rows, seconds, time.
+(trained), lines, bad_lines, evicted, table_rows, ranks (the ranks that trained it; rows,
+lines, bad_lines, evicted and table_rows are sums over them), exchange (the engine of
+several ranks: "grpc" or "mpi"; null in one process), seconds, time. On several
+ranks rank 0 alone writes it.
 """
 
 import json

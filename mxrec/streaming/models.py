@@ -49,6 +49,9 @@ class ModelConfig:
         buckets: the plain-TensorFlow baseline instead of mxrec tables: each table is a
             tf.Variable of this many rows, an ID reads row ID mod buckets (collisions
             share a row); no admission or eviction.
+        host_vocabulary: rows of each table in host memory for IDs past its `vocabulary`
+            device rows (a host tier: the device rows become a cache); 0: none. Both are
+            per rank on several ranks.
     """
 
     kind: str = "wide_deep"
@@ -61,8 +64,12 @@ class ModelConfig:
     eviction_threshold: Optional[int] = None
     seed: int = 0
     buckets: Optional[int] = None
+    host_vocabulary: int = 0
 
     def __post_init__(self):
+        if self.host_vocabulary < 0 or (self.host_vocabulary and self.buckets is not None):
+            raise ValueError("model: host_vocabulary must be >= 0 and excludes buckets, got "
+                             f"{self.host_vocabulary}")
         if self.buckets is not None and (self.buckets < 1 or self.access_threshold is not None
                                          or self.eviction_threshold is not None):
             raise ValueError("model: buckets must be >= 1 and excludes access_threshold and "
@@ -81,12 +88,14 @@ class ModelConfig:
                              f"{self.eviction_threshold}")
 
 
-def table(name: str, dim: int, vocabulary: int, initializer):
-    """The mxrec table `name` of the current runtime, created on first use."""
+def table(name: str, dim: int, vocabulary: int, initializer, host_vocabulary: int = 0):
+    """The mxrec table `name` of the current runtime, created on first use (with a host
+    tier of `host_vocabulary` rows when > 0)."""
     existing = get_config_initializer().tables.get(name)
     if existing is not None and existing.variable.graph is tf.compat.v1.get_default_graph():
         return existing
-    return create_table(tf.int64, dim, name, initializer, device_vocabulary_size=vocabulary)
+    return create_table(tf.int64, dim, name, initializer, device_vocabulary_size=vocabulary,
+                        host_vocabulary_size=host_vocabulary)
 
 
 def _lookup_config(config: ModelConfig):
@@ -141,7 +150,8 @@ def _bucket_lookup(name: str, dim: int, buckets: int, initializer, ids: tf.Tenso
 def _embed(config: ModelConfig, name: str, dim: int, initializer, sparse, is_train, access):
     if config.buckets is not None:
         return _bucket_lookup(name, dim, config.buckets, initializer, sparse)
-    return sparse_lookup(table(name, dim, config.vocabulary, initializer), sparse,
+    return sparse_lookup(table(name, dim, config.vocabulary, initializer,
+                               config.host_vocabulary), sparse,
                          is_train=is_train, name=f"{name}_{'train' if is_train else 'eval'}",
                          access_and_evict_config=access)
 

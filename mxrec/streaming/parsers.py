@@ -378,7 +378,8 @@ def features_from_raw(columns: Dict[str, tf.Tensor], schema: Schema) -> Dict[str
 
 
 def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_size: int,
-                 num_parallel_calls: int = tf.data.AUTOTUNE, prefetch: int = 2) -> tf.data.Dataset:
+                 num_parallel_calls: int = tf.data.AUTOTUNE, prefetch: int = 2,
+                 rank: int = 0, size: int = 1) -> tf.data.Dataset:
     """Batches of parsed records from `files`, read in order, line numbers kept.
 
     Batches do not span files: a file's last batch may be smaller.
@@ -388,9 +389,18 @@ def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_s
             every partition).
         schema: the records' columns (CRITEO_TSV, AVAZU_CSV, parse_schema_spec(...)).
         batch_size: lines per batch (malformed lines are dropped from their batch).
+        rank, size: several ranks: each batch of `batch_size` lines (the global batch,
+            as one process reads it) is cut into `size` contiguous slices, lines
+            [n * rank // size, n * (rank + 1) // size) of its n going to rank `rank`, and
+            only that slice is parsed. Every rank yields as many batches as one process
+            (a slice may be empty: fewer lines than ranks), so the ranks run the same steps
+            and their slices together are one process's batch.
     """
     if batch_size < 1:
         raise ValueError(f"make_dataset: batch_size must be >= 1, got {batch_size}")
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"make_dataset: rank must be in [0, size) and size >= 1, got rank "
+                         f"{rank} of {size}")
     files = tf.convert_to_tensor(files, tf.string)
     count = tf.shape(files, out_type=tf.int32)[0]
     first_line = 2 if schema.header else 1
@@ -407,7 +417,13 @@ def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_s
             first = k * batch_size + first_line
             return batch, tf.fill(tf.shape(batch), index), tf.range(first, first + size)
 
-        return lines.batch(batch_size).enumerate().map(numbered)
+        def own_slice(batch, file_index, numbers):
+            n = tf.shape(batch, out_type=tf.int64)[0]
+            start, end = n * rank // size, n * (rank + 1) // size
+            return batch[start:end], file_index[start:end], numbers[start:end]
+
+        batches = lines.batch(batch_size).enumerate().map(numbered)
+        return batches if size == 1 else batches.map(own_slice)
 
     dataset = tf.data.Dataset.from_tensor_slices((files, tf.range(count))).flat_map(batches_of)
     dataset = dataset.map(lambda line, index, n: parse_lines(line, index, n, schema),

@@ -17,9 +17,24 @@ checkpoint and serving versions written after it, and continues with the partiti
 after the last one recorded. Training is deterministic for a fixed data order, so the
 model equals that of a run that never stopped.
 
-Faults for tests: the environment variable MXREC_STREAMING_FAULT="<stage>:<step>" (stage
-one of after_train, after_checkpoint, after_export, after_donefile) kills the process
-with SIGKILL at that point of that step.
+Several ranks (`python -m mxrec.launch -n N -m mxrec.streaming train ...` or `mpirun -n N
+python -m mxrec.streaming train ...`, the same flags): the tables are sharded over the ranks
+(mxrec.distributed, whichever engine); each global batch of `batch_size` lines, as one
+process reads it, is cut into N contiguous slices, rank r parsing only its slice
+(parsers.make_dataset), so every rank runs the same steps (a slice may be empty) and the ranks
+together train what one process trains. The loss is the sum over the rank's rows divided by
+the global batch's rows (an all-reduce), the dense gradients are summed over the ranks, the
+tables' gradients meet at their owners. Rank 0 decides which partition comes next and tells
+the others (an all-reduce), so ranks that list the data root at different moments still
+agree. Progressive validation gathers every rank's labels and logits (all-reduces of
+fixed-size chunks) and computes one AUC per partition. The checkpoint is mxrec's sharded
+Saver (a collective save; a restore on another rank count reshards); rank 0 alone cleans
+what a crash left, builds the serving version from the sharded checkpoint, and appends the
+donefile line, once every rank's shard is saved.
+
+Faults for tests: the environment variable MXREC_STREAMING_FAULT="<stage>:<step>[:<rank>]"
+(stage one of after_train, after_checkpoint, after_export, after_donefile) kills the process
+(on several ranks: every rank, or only rank <rank>) with SIGKILL at that point of that step.
 
 Example:
     >>> config = StreamConfig(data="/data/stream", workdir="/ckpt", export_base="/serving/ctr")
@@ -41,6 +56,7 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec.core.embedding import add_timestamp
+from mxrec.distributed import communication
 from mxrec.optimizers.adagrad import create_hash_optimizer
 from mxrec.saver import manifest as checkpoint_manifest
 from mxrec.saver import serving
@@ -52,12 +68,19 @@ from mxrec.streaming import donefile, metrics
 from mxrec.streaming.models import BUCKET_VARIABLES
 from mxrec.streaming.parsers import (
     BadLineCounter,
+    MalformedDataError,
     Schema,
     features_from_raw,
     make_dataset,
     raw_feature_inputs,
 )
-from mxrec.streaming.partitions import DONE_MARKER, Partition, list_partitions, of_granularity
+from mxrec.streaming.partitions import (
+    DONE_MARKER,
+    Partition,
+    list_partitions,
+    of_granularity,
+    partition_at,
+)
 from mxrec.util import initialize
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -67,6 +90,11 @@ FAULT_ENV = "MXREC_STREAMING_FAULT"
 DEFAULT_SIGNATURE = "serving_default"
 RAW_SIGNATURE = "raw"
 VALIDATION_MODES = ("partition", "batch", "none")
+# Several ranks: labels and logits are gathered in chunks of this many rows (one all-reduce
+# of a fixed shape per chunk), and per-partition counts in one all-reduce of this many values
+# (plus one per rank).
+GATHER_CHUNK = 16384
+_SCALARS = 64
 
 
 @dataclasses.dataclass
@@ -167,6 +195,10 @@ class StreamConfig:
 
 def _fault(stage: str, step: int) -> None:
     spec = os.environ.get(FAULT_ENV)
+    if spec and spec.count(":") == 2:  # "<stage>:<step>:<rank>": only that rank
+        spec, _, rank = spec.rpartition(":")
+        if rank != str(communication.get_rank_id()):
+            return
     if spec and spec == f"{stage}:{step}":
         sys.stdout.flush()
         sys.stderr.flush()
@@ -203,9 +235,10 @@ class StreamingTrainer:
 
     def _build(self):
         cfg = self.config
+        rank, size = self._rank, self._size
         self._files = tf.compat.v1.placeholder(tf.string, [None], name="partition_files")
         self._partition_time = tf.compat.v1.placeholder(tf.int64, [], name="partition_time")
-        train_data = make_dataset(self._files, cfg.schema, cfg.batch_size)
+        train_data = make_dataset(self._files, cfg.schema, cfg.batch_size, rank=rank, size=size)
         if not cfg.schema.has_time:  # data time for eviction: the partition's start
             stamp = self._partition_time
             train_data = train_data.map(
@@ -216,7 +249,7 @@ class StreamingTrainer:
             # The scoring branch first: lookups stamp IDs with the newest add_timestamp,
             # and scoring must not read the training iterator.
             self._eval_iter = tf.compat.v1.data.make_initializable_iterator(
-                make_dataset(self._files, cfg.schema, cfg.batch_size))
+                make_dataset(self._files, cfg.schema, cfg.batch_size, rank=rank, size=size))
             eval_batch = self._eval_iter.get_next()
             eval_logits = self.model_fn({k: eval_batch[k] for k in ("sparse", "dense")
                                          if k in eval_batch}, False)
@@ -228,13 +261,23 @@ class StreamingTrainer:
         add_timestamp(batch["time"])
         logits = self.model_fn(features, True)
         labels = batch["label"]
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
-                                                                      logits=logits))
+        losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+        if size == 1:
+            loss = tf.reduce_mean(losses)
+        else:  # this rank's share of the global batch's mean loss
+            rows = communication.allreduce(tf.cast(tf.size(losses), tf.float32), "sum")
+            loss = tf.reduce_sum(losses) / tf.maximum(rows, 1.0)
         dense_vars, sparse_vars = get_dense_and_sparse_variable()
         buckets = tf.compat.v1.get_collection(BUCKET_VARIABLES)
+        if buckets and size > 1:
+            raise ValueError("streaming trainer: the plain-TensorFlow baseline (--buckets) runs "
+                             f"in one process only, not on {size} ranks; drop --buckets "
+                             "(mxrec's tables shard over the ranks)")
         bucket_refs = {v.ref() for v in buckets}
         dense_vars = [v for v in dense_vars if v.ref() not in bucket_refs]
         grads = tf.gradients(loss, dense_vars + sparse_vars + buckets)
+        if size > 1:
+            grads[:len(dense_vars)] = _summed_over_ranks(grads[:len(dense_vars)])
         updates = [tf.compat.v1.train.AdamOptimizer(cfg.dense_learning_rate).apply_gradients(
             zip(grads[:len(dense_vars)], dense_vars))]
         if sparse_vars:
@@ -250,7 +293,16 @@ class StreamingTrainer:
         self._train_fetch_scored = dict(self._train_fetch, logits=logits, label=labels)
         self._runtime = initialize.get_config_initializer()
         self._saver = Saver(cfg.checkpoint_dir, max_to_keep=cfg.keep_full_versions)
+        if size > 1:
+            with tf.name_scope("mxrec_streaming/ranks"):
+                self._scalars_in = tf.compat.v1.placeholder(tf.float64, [_SCALARS + size])
+                self._scalars_out = communication.allreduce(self._scalars_in, "sum")
+                self._gather_in = tf.compat.v1.placeholder(tf.float64, [2, GATHER_CHUNK])
+                self._gather_out = communication.allreduce(self._gather_in, "sum")
         self._init_op = tf.compat.v1.global_variables_initializer()
+        # Several ranks: the tables' variables and slots are local variables (a table with a
+        # host tier has no saveable in GLOBAL_VARIABLES to initialise them); run after it.
+        self._local_init_op = tf.compat.v1.local_variables_initializer()
         tf.compat.v1.get_default_graph().finalize()
 
     # --------------------------------------------------------------- resuming
@@ -277,12 +329,23 @@ class StreamingTrainer:
     def _resume(self, sess) -> Optional[Dict]:
         self.entries = donefile.read(self.config.donefile)
         last = self.entries[-1] if self.entries else None
-        self._clean_after(last["step"] if last else 0)
+        if self._size > 1:  # every rank must resume from the same line
+            step = last["step"] if last else 0
+            agreed, _ = self._sum_over_ranks(sess, [step if self._rank == 0 else 0])
+            if int(agreed[0]) != step:
+                raise RuntimeError(
+                    f"streaming trainer: rank {self._rank} reads {self.config.donefile} up to "
+                    f"step {step}, rank 0 up to step {int(agreed[0])}: every rank must see the "
+                    "same --model_dir (a shared filesystem)")
+        if self._rank == 0:
+            self._clean_after(last["step"] if last else 0)
+        self._barrier(sess)  # no rank reads a version before rank 0 has cleaned up
         if last is not None:
             restored = self._saver.restore(sess, version=last["step"])
             logging.info("streaming: resumed at step %d after partition %s", restored,
                          last["partition"])
-            if self.config.export_base and last.get("export_version") is not None:
+            if self.config.export_base and last.get("export_version") is not None \
+                    and self._rank == 0:
                 # Checked now so the log says at once; the next export checks again.
                 if self._good_base(last["export_version"]) is None:
                     logging.warning("streaming: the next partition's serving version will be "
@@ -325,6 +388,49 @@ class StreamingTrainer:
             if cfg.shrink_days is not None:
                 removed += t.shrink(cfg.shrink_days)
         return removed
+
+    # ------------------------------------------------------------------ ranks
+
+    def _sum_over_ranks(self, sess, values: List[float], mine: float = 0.0):
+        """(the sums over the ranks of `values`, every rank's `mine` by rank): one
+        all-reduce; NumPy in one process."""
+        if len(values) > _SCALARS:
+            raise ValueError(f"streaming trainer: {len(values)} counts to add over the ranks, "
+                             f"more than {_SCALARS} (one per table and a few): too many tables")
+        vector = np.zeros([_SCALARS + self._size], np.float64)
+        vector[:len(values)] = values
+        vector[_SCALARS + self._rank] = mine
+        if self._size > 1:
+            vector = sess.run(self._scalars_out, {self._scalars_in: vector})
+        return vector[:len(values)], vector[_SCALARS:]
+
+    def _gather(self, sess, labels: np.ndarray, logits: np.ndarray):
+        """Every rank's labels and logits, rank 0's first (on every rank)."""
+        if self._size == 1:
+            return labels, logits
+        _, counts = self._sum_over_ranks(sess, [], float(len(labels)))
+        counts = counts.astype(np.int64)
+        total, offset = int(counts.sum()), int(counts[:self._rank].sum())
+        mine = np.stack([np.asarray(labels, np.float64).reshape(-1),
+                         np.asarray(logits, np.float64).reshape(-1)])
+        out = np.empty([2, total], np.float64)
+        for start in range(0, total, GATHER_CHUNK):
+            chunk = np.zeros([2, GATHER_CHUNK], np.float64)
+            low, high = max(start, offset), min(start + GATHER_CHUNK, offset + len(labels))
+            if low < high:
+                chunk[:, low - start:high - start] = mine[:, low - offset:high - offset]
+            got = sess.run(self._gather_out, {self._gather_in: chunk})
+            end = min(start + GATHER_CHUNK, total)
+            out[:, start:end] = got[:, :end - start]
+        return out[0], out[1]
+
+    def _barrier(self, sess) -> None:
+        """Returns once every rank has called it (nothing in one process)."""
+        if self._size > 1:
+            _, arrived = self._sum_over_ranks(sess, [], 1.0)
+            if arrived.sum() != self._size:
+                raise RuntimeError(f"streaming trainer: the barrier counted {arrived.sum()} of "
+                                   f"{self._size} ranks")
 
     # ----------------------------------------------------------------- export
 
@@ -403,7 +509,7 @@ class StreamingTrainer:
         if cfg.validation == "partition":
             _, labels, logits = self._run_pass(sess, self._eval_iter, self._eval_fetch,
                                                partition.files, partition, counter, True)
-            scored = metrics.evaluate(labels, logits)
+            scored = metrics.evaluate(*self._gather(sess, labels, logits))
         train_start = time.monotonic()
         lines, labels, logits = self._run_pass(
             sess, self._train_iter,
@@ -412,7 +518,20 @@ class StreamingTrainer:
             cfg.validation == "batch")
         train_seconds = time.monotonic() - train_start
         if cfg.validation == "batch":
-            scored = metrics.evaluate(labels, logits)
+            scored = metrics.evaluate(*self._gather(sess, labels, logits))
+        table_rows = self._table_rows()
+        if self._size > 1:  # the partition's counts over every rank
+            sums, _ = self._sum_over_ranks(sess, [lines, counter.count, evicted]
+                                           + list(table_rows.values()))
+            lines, bad_lines, evicted = (int(v) for v in sums[:3])
+            table_rows = dict(zip(table_rows, (int(v) for v in sums[3:])))
+            if bad_lines > cfg.max_bad_lines:
+                raise MalformedDataError(
+                    f"more than {cfg.max_bad_lines} malformed lines in partition "
+                    f"{partition.name} over the {self._size} ranks ({bad_lines}; set "
+                    f"--max_bad_lines to allow more); this rank's: {counter.messages[:5]}")
+        else:
+            bad_lines = counter.count
         _fault("after_train", step)
         if cfg.full_every == "day":
             kind = "full" if new_day else "delta"
@@ -420,24 +539,30 @@ class StreamingTrainer:
             kind = "full" if previous is None or (step - 1) % cfg.full_every == 0 else "delta"
         self._saver.save(sess, step, kind=kind)
         _fault("after_checkpoint", step)
+        # Several ranks: the save returns once every rank's shard is in the version;
+        # rank 0 alone delivers and records the partition.
         export_version = None
         if cfg.export_base:
-            export_version = self._export(step, kind,
-                                          previous.get("export_version") if previous else None)
+            export_version = step
+            if self._rank == 0:
+                self._export(step, kind, previous.get("export_version") if previous else None)
         _fault("after_export", step)
-        rows = lines - counter.count
+        rows = lines - bad_lines
         entry = {"partition": partition.name, "day": partition.day, "step": step,
                  "checkpoint": kind, "export_version": export_version,
-                 "metrics": scored, "rows": rows, "lines": lines, "bad_lines": counter.count,
+                 "metrics": scored, "rows": rows, "lines": lines, "bad_lines": bad_lines,
                  "bad_line_examples": counter.messages[:5], "evicted": int(evicted),
-                 "table_rows": self._table_rows(),
+                 "table_rows": table_rows, "ranks": self._size,
+                 "exchange": None if self._size == 1 else (
+                     "mpi" if communication.uses_mpi() else "grpc"),
                  "train_seconds": round(train_seconds, 4),
                  "seconds": round(time.monotonic() - start, 4), "time": time.time()}
-        donefile.append(cfg.donefile, entry)
+        if self._rank == 0:
+            donefile.append(cfg.donefile, entry)
         _fault("after_donefile", step)
         if writer is not None:
             self._write_scalars(writer, entry)
-        if cfg.progress:
+        if cfg.progress and self._rank == 0:
             self._print_progress(entry)
         return entry
 
@@ -479,6 +604,35 @@ class StreamingTrainer:
                             "trained; they are not trained", late)
         return [p for p in ready if p.sort_key > done_key]
 
+    def _next(self, sess, last: Optional[Dict]):
+        """(the partition to train next or None, whether to stop): rank 0's choice, which
+        every rank follows (one all-reduce)."""
+        cfg = self.config
+        code = 0  # 0: wait, -1: stop, else the partition's key
+        if self._rank == 0:
+            pending = self._pending(last)
+            if pending:
+                code = int(pending[0].day) * 100 + (0 if pending[0].hour is None
+                                                    else pending[0].hour + 1)
+            elif not cfg.watch or (cfg.deadline is not None and time.time() >= cfg.deadline):
+                code = -1
+            if self._size == 1:
+                return (pending[0] if pending else None), code == -1
+        agreed, _ = self._sum_over_ranks(sess, [code if self._rank == 0 else 0])
+        code = int(agreed[0])
+        if code <= 0:
+            return None, code == -1
+        day, hour = divmod(code, 100)
+        name = f"{day:08d}" if hour == 0 else f"{day:08d}/{hour - 1:02d}"
+        if self._rank == 0:
+            return pending[0], False
+        partition = partition_at(cfg.data, name, cfg.done_marker)
+        if partition is None:
+            raise RuntimeError(f"streaming trainer: rank 0 trains partition {name} next, but "
+                               f"rank {self._rank} does not see it ready under {cfg.data} "
+                               "(every rank must see the same data root)")
+        return partition, False
+
     def run(self) -> List[Dict]:
         """Trains every pending partition (and, in watch mode, those that arrive); returns
         the donefile entries of this run."""
@@ -491,29 +645,31 @@ class StreamingTrainer:
         graph = tf.Graph()
         session_config = tf.compat.v1.ConfigProto(
             intra_op_parallelism_threads=cfg.threads, inter_op_parallelism_threads=cfg.threads)
+        self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
         try:
             with graph.as_default():
                 self._build()
-                with tf.compat.v1.Session(graph=graph, config=session_config) as sess:
+                with tf.compat.v1.Session(graph=graph, **communication.session_kwargs(
+                        session_config)) as sess:
                     sess.run(self._init_op)
+                    sess.run(self._local_init_op)
                     last = self._resume(sess)
                     writer = (tf.compat.v1.summary.FileWriter(
-                        posixpath.join(cfg.workdir, "tensorboard")) if cfg.tensorboard else None)
+                        posixpath.join(cfg.workdir, "tensorboard"))
+                        if cfg.tensorboard and self._rank == 0 else None)
                     try:
                         while True:
-                            pending = self._pending(last)
-                            for partition in pending:
-                                if cfg.max_partitions is not None and \
-                                        len(done_now) >= cfg.max_partitions:
-                                    return done_now
+                            if cfg.max_partitions is not None and \
+                                    len(done_now) >= cfg.max_partitions:
+                                return done_now
+                            partition, stop = self._next(sess, last)
+                            if partition is not None:
                                 step = (last["step"] if last else 0) + 1
                                 last = self._train_partition(sess, partition, step, last, writer)
                                 self.entries.append(last)
                                 done_now.append(last)
-                            if pending:
                                 continue
-                            if not cfg.watch or (cfg.deadline is not None
-                                                 and time.time() >= cfg.deadline):
+                            if stop:
                                 return done_now
                             wait = cfg.poll_interval
                             if cfg.deadline is not None:
@@ -545,5 +701,20 @@ def summary(entries: List[Dict]) -> str:
                        "mean_progressive_auc": float(np.mean(aucs)) if aucs else None})
 
 
+def _summed_over_ranks(grads: List) -> List:
+    """The dense gradients summed over the ranks: one all-reduce of them all, flattened."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return grads
+    values = [tf.convert_to_tensor(grads[i]) for i in present]
+    flat = communication.allreduce(tf.concat([tf.reshape(v, [-1]) for v in values], 0), "sum")
+    pieces = tf.split(flat, [v.shape.num_elements() for v in values])
+    out = list(grads)
+    for i, value, piece in zip(present, values, pieces):
+        out[i] = tf.reshape(piece, value.shape)
+    return out
+
+
 __all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary",
            "DEFAULT_SIGNATURE", "RAW_SIGNATURE"]
+
