@@ -115,14 +115,21 @@ def _unpack(value, lookups) -> _Element:
 
 
 def _plan(element: _Element, lookups, is_train: bool) -> List[tf.Tensor]:
-    """The exchange and the owners' key stages of one element: the queue's flat entry."""
+    """The exchange and the owners' key stages of one element: the queue's flat entry.
+
+    Every lookup of the element shares one agreement all-reduce and one ID all-to-all
+    (sharding.exchange_all)."""
     flat = list(element.components)
+    planned = [sharding.PlannedLookup(lookup.name, lookup.record.table, lookup.send_count)
+               for lookup in lookups]
+    with tf.name_scope("exchange"):
+        exchanges, timestamps = sharding.exchange_all(planned, element.routes, element.stamps,
+                                                      is_train)
     previous = []
-    for lookup, routed, stamp in zip(lookups, element.routes, element.stamps):
+    for lookup, routed, exchanged, timestamp in zip(lookups, element.routes, exchanges,
+                                                    timestamps):
         record = lookup.record
         with tf.name_scope(lookup.name.replace("/", "_")):
-            timestamp = sharding.batch_time(stamp)
-            exchanged = sharding.exchange(record.table, routed, is_train, lookup.send_count)
             # The key stages of one batch run in creation order, as the direct path chains them.
             with tf.control_dependencies(previous):
                 (rows,), (restore,), (reused,), batch_ids = mxrec_ops.key_stage(
@@ -216,6 +223,21 @@ def _end_of_data():
 _GRADIENT_SCOPE = re.compile(r"gradients(_\d+)?$")
 
 
+def _gradient_scope(tensor: tf.Tensor) -> str:
+    """The name scope of the tf.gradients call that built `tensor` ("" if none)."""
+    parts = tensor.op.name.split("/")
+    for index, part in enumerate(parts):
+        if _GRADIENT_SCOPE.match(part):
+            return "/".join(parts[:index + 1])
+    return ""
+
+
+def _grad_scale(table) -> Optional[float]:
+    if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
+        return 1.0 / communication.get_rank_size()
+    return None
+
+
 def _gradient_consumers(tensor: tf.Tensor) -> List[tf.Operation]:
     """The ops of a tf.gradients backward pass that read `tensor`."""
     return [op for op in tensor.consumers()
@@ -288,6 +310,11 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
             plan["reused"].set_shape(record.reused.shape)
         if prefetch > 0:  # with prefetch 0 the dequeue waits for it already
             _schedule_next_plan(planned_next, replacements)
+        # One embedding all-to-all forward and one gradient all-to-all per backward pass for
+        # all lookups of the step (their inputs read the planned tensors once rewired).
+        replacements += sharding.fuse_exchanges_back(
+            [lookup.record.sharded.exchange for lookup in lookups],
+            [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope)
         restart = [kind_initializer, _drain(queue), _drain(ended), _drain(held)]
         # Every rank runs its initializer at the same point of its program: it pulls the
         # first element (and agrees that every rank has one).
