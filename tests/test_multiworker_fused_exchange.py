@@ -6,6 +6,7 @@ dims, one of them looked up twice) runs the same collectives as a step of 1 look
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ _PORT_TAKEN = "Could not start gRPC server"
 MANY = ["--tables", "5", "--dims", "8,4,16,2,6", "--twice"]
 
 
-def _run(ranks, args, timeout=400):
+def _run(ranks, args, timeout=400, ok=True):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER"):
         env.pop(name, None)
@@ -32,7 +33,8 @@ def _run(ranks, args, timeout=400):
                                 timeout=timeout)
         if _PORT_TAKEN not in result.stdout + result.stderr:
             break
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    if ok:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
@@ -48,10 +50,10 @@ def test_collectives_per_step_do_not_grow_with_lookups(tmp_path, prefetch):
     many = _counted(tmp_path, "many", MANY + ["--prefetch", prefetch])
     kinds = many["collectives"]
     # One all-to-all each of IDs, embeddings and gradients; all-reduces: the step's one
-    # agreement (buckets, fingerprints, batch times), "every rank has a next batch", and
-    # the user's dense all-reduce (one variable).
+    # agreement (buckets, fingerprints, batch times, "every rank has a next batch") and the
+    # user's dense all-reduce (one variable).
     assert kinds == {"alltoall_ids": 1, "alltoall_embeddings": 1, "alltoall_gradients": 1,
-                     "allreduce": 3}, many["names"]
+                     "allreduce": 2}, many["names"]
     assert one["collectives"] == kinds, (one["names"], many["names"])
     # The fused exchanges carry every lookup's rows: more bytes than one lookup's.
     assert many["bytes_sent"] > one["bytes_sent"] > 0
@@ -84,3 +86,17 @@ def test_fused_exchange_on_two_ranks_equals_one_process(tmp_path, optimizer, pre
                                        err_msg=f"table {t}, ID {key}")
     for w in got_w:
         np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-5)
+
+
+def test_ranks_that_built_different_lookups_fail_naming_the_lookup():
+    """One agreement serves the step's 6 lookups; the error still names the lookup that
+    differs, its table and the fields its fingerprint covers."""
+    result = _run(2, MANY + ["--modify_graph", "--rename_on_rank1", "2", "--steps", "4"],
+                  timeout=300, ok=False)
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "the ranks built different lookups" in out, out[-3000:]
+    assert re.search(r"sparse_lookup 'lookup_2[^']*' on table 'emb_2", out), out[-3000:]
+    assert "lookup 3 of the 6 sharded lookups of this step" in out
+    assert "table name, dim, key dtype, send_count, is_train or all2all_gradients_op" in out
+    assert not re.search(r"sparse_lookup 'lookup_[013]", out)  # those that agree: not blamed

@@ -64,7 +64,9 @@ def build(args, rank: int, size: int):
     iterator = _v1.data.make_initializable_iterator(dataset.batch(args.batch // size))
     features, label, stamp = iterator.get_next()
     add_timestamp(stamp)
-    tables = [create_table(tf.int64, dim, f"emb_{t}", _v1.constant_initializer(0.05),
+    renamed = args.rename_on_rank1 if rank == 1 else None
+    tables = [create_table(tf.int64, dim, f"emb_{t}" + ("_renamed" if t == renamed else ""),
+                           _v1.constant_initializer(0.05),
                            device_vocabulary_size=args.capacity,
                            all2all_gradients_op="sum_gradients_and_div_by_ranksize")
               for t, dim in enumerate(table_dims(args))]
@@ -148,6 +150,8 @@ def main(argv=None):
     parser.add_argument("--modify_graph", action="store_true")
     parser.add_argument("--prefetch", type=int, default=1)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--rename_on_rank1", type=int, default=None,
+                        help="rank 1 names this table otherwise (the error test)")
     parser.add_argument("--count", default=None, help="write the traced last step here")
     args = parser.parse_args(argv)
     init(use_mpi="MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ,

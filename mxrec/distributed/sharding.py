@@ -280,7 +280,7 @@ class PlannedLookup:
     send_count: Optional[int]
 
 
-def exchange_all(lookups, routes, stamps, is_train: bool):
+def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
     """`exchange` for every lookup of a step at once.
 
     One all-reduce (max) of one int64 vector agrees on everything: per lookup its largest
@@ -293,10 +293,12 @@ def exchange_all(lookups, routes, stamps, is_train: bool):
         lookups: [PlannedLookup], in the step's (every rank's) order.
         routes: [Route], one per lookup.
         stamps: per lookup its local batch time (int64 scalar) or None.
+        also: more int64 scalars to take the largest of over the ranks in the same
+            all-reduce (the graph modifier's "every rank has a next batch", negated).
 
     Returns:
-        ([Exchange], [batch time or None]), one per lookup; each Exchange equals what
-        `exchange` gives for that lookup alone.
+        ([Exchange], [batch time or None], [the largest of each of `also`]), one Exchange
+        per lookup, each equal to what `exchange` gives for that lookup alone.
     """
     size = communication.get_rank_size()
     count = len(lookups)
@@ -304,7 +306,8 @@ def exchange_all(lookups, routes, stamps, is_train: bool):
     times = [tf.cast(s, tf.int64) for s in stamps if s is not None]
     prints = [_fingerprint(lk.table, lk.send_count, is_train) for lk in lookups]
     vector = tf.stack(largest + times + [tf.constant(p, tf.int64) for p in prints] +
-                      [tf.constant(-p, tf.int64) for p in prints])
+                      [tf.constant(-p, tf.int64) for p in prints] +
+                      [tf.cast(value, tf.int64) for value in also])
     summary = communication.allreduce(vector, "max")
     base = count + len(times)
     checks = [tf.debugging.Assert(
@@ -328,7 +331,8 @@ def exchange_all(lookups, routes, stamps, is_train: bool):
     for stamp in stamps:
         stamps_out.append(None if stamp is None else summary[position])
         position += stamp is not None
-    return exchanges, stamps_out
+    tail = base + 2 * count
+    return exchanges, stamps_out, [summary[tail + i] for i in range(len(also))]
 
 
 def _chunk(lookup: PlannedLookup, largest: tf.Tensor, counts: tf.Tensor, size: int):
