@@ -94,7 +94,7 @@ def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 
             print(f"fused, {name} (dim 16, global batch {batch}), 2 ranks: {exchanges} "
                   f"all-to-alls ({kinds['alltoall_ids']} IDs, {kinds['alltoall_embeddings']} "
                   f"embeddings, {kinds['alltoall_gradients']} gradients) + "
-                  f"{kinds['allreduce']} all-reduces per step (agreement, next batch, dense); "
+                  f"{kinds['allreduce']} all-reduces per step (the agreement, the dense one); "
                   f"{results[2]['bytes_sent'] / 2**10:.0f} KiB sent per rank and step; "
                   f"{results[2]['samples_per_second']:,.0f} samples/s = {ratio:.2f} x 1 process "
                   f"({results[1]['samples_per_second']:,.0f})")
