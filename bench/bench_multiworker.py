@@ -15,6 +15,13 @@ chunk to itself
 does not travel) against the minimum, unique IDs sent to other ranks x (8 + 4 dim) one way
 and 4 dim back (embedding) plus 4 dim out (gradient).
 
+With --collectives (or in every run but --no-collectives) it also runs
+examples/multiworker/tables.py through the graph modifier (the fused exchange) for 1 table x
+26 features and 26 tables x 1 feature on 1 and 2 ranks (short runs, global batch 1024), and
+prints the collectives of one traced step by kind, the bytes this rank's all-to-alls sent to
+the other rank in that step (as exchanged: chunks and gRPC's padding ladder included), and
+samples/s against one process of the same configuration.
+
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py [--ranks 1,2,4 --steps 40]
     PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py --quick --json mw.json  # 1,2 ranks
@@ -58,6 +65,47 @@ def exchange_bytes(ids: np.ndarray, ranks: int, batch: int, dim: int, steps: int
     return float(np.mean(sent)), float(np.mean(minimum))
 
 
+def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 100_000):
+    """Collectives and bytes per step of the fused exchange, 1 table x 26 features and 26
+    tables x 1 feature, dim 16, on 1 and 2 ranks (tables.py --count)."""
+    script = os.path.join(ROOT, "examples", "multiworker", "tables.py")
+    configurations = {"1 table x 26 features": ["--tables", "1", "--features", "26"],
+                      "26 tables x 1 feature": ["--tables", "26", "--features", "1"]}
+    common = ["--dims", "16", "--steps", str(steps), "--batch", str(batch), "--pool", str(pool),
+              "--capacity", str(pool), "--modify_graph", "--prefetch", "1"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in configurations.items():
+            results = {}
+            for ranks in (1, 2):
+                path = os.path.join(tmp, f"count-{ranks}.json")
+                command = [sys.executable, script, "--count", path] + common + extra
+                if ranks > 1:
+                    command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + \
+                        command[1:]
+                done = subprocess.run(command, env=env, capture_output=True, text=True)
+                if done.returncode != 0:
+                    print(done.stdout[-2000:], done.stderr[-2000:])
+                    return 1
+                with open(path) as f:
+                    results[ranks] = json.load(f)
+            kinds = results[2]["collectives"]
+            exchanges = sum(v for k, v in kinds.items() if k.startswith("alltoall"))
+            ratio = results[2]["samples_per_second"] / results[1]["samples_per_second"]
+            print(f"fused, {name} (dim 16, global batch {batch}), 2 ranks: {exchanges} "
+                  f"all-to-alls ({kinds['alltoall_ids']} IDs, {kinds['alltoall_embeddings']} "
+                  f"embeddings, {kinds['alltoall_gradients']} gradients) + "
+                  f"{kinds['allreduce']} all-reduces per step (the agreement, the dense one); "
+                  f"{results[2]['bytes_sent'] / 2**10:.0f} KiB sent per rank and step; "
+                  f"{results[2]['samples_per_second']:,.0f} samples/s = {ratio:.2f} x 1 process "
+                  f"({results[1]['samples_per_second']:,.0f})")
+            out.figure(f"fused {name}: collectives per step (2 ranks)",
+                       exchanges + kinds["allreduce"])
+            out.figure(f"fused {name}: KiB sent per rank and step (2 ranks)",
+                       round(results[2]["bytes_sent"] / 2**10))
+            out.figure(f"fused {name}: 2 ranks / 1 process samples/s", round(ratio, 2))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default=None, help="1,2,4 (--quick 1,2)")
@@ -66,6 +114,10 @@ def main(argv=None) -> int:
     parser.add_argument("--features", type=int, default=26)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--pool", type=int, default=1_000_000)
+    parser.add_argument("--collectives", action="store_true",
+                        help="only the fused exchange's collectives and bytes per step")
+    parser.add_argument("--no-collectives", dest="no_collectives", action="store_true",
+                        help="skip the fused exchange's collectives and bytes per step")
     report.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.ranks is None:
@@ -75,6 +127,11 @@ def main(argv=None) -> int:
     out = report.Report()
     script = os.path.join(ROOT, "examples", "multiworker", "train.py")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    if not args.no_collectives and fused_collectives(out, env) != 0:
+        return 1
+    if args.collectives:
+        out.write(args.json)
+        return 0
     common = ["--steps", str(args.steps), "--batch", str(args.batch), "--features",
               str(args.features), "--dim", str(args.dim), "--pool", str(args.pool),
               "--capacity", str(min(args.pool, 2**31 - 1))]

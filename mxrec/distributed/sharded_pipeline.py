@@ -9,13 +9,15 @@ is split in three:
                  │   replays each lookup's ID preprocessing and runs `sharding.route`:
                  │   local unique IDs, occurrence counts, owner buckets (no collective)
     planning subgraph (in the step's session.run, the same collectives on every rank):
-        the element held since the previous planning ─► `sharding.exchange` (chunk
-        all-reduce, ID all-to-all), the batch-time all-reduce, the owner's deferred key
-        stage ─► enqueue the element, its routing and its plan into a FIFOQueue (capacity
-        prefetch + 1) ─► get_next_as_optional ─► all-reduce "every rank has one more":
-        yes, hold it; no, mark the end of the data
-    step: dequeue ─► commit the batch ─► the owner's device lookup from the planned rows
-          ─► embeddings all-to-all back (differentiable, as the direct path)
+        the element held since the previous planning, and the next local element
+        (get_next_as_optional) ─► `sharding.exchange_all` for all the element's lookups:
+        ONE agreement all-reduce (every lookup's largest bucket and fingerprint, the batch
+        times, "every rank has one more") and ONE ID all-to-all ─► the owners' deferred key
+        stages ─► enqueue the element, its routing and its plan into a FIFOQueue (capacity
+        prefetch + 1) ─► every rank has one more: hold it; else mark the end of the data
+    step: dequeue ─► commit the batch ─► the owners' device lookups from the planned rows
+          ─► ONE embedding all-to-all back for all lookups, ONE gradient all-to-all per
+          backward pass (`sharding.fuse_exchanges_back` rewires the lookups' own ones)
 
 With prefetch p > 0 the queue holds p planned batches between steps: the step trains batch
 k while it plans batch k + p (that planning is a control input of the step's backward
@@ -114,15 +116,25 @@ def _unpack(value, lookups) -> _Element:
                     stamps=element_stamps)
 
 
-def _plan(element: _Element, lookups, is_train: bool) -> List[tf.Tensor]:
-    """The exchange and the owners' key stages of one element: the queue's flat entry."""
+def _plan(element: _Element, lookups, is_train: bool, has_next: tf.Tensor):
+    """The exchange and the owners' key stages of one element: (the queue's flat entry,
+    whether every rank has a next element).
+
+    Every lookup of the element shares one agreement all-reduce and one ID all-to-all
+    (sharding.exchange_all); the agreement also tells whether every rank has a next element
+    (`has_next`, this rank's)."""
     flat = list(element.components)
+    planned = [sharding.PlannedLookup(lookup.name, lookup.record.table, lookup.send_count)
+               for lookup in lookups]
+    with tf.name_scope("exchange"):
+        exchanges, timestamps, (missing,) = sharding.exchange_all(
+            planned, element.routes, element.stamps, is_train,
+            also=[-tf.cast(has_next, tf.int64)])
     previous = []
-    for lookup, routed, stamp in zip(lookups, element.routes, element.stamps):
+    for lookup, routed, exchanged, timestamp in zip(lookups, element.routes, exchanges,
+                                                    timestamps):
         record = lookup.record
         with tf.name_scope(lookup.name.replace("/", "_")):
-            timestamp = sharding.batch_time(stamp)
-            exchanged = sharding.exchange(record.table, routed, is_train, lookup.send_count)
             # The key stages of one batch run in creation order, as the direct path chains them.
             with tf.control_dependencies(previous):
                 (rows,), (restore,), (reused,), batch_ids = mxrec_ops.key_stage(
@@ -131,7 +143,7 @@ def _plan(element: _Element, lookups, is_train: bool) -> List[tf.Tensor]:
         previous = [rows.op]
         flat += [routed.where, routed.order, routed.index, exchanged.chunk, exchanged.valid,
                  exchanged.first, exchanged.owned, rows, restore, reused, batch_ids]
-    return flat
+    return flat, missing < 0  # the largest of -has_next: -1 when every rank has one
 
 
 @dataclasses.dataclass
@@ -160,6 +172,11 @@ class _Planner:
         end of the data (an all-reduce); returns a scalar to depend on."""
         optional = self.iterator.get_next_as_optional()
         everyone = communication.allreduce(tf.cast(optional.has_value(), tf.int32), "min")
+        return self._hold_or_end(optional, everyone > 0)
+
+    def _hold_or_end(self, optional, everyone: tf.Tensor) -> tf.Tensor:
+        """Holds `optional`'s element when `everyone` (every rank has one), else marks the
+        end of the data."""
 
         def hold():
             value = tf.nest.flatten(optional.get_value())
@@ -170,15 +187,19 @@ class _Planner:
             with tf.control_dependencies([self.ended.enqueue(tf.constant(0, tf.int32))]):
                 return tf.constant(False)
 
-        return tf.cond(everyone > 0, hold, finish)
+        return tf.cond(everyone, hold, finish)
 
     def _plan_held(self) -> tf.Tensor:
         flat = self.held.dequeue()
         flat = flat if isinstance(flat, list) else [flat]
         value = tf.nest.pack_sequence_as(self.iterator.element_spec, flat)
-        entry = _plan(_unpack(value, self.lookups), self.lookups, self.is_train)
+        # The next local element is taken first: whether every rank has one is agreed in
+        # the planning's own agreement all-reduce.
+        optional = self.iterator.get_next_as_optional()
+        entry, everyone = _plan(_unpack(value, self.lookups), self.lookups, self.is_train,
+                                optional.has_value())
         with tf.control_dependencies([self.queue.enqueue(entry)]):
-            return self.pull_next()
+            return self._hold_or_end(optional, everyone)
 
     def plan_once(self) -> tf.Tensor:
         """One planning subgraph (its own collectives and instance keys): plans the held
@@ -214,6 +235,21 @@ def _end_of_data():
 
 
 _GRADIENT_SCOPE = re.compile(r"gradients(_\d+)?$")
+
+
+def _gradient_scope(tensor: tf.Tensor) -> str:
+    """The name scope of the tf.gradients call that built `tensor` ("" if none)."""
+    parts = tensor.op.name.split("/")
+    for index, part in enumerate(parts):
+        if _GRADIENT_SCOPE.match(part):
+            return "/".join(parts[:index + 1])
+    return ""
+
+
+def _grad_scale(table) -> Optional[float]:
+    if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
+        return 1.0 / communication.get_rank_size()
+    return None
 
 
 def _gradient_consumers(tensor: tf.Tensor) -> List[tf.Operation]:
@@ -288,6 +324,11 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
             plan["reused"].set_shape(record.reused.shape)
         if prefetch > 0:  # with prefetch 0 the dequeue waits for it already
             _schedule_next_plan(planned_next, replacements)
+        # One embedding all-to-all forward and one gradient all-to-all per backward pass for
+        # all lookups of the step (their inputs read the planned tensors once rewired).
+        replacements += sharding.fuse_exchanges_back(
+            [lookup.record.sharded.exchange for lookup in lookups],
+            [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope)
         restart = [kind_initializer, _drain(queue), _drain(ended), _drain(held)]
         # Every rank runs its initializer at the same point of its program: it pulls the
         # first element (and agrees that every rank has one).

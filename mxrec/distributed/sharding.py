@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.distributed import communication
+from mxrec.util.gradients import custom_gradient
 
 # 0x9E3779B97F4A7C15 as a signed 64-bit integer (TF multiplies int64 with wrap-around).
 _MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -149,12 +150,20 @@ class Exchange:
         owned: [M] int64, the IDs to plan on the owner (training: each repeated by its
             occurrences over the global batch).
         first: [V] int32, the position in `owned` of each received ID's first copy.
+        sent: [N, chunk, dim], the owner's embeddings for each peer (set by send_back).
+        back: what `sent`'s all-to-all returned (set by send_back).
+        backward: (dy, dx) of each backward pass built through that all-to-all: its
+            gradient arriving and what its reverse all-to-all gave (set as tf.gradients
+            builds them); the graph modifier fuses these across lookups.
     """
 
     chunk: tf.Tensor
     valid: tf.Tensor
     owned: tf.Tensor
     first: tf.Tensor
+    sent: Optional[tf.Tensor] = None
+    back: Optional[tf.Tensor] = None
+    backward: list = dataclasses.field(default_factory=list)
 
 
 def route(ids: tf.Tensor, size: int) -> Route:
@@ -222,8 +231,9 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, i
     chunk = exchanged.chunk
     emb = tf.gather(owned_emb, exchanged.first)
     slots = tf.scatter_nd(exchanged.valid[:, None], emb, tf.stack([size * chunk, dim]))
-    back = communication.alltoall(tf.reshape(slots, tf.stack([size, chunk, dim])),
-                                  grad_scale=grad_scale)
+    sent = tf.reshape(slots, tf.stack([size, chunk, dim]))
+    back = _exchange_recorded(sent, grad_scale, exchanged.backward)
+    exchanged.sent, exchanged.back = sent, back
     local_sorted = tf.gather_nd(back, routed.where)
     local = tf.gather(local_sorted, tf.math.invert_permutation(routed.order))
     out = tf.gather(local, routed.index)
@@ -231,3 +241,174 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, i
     out = tf.reshape(out, out_shape)
     out.set_shape(ids.shape.concatenate([dim]))
     return out
+
+
+def _exchange_recorded(sent: tf.Tensor, grad_scale: Optional[float], backward: list):
+    """communication.alltoall(sent, grad_scale), the same exchange forward and backward,
+    whose backward passes are recorded in `backward` as (dy, dx) for the fused form."""
+
+    @custom_gradient
+    def exchange(x):
+        def grad(dy):
+            dy = tf.convert_to_tensor(dy)
+            # The transpose of an equal-chunk all-to-all is another all-to-all.
+            dx = communication.alltoall(dy)
+            if grad_scale is not None:
+                dx = dx * grad_scale
+            backward.append((dy, dx))
+            return dx
+
+        return communication.alltoall(tf.stop_gradient(x)), grad
+
+    return exchange(sent)
+
+
+# One step's sharded lookups of the graph modifier, fused (mxrec.distributed.sharded_pipeline):
+# one agreement all-reduce, one ID all-to-all, one embedding all-to-all forward and one
+# gradient all-to-all backward for every table and every lookup of the step together.
+
+_FIELDS = "table name, dim, key dtype, send_count, is_train or all2all_gradients_op"
+
+
+@dataclasses.dataclass
+class PlannedLookup:
+    """What the fused exchange needs of one lookup: its name (for errors), its table and
+    its send_count (None: dynamic)."""
+
+    name: str
+    table: object
+    send_count: Optional[int]
+
+
+def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
+    """`exchange` for every lookup of a step at once.
+
+    One all-reduce (max) of one int64 vector agrees on everything: per lookup its largest
+    bucket, the batch time of each lookup that has one (the newest over the ranks, as
+    `batch_time`), and per lookup a fingerprint of its fields and its negation (max and -min:
+    every rank built this lookup alike, at this position of the step). Then one all-to-all of
+    [N, sum_l chunk_l, 2] (ID, count) pairs: per peer, the lookups' buckets concatenated.
+
+    Args:
+        lookups: [PlannedLookup], in the step's (every rank's) order.
+        routes: [Route], one per lookup.
+        stamps: per lookup its local batch time (int64 scalar) or None.
+        also: more int64 scalars to take the largest of over the ranks in the same
+            all-reduce (the graph modifier's "every rank has a next batch", negated).
+
+    Returns:
+        ([Exchange], [batch time or None], [the largest of each of `also`]), one Exchange
+        per lookup, each equal to what `exchange` gives for that lookup alone.
+    """
+    size = communication.get_rank_size()
+    count = len(lookups)
+    largest = [tf.cast(tf.reduce_max(r.counts), tf.int64) for r in routes]
+    times = [tf.cast(s, tf.int64) for s in stamps if s is not None]
+    prints = [_fingerprint(lk.table, lk.send_count, is_train) for lk in lookups]
+    vector = tf.stack(largest + times + [tf.constant(p, tf.int64) for p in prints] +
+                      [tf.constant(-p, tf.int64) for p in prints] +
+                      [tf.cast(value, tf.int64) for value in also])
+    summary = communication.allreduce(vector, "max")
+    base = count + len(times)
+    checks = [tf.debugging.Assert(
+        tf.equal(summary[base + i], -summary[base + count + i]),
+        [f"sparse_lookup {lk.name!r} on table {lk.table.table_name!r} (lookup {i + 1} of the "
+         f"{count} sharded lookups of this step, which share one agreement): the ranks built "
+         f"different lookups ({_FIELDS} differ between ranks, or the ranks build their graphs "
+         "in different orders); every rank must run the same model"])
+        for i, lk in enumerate(lookups)]
+    with tf.control_dependencies(checks):
+        summary = tf.identity(summary)
+    chunks = [_chunk(lk, tf.cast(summary[i], tf.int32), r.counts, size)
+              for i, (lk, r) in enumerate(zip(lookups, routes))]
+    buckets = [tf.scatter_nd(r.where, r.pairs, tf.stack([size, chunk, 2]))
+               for r, chunk in zip(routes, chunks)]
+    received = communication.alltoall(tf.concat(buckets, axis=1))
+    parts = tf.split(received, tf.stack(chunks), axis=1, num=count)
+    exchanges = [_received(tf.reshape(part, [-1, 2]), chunk, is_train)
+                 for part, chunk in zip(parts, chunks)]
+    stamps_out, position = [], count
+    for stamp in stamps:
+        stamps_out.append(None if stamp is None else summary[position])
+        position += stamp is not None
+    tail = base + 2 * count
+    return exchanges, stamps_out, [summary[tail + i] for i in range(len(also))]
+
+
+def _chunk(lookup: PlannedLookup, largest: tf.Tensor, counts: tf.Tensor, size: int):
+    if lookup.send_count is None:
+        return tf.maximum(largest, 1)
+    check = tf.debugging.Assert(
+        largest <= lookup.send_count,
+        [f"sparse_lookup {lookup.name!r} on table {lookup.table.table_name!r}: a rank sends "
+         f"more unique IDs to one peer than send_count={lookup.send_count} allows (raise "
+         "send_count, or use init(use_dynamic=True)); this rank's IDs per peer:", counts,
+         "largest over all ranks:", largest], summarize=size)
+    with tf.control_dependencies([check]):
+        return tf.identity(tf.constant(lookup.send_count, tf.int32))
+
+
+def _received(received: tf.Tensor, chunk: tf.Tensor, is_train: bool) -> Exchange:
+    recv_ids, recv_occ = received[:, 0], received[:, 1]
+    valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
+    owned = tf.gather(recv_ids, valid)
+    owned_occ = tf.gather(recv_occ, valid)
+    if is_train:
+        repeated = tf.repeat(owned, owned_occ)
+        first = tf.cast(tf.cumsum(owned_occ, exclusive=True), tf.int32)
+    else:
+        repeated = owned
+        first = tf.range(tf.size(owned))
+    return Exchange(chunk=chunk, valid=valid, owned=repeated, first=first)
+
+
+def _fused_alltoall(tensors, scales=None):
+    """One all-to-all for several [N, chunk_l, dim_l] tensors of one dtype: per peer each
+    one's rows flattened and concatenated; the results cut back to their shapes (times
+    `scales[l]` where given). No gradient of its own: it serves built passes."""
+    size = communication.get_rank_size()
+    shapes = [tf.shape(t) for t in tensors]
+    flat = tf.concat([tf.reshape(t, [size, -1]) for t in tensors], axis=1)
+    moved = communication.alltoall(tf.stop_gradient(flat))
+    sizes = tf.stack([tf.reduce_prod(shape[1:]) for shape in shapes])
+    outs = []
+    for i, part in enumerate(tf.split(moved, sizes, axis=1, num=len(tensors))):
+        out = tf.reshape(part, shapes[i])
+        if scales is not None and scales[i] is not None:
+            out = out * scales[i]
+        out.set_shape(tensors[i].shape)
+        outs.append(out)
+    return outs
+
+
+def fuse_exchanges_back(exchanges, grad_scales, gradient_scope):
+    """The embedding all-to-alls (forward) of `exchanges` as one per dtype, and each
+    backward pass's gradient all-to-alls as one per dtype; returns (old, new) tensor pairs
+    whose consumers are to read the new ones.
+
+    Args:
+        exchanges: [Exchange] after send_back (sent/back/backward set).
+        grad_scales: per exchange the factor of its gradient, or None.
+        gradient_scope: tensor -> the name scope of the tf.gradients call that built it.
+    """
+    pairs = []
+    by_dtype = {}
+    for i, ex in enumerate(exchanges):
+        by_dtype.setdefault(ex.sent.dtype, []).append(i)
+    for members in by_dtype.values():
+        if len(members) < 2:
+            continue
+        new = _fused_alltoall([exchanges[i].sent for i in members])
+        pairs += [(exchanges[i].back, out) for i, out in zip(members, new)]
+    groups = {}
+    for i, ex in enumerate(exchanges):
+        for dy, dx in ex.backward:
+            groups.setdefault((gradient_scope(dx), dy.dtype), []).append((i, dy, dx))
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        with tf.name_scope("gradients_fused"):  # a backward exchange, as the bench reads it
+            new = _fused_alltoall([dy for _, dy, _ in members],
+                                  [grad_scales[i] for i, _, _ in members])
+        pairs += [(dx, out) for (_, _, dx), out in zip(members, new)]
+    return pairs
