@@ -385,48 +385,6 @@ def test_replicated_table_with_static_shapes_is_refused(tmp_path):
     assert "use init(use_dynamic=True), or is_dp=False" in result.stdout
 
 
-def test_feature_spec_path_is_refused_on_several_ranks(monkeypatch):
-    """get_asc_insert_func would plan a rank's batch in its own shard (the key stage belongs
-    to each ID's owner): an error naming the tables and what to use instead, at build time."""
-    from mxrec.core.asc.feature_spec import FeatureSpec
-    from mxrec.core.asc.helper import get_asc_insert_func
-    from mxrec.util import communication
-
-    monkeypatch.setattr(communication, "_CLUSTER",
-                        communication.Cluster(rank=0, size=2, addresses=["a:1", "b:2"]))
-    with pytest.raises(NotImplementedError) as error:
-        get_asc_insert_func(tgt_key_specs=[FeatureSpec("user_ids", table_name="user_table"),
-                                           FeatureSpec("time", is_timestamp=True)])
-    message = str(error.value)
-    assert "['user_table']" in message and "on 2 ranks" in message
-    assert "modify_graph=True" in message and "modify_graph_and_start_emb_cache" in message
-
-
-def test_graph_modifier_lookup_of_a_replicated_table_is_refused(monkeypatch):
-    """modify_graph=True has no planning subgraph for is_dp=True tables: an error naming the
-    table and what to use instead, when the lookup is built."""
-    import tensorflow as tf
-
-    from mxrec.core.embedding import create_table, sparse_lookup
-    from mxrec.util import communication
-    from mxrec.util.initialize import init, terminate_config_initializer
-
-    monkeypatch.setattr(communication, "_CLUSTER",
-                        communication.Cluster(rank=0, size=2, addresses=["a:1", "b:2"]))
-    with tf.Graph().as_default():
-        init(rank_id=0, rank_size=2)
-        try:
-            table = create_table(tf.int64, 4, "dp_table", tf.compat.v1.zeros_initializer(),
-                                 device_vocabulary_size=16, is_dp=True)
-            with pytest.raises(NotImplementedError) as error:
-                sparse_lookup(table, tf.constant([[1, 2]], tf.int64), modify_graph=True)
-        finally:
-            terminate_config_initializer()
-    message = str(error.value)
-    assert "'dp_table'" in message and "is_dp=True" in message
-    assert "modify_graph=False" in message
-
-
 def test_fence_iterators_fences_each_initializer_once(monkeypatch):
     """The iterators a lookup's IDs come from (through their preprocessing) get one
     all-reduce each as a control input of their initializer; fed IDs and one-shot iterators

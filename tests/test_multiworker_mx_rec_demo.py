@@ -6,9 +6,11 @@ saving with TF's Saver and mxrec's) runs on every rank and ends with finite eval
 
 Not covered yet (not done): the demo's predict mode on several ranks (it looks for a sparse
 folder per rank, `sparse-model-<rank>-*`, which mxrec's several-rank Saver does not write:
-rank 1 stops with "model file not exist"), a comparison against one process (the demo's data
-differ per rank count), and the FeatureSpec path (USE_MODIFY_GRAPH=0), which is refused on
-several ranks (docs/MULTIWORKER.md)."""
+rank 1 stops with "model file not exist") and a comparison against one process (the demo's
+data differ per rank count). tests/compat/test_mx_rec_ranks_script.py runs a script of the same
+structure built to compare (examples/mx_rec_style/little_demo_ranks.py): train then predict
+through the same Session, graph modifier and FeatureSpec paths, 2 and 4 ranks, equal to one
+process."""
 
 import json
 import os

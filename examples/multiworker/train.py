@@ -28,6 +28,8 @@ from mxrec.constants.constants import (  # noqa: E402
     ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
 )
 from mxrec.core import dynamic  # noqa: E402
+from mxrec.core.asc.feature_spec import FeatureSpec  # noqa: E402
+from mxrec.core.asc.helper import get_asc_insert_func  # noqa: E402
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
 from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache  # noqa: E402
 from mxrec.optimizers import (  # noqa: E402
@@ -85,11 +87,40 @@ def _rank_slice(args, rank: int, size: int, steps: int, seed: int):
     return tf.data.Dataset.from_tensor_slices((ids[take], labels[take], times[take]))
 
 
+def _feature_specs(args, is_training: bool):
+    """--feature_spec: the FeatureSpecs of the IDs (with --threshold's admission and
+    eviction) and of the batch time."""
+    if not is_training:
+        return [FeatureSpec("ids", table_name="emb")]
+    threshold = args.threshold or None
+    return [FeatureSpec("ids", table_name="emb", access_threshold=threshold,
+                        eviction_threshold=args.eviction if threshold else None),
+            FeatureSpec("time", is_timestamp=True)]
+
+
+def _batches(dataset, specs, is_training: bool):
+    """The dataset's batches as the lookups read them: (ids, label, time) tuples, or with
+    --feature_spec ({"ids", "time"} mapped by get_asc_insert_func, label)."""
+    if specs is None:
+        return dataset
+    dataset = dataset.map(lambda ids, label, time: ({"ids": ids, "time": time}, label))
+    return dataset.map(get_asc_insert_func(tgt_key_specs=specs, is_training=is_training))
+
+
+def _lookup(table, specs, batch, **kwargs):
+    """sparse_lookup of the batch's IDs: tensor IDs, or with --feature_spec its FeatureSpec."""
+    if specs is None:
+        return sparse_lookup(table, batch[0], **kwargs)
+    return sparse_lookup(table, specs[0], batch=batch, **kwargs)
+
+
 def build(args, rank: int, size: int, first_step: int):
     dataset = _rank_slice(args, rank, size, args.steps, seed=0)
+    specs = _feature_specs(args, True) if args.feature_spec else None
     iterator = _v1.data.make_initializable_iterator(
-        dataset.batch(args.batch // size).skip(first_step))
-    features, label, stamp = iterator.get_next()
+        _batches(dataset.batch(args.batch // size).skip(first_step), specs, True))
+    batch = iterator.get_next()
+    label = batch[1]
     dim = args.dim_on_rank1 if rank == 1 and args.dim_on_rank1 else args.dim
     table = create_table(tf.int64, dim, "emb", _v1.constant_initializer(0.05),
                          device_vocabulary_size=args.capacity,
@@ -100,20 +131,22 @@ def build(args, rank: int, size: int, first_step: int):
     if args.eval_every:
         # An evaluation stream of 2 global batches, its own iterator and lookup (built before
         # add_timestamp: the training batch's time stamps the training lookups only).
-        eval_iterator = _v1.data.make_initializable_iterator(
-            _rank_slice(args, rank, size, 2, seed=1).batch(args.batch // size))
-        eval_features, _, _ = eval_iterator.get_next()
-        eval_emb = sparse_lookup(table, eval_features, is_train=False, name="eval_lookup",
-                                 send_count=args.send_count, modify_graph=args.modify_graph)
-    add_timestamp(stamp)
+        eval_specs = _feature_specs(args, False) if args.feature_spec else None
+        eval_iterator = _v1.data.make_initializable_iterator(_batches(
+            _rank_slice(args, rank, size, 2, seed=1).batch(args.batch // size), eval_specs,
+            False))
+        eval_emb = _lookup(table, eval_specs, eval_iterator.get_next(), is_train=False,
+                           name="eval_lookup", send_count=args.send_count,
+                           modify_graph=args.modify_graph)
     config = None
-    if args.threshold:
-        config = dict(access_threshold=args.threshold)
-        if args.eviction is not None:
-            config["eviction_threshold"] = args.eviction
-    emb = sparse_lookup(table, features, access_and_evict_config=config,
-                        send_count=args.send_count, name="lookup",
-                        modify_graph=args.modify_graph)
+    if specs is None:
+        add_timestamp(batch[2])
+        if args.threshold:
+            config = dict(access_threshold=args.threshold)
+            if args.eviction is not None:
+                config["eviction_threshold"] = args.eviction
+    emb = _lookup(table, specs, batch, access_and_evict_config=config,
+                  send_count=args.send_count, name="lookup", modify_graph=args.modify_graph)
     weights = _v1.get_variable("w", [dim, 1],
                                initializer=_v1.glorot_uniform_initializer(seed=1))
     logits = tf.matmul(tf.reduce_sum(emb, 1), weights)
@@ -255,6 +288,9 @@ def main(argv=None):
                         help="create_table(is_dp=True): the table replicated on every rank")
     parser.add_argument("--die_at", type=int, default=None,
                         help="rank 1 exits at this step (failure tests)")
+    parser.add_argument("--feature_spec", action="store_true",
+                        help="the FeatureSpec path: get_asc_insert_func maps the dataset, "
+                             "sparse_lookup(table, spec, batch=...)")
     parser.add_argument("--modify_graph", action="store_true",
                         help="the graph modifier plans the batches ahead of the steps")
     parser.add_argument("--prefetch", type=int, default=0,

@@ -46,7 +46,6 @@ from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-
     lookup_override,
     register_in_graph,
 )
-from mxrec.util import ranks
 from mxrec.util.device import accelerator_device
 from mxrec.util.initialize import get_config_initializer
 
@@ -358,13 +357,6 @@ def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, na
         if spec.eviction_threshold is not None:
             config["eviction_threshold"] = spec.eviction_threshold
         _apply_access_and_evict_config(table, config)
-    if ranks.get_rank_size() > 1:
-        raise NotImplementedError(
-            f"sparse_lookup on table {table.table_name!r} with FeatureSpec {spec.name!r}: "
-            "get_asc_insert_func plans a batch in the rank's own dataset, but on several ranks "
-            "the key stage runs on the owner of each ID after an exchange between the ranks. "
-            "Look up tensor IDs instead: sparse_lookup(table, ids, modify_graph=True) with "
-            "modify_graph_and_start_emb_cache() (prefetched), or modify_graph=False")
     features = batch[0] if isinstance(batch, (tuple, list)) else batch
     ids = arguments.validate_ids(table, features[spec.ids_key])
     scope = name or f"{table.table_name}_lookup"

@@ -6,7 +6,8 @@ the key stage.
 - `direct_lookup`: the key stage on the lookup's IDs in the step (also the graph
   modifier's source: with modify_graph=True it records a `LookupRecord` that
   `mxrec.graph.modifier` moves into the input pipeline);
-- `feature_spec_lookup`: IDs that `get_asc_insert_func` planned in the dataset;
+- `feature_spec_lookup`: IDs that `get_asc_insert_func` planned in the dataset (on several
+  ranks it only checks them there, and the wing's planner plans them in the step);
 - on several ranks, the wing's planners (`mxrec.distributed.planner`: sharded and
   replicated tables), through `mxrec.core.wing.current().lookup_planner`;
 - multi-hot IDs (`mxrec.core.multi_hot`) sit on top: flattened, looked up by one of these.
@@ -22,7 +23,8 @@ from typing import List, Optional
 import tensorflow as tf
 
 from mxrec.constants.constants import TIMESTAMP_COLLECTION
-from mxrec.core.asc.helper import planned_tensors
+from mxrec.core import wing
+from mxrec.core.asc.helper import planned_tensors, ranks_checked
 from mxrec.core.graph_state import graph_state
 from mxrec.core.table import DIRECT, FEATURE_SPEC, MODIFY_GRAPH, default_values
 from mxrec.util import ops as mxrec_ops
@@ -36,6 +38,9 @@ class LookupRequest:
         send_count: the caller's send_count (the graph modifier pads to it).
         pad_to: the padded unique-row count of this lookup's own plan, or None (dynamic
             shapes, and modify_graph lookups, which the pipeline pads).
+        feature_spec: the FeatureSpec of a FeatureSpec lookup on several ranks, or None.
+        feature_time: its batch's time (int64 scalar, from the spec list's timestamp
+            feature), or None.
     """
 
     table: object
@@ -47,10 +52,21 @@ class LookupRequest:
     modify_graph: bool
     serving_default_value: object
     is_grad: bool
+    feature_spec: Optional[object] = None
+    feature_time: Optional[tf.Tensor] = None
 
     @property
     def mode(self) -> str:
+        if self.feature_spec is not None:
+            return FEATURE_SPEC
         return MODIFY_GRAPH if self.modify_graph else DIRECT
+
+    def local_time(self) -> Optional[tf.Tensor]:
+        """This rank's batch time: the FeatureSpec batch's, else the declared time
+        feature's (`batch_timestamp`)."""
+        if self.feature_spec is not None:
+            return self.feature_time
+        return batch_timestamp(self.is_train)
 
 
 class LookupRecord:
@@ -142,16 +158,25 @@ def direct_lookup(request: LookupRequest) -> tf.Tensor:
 
 def feature_spec_lookup(table, spec, batch, ids: tf.Tensor, is_train: bool, scope: str,
                         send_count, serving_default_value, is_grad: bool) -> tf.Tensor:
-    """Lookup of IDs that get_asc_insert_func already planned in the dataset."""
-    rows, restore, reused = planned_tensors(batch, spec)
+    """Lookup of IDs that get_asc_insert_func already planned in the dataset; on several
+    ranks (the wing has a planner), of IDs it checked there, planned by the wing's planner
+    in the step."""
     table.lookup_names.add(scope)
     if table.pad_row is not None and send_count is None:
         raise ValueError(f"sparse_lookup {scope!r} (FeatureSpec {spec.name!r}): "
                          "init(use_dynamic=False) pads each batch's unique rows to send_count, "
                          "so the lookup needs send_count > 0")
     table.check_lookup(FEATURE_SPEC)
+    pad_to = None if table.pad_row is None else int(send_count)
+    plan = wing.current().lookup_planner(table, False)
+    if plan is not None:
+        features = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return plan(LookupRequest(
+            table, ids, is_train, send_count, pad_to, scope, False, serving_default_value,
+            is_grad, feature_spec=spec, feature_time=ranks_checked(features, spec, is_train)))
+    rows, restore, reused = planned_tensors(batch, spec)
     with tf.name_scope(scope):
         return table.lookup_planned(
             ids, rows, restore, reused, is_train,
             default=default_values(table, serving_default_value), is_grad=is_grad,
-            send_count=None if table.pad_row is None else int(send_count), scope=scope)
+            send_count=pad_to, scope=scope)

@@ -35,7 +35,13 @@ class MultiRank(wing.OneProcess):
 
     def register_saveable(self, table, tiered: bool, is_dp: bool) -> bool:
         if tiered or is_dp:
-            return False  # HostStateSaveable, which refuses TF's Saver on several ranks
+            # HostStateSaveable, which refuses TF's Saver on several ranks. Without a
+            # ShardedTableSaveable in GLOBAL_VARIABLES to initialise them, the variable (and
+            # below its slots) go back there, so that global_variables_initializer() alone
+            # initialises them, as in one process.
+            _to_collection(table.variable, tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
+                           tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            return False
         sharded_state.register(table)  # the whole table, gathered from every rank
         return True
 
@@ -60,12 +66,23 @@ def setup(rank: int, size: int):
     return cluster
 
 
+def _to_collection(variable, source: str, target: str) -> None:
+    """Moves `variable` from the graph collection `source` to `target`."""
+    members = tf.compat.v1.get_collection_ref(source)
+    members[:] = [v for v in members if v is not variable]
+    tf.compat.v1.add_to_collection(target, variable)
+
+
 def _slots_to_local_variables(optimizer, table_variables) -> None:
     """On several ranks a table's slot rows, like its rows, are this rank's own layout: they
     leave GLOBAL_VARIABLES for LOCAL_VARIABLES (initialised with them, not saved by TF's
-    Saver), and the table's ShardedTableSaveable saves them keyed by ID."""
+    Saver), and the table's ShardedTableSaveable saves them keyed by ID. Tables without one
+    (tiered, is_dp=True) keep their slots in GLOBAL_VARIABLES, as their variable."""
     global_variables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     for variable in table_variables:
+        table = getattr(variable, "_mxrec_table", None)
+        if table is not None and getattr(table, "sharded_saveable", None) is None:
+            continue
         for slot_name in optimizer.get_slot_names():
             slot = optimizer.get_slot(variable, slot_name)
             if slot is not None and any(slot is v for v in global_variables):

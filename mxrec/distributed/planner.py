@@ -1,11 +1,13 @@
 """The lookup planners of several ranks: tables sharded by ID and replicated tables.
 
 `mxrec.distributed.multirank.MultiRank.lookup_planner` hands `sharded_lookup` to
-`sparse_lookup` for tensor IDs on several ranks. The IDs go to their owners, each owner
+`sparse_lookup` for tensor IDs on several ranks, and to the FeatureSpec path
+(`mxrec.core.planners.feature_spec_lookup`). The IDs go to their owners, each owner
 looks its IDs up in its shard like a one-process table (mxrec.distributed.sharding); or, for
 a table replicated on every rank (is_dp=True, mxrec.distributed.replicated), every rank
-looks the global batch up in its replica. The owner's key stage runs through
-`mxrec.core.planners.run_key_stage`, as every planner's.
+looks the global batch up in its replica, through the same pieces (its own `route` and
+`send_back`). The owner's key stage runs through `mxrec.core.planners.run_key_stage`, as
+every planner's.
 """
 
 import tensorflow as tf
@@ -23,12 +25,15 @@ class ShardedParts:
         route: the rank-local routing (sharding.Route).
         exchange: what the owner received (sharding.Exchange); `exchange.owned` is the
             key stage's input.
+        router: the function that makes `route` from the IDs, (ids, size) -> Route:
+            sharding.route, or replicated.route for an is_dp=True table.
     """
 
-    def __init__(self, local_time, route, exchange):
+    def __init__(self, local_time, route, exchange, router=sharding.route):
         self.local_time = local_time
         self.route = route
         self.exchange = exchange
+        self.router = router
 
 
 def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
@@ -37,32 +42,20 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
     With modify_graph=True the same graph is built and recorded; the graph modifier moves
     its routing, exchange and key stage ahead of the step (sharded_pipeline)."""
     table, ids, is_train, scope = request.table, request.ids, request.is_train, request.scope
-    if request.modify_graph and table.is_dp:
-        raise NotImplementedError(
-            f"sparse_lookup {scope!r}: modify_graph=True is not available for a replicated "
-            f"table (is_dp=True) on several ranks; build the lookup of table "
-            f"{table.table_name!r} with modify_graph=False, or create it with is_dp=False")
     table.check_lookup(request.mode)
     grad_scale = None
     if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
         grad_scale = 1.0 / communication.get_rank_size()
     if not request.modify_graph:  # the graph modifier's own initializers meet in their all-reduce
         sharding.fence_iterators(ids)
+    # A replicated table (is_dp=True): every rank owns every ID and plans the global batch.
+    router, back = ((replicated.route, replicated.send_back) if table.is_dp
+                    else (sharding.route, sharding.send_back))
     with tf.name_scope(scope):
         default = default_values(table, request.serving_default_value)
-        local_time = planners.batch_timestamp(is_train)
+        local_time = request.local_time()
         timestamp = sharding.batch_time(local_time)
-        if table.is_dp:  # every rank plans the global batch on its replica
-
-            def lookup_owned(owned):
-                rows, restore, reused = planners.run_key_stage(table, owned, is_train, timestamp)
-                return table.lookup_planned(owned, rows, restore, reused, is_train,
-                                            default=default, is_grad=request.is_grad,
-                                            scope=scope)
-
-            out = replicated.lookup(table, ids, is_train, grad_scale, lookup_owned)
-            return out if request.is_grad else tf.stop_gradient(out)
-        routed = sharding.route(ids, communication.get_rank_size())
+        routed = router(ids, communication.get_rank_size())
         exchanged = sharding.exchange(table, routed, is_train, request.pad_to)
         rows, restore, reused = planners.run_key_stage(table, exchanged.owned, is_train,
                                                        timestamp)
@@ -70,13 +63,13 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
         # by-address optimizers' collections.
         owned_emb = table.lookup_planned(exchanged.owned, rows, restore, reused, is_train,
                                          default=default, is_grad=request.is_grad, scope=scope)
-        out = sharding.send_back(table, owned_emb, exchanged, routed, ids, grad_scale)
+        out = back(table, owned_emb, exchanged, routed, ids, grad_scale)
     if request.modify_graph:
         # On several ranks the key stage reads IDs that came by collectives: the modifier
         # traces the lookup's own IDs (and batch time) instead.
         planners.record_lookup(tf.compat.v1.get_default_graph(), planners.LookupRecord(
             table, ids, rows, restore, reused, is_train, request.pad_to,
-            sharded=ShardedParts(local_time, routed, exchanged),
+            sharded=ShardedParts(local_time, routed, exchanged, router),
             trace_from=[ids] + ([local_time] if local_time is not None else []),
             rebuild=sharded_pipeline.rebuild))
     return out if request.is_grad else tf.stop_gradient(out)

@@ -85,7 +85,7 @@ def _route_fn(source: trace.IteratorSource, lookups, graph: tf.Graph):
             if parts.local_time is not None:
                 wanted.append(parts.local_time)
             values = _replay(graph_def, outputs, wanted, f"mxrec_ids_{index}")
-            routed = sharding.route(values[0], size)
+            routed = parts.router(values[0], size)  # sharding.route, or replicated.route
             routes.append(tuple(getattr(routed, field) for field in _ROUTE_FIELDS))
             if len(values) > 1:
                 stamps.append(tf.cast(values[1], tf.int64))

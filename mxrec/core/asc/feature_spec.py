@@ -14,6 +14,9 @@ ROWS_SUFFIX = "/mxrec_rows"
 RESTORE_SUFFIX = "/mxrec_restore"
 REUSED_SUFFIX = "/mxrec_reused"
 BATCH_ID_SUFFIX = "/mxrec_batch_id"
+# Several ranks: the batch was checked by an insert function of this mode; its batch time.
+CHECKED_SUFFIXES = {True: "/mxrec_checked_train", False: "/mxrec_checked_eval"}
+TIME_SUFFIX = "/mxrec_time"
 _SERIALS = itertools.count()
 
 
@@ -107,3 +110,13 @@ class FeatureSpec:
     @property
     def batch_id_key(self) -> str:
         return self._plan_prefix + BATCH_ID_SUFFIX
+
+    def checked_key(self, is_training: bool) -> str:
+        """Several ranks: the batch key that says an insert function of this mode (is_training)
+        checked the spec's IDs (the plan is made in the step)."""
+        return self._plan_prefix + CHECKED_SUFFIXES[is_training]
+
+    @property
+    def time_key(self) -> str:
+        """Several ranks: the batch key of the batch's time (the timestamp spec's maximum)."""
+        return self._plan_prefix + TIME_SUFFIX

@@ -8,6 +8,13 @@ batch under `spec.rows_key`, `spec.restore_key` and `spec.reused_key`:
                                                             "user_ids/mxrec_restore": [B*k],
                                                             "user_ids/mxrec_reused": [R]}
 
+On several ranks the key stage of an ID runs on its owner, after an exchange between the
+ranks, which cannot run inside a tf.data function: the insert function checks each spec's
+IDs (dtype, batch_size, feat_count) and adds the batch's time (`spec.time_key`) and a mark
+of its mode (`spec.checked_key(is_training)`); `sparse_lookup(table, spec, batch=...)` then
+plans the IDs in the step as a lookup of tensor IDs does (mxrec.distributed.planner: route,
+exchange, the owner's key stage, send back).
+
 Example:
     >>> specs = [FeatureSpec("user_ids", table_name="user_table")]
     >>> dataset = dataset.map(get_asc_insert_func(tgt_key_specs=specs)).prefetch(2)
@@ -97,16 +104,8 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
     if not isinstance(is_training, bool) or not isinstance(dump_graph, bool):
         raise TypeError("get_asc_insert_func: is_training and dump_graph must be bools")
     specs = _check_specs(tgt_key_specs)
-    if ranks.get_rank_size() > 1:
-        tables = sorted({spec.table_name for spec in specs if not spec.is_timestamp})
-        raise NotImplementedError(
-            f"get_asc_insert_func (tables {tables}): the FeatureSpec path plans each batch in "
-            f"this rank's own dataset, but on {ranks.get_rank_size()} ranks the key "
-            "stage runs on the owner of each ID, after an exchange between the ranks that "
-            "cannot run inside a tf.data function. Look up tensor IDs instead: "
-            "sparse_lookup(table, ids, modify_graph=True) with "
-            "modify_graph_and_start_emb_cache() (prefetched), or modify_graph=False")
     runtime = get_config_initializer()
+    several_ranks = ranks.get_rank_size() > 1
 
     def insert(*element):
         features = element[0]
@@ -130,6 +129,13 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
             if ids.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"FeatureSpec {spec.name!r}: IDs must be int32 or int64, got "
                                 f"{ids.dtype.name}")
+            if several_ranks:  # checked here, planned in the step (sparse_lookup)
+                mark = tf.constant(True)
+                with tf.control_dependencies(_check_shape(spec, ids)):
+                    added[spec.checked_key(is_training)] = tf.identity(mark)
+                if timestamp is not None:
+                    added[spec.time_key] = timestamp
+                continue
             # One table's specs plan in order; the engine would race them in one call.
             with tf.control_dependencies(previous + _check_shape(spec, ids)):
                 (rows,), (restore,), (reused,), batch_id = mxrec_ops.key_stage(
@@ -157,6 +163,11 @@ def planned_tensors(batch, spec: FeatureSpec) -> Tuple[tf.Tensor, tf.Tensor, tf.
     batch, which stops being pending in the table (see mxrec.graph.pipeline).
     """
     features = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if any(spec.checked_key(mode) in features for mode in (True, False)):
+        raise ValueError(f"FeatureSpec {spec.name!r}: on {ranks.get_rank_size()} ranks "
+                         "get_asc_insert_func does not plan the batch in the dataset (the "
+                         "key stage runs on each ID's owner, after an exchange); look it up "
+                         "with sparse_lookup(table, spec, batch=...), which plans it")
     try:
         planned = [features[spec.rows_key], features[spec.reused_key]]
         rows, reused = mxrec_ops.after_commit(
@@ -167,6 +178,22 @@ def planned_tensors(batch, spec: FeatureSpec) -> Tuple[tf.Tensor, tf.Tensor, tf.
         raise ValueError(f"FeatureSpec {spec.name!r}: the batch has no planned rows; map the "
                          "dataset with get_asc_insert_func(tgt_key_specs=[...]) including this "
                          "spec") from None
+
+
+def ranks_checked(features: Dict, spec: FeatureSpec, is_train: bool):
+    """Several ranks: checks that an insert function with is_training=is_train checked
+    `spec`'s IDs in this batch; returns the batch's time (int64 scalar) or None."""
+    modes = [mode for mode in (True, False) if spec.checked_key(mode) in features]
+    if not modes:
+        raise ValueError(f"FeatureSpec {spec.name!r}: the batch was not mapped by "
+                         "get_asc_insert_func(tgt_key_specs=[...]) including this spec")
+    if is_train not in modes:
+        raise ValueError(
+            f"FeatureSpec {spec.name!r}: the batch was mapped by "
+            f"get_asc_insert_func(is_training={modes[0]}), but the lookup has "
+            f"is_train={is_train}; on {ranks.get_rank_size()} ranks the lookup plans the "
+            "batch in its mode, so both must agree")
+    return features.get(spec.time_key)
 
 
 def start_asc_pipeline() -> None:
