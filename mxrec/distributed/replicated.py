@@ -78,8 +78,14 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: sharding.Exchange,
             # Every rank's gradient of its own part, to every rank: the sum over the ranks.
             own = tf.shape(routed.where, out_type=tf.int32)[0] // size
             padded = tf.pad(d_own, [[0, chunk - own], [0, 0]])
-            d_every = communication.alltoall(tf.tile(padded[None], [size, 1, 1]))
-            return d_every if grad_scale is None else d_every * grad_scale
+            tiled = tf.tile(padded[None], [size, 1, 1])
+            d_every = communication.alltoall(tiled)
+            if grad_scale is not None:
+                d_every = d_every * grad_scale
+            # Recorded as the sharded lookup's backward exchange is, so that the graph
+            # modifier fuses it with the step's other gradient all-to-alls.
+            exchanged.backward.append((tiled, d_every))
+            return d_every
 
         return replicated[rank, :count], grad
 

@@ -387,14 +387,17 @@ def fuse_exchanges_back(exchanges, grad_scales, gradient_scope):
     whose consumers are to read the new ones.
 
     Args:
-        exchanges: [Exchange] after send_back (sent/back/backward set).
+        exchanges: [Exchange] after send_back (sent/back/backward set; a replicated
+            lookup, mxrec.distributed.replicated, sends no embeddings: its `sent` is None
+            and only its backward exchanges are fused).
         grad_scales: per exchange the factor of its gradient, or None.
         gradient_scope: tensor -> the name scope of the tf.gradients call that built it.
     """
     pairs = []
     by_dtype = {}
     for i, ex in enumerate(exchanges):
-        by_dtype.setdefault(ex.sent.dtype, []).append(i)
+        if ex.sent is not None:
+            by_dtype.setdefault(ex.sent.dtype, []).append(i)
     for members in by_dtype.values():
         if len(members) < 2:
             continue
