@@ -1,0 +1,170 @@
+"""mxrec.keras trains the same parameters as the Session path.
+
+One model (a table looked up by [B, 3] IDs, flattened, concatenated with 2 dense features,
+one Dense logit, binary cross-entropy) and one stream of batches, trained four ways:
+
+- the Session path, here (this process runs TF1 graph mode, conftest.py): create_table,
+  sparse_lookup, mxrec's hash optimizer for the table, and Keras' update rule for the dense
+  weights written out in TF ops (an independent reference of what Keras does to them);
+- mxrec.keras with Model.fit, with a tf.function + GradientTape step, and eagerly, in a
+  subprocess in eager mode (tests/keras_worker.py).
+
+After training, the IDs holding rows, their rows, their values and optimizer slots, the dense
+weights and the host statistics must agree (values within 1e-5; IDs, rows and counts
+exactly). Scenarios: SGD and Adagrad; admission (access_threshold=2); eviction every 3
+steps on a table too small for the stream without it, so that freed rows are handed to new
+IDs (their rows refilled from the initializer and their slots reset).
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from reference import int64_vocab, power_law_ids
+
+from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
+from mxrec.optimizers import adagrad, gradient_descent
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WORKER = pathlib.Path(__file__).resolve().parent / "keras_worker.py"
+MODES = ("fit", "function", "eager")
+ATOL = 1e-5
+_v1 = tf.compat.v1
+
+BASE = dict(dim=4, width=3, dense=2, batch=8, steps=30, lr=0.1, acc0=0.5, epsilon=1e-7,
+            capacity=200, vocab=120)
+SCENARIOS = {
+    "sgd": dict(optimizer="sgd"),
+    "adagrad": dict(optimizer="adagrad"),
+    "adagrad_admission": dict(optimizer="adagrad", access_threshold=2),
+    "sgd_admission": dict(optimizer="sgd", access_threshold=2),
+    # 24 positions per step; eviction keeps the IDs of the last 3 steps (timestamps 10 apart).
+    "adagrad_eviction": dict(optimizer="adagrad", access_threshold=1, eviction_threshold=25,
+                             evict_every=3, capacity=60, constant_init=0.05, steps=40),
+    "sgd_eviction": dict(optimizer="sgd", access_threshold=1, eviction_threshold=25,
+                         evict_every=3, capacity=60, constant_init=0.05, steps=40),
+}
+
+
+def _data(settings, seed=0):
+    rng = np.random.default_rng(seed)
+    vocab = int64_vocab(rng, settings["vocab"])
+    steps, batch = settings["steps"], settings["batch"]
+    ids = np.stack([power_law_ids(rng, vocab, (batch, settings["width"]), alpha=1.0)
+                    for _ in range(steps)])
+    return dict(
+        ids=ids.astype(np.int64),
+        dense=rng.normal(size=(steps, batch, settings["dense"])).astype(np.float32),
+        y=rng.integers(0, 2, size=(steps, batch, 1)).astype(np.float32),
+        ts=np.repeat((np.arange(steps, dtype=np.int64) * 10 + 1000)[:, None], batch, axis=1),
+        table=rng.uniform(-0.5, 0.5, (settings["capacity"], settings["dim"])).astype(np.float32),
+        w=rng.normal(0, 0.3, (settings["width"] * settings["dim"] + settings["dense"], 1))
+        .astype(np.float32),
+        b=np.array([0.1], np.float32))
+
+
+def _keras_runs(tmp_path, settings, data):
+    path = tmp_path / "data.npz"
+    np.savez(path, settings=json.dumps(settings), **data)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, str(WORKER), str(path), str(tmp_path / "out_"),
+                           *MODES], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {mode: dict(np.load(tmp_path / f"out_{mode}.npz")) for mode in MODES}
+
+
+def _session_run(mx, settings, data):
+    """The Session path: sparse_lookup + hash optimizer; Keras' rule for the dense weights."""
+    mx()
+    dim, width, lr = settings["dim"], settings["width"], settings["lr"]
+    init = (_v1.constant_initializer(settings["constant_init"])
+            if settings.get("constant_init") is not None else _v1.constant_initializer(
+                data["table"]))
+    table = create_table(tf.int64, dim, "user", init,
+                         device_vocabulary_size=settings["capacity"])
+    ids = _v1.placeholder(tf.int64, [None, width])
+    dense = _v1.placeholder(tf.float32, [None, settings["dense"]])
+    stamps = _v1.placeholder(tf.int64, [None])
+    labels = _v1.placeholder(tf.float32, [None, 1])
+    add_timestamp(stamps)
+    policy = {key: settings[key] for key in ("access_threshold", "eviction_threshold")
+              if settings.get(key) is not None}
+    emb = sparse_lookup(table, ids, access_and_evict_config=policy or None)
+    w = _v1.get_variable("w", initializer=data["w"], use_resource=True)
+    b = _v1.get_variable("b", initializer=data["b"], use_resource=True)
+    x = tf.concat([tf.reshape(emb, [-1, width * dim]), dense], axis=1)
+    logits = tf.matmul(x, w) + b
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    g_table, g_w, g_b = tf.gradients(loss, [table.variable, w, b])
+    if settings["optimizer"] == "sgd":
+        hash_opt = gradient_descent.create_hash_optimizer(lr)
+        dense_updates = [v.assign_sub(lr * g) for g, v in ((g_w, w), (g_b, b))]
+    else:
+        hash_opt = adagrad.create_hash_optimizer(lr, initial_accumulator_value=settings["acc0"])
+        dense_updates = []
+        for g, v in ((g_w, w), (g_b, b)):  # Keras' Adagrad
+            acc = _v1.get_variable(f"acc_{v.op.name}", initializer=tf.fill(
+                v.shape, settings["acc0"]), use_resource=True, trainable=False)
+            with tf.control_dependencies([acc.assign_add(g * g)]):
+                dense_updates.append(v.assign_sub(lr * g / tf.sqrt(
+                    acc.read_value() + settings["epsilon"])))
+    train = tf.group(hash_opt.apply_gradients([(g_table, table.variable)]), *dense_updates)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        for i in range(settings["steps"]):
+            sess.run(train, {ids: data["ids"][i], dense: data["dense"][i],
+                             stamps: data["ts"][i], labels: data["y"][i]})
+            if settings.get("evict_every") and (i + 1) % settings["evict_every"] == 0:
+                table.evict(settings["eviction_threshold"])  # what EvictHook does
+        export_ids, rows = table.export_rows()
+        values = sess.run(table.variable)
+        out = dict(ids=export_ids, rows=rows, values=values[rows], w=sess.run(w),
+                   b=sess.run(b), stats=json.dumps({k: int(v) for k, v in table.stats().items()}))
+        if settings["optimizer"] == "adagrad":
+            out["acc"] = sess.run(hash_opt.get_slot(table.variable, "accumulator"))[rows]
+    return out
+
+
+def _by_id(run):
+    order = np.argsort(run["ids"])
+    return {key: run[key][order] for key in ("ids", "rows", "values", "acc") if key in run}
+
+
+_STATS = ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected", "evicted",
+          "evicted_rows", "train_batches")
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_keras_matches_session_path(mx, tmp_path, scenario):
+    settings = dict(BASE, **SCENARIOS[scenario])
+    data = _data(settings)
+    session = _session_run(mx, settings, data)
+    runs = _keras_runs(tmp_path, settings, data)
+    expected = _by_id(session)
+    expected_stats = json.loads(str(session["stats"]))
+    # The scenario does what it says: training moved the weights; admission rejected
+    # IDs; eviction removed IDs and the stream outgrew the table without it.
+    assert not np.allclose(session["w"], data["w"])
+    if settings.get("access_threshold") == 2:
+        assert expected_stats["rejected"] > 0
+    if settings.get("evict_every"):
+        assert expected_stats["evicted"] > 0
+        assert len(np.unique(data["ids"])) > settings["capacity"]
+    for mode, run in runs.items():
+        got = _by_id(run)
+        np.testing.assert_array_equal(got["ids"], expected["ids"], err_msg=mode)
+        np.testing.assert_array_equal(got["rows"], expected["rows"], err_msg=mode)
+        np.testing.assert_allclose(got["values"], expected["values"], atol=ATOL, rtol=0,
+                                   err_msg=mode)
+        if "acc" in expected:
+            np.testing.assert_allclose(got["acc"], expected["acc"], atol=ATOL, rtol=0,
+                                       err_msg=mode)
+        np.testing.assert_allclose(run["w"], session["w"], atol=ATOL, rtol=0, err_msg=mode)
+        np.testing.assert_allclose(run["b"], session["b"], atol=ATOL, rtol=0, err_msg=mode)
+        stats = json.loads(str(run["stats"]))
+        assert {k: stats[k] for k in _STATS} == {k: expected_stats[k] for k in _STATS}, mode
