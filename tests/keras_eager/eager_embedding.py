@@ -1,0 +1,173 @@
+"""mxrec.keras in eager mode: lookups against a NumPy reference, and every refusal.
+
+Run by tests/test_keras_eager.py in a process of its own (pytest --noconftest: the suite's
+conftest.py turns eager execution off).
+"""
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from reference import RefKeyStage  # noqa: E402
+
+import mxrec.keras as mk  # noqa: E402
+from mxrec.util import initialize  # noqa: E402
+
+DIM = 3
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    mk.init()
+    yield
+    initialize.terminate_config_initializer()
+    tf.keras.backend.clear_session()
+
+
+def _layer(name="t", capacity=50, **kwargs):
+    layer = mk.Embedding(DIM, name, capacity, **kwargs)
+    values = np.arange(capacity * DIM, dtype=np.float32).reshape(capacity, DIM) / 7.0
+    layer.embeddings.assign(values)
+    return layer, values
+
+
+def test_lookup_rows_by_first_occurrence_eager_and_traced():
+    layer, values = _layer(padding_keys=[-5])
+    ref = RefKeyStage(50, padding_keys=[-5])
+    traced = tf.function(lambda ids: layer(ids, training=True))
+    for step, ids in enumerate([np.array([[2**62, -5, 7], [7, 0, -(2**63)]], np.int64),
+                                np.array([[9, 2**62, -5], [11, 11, 7]], np.int64)]):
+        got = (layer(ids) if step == 0 else traced(ids)).numpy()
+        unique, restore = ref.process(ids.ravel())
+        table = np.concatenate([values[unique], np.zeros([1, DIM], np.float32)])
+        np.testing.assert_array_equal(got, table[restore].reshape(ids.shape + (DIM,)))
+    assert layer.stats()["rows_in_use"] == len(ref.rows)
+
+
+def test_evaluation_inserts_nothing_and_gives_the_default():
+    layer, values = _layer(serving_default_value=0.5)
+    layer(tf.constant([4, 8], tf.int64), training=True)
+    got = layer(tf.constant([8, 99, 4], tf.int64), training=False).numpy()
+    np.testing.assert_array_equal(got, np.stack([values[1], np.full(DIM, 0.5), values[0]]))
+    assert layer.stats()["rows_in_use"] == 2
+
+
+def test_int32_ids_and_gradient_over_unique_rows():
+    layer, _ = _layer()
+    with tf.GradientTape() as tape:
+        out = layer(tf.constant([[3, 5, 3]], tf.int32))
+        loss = tf.reduce_sum(out * tf.constant([1.0, 2.0, 4.0])[None, :, None])
+    grad = tape.gradient(loss, layer.trainable_variables)[0]
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(grad.indices.numpy(), [0, 1])
+    np.testing.assert_array_equal(grad.values.numpy(), [[5.0] * DIM, [2.0] * DIM])
+
+
+def test_admission_gives_rows_at_the_threshold():
+    layer, _ = _layer(access_threshold=2)
+    first = layer(tf.constant([6, 6, 8], tf.int64)).numpy()
+    np.testing.assert_array_equal(first[2], np.zeros(DIM))  # 8 seen once: no row yet
+    assert layer.stats()["rows_in_use"] == 1
+
+
+def test_is_grad_false_stops_the_gradient():
+    layer, _ = _layer(is_grad=False)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(tf.constant([1, 2], tf.int64)))
+    assert tape.gradient(loss, layer.trainable_variables)[0] is None
+
+
+def test_optimizer_trains_only_touched_rows():
+    layer, values = _layer()
+    opt = mk.optimizers.SGD(0.5)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(tf.constant([10, 20, 10], tf.int64)))
+    opt.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables),
+                            layer.trainable_variables))
+    expected = values.copy()
+    expected[0] -= 0.5 * 2.0
+    expected[1] -= 0.5 * 1.0
+    np.testing.assert_array_equal(layer.embeddings.numpy(), expected)
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_multi_hot_is_refused():
+    layer, _ = _layer()
+    with pytest.raises(NotImplementedError, match="multi-hot"):
+        layer(tf.ragged.constant([[1, 2], [3]], dtype=tf.int64))
+
+
+@pytest.mark.parametrize("kwargs", [dict(host_vocabulary_size=10),
+                                    dict(ssd_vocabulary_size=10)])
+def test_tiers_are_refused(kwargs):
+    with pytest.raises(NotImplementedError, match="host and SSD tiers"):
+        mk.Embedding(DIM, "t", 10, **kwargs)
+
+
+@pytest.mark.parametrize("settings, match", [(dict(use_dynamic=False), "use_dynamic=False"),
+                                             (dict(use_dynamic_expansion=True),
+                                              "use_dynamic_expansion")])
+def test_init_settings_not_available_are_refused(settings, match):
+    mk.init(**settings)
+    with pytest.raises(NotImplementedError, match=match):
+        mk.Embedding(DIM, "t", 10)
+
+
+def test_create_table_checks_apply():
+    with pytest.raises(ValueError, match="device_vocabulary_size"):
+        mk.Embedding(DIM, "t", 0)
+    with pytest.raises(ValueError, match="eviction_threshold needs"):
+        mk.Embedding(DIM, "u", 10, eviction_threshold=5)
+    mk.Embedding(DIM, "v", 10)
+    with pytest.raises(ValueError, match="already exists"):
+        mk.Embedding(DIM, "v", 10)
+    with pytest.raises(TypeError, match="float32"):
+        mk.Embedding(DIM, "w", 10, dtype="float16")
+
+
+def test_evict_needs_a_threshold():
+    layer, _ = _layer()
+    with pytest.raises(ValueError, match="max_age_seconds"):
+        layer.evict()
+
+
+def test_get_config_is_refused():
+    layer, _ = _layer()
+    with pytest.raises(NotImplementedError, match="serialising"):
+        layer.get_config()
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: mk.optimizers.SGD(tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)),
+     "LearningRateSchedule"),
+    (lambda: mk.optimizers.SGD(0.1, momentum=0.9), "momentum"),
+    (lambda: mk.optimizers.Adagrad(0.1, clipnorm=1.0), "clipnorm"),
+    (lambda: mk.optimizers.Adagrad(0.1, initial_accumulator_value=0.0),
+     "initial_accumulator_value"),
+])
+def test_optimizer_settings_not_available_are_refused(make, match):
+    with pytest.raises((NotImplementedError, ValueError), match=match):
+        make()
+
+
+def test_update_without_a_lookup_in_the_same_function_is_refused():
+    layer, _ = _layer()
+    opt = mk.optimizers.Adagrad(0.1)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(tf.constant([1, 2], tf.int64)))
+    grads = tape.gradient(loss, layer.trainable_variables)
+
+    @tf.function
+    def apply(values, indices):
+        grad = tf.IndexedSlices(values, indices, tf.constant([50, DIM]))
+        opt.apply_gradients([(grad, layer.trainable_variables[0])])
+
+    with pytest.raises(RuntimeError, match="same tf.function"):
+        apply(grads[0].values, grads[0].indices)
