@@ -17,6 +17,8 @@ import tensorflow as tf
 
 import mxrec.keras as mk
 
+SLOTS = {"sgd": (), "adagrad": ("accumulator",), "lazy_adam": ("m", "v")}
+
 
 def build(settings, init):
     mk.init()
@@ -42,20 +44,11 @@ def build(settings, init):
 def optimizer(settings):
     if settings["optimizer"] == "sgd":
         return mk.optimizers.SGD(settings["lr"])
+    if settings["optimizer"] == "lazy_adam":
+        return mk.optimizers.LazyAdam(settings["lr"], beta_1=settings["beta1"],
+                                      beta_2=settings["beta2"], epsilon=settings["epsilon"])
     return mk.optimizers.Adagrad(settings["lr"], initial_accumulator_value=settings["acc0"],
                                  epsilon=settings["epsilon"])
-
-
-class Evict(tf.keras.callbacks.Callback):
-    """Evicts every `every` steps, between steps (as the Session test does)."""
-
-    def __init__(self, layer, every):
-        super().__init__()
-        self.layer, self.every, self.evicted = layer, every, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.every == 0:
-            self.evicted += self.layer.evict()
 
 
 def train(mode, data, settings, model, layer, opt):
@@ -66,7 +59,7 @@ def train(mode, data, settings, model, layer, opt):
         model.compile(optimizer=opt, loss=loss_fn)
         dataset = tf.data.Dataset.from_tensor_slices(
             ((data["ids"], data["dense"], data["ts"]), data["y"]))
-        callbacks = [Evict(layer, every)] if every else []
+        callbacks = [mk.callbacks.Evict(every_steps=every)] if every else []
         model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
         return
 
@@ -105,8 +98,8 @@ def run(data_path, out_path, mode):
                w=model.get_layer("head").get_weights()[0],
                b=model.get_layer("head").get_weights()[1],
                stats=json.dumps({k: int(v) for k, v in layer.stats().items()}))
-    if settings["optimizer"] == "adagrad":
-        out["acc"] = opt.table_slot(layer, "accumulator").numpy()[rows]
+    for slot in SLOTS[settings["optimizer"]]:
+        out[f"slot_{slot}"] = opt.table_slot(layer, slot).numpy()[rows]
     np.savez(out_path, **out)
 
 

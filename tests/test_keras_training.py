@@ -11,7 +11,7 @@ one Dense logit, binary cross-entropy) and one stream of batches, trained four w
 
 After training, the IDs holding rows, their rows, their values and optimizer slots, the dense
 weights and the host statistics must agree (values within 1e-5; IDs, rows and counts
-exactly). Scenarios: SGD and Adagrad; admission (access_threshold=2); eviction every 3
+exactly). Scenarios: SGD, Adagrad and LazyAdam; admission (access_threshold=2); eviction every 3
 steps on a table too small for the stream without it, so that freed rows are handed to new
 IDs (their rows refilled from the initializer and their slots reset).
 """
@@ -28,7 +28,7 @@ import tensorflow as tf
 from reference import int64_vocab, power_law_ids
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
-from mxrec.optimizers import adagrad, gradient_descent
+from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKER = pathlib.Path(__file__).resolve().parent / "keras_worker.py"
@@ -37,15 +37,21 @@ ATOL = 1e-5
 _v1 = tf.compat.v1
 
 BASE = dict(dim=4, width=3, dense=2, batch=8, steps=30, lr=0.1, acc0=0.5, epsilon=1e-7,
-            capacity=200, vocab=120)
+            beta1=0.8, beta2=0.95, capacity=200, vocab=120)
+SLOTS = {"sgd": (), "adagrad": ("accumulator",), "lazy_adam": ("m", "v")}
 SCENARIOS = {
     "sgd": dict(optimizer="sgd"),
     "adagrad": dict(optimizer="adagrad"),
     "adagrad_admission": dict(optimizer="adagrad", access_threshold=2),
     "sgd_admission": dict(optimizer="sgd", access_threshold=2),
+    "lazy_adam": dict(optimizer="lazy_adam", lr=0.02),
+    "lazy_adam_admission": dict(optimizer="lazy_adam", lr=0.02, access_threshold=2),
     # 24 positions per step; eviction keeps the IDs of the last 3 steps (timestamps 10 apart).
     "adagrad_eviction": dict(optimizer="adagrad", access_threshold=1, eviction_threshold=25,
                              evict_every=3, capacity=60, constant_init=0.05, steps=40),
+    "lazy_adam_eviction": dict(optimizer="lazy_adam", lr=0.02, access_threshold=1,
+                               eviction_threshold=25, evict_every=3, capacity=60,
+                               constant_init=0.05, steps=40),
     "sgd_eviction": dict(optimizer="sgd", access_threshold=1, eviction_threshold=25,
                          evict_every=3, capacity=60, constant_init=0.05, steps=40),
 }
@@ -101,38 +107,54 @@ def _session_run(mx, settings, data):
     logits = tf.matmul(x, w) + b
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     g_table, g_w, g_b = tf.gradients(loss, [table.variable, w, b])
+    step = _v1.placeholder(tf.float32, [])  # Keras' local step: iterations + 1
     if settings["optimizer"] == "sgd":
         hash_opt = gradient_descent.create_hash_optimizer(lr)
         dense_updates = [v.assign_sub(lr * g) for g, v in ((g_w, w), (g_b, b))]
-    else:
+    elif settings["optimizer"] == "adagrad":
         hash_opt = adagrad.create_hash_optimizer(lr, initial_accumulator_value=settings["acc0"])
         dense_updates = []
         for g, v in ((g_w, w), (g_b, b)):  # Keras' Adagrad
-            acc = _v1.get_variable(f"acc_{v.op.name}", initializer=tf.fill(
-                v.shape, settings["acc0"]), use_resource=True, trainable=False)
+            acc = _slot(v, "acc", settings["acc0"])
             with tf.control_dependencies([acc.assign_add(g * g)]):
                 dense_updates.append(v.assign_sub(lr * g / tf.sqrt(
                     acc.read_value() + settings["epsilon"])))
+    else:
+        beta1, beta2, eps = settings["beta1"], settings["beta2"], settings["epsilon"]
+        hash_opt = lazy_adam.create_hash_optimizer(lr, beta1=beta1, beta2=beta2, epsilon=eps)
+        dense_updates = []
+        alpha = lr * tf.sqrt(1 - tf.pow(beta2, step)) / (1 - tf.pow(beta1, step))
+        for g, v in ((g_w, w), (g_b, b)):  # Keras' Adam
+            m, s = _slot(v, "m", 0.0), _slot(v, "v", 0.0)
+            with tf.control_dependencies([m.assign_add((g - m) * (1 - beta1)),
+                                          s.assign_add((tf.square(g) - s) * (1 - beta2))]):
+                dense_updates.append(v.assign_sub(
+                    m.read_value() * alpha / (tf.sqrt(s.read_value()) + eps)))
     train = tf.group(hash_opt.apply_gradients([(g_table, table.variable)]), *dense_updates)
     with _v1.Session() as sess:
         sess.run(_v1.global_variables_initializer())
         for i in range(settings["steps"]):
             sess.run(train, {ids: data["ids"][i], dense: data["dense"][i],
-                             stamps: data["ts"][i], labels: data["y"][i]})
+                             stamps: data["ts"][i], labels: data["y"][i], step: i + 1.0})
             if settings.get("evict_every") and (i + 1) % settings["evict_every"] == 0:
                 table.evict(settings["eviction_threshold"])  # what EvictHook does
         export_ids, rows = table.export_rows()
         values = sess.run(table.variable)
         out = dict(ids=export_ids, rows=rows, values=values[rows], w=sess.run(w),
                    b=sess.run(b), stats=json.dumps({k: int(v) for k, v in table.stats().items()}))
-        if settings["optimizer"] == "adagrad":
-            out["acc"] = sess.run(hash_opt.get_slot(table.variable, "accumulator"))[rows]
+        for slot in SLOTS[settings["optimizer"]]:
+            out[f"slot_{slot}"] = sess.run(hash_opt.get_slot(table.variable, slot))[rows]
     return out
+
+
+def _slot(variable, name, value):
+    return _v1.get_variable(f"{name}_{variable.op.name}", initializer=tf.fill(
+        variable.shape, value), use_resource=True, trainable=False)
 
 
 def _by_id(run):
     order = np.argsort(run["ids"])
-    return {key: run[key][order] for key in ("ids", "rows", "values", "acc") if key in run}
+    return {key: run[key][order] for key in run if key not in ("w", "b", "stats")}
 
 
 _STATS = ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected", "evicted",
@@ -159,11 +181,10 @@ def test_keras_matches_session_path(mx, tmp_path, scenario):
         got = _by_id(run)
         np.testing.assert_array_equal(got["ids"], expected["ids"], err_msg=mode)
         np.testing.assert_array_equal(got["rows"], expected["rows"], err_msg=mode)
-        np.testing.assert_allclose(got["values"], expected["values"], atol=ATOL, rtol=0,
-                                   err_msg=mode)
-        if "acc" in expected:
-            np.testing.assert_allclose(got["acc"], expected["acc"], atol=ATOL, rtol=0,
-                                       err_msg=mode)
+        assert sorted(got) == sorted(expected), mode
+        for key in sorted(set(expected) - {"ids", "rows"}):  # values and slots
+            np.testing.assert_allclose(got[key], expected[key], atol=ATOL, rtol=0,
+                                       err_msg=f"{mode} {key}")
         np.testing.assert_allclose(run["w"], session["w"], atol=ATOL, rtol=0, err_msg=mode)
         np.testing.assert_allclose(run["b"], session["b"], atol=ATOL, rtol=0, err_msg=mode)
         stats = json.loads(str(run["stats"]))

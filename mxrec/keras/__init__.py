@@ -10,7 +10,7 @@
 docs/KERAS.md says what works and what is not available yet.
 """
 
-from mxrec.keras import optimizers
+from mxrec.keras import callbacks, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.layers import Embedding
 from mxrec.util import initialize
@@ -28,4 +28,4 @@ def init(**kwargs):
 
 terminate = initialize.terminate_config_initializer
 
-__all__ = ["Embedding", "init", "optimizers", "terminate"]
+__all__ = ["Embedding", "callbacks", "init", "optimizers", "terminate"]

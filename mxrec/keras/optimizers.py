@@ -17,6 +17,10 @@ optimizer of the same rule for the tables (`Embedding` weights), as the Session 
                             dense: Keras' Adagrad (acc += g^2; w -= lr g / sqrt(acc + eps));
                             rows: mxrec's adagrad (acc += g^2; row -= lr g / sqrt(acc)),
                             acc starting at initial_accumulator_value
+    LazyAdam(learning_rate, beta_1, beta_2, epsilon)
+                            dense: Keras' Adam; rows: mxrec's lazy_adam (the moments of
+                            the touched rows only; its own beta powers, starting at beta
+                            and multiplied by it after each update, as TF1 Adam's)
 
 The learning rate must be a number (the tables read the optimizer's learning-rate variable,
 so a callback that assigns it changes both); a LearningRateSchedule, momentum, gradient
@@ -88,6 +92,11 @@ class _TableOptimizer:
             lr = tf.cast(tf.convert_to_tensor(self._table_learning_rate()), variable.dtype)
             with tf.control_dependencies(resets):
                 self._apply_table(grad.values, grad.indices, variable, slots, lr)
+        if tables:
+            self._finish_tables()
+
+    def _finish_tables(self) -> None:
+        """After every table of one apply (LazyAdam's beta powers)."""
 
     def _table_learning_rate(self):
         rate = self.learning_rate
@@ -188,3 +197,53 @@ class Adagrad(_TableOptimizer, tf.keras.optimizers.Adagrad):
         tf.raw_ops.ResourceSparseApplyAdagrad(
             var=variable.handle, accum=slots["accumulator"].handle, lr=lr, grad=summed,
             indices=unique, use_locking=False, update_slots=True)
+
+
+class LazyAdam(_TableOptimizer, tf.keras.optimizers.Adam):
+    """Keras' Adam for dense variables; rows of tables: mxrec's lazy_adam hash optimizer
+    (m and v of the touched rows only; step size lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)
+    from beta powers of its own, multiplied after each update as TF1's Adam does). amsgrad
+    is not available."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                 name="LazyAdam", **kwargs):
+        _check_arguments("LazyAdam", learning_rate, kwargs)
+        if kwargs.get("amsgrad"):
+            raise NotImplementedError("mxrec.keras.optimizers.LazyAdam: amsgrad is not "
+                                      "available; leave it out")
+        for label, beta in (("beta_1", beta_1), ("beta_2", beta_2)):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"mxrec.keras.optimizers.LazyAdam: {label} must be in [0, 1), "
+                                 f"got {beta}")
+        if epsilon <= 0:
+            raise ValueError(f"mxrec.keras.optimizers.LazyAdam: epsilon must be > 0, got "
+                             f"{epsilon}")
+        super().__init__(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                         epsilon=epsilon, name=name, **kwargs)
+        self._table_slot_values = {"m": 0.0, "v": 0.0}
+        self._table_betas = (float(beta_1), float(beta_2), float(epsilon))
+        with tf.init_scope():
+            self._table_beta_powers = (
+                tf.Variable(float(beta_1), trainable=False, name="table_beta1_power"),
+                tf.Variable(float(beta_2), trainable=False, name="table_beta2_power"))
+        self._init_tables()
+
+    def _apply_table(self, grad, indices, variable, slots, lr):
+        # CustomizedLazyAdam._resource_apply_sparse, after _deduplicate_indexed_slices
+        grad, indices = _deduplicate(grad, indices)
+        dtype = variable.dtype
+        beta1, beta2, epsilon = (tf.constant(x, dtype) for x in self._table_betas)
+        beta1_power, beta2_power = (tf.cast(p, dtype) for p in self._table_beta_powers)
+        step_size = lr * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
+        m, v = slots["m"], slots["v"]
+        m_rows = beta1 * tf.gather(m, indices) + (1.0 - beta1) * grad
+        v_rows = beta2 * tf.gather(v, indices) + (1.0 - beta2) * tf.square(grad)
+        update = step_size * m_rows / (tf.sqrt(v_rows) + epsilon)
+        m.scatter_update(tf.IndexedSlices(m_rows, indices))
+        v.scatter_update(tf.IndexedSlices(v_rows, indices))
+        variable.scatter_sub(tf.IndexedSlices(update, indices))
+
+    def _finish_tables(self) -> None:
+        # TF1 Adam's _finish: the beta powers advance once per update
+        for power, beta in zip(self._table_beta_powers, self._table_betas[:2]):
+            power.assign(power * beta)
