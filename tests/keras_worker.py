@@ -27,7 +27,8 @@ def build(settings, init):
     initializer = (tf.keras.initializers.Constant(settings["constant_init"])
                    if settings.get("constant_init") is not None else None)
     layer = mk.Embedding(settings["dim"], "user", settings["capacity"],
-                         embeddings_initializer=initializer, **policy)
+                         embeddings_initializer=initializer, combiner=settings.get("combiner"),
+                         **policy)
     if initializer is None:
         layer.embeddings.assign(init["table"])
     ids = tf.keras.Input([settings["width"]], dtype=tf.int64, name="ids")

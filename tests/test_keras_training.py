@@ -13,7 +13,8 @@ After training, the IDs holding rows, their rows, their values and optimizer slo
 weights and the host statistics must agree (values within 1e-5; IDs, rows and counts
 exactly). Scenarios: SGD, Adagrad and LazyAdam; admission (access_threshold=2); eviction every 3
 steps on a table too small for the stream without it, so that freed rows are handed to new
-IDs (their rows refilled from the initializer and their slots reset).
+IDs (their rows refilled from the initializer and their slots reset); multi-hot IDs
+combined by a mean.
 """
 
 import json
@@ -45,6 +46,8 @@ SCENARIOS = {
     "adagrad_admission": dict(optimizer="adagrad", access_threshold=2),
     "sgd_admission": dict(optimizer="sgd", access_threshold=2),
     "lazy_adam": dict(optimizer="lazy_adam", lr=0.02),
+    # multi-hot: each row's 3 IDs combined (sparse_lookup(combiner="mean")) -> [B, dim]
+    "adagrad_mean": dict(optimizer="adagrad", combiner="mean"),
     "lazy_adam_admission": dict(optimizer="lazy_adam", lr=0.02, access_threshold=2),
     # 24 positions per step; eviction keeps the IDs of the last 3 steps (timestamps 10 apart).
     "adagrad_eviction": dict(optimizer="adagrad", access_threshold=1, eviction_threshold=25,
@@ -69,9 +72,13 @@ def _data(settings, seed=0):
         y=rng.integers(0, 2, size=(steps, batch, 1)).astype(np.float32),
         ts=np.repeat((np.arange(steps, dtype=np.int64) * 10 + 1000)[:, None], batch, axis=1),
         table=rng.uniform(-0.5, 0.5, (settings["capacity"], settings["dim"])).astype(np.float32),
-        w=rng.normal(0, 0.3, (settings["width"] * settings["dim"] + settings["dense"], 1))
+        w=rng.normal(0, 0.3, (_flat_width(settings) + settings["dense"], 1))
         .astype(np.float32),
         b=np.array([0.1], np.float32))
+
+
+def _flat_width(settings):
+    return settings["dim"] * (1 if settings.get("combiner") else settings["width"])
 
 
 def _keras_runs(tmp_path, settings, data):
@@ -100,10 +107,11 @@ def _session_run(mx, settings, data):
     add_timestamp(stamps)
     policy = {key: settings[key] for key in ("access_threshold", "eviction_threshold")
               if settings.get(key) is not None}
-    emb = sparse_lookup(table, ids, access_and_evict_config=policy or None)
+    emb = sparse_lookup(table, ids, access_and_evict_config=policy or None,
+                        combiner=settings.get("combiner"))
     w = _v1.get_variable("w", initializer=data["w"], use_resource=True)
     b = _v1.get_variable("b", initializer=data["b"], use_resource=True)
-    x = tf.concat([tf.reshape(emb, [-1, width * dim]), dense], axis=1)
+    x = tf.concat([tf.reshape(emb, [-1, _flat_width(settings)]), dense], axis=1)
     logits = tf.matmul(x, w) + b
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     g_table, g_w, g_b = tf.gradients(loss, [table.variable, w, b])

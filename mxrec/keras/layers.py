@@ -24,7 +24,7 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 
-from mxrec.core import embedding, gather
+from mxrec.core import embedding, gather, multi_hot
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
 from mxrec.keras import _compat
@@ -106,12 +106,18 @@ class Embedding(tf.keras.layers.Layer):
             zeros.
         init_param: scale applied to the initializer's values, in [-10, 10].
         is_grad: False stops the gradient at the lookup (IDs still count and get rows).
+        combiner: None, "sum", "mean" or "sqrtn": multi-hot IDs combined per row as
+            sparse_lookup(combiner=...) does (mxrec.core.multi_hot): tf.SparseTensor [B, K]
+            (needs a combiner) -> [B, dim]; tf.RaggedTensor [B, (k)] -> [B, dim], or
+            [B, (k), dim] with None; dense [*S, K] -> [*S, dim].
         host_vocabulary_size, ssd_vocabulary_size, ssd_data_path: the host and SSD tiers;
             not available in mxrec.keras yet (NotImplementedError when set).
         **kwargs: Keras Layer arguments (trainable, dtype must stay float32).
 
     Call:
-        layer(ids, training=None, timestamp=None): ids [*S] int32/int64 -> [*S, dim].
+        layer(ids, training=None, timestamp=None, weights=None): ids [*S] int32/int64 ->
+        [*S, dim] (multi-hot IDs: see combiner; weights: per-ID combiner weights with the
+        structure of ids).
         training=None trains (inserts and counts IDs) as sparse_lookup's is_train=True;
         Model.predict / evaluate pass training=False (unseen IDs look up as the default).
         timestamp: the batch's time in seconds (its max is taken), for eviction.
@@ -125,6 +131,7 @@ class Embedding(tf.keras.layers.Layer):
                  embeddings_initializer=None, key_dtype=tf.int64, access_threshold=None,
                  eviction_threshold=None, faae_coefficient=None, padding_keys=None,
                  serving_default_value=None, init_param: float = 1.0, is_grad: bool = True,
+                 combiner: Optional[str] = None,
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0,
                  ssd_data_path=(), **kwargs):
         _compat.require_eager("mxrec.keras.Embedding")
@@ -153,6 +160,10 @@ class Embedding(tf.keras.layers.Layer):
         runtime.tables[name] = self.table
         self.dim = config.dim
         self.is_grad = is_grad
+        if combiner is not None and combiner not in multi_hot.COMBINERS:
+            raise ValueError(f"mxrec.keras.Embedding {name!r}: combiner must be None or one of "
+                             f"{list(multi_hot.COMBINERS)}, got {combiner!r}")
+        self.combiner = combiner
         self._default = (None if serving_default_value is None
                          else default_values(self.table, serving_default_value))
         self.embeddings = self.add_weight(
@@ -170,18 +181,22 @@ class Embedding(tf.keras.layers.Layer):
 
     # ------------------------------------------------------------------ the lookup
 
-    def call(self, ids, training=None, timestamp=None):
+    def call(self, ids, training=None, timestamp=None, weights=None):
         where = f"mxrec.keras.Embedding {self.table.table_name!r}"
-        if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
-            raise NotImplementedError(
-                f"{where}: multi-hot IDs ({type(ids).__name__}) are not available in "
-                "mxrec.keras yet; pass dense IDs [*S] (sparse_lookup takes them in the "
-                "Session API)")
-        ids = validate_ids(self.table, ids)
         is_train = True if training is None else bool(training)
         stamp = None
         if timestamp is not None and is_train:
             stamp = tf.cast(tf.reduce_max(timestamp), tf.int64)
+        if (self.combiner is not None or weights is not None
+                or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor))):
+            multi_hot.check_combiner(where, ids, self.combiner, weights)
+            return multi_hot.lookup(ids, self.combiner, weights,
+                                    lambda flat: self._lookup(flat, is_train, stamp), where)
+        return self._lookup(ids, is_train, stamp)
+
+    def _lookup(self, ids, is_train: bool, stamp) -> tf.Tensor:
+        """Dense IDs [*S] -> [*S, dim]: the key stage, the refill, the gather."""
+        ids = validate_ids(self.table, ids)
         (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
             [tf.reshape(ids, [-1])], [self.table.table_key], is_train, timestamp=stamp)
         variable = self.table.variable
@@ -203,7 +218,10 @@ class Embedding(tf.keras.layers.Layer):
             variable.scatter_update(tf.IndexedSlices(fresh, reused))
 
     def compute_output_shape(self, input_shape):
-        return tf.TensorShape(input_shape).concatenate([self.dim])
+        shape = tf.TensorShape(input_shape)
+        if self.combiner is not None:
+            shape = shape[:-1]
+        return shape.concatenate([self.dim])
 
     # ------------------------------------------------------------------ host side
 

@@ -98,10 +98,35 @@ def test_optimizer_trains_only_touched_rows():
 # ------------------------------------------------------------------ refusals
 
 
-def test_multi_hot_is_refused():
+def test_multi_hot_ragged_and_sparse_as_safe_embedding_lookup_sparse():
+    ref = RefKeyStage(50)
+    ragged = tf.ragged.constant([[3, 7], [], [9, 3, 3]], dtype=tf.int64)
+    weights = tf.ragged.constant([[1.0, 2.0], [], [0.5, -1.0, 3.0]])
+    mean, values = _layer("mean", combiner="mean")
+    got = mean(ragged, weights=weights).numpy()
+    unique, restore = ref.process(np.array([3, 7, 9, 3], np.int64))  # weight <= 0 dropped
+    rows = values[unique][restore]
+    expected = np.stack([(rows[0] + 2 * rows[1]) / 3.0, np.zeros(DIM, np.float32),
+                         (0.5 * rows[2] + 3.0 * rows[3]) / 3.5])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    per_id, _ = _layer("per_id")
+    nested = per_id(ragged)
+    assert isinstance(nested, tf.RaggedTensor) and nested.shape[0] == 3
+    total, values = _layer("sum", combiner="sum")
+    sparse = tf.sparse.SparseTensor([[0, 0], [0, 2], [2, 1]], tf.constant([5, 6, 5], tf.int64),
+                                    [3, 4])
+    got = total(sparse).numpy()
+    np.testing.assert_array_equal(got, np.stack([values[0] + values[1], np.zeros(DIM),
+                                                 values[0]]))
+
+
+def test_multi_hot_refusals():
     layer, _ = _layer()
-    with pytest.raises(NotImplementedError, match="multi-hot"):
-        layer(tf.ragged.constant([[1, 2], [3]], dtype=tf.int64))
+    sparse = tf.sparse.SparseTensor([[0, 0]], tf.constant([5], tf.int64), [1, 2])
+    with pytest.raises(ValueError, match="needs a combiner"):
+        layer(sparse)
+    with pytest.raises(ValueError, match="combiner must be"):
+        mk.Embedding(DIM, "bad", 10, combiner="max")
 
 
 @pytest.mark.parametrize("kwargs", [dict(host_vocabulary_size=10),
