@@ -4,9 +4,11 @@ mode: the test process runs TF1 graph mode, see conftest.py).
     python keras_worker.py DATA.npz OUT_PREFIX MODE [MODE ...]
 
 MODE: fit (Model.fit), function (a tf.function step with tf.GradientTape), eager (the same
-step eagerly); each trains from the start under its own init(). DATA.npz holds the batches,
-the initial values and the settings; OUT_PREFIX<MODE>.npz gets the table's rows and slots by
-ID, the dense weights and the host statistics.
+step eagerly), resume (Model.fit on the first half, tf.train.Checkpoint, a new init() and
+model restored from it, Model.fit on the rest); each trains from the start under its own
+init(). DATA.npz holds the batches, the initial values and the settings;
+OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
+statistics.
 """
 
 import json
@@ -91,7 +93,19 @@ def run(data_path, out_path, mode):
     init = {key: data.pop(key) for key in ("table", "w", "b")}
     model, layer = build(settings, init)
     opt = optimizer(settings)
-    train(mode, data, settings, model, layer, opt)
+    if mode == "resume":  # Model.fit on the first half, a checkpoint, a new init(), the rest
+        half = len(data["ids"]) // 2
+        train("fit", {k: v[:half] for k, v in data.items()}, settings, model, layer, opt)
+        path = tf.train.Checkpoint(model=model, optimizer=opt).save(
+            out_path[:-len(".npz")] + "_ckpt/ckpt")
+        tf.keras.backend.clear_session()
+        model, layer = build(settings, init)  # new host tables, fresh rows
+        opt = optimizer(settings)
+        tf.train.Checkpoint(model=model, optimizer=opt).restore(
+            path).assert_existing_objects_matched()
+        train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt)
+    else:
+        train(mode, data, settings, model, layer, opt)
     ids, rows = layer.export_rows()
     table = layer.embeddings.numpy() if hasattr(layer.embeddings, "numpy") else \
         np.asarray(layer.embeddings)

@@ -81,14 +81,14 @@ def _flat_width(settings):
     return settings["dim"] * (1 if settings.get("combiner") else settings["width"])
 
 
-def _keras_runs(tmp_path, settings, data):
+def _keras_runs(tmp_path, settings, data, modes=MODES):
     path = tmp_path / "data.npz"
     np.savez(path, settings=json.dumps(settings), **data)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, str(WORKER), str(path), str(tmp_path / "out_"),
-                           *MODES], env=env, capture_output=True, text=True, timeout=600)
+                           *modes], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    return {mode: dict(np.load(tmp_path / f"out_{mode}.npz")) for mode in MODES}
+    return {mode: dict(np.load(tmp_path / f"out_{mode}.npz")) for mode in modes}
 
 
 def _session_run(mx, settings, data):

@@ -27,7 +27,7 @@ import tensorflow as tf
 from mxrec.core import embedding, gather, multi_hot
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
-from mxrec.keras import _compat
+from mxrec.keras import _compat, checkpoint
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.initialize import get_config_initializer
 
@@ -170,6 +170,7 @@ class Embedding(tf.keras.layers.Layer):
             name="embeddings", shape=[config.device_vocabulary_size, config.dim],
             dtype=tf.float32, initializer=config.initializer, trainable=True)
         self.table.variable = _compat.tf_variable(self.embeddings)
+        self.host_state = checkpoint.HostState(table_key, name)
         for weight in {id(w): w for w in (self.embeddings, self.table.variable)}.values():
             weight._mxrec_keras_table = self.table  # noqa: SLF001 (the optimizers' marker)
         policy = {key: value for key, value in (("access_threshold", access_threshold),

@@ -32,6 +32,7 @@ from typing import Dict, List, Tuple
 import tensorflow as tf
 
 from mxrec.keras import _compat
+from mxrec.keras.checkpoint import TableSlots
 
 _KERAS3 = _compat.keras_major() >= 3
 # Keras optimizer arguments the table update does not follow yet.
@@ -62,7 +63,8 @@ class _TableOptimizer:
     _table_slot_values: Dict[str, float] = {}
 
     def _init_tables(self):
-        self._table_slots: Dict[int, Dict[str, tf.Variable]] = {}
+        self._table_slots: Dict[str, Dict[str, tf.Variable]] = {}
+        self.mxrec_tables = TableSlots()  # what checkpoints track
 
     def _split(self, grads_and_vars) -> Tuple[List, List]:
         dense, tables = [], []
@@ -103,19 +105,21 @@ class _TableOptimizer:
         return rate.value if _KERAS3 and hasattr(rate, "value") else rate
 
     def _slots_of(self, table) -> Dict[str, tf.Variable]:
-        key = id(table)
+        key = table.table_name
         if key not in self._table_slots:
+            slots = {}
             with tf.init_scope():
-                self._table_slots[key] = {
-                    slot_name: tf.Variable(
+                for slot_name, value in self._table_slot_values.items():
+                    slots[slot_name] = tf.Variable(
                         tf.fill(table.variable.shape, tf.constant(value, table.value_dtype)),
                         trainable=False, name=f"{table.table_name}/{slot_name}")
-                    for slot_name, value in self._table_slot_values.items()}
+                    setattr(self.mxrec_tables, f"{key}__{slot_name}", slots[slot_name])
+            self._table_slots[key] = slots
         return self._table_slots[key]
 
     def table_slot(self, layer, slot_name: str) -> tf.Variable:
         """The slot `slot_name` of an Embedding layer's table ([rows, dim])."""
-        return self._table_slots[id(layer.table)][slot_name]
+        return self._table_slots[layer.table.table_name][slot_name]
 
     def _apply_table(self, grad, indices, variable, slots, lr):
         raise NotImplementedError
@@ -222,11 +226,12 @@ class LazyAdam(_TableOptimizer, tf.keras.optimizers.Adam):
                          epsilon=epsilon, name=name, **kwargs)
         self._table_slot_values = {"m": 0.0, "v": 0.0}
         self._table_betas = (float(beta_1), float(beta_2), float(epsilon))
+        self._init_tables()
         with tf.init_scope():
             self._table_beta_powers = (
                 tf.Variable(float(beta_1), trainable=False, name="table_beta1_power"),
                 tf.Variable(float(beta_2), trainable=False, name="table_beta2_power"))
-        self._init_tables()
+        self.mxrec_tables.beta1_power, self.mxrec_tables.beta2_power = self._table_beta_powers
 
     def _apply_table(self, grad, indices, variable, slots, lr):
         # CustomizedLazyAdam._resource_apply_sparse, after _deduplicate_indexed_slices
