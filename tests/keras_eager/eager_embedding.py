@@ -196,3 +196,20 @@ def test_update_without_a_lookup_in_the_same_function_is_refused():
 
     with pytest.raises(RuntimeError, match="same tf.function"):
         apply(grads[0].values, grads[0].indices)
+
+
+def test_predict_and_evaluate_insert_nothing():
+    layer, _ = _layer(capacity=20)
+    ids = tf.keras.Input([2], dtype=tf.int64)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(layer(ids))))
+    model.compile(optimizer=mk.optimizers.SGD(0.1), loss="mse")
+    train = np.array([[1, 2], [3, 1]], np.int64)
+    model.fit(train, np.zeros([2, 1], np.float32), batch_size=2, verbose=0)
+    before = layer.stats()
+    unseen = np.array([[7, 8], [9, 1]], np.int64)
+    model.predict(unseen, verbose=0)
+    model.evaluate(unseen, np.zeros([2, 1], np.float32), verbose=0)
+    after = layer.stats()
+    assert after["rows_in_use"] == before["rows_in_use"] == 3
+    assert after["ids_seen"] == before["ids_seen"] and after["train_batches"] == 1
+    assert after["eval_batches"] == 2
