@@ -142,6 +142,9 @@ class Embedding(tf.keras.layers.Layer):
             raise TypeError(f"mxrec.keras.Embedding {name!r}: is_grad must be a bool, got "
                             f"{is_grad!r}")
         super().__init__(name=name, **kwargs)
+        # The key stage is a CPU op of mxrec's library, which XLA cannot compile: Keras 3
+        # then leaves Model.fit's jit_compile="auto" off (Keras 2 never turns it on).
+        self.supports_jit = False
         runtime = get_config_initializer()
         _refuse_unavailable(name, runtime, host_vocabulary_size, ssd_vocabulary_size,
                             ssd_data_path)
@@ -214,7 +217,9 @@ class Embedding(tf.keras.layers.Layer):
         required = None
         if self.table.eviction_threshold is not None:
             required = "eviction (eviction_threshold) re-initialises evicted rows"
-        fresh = self.table.initial_rows(tf.size(reused), required_for=required)
+        fresh = _keras_random_rows(self.table.initializer, tf.size(reused), self.dim)
+        if fresh is None:
+            fresh = self.table.initial_rows(tf.size(reused), required_for=required)
         if fresh is not None:
             variable.scatter_update(tf.IndexedSlices(fresh, reused))
 
@@ -250,6 +255,24 @@ class Embedding(tf.keras.layers.Layer):
             f"mxrec.keras.Embedding {self.table.table_name!r}: serialising the layer "
             "(get_config, model.save, clone_model) is not available yet: its state is in the "
             "C++ engine")
+
+
+def _keras_random_rows(initializer, count: tf.Tensor, dim: int) -> Optional[tf.Tensor]:
+    """[count, dim] fresh rows of Keras' RandomUniform / RandomNormal / TruncatedNormal by
+    TensorFlow's stateful random ops (new values at every step, as the Session path's refill
+    draws), or None for other initializers. A Keras random initializer called again would
+    warn and give the same values at every call."""
+    name = type(initializer).__name__
+    if name not in ("RandomUniform", "RandomNormal", "TruncatedNormal"):
+        return None
+    seed = getattr(initializer, "seed", None)
+    seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+    shape = tf.stack([count, dim])
+    if name == "RandomUniform":
+        return tf.random.uniform(shape, float(initializer.minval), float(initializer.maxval),
+                                 tf.float32, seed=seed)
+    draw = tf.random.normal if name == "RandomNormal" else tf.random.truncated_normal
+    return draw(shape, float(initializer.mean), float(initializer.stddev), tf.float32, seed=seed)
 
 
 def _refuse_unavailable(name, runtime, host_vocabulary_size, ssd_vocabulary_size,

@@ -213,3 +213,38 @@ def test_predict_and_evaluate_insert_nothing():
     assert after["rows_in_use"] == before["rows_in_use"] == 3
     assert after["ids_seen"] == before["ids_seen"] and after["train_batches"] == 1
     assert after["eval_batches"] == 2
+
+
+def test_steps_per_execution_trains_as_one_step_per_call():
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 30, size=(16, 2)).astype(np.int64)
+    y = rng.normal(size=(16, 1)).astype(np.float32)
+    results = []
+    for run, steps in enumerate((1, 4)):
+        layer, _ = _layer(name=f"spe{run}", capacity=40, access_threshold=2)
+        ids = tf.keras.Input([2], dtype=tf.int64)
+        head = tf.keras.layers.Dense(1, kernel_initializer="ones")
+        model = tf.keras.Model(ids, head(tf.keras.layers.Flatten()(layer(ids))))
+        model.compile(optimizer=mk.optimizers.Adagrad(0.1), loss="mse",
+                      steps_per_execution=steps)
+        model.fit(x, y, batch_size=2, shuffle=False, verbose=0)
+        results.append((layer.embeddings.numpy(), head.get_weights()[0], layer.stats()))
+    np.testing.assert_allclose(results[1][0], results[0][0], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(results[1][1], results[0][1], atol=1e-6, rtol=0)
+    assert results[1][2]["rows_in_use"] == results[0][2]["rows_in_use"] > 0
+
+
+def test_rows_reused_after_eviction_get_fresh_random_values():
+    layer = mk.Embedding(DIM, "fresh", 4, access_threshold=1, eviction_threshold=5,
+                         embeddings_initializer=tf.keras.initializers.RandomUniform(2.0, 3.0))
+    step = tf.function(lambda ids, ts: layer(ids, timestamp=ts))
+    step(tf.constant([1, 2, 3, 4], tf.int64), tf.constant([0], tf.int64))
+    rows = []
+    for turn in range(2):
+        step(tf.constant([1], tf.int64), tf.constant([100 * (turn + 1)], tf.int64))
+        assert layer.evict() == (3 if turn == 0 else 1)  # 2, 3, 4; then 10
+        out = step(tf.constant([10 + turn], tf.int64),
+                   tf.constant([100 * (turn + 1)], tf.int64)).numpy()
+        rows.append(out[0])
+        assert np.all((out >= 2.0) & (out < 3.0))
+    assert not np.array_equal(rows[0], rows[1])  # a new draw at each refill
