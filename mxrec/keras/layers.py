@@ -24,6 +24,7 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 
+from mxrec._lib import loader
 from mxrec.core import embedding, gather, multi_hot
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
@@ -158,28 +159,41 @@ class Embedding(tf.keras.layers.Layer):
         if name in runtime.tables and runtime.tables[name].table_key == table_key:
             raise ValueError(f"mxrec.keras.Embedding: a table named {name!r} already exists "
                              "under this init(); give each table its own name")
-        embedding.create_host_table(runtime, config, table_key)
-        self.table = KerasTable(config, table_key)
-        runtime.tables[name] = self.table
-        self.dim = config.dim
-        self.is_grad = is_grad
         if combiner is not None and combiner not in multi_hot.COMBINERS:
             raise ValueError(f"mxrec.keras.Embedding {name!r}: combiner must be None or one of "
                              f"{list(multi_hot.COMBINERS)}, got {combiner!r}")
         self.combiner = combiner
+        self.dim = config.dim
+        self.is_grad = is_grad
+        policy = {key: value for key, value in (("access_threshold", access_threshold),
+                                                ("eviction_threshold", eviction_threshold),
+                                                ("faae_coefficient", faae_coefficient))
+                  if value is not None}
+        embedding.create_host_table(runtime, config, table_key)
+        self.table = KerasTable(config, table_key)
+        try:
+            self._make_weight(config, policy, serving_default_value)
+        except Exception:
+            # Nothing of a refused layer stays: its name can be used again.
+            if not any(runtime.table_key(other).startswith(table_key)
+                       for other in runtime.tables if other != name):
+                loader.engine().drop_prefix(table_key)  # the engine drops by prefix only
+            runtime.tables.pop(name, None)
+            runtime.admission_configs.pop(name, None)
+            raise
+        runtime.tables[name] = self.table
+
+    def _make_weight(self, config, policy, serving_default_value) -> None:
+        """The layer's weight (the device rows), its host-state trackable and its policy."""
         self._default = (None if serving_default_value is None
                          else default_values(self.table, serving_default_value))
         self.embeddings = self.add_weight(
             name="embeddings", shape=[config.device_vocabulary_size, config.dim],
             dtype=tf.float32, initializer=config.initializer, trainable=True)
         self.table.variable = _compat.tf_variable(self.embeddings)
-        self.host_state = checkpoint.HostState(table_key, name)
+        self.host_state = checkpoint.HostState(self.table.table_key, self.table.table_name)
         for weight in {id(w): w for w in (self.embeddings, self.table.variable)}.values():
             weight._mxrec_keras_table = self.table  # noqa: SLF001 (the optimizers' marker)
-        policy = {key: value for key, value in (("access_threshold", access_threshold),
-                                                ("eviction_threshold", eviction_threshold),
-                                                ("faae_coefficient", faae_coefficient))
-                  if value is not None}
         if policy:
             embedding.apply_access_and_evict_config(self.table, policy)
 

@@ -150,6 +150,7 @@ def test_create_table_checks_apply():
         mk.Embedding(DIM, "t", 0)
     with pytest.raises(ValueError, match="eviction_threshold needs"):
         mk.Embedding(DIM, "u", 10, eviction_threshold=5)
+    mk.Embedding(DIM, "u", 10)  # nothing of the refused layer stayed
     mk.Embedding(DIM, "v", 10)
     with pytest.raises(ValueError, match="already exists"):
         mk.Embedding(DIM, "v", 10)
