@@ -28,6 +28,7 @@ LAYERS: Tuple[Tuple[str, int], ...] = (
     ("mxrec.hooks", 5),
     ("mxrec.serving", 6),  # the predictor: follows an export base, answers REST requests
     ("mxrec.streaming", 7),  # the streaming trainer: data in, checkpoints and exports out
+    ("mxrec.keras", 7),  # TF2: the tables as a Keras layer, Keras optimizers that train them
     ("mxrec.launch", 8),  # the old path of `python -m mxrec.launch` (mxrec.distributed.launch)
 )
 

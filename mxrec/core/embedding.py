@@ -128,8 +128,9 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
     return table
 
 
-def _make_table(runtime, config: arguments.TableConfig, table_key: str) -> SparseEmbedding:
-    """The host table in the engine, then the table of the type its settings pick."""
+def create_host_table(runtime, config: arguments.TableConfig, table_key: str) -> None:
+    """The table's host state in the engine (ID map, rows, tiers, admission counts), as
+    create_table makes it; also used by mxrec.keras' Embedding."""
     engine = loader.engine()
     common = dict(key=table_key, name=config.name, dim=config.dim,
                   padding_keys=config.padding_keys, access_threshold=0.0,
@@ -146,6 +147,11 @@ def _make_table(runtime, config: arguments.TableConfig, table_key: str) -> Spars
     if runtime.config.use_combine_faae:
         # USE_COMBINE_FAAE: one admission count per ID over all tables.
         engine.share_counts(table_key, runtime.table_key("__combined_faae__"))
+
+
+def _make_table(runtime, config: arguments.TableConfig, table_key: str) -> SparseEmbedding:
+    """The host table in the engine, then the table of the type its settings pick."""
+    create_host_table(runtime, config, table_key)
     chain = runtime.shared_key_stage_chain if runtime.config.use_combine_faae else None
     args = (config.name, config.key_dtype, config.dim, config.initializer,
             config.device_vocabulary_size, config.padding_keys, config.value_dtype, table_key)
@@ -362,3 +368,8 @@ def _feature_spec_lookup(table: SparseEmbedding, spec, batch, is_train: bool, na
     scope = name or f"{table.table_name}_lookup"
     return planners.feature_spec_lookup(table, spec, batch, ids, is_train, scope, send_count,
                                         serving_default_value, is_grad)
+
+
+# The admission and eviction policy of a table, checked and applied (the Keras layer's path to
+# what sparse_lookup(access_and_evict_config=...) does).
+apply_access_and_evict_config = _apply_access_and_evict_config

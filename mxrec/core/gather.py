@@ -80,7 +80,9 @@ def _fused(unique_emb, restore, default_row, device):
 @tf.RegisterGradient("MxrecGatherRows")
 def _gather_rows_grad(op, grad):
     unique_emb, restore = op.inputs[0], op.inputs[1]
-    with tf.device(op.device):
+    # GradientTape's eager op record has no device; the kernel is the CPU's.
+    device = getattr(op, "device", None)
+    with tf.device("/device:CPU:0" if device is None else device):
         num_unique = tf.shape(unique_emb, out_type=restore.dtype)[0]
         unique_grad = loader.op_library().mxrec_gather_rows_grad(
             grad=grad, restore=restore, num_unique=num_unique)

@@ -29,6 +29,8 @@ _FIELDS = (
     ("meta", tf.int64),
     ("threshold", tf.float64),
 )
+# The fields of a device-only table's snapshot, in the ops' order (mxrec.keras saves them too).
+FIELDS = _FIELDS
 # Tables with a host (and SSD) tier also save where each ID's row lives, the device
 # cache's recency order, and the host-tier rows (embedding and optimizer slots).
 _TIER_FIELDS = (

@@ -1,0 +1,314 @@
+"""`Embedding`: a Keras layer over an mxrec table, for eager code, tf.function and Model.fit.
+
+The layer owns one table: its host state in the C++ engine (made as create_table makes it,
+with create_table's checks) and its device rows as the layer's weight. A call runs the
+same step as the Session path's direct lookup (mxrec.core.planners.direct_lookup):
+
+    ids [*S] -> MxrecKeyStage (the engine's stateful op, on the CPU)
+             -> unique_rows [U], restore [N], reused [R]
+             -> rows handed to new owners refilled from the initializer (training)
+             -> gather(weight, unique_rows) -> restore_rows(.., restore) -> [*S, dim]
+
+Eagerly each op runs at once; inside a tf.function (Model.fit's train step among them) the
+op is traced like any stateful op, and TensorFlow runs the stateful ops of a function in
+program order, so a table's lookups of one step plan in call order as the Session path's
+key-stage chain makes them. No tf.py_function on this path.
+
+The gradient of the weight is IndexedSlices over the unique rows; mxrec.keras.optimizers
+apply it to those rows only (and reset the slots of the rows in `reused` first).
+"""
+
+import weakref
+from typing import List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec._lib import loader
+from mxrec.core import embedding, gather, multi_hot
+from mxrec.core.arguments import table_config, validate_ids
+from mxrec.core.table import SparseEmbedding, default_values
+from mxrec.keras import _compat, checkpoint
+from mxrec.util import ops as mxrec_ops
+from mxrec.util.initialize import get_config_initializer
+
+
+class KerasTable(SparseEmbedding):
+    """The table of one `Embedding` layer: SparseEmbedding's host side (stats, admission,
+    evict, initial rows), the layer's weight as `variable`, and the rows each lookup hands to
+    new owners, kept for the optimizer of the same step (`note_lookup` / `reused_for_update`).
+    """
+
+    def __init__(self, config, table_key: str):
+        super().__init__(config.name, config.key_dtype, config.dim, config.initializer,
+                         config.device_vocabulary_size, config.padding_keys, config.value_dtype,
+                         table_key)
+        self.variable: Optional[tf.Variable] = None
+        # Rows given to new owners by the lookups not yet applied: eagerly a list the
+        # optimizer empties; in a traced function one list per FuncGraph (one step's trace).
+        self._reused_eager: List[tf.Tensor] = []
+        self._reused_traced = weakref.WeakKeyDictionary()
+
+    def note_lookup(self, reused: tf.Tensor) -> None:
+        """A training lookup of this step handed `reused` rows to new owners."""
+        if tf.executing_eagerly():
+            self._reused_eager.append(reused)
+        else:
+            self._reused_traced.setdefault(tf.compat.v1.get_default_graph(), []).append(reused)
+
+    def reused_for_update(self, optimizer_name: str) -> tf.Tensor:
+        """The rows this step's lookups handed to new owners, [R] int32 (for the optimizer's
+        slot resets). Eagerly the list empties; traced, it is the lookups of this function.
+
+        Raises:
+            RuntimeError: in a tf.function without a training lookup of this table (the
+                lookup ran in another function or eagerly: its reused rows cannot reach this
+                update).
+        """
+        if tf.executing_eagerly():
+            tensors, self._reused_eager = self._reused_eager, []
+        else:
+            tensors = None
+            graph = tf.compat.v1.get_default_graph()
+            while graph is not None and tensors is None:
+                tensors = self._reused_traced.get(graph)
+                graph = getattr(graph, "outer_graph", None)
+            if tensors is None:
+                raise RuntimeError(
+                    f"{optimizer_name}: the gradient of table {self.table_name!r} is applied in "
+                    "a tf.function that made no training lookup of it; call the layer (with "
+                    "training=True) and apply the gradients in the same tf.function, or both "
+                    "eagerly, so that the rows the lookup handed to new IDs get fresh slots")
+        if not tensors:
+            return tf.zeros([0], tf.int32)
+        return tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=0)
+
+
+class Embedding(tf.keras.layers.Layer):
+    """A Keras layer over an mxrec table addressed by raw int32/int64 IDs.
+
+    Args:
+        dim: row width.
+        name: the table's name (also the layer's), unique among this init()'s tables.
+        device_vocabulary_size: rows of the device table.
+        embeddings_initializer: initial value of every row (a Keras or TF initializer);
+            uniform in [-0.05, 0.05] as Keras' Embedding by default. Rows handed to new IDs
+            after eviction are drawn from it again (it must take a shape known only when the
+            step runs; constant and random initializers do).
+        key_dtype: tf.int64 (default) or tf.int32.
+        access_threshold: an ID gets a row once its weighted count reaches this (admission);
+            until then it looks up as the default value and gets no gradient.
+        eviction_threshold: seconds of batch time after which an unseen ID is removed by
+            `evict()` (needs access_threshold, as in sparse_lookup); batch time comes from
+            the call's `timestamp`.
+        faae_coefficient: the weight of one occurrence in the admission count.
+        padding_keys: an ID or IDs that look up as zeros and are never counted or updated.
+        serving_default_value: a scalar or [dim] value for IDs without a row instead of
+            zeros.
+        init_param: scale applied to the initializer's values, in [-10, 10].
+        is_grad: False stops the gradient at the lookup (IDs still count and get rows).
+        combiner: None, "sum", "mean" or "sqrtn": multi-hot IDs combined per row as
+            sparse_lookup(combiner=...) does (mxrec.core.multi_hot): tf.SparseTensor [B, K]
+            (needs a combiner) -> [B, dim]; tf.RaggedTensor [B, (k)] -> [B, dim], or
+            [B, (k), dim] with None; dense [*S, K] -> [*S, dim].
+        host_vocabulary_size, ssd_vocabulary_size, ssd_data_path: the host and SSD tiers;
+            not available in mxrec.keras yet (NotImplementedError when set).
+        **kwargs: Keras Layer arguments (trainable, dtype must stay float32).
+
+    Call:
+        layer(ids, training=None, timestamp=None, weights=None): ids [*S] int32/int64 ->
+        [*S, dim] (multi-hot IDs: see combiner; weights: per-ID combiner weights with the
+        structure of ids).
+        training=None trains (inserts and counts IDs) as sparse_lookup's is_train=True;
+        Model.predict / evaluate pass training=False (unseen IDs look up as the default).
+        timestamp: the batch's time in seconds (its max is taken), for eviction.
+
+    Raises:
+        NotImplementedError: a setting mxrec.keras does not offer yet (tiers, several
+            ranks, init(use_dynamic=False), init(use_dynamic_expansion=True)).
+    """
+
+    def __init__(self, dim, name: str, device_vocabulary_size: int,
+                 embeddings_initializer=None, key_dtype=tf.int64, access_threshold=None,
+                 eviction_threshold=None, faae_coefficient=None, padding_keys=None,
+                 serving_default_value=None, init_param: float = 1.0, is_grad: bool = True,
+                 combiner: Optional[str] = None,
+                 host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0,
+                 ssd_data_path=(), **kwargs):
+        _compat.require_eager("mxrec.keras.Embedding")
+        if kwargs.get("dtype") not in (None, "float32", tf.float32):
+            raise TypeError(f"mxrec.keras.Embedding {name!r}: the table's rows are float32, "
+                            f"got dtype={kwargs['dtype']!r}")
+        if not isinstance(is_grad, bool):
+            raise TypeError(f"mxrec.keras.Embedding {name!r}: is_grad must be a bool, got "
+                            f"{is_grad!r}")
+        super().__init__(name=name, **kwargs)
+        # The key stage is a CPU op of mxrec's library, which XLA cannot compile: Keras 3
+        # then leaves Model.fit's jit_compile="auto" off (Keras 2 never turns it on).
+        self.supports_jit = False
+        runtime = get_config_initializer()
+        _refuse_unavailable(name, runtime, host_vocabulary_size, ssd_vocabulary_size,
+                            ssd_data_path)
+        if embeddings_initializer is None:
+            embeddings_initializer = tf.keras.initializers.RandomUniform(-0.05, 0.05)
+        config = table_config(
+            runtime, key_dtype, dim, name, embeddings_initializer, device_vocabulary_size,
+            host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, True, False, init_param,
+            "sum_gradients", False, padding_keys, True, None, tf.float32, 1, True, 0)
+        table_key = runtime.table_key(name)
+        if name in runtime.tables and runtime.tables[name].table_key == table_key:
+            raise ValueError(f"mxrec.keras.Embedding: a table named {name!r} already exists "
+                             "under this init(); give each table its own name")
+        if combiner is not None and combiner not in multi_hot.COMBINERS:
+            raise ValueError(f"mxrec.keras.Embedding {name!r}: combiner must be None or one of "
+                             f"{list(multi_hot.COMBINERS)}, got {combiner!r}")
+        self.combiner = combiner
+        self.dim = config.dim
+        self.is_grad = is_grad
+        policy = {key: value for key, value in (("access_threshold", access_threshold),
+                                                ("eviction_threshold", eviction_threshold),
+                                                ("faae_coefficient", faae_coefficient))
+                  if value is not None}
+        embedding.create_host_table(runtime, config, table_key)
+        self.table = KerasTable(config, table_key)
+        try:
+            self._make_weight(config, policy, serving_default_value)
+        except Exception:
+            # Nothing of a refused layer stays: its name can be used again.
+            if not any(runtime.table_key(other).startswith(table_key)
+                       for other in runtime.tables if other != name):
+                loader.engine().drop_prefix(table_key)  # the engine drops by prefix only
+            runtime.tables.pop(name, None)
+            runtime.admission_configs.pop(name, None)
+            raise
+        runtime.tables[name] = self.table
+
+    def _make_weight(self, config, policy, serving_default_value) -> None:
+        """The layer's weight (the device rows), its host-state trackable and its policy."""
+        self._default = (None if serving_default_value is None
+                         else default_values(self.table, serving_default_value))
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=[config.device_vocabulary_size, config.dim],
+            dtype=tf.float32, initializer=config.initializer, trainable=True)
+        self.table.variable = _compat.tf_variable(self.embeddings)
+        self.host_state = checkpoint.HostState(self.table.table_key, self.table.table_name)
+        for weight in {id(w): w for w in (self.embeddings, self.table.variable)}.values():
+            weight._mxrec_keras_table = self.table  # noqa: SLF001 (the optimizers' marker)
+        if policy:
+            embedding.apply_access_and_evict_config(self.table, policy)
+
+    # ------------------------------------------------------------------ the lookup
+
+    def call(self, ids, training=None, timestamp=None, weights=None):
+        where = f"mxrec.keras.Embedding {self.table.table_name!r}"
+        is_train = True if training is None else bool(training)
+        stamp = None
+        if timestamp is not None and is_train:
+            stamp = tf.cast(tf.reduce_max(timestamp), tf.int64)
+        if (self.combiner is not None or weights is not None
+                or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor))):
+            multi_hot.check_combiner(where, ids, self.combiner, weights)
+            return multi_hot.lookup(ids, self.combiner, weights,
+                                    lambda flat: self._lookup(flat, is_train, stamp), where)
+        return self._lookup(ids, is_train, stamp)
+
+    def _lookup(self, ids, is_train: bool, stamp) -> tf.Tensor:
+        """Dense IDs [*S] -> [*S, dim]: the key stage, the refill, the gather."""
+        ids = validate_ids(self.table, ids)
+        (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
+            [tf.reshape(ids, [-1])], [self.table.table_key], is_train, timestamp=stamp)
+        variable = self.table.variable
+        if is_train:
+            self._refill(variable, reused)
+            self.table.note_lookup(reused)
+        unique_emb = tf.gather(variable, rows)
+        emb = gather.restore_rows(unique_emb, restore, self._default, device=variable.device)
+        return self.table._finish(ids, emb, self._default, self.is_grad)  # noqa: SLF001
+
+    def _refill(self, variable: tf.Variable, reused: tf.Tensor) -> None:
+        """Rows handed to new IDs (after eviction) start again from the initializer, before
+        the gather reads them (DeviceTable._refill)."""
+        required = None
+        if self.table.eviction_threshold is not None:
+            required = "eviction (eviction_threshold) re-initialises evicted rows"
+        fresh = _keras_random_rows(self.table.initializer, tf.size(reused), self.dim)
+        if fresh is None:
+            fresh = self.table.initial_rows(tf.size(reused), required_for=required)
+        if fresh is not None:
+            variable.scatter_update(tf.IndexedSlices(fresh, reused))
+
+    def compute_output_shape(self, input_shape):
+        shape = tf.TensorShape(input_shape)
+        if self.combiner is not None:
+            shape = shape[:-1]
+        return shape.concatenate([self.dim])
+
+    # ------------------------------------------------------------------ host side
+
+    def evict(self, max_age_seconds: Optional[int] = None) -> int:
+        """Removes IDs unseen for more than `max_age_seconds` (the layer's
+        eviction_threshold by default) of batch time; returns how many. Call it between
+        steps (eagerly), as EvictHook does in the Session path."""
+        if max_age_seconds is None:
+            if self.table.eviction_threshold is None:
+                raise ValueError(f"mxrec.keras.Embedding {self.table.table_name!r}: evict() "
+                                 "needs max_age_seconds, or eviction_threshold on the layer")
+            max_age_seconds = self.table.eviction_threshold
+        return self.table.evict(max_age_seconds)
+
+    def stats(self):
+        """The host table's statistics (rows in use, IDs seen, admitted, evicted, ...)."""
+        return self.table.stats()
+
+    def export_rows(self):
+        """(ids, rows): the device row of every admitted ID, ordered by row."""
+        return self.table.export_rows()
+
+    def get_config(self):
+        raise NotImplementedError(
+            f"mxrec.keras.Embedding {self.table.table_name!r}: serialising the layer "
+            "(get_config, model.save, clone_model) is not available yet: its state is in the "
+            "C++ engine")
+
+
+def _keras_random_rows(initializer, count: tf.Tensor, dim: int) -> Optional[tf.Tensor]:
+    """[count, dim] fresh rows of Keras' RandomUniform / RandomNormal / TruncatedNormal by
+    TensorFlow's stateful random ops (new values at every step, as the Session path's refill
+    draws), or None for other initializers. A Keras random initializer called again would
+    warn and give the same values at every call."""
+    name = type(initializer).__name__
+    if name not in ("RandomUniform", "RandomNormal", "TruncatedNormal"):
+        return None
+    seed = getattr(initializer, "seed", None)
+    seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+    shape = tf.stack([count, dim])
+    if name == "RandomUniform":
+        return tf.random.uniform(shape, float(initializer.minval), float(initializer.maxval),
+                                 tf.float32, seed=seed)
+    draw = tf.random.normal if name == "RandomNormal" else tf.random.truncated_normal
+    return draw(shape, float(initializer.mean), float(initializer.stddev), tf.float32, seed=seed)
+
+
+def _refuse_unavailable(name, runtime, host_vocabulary_size, ssd_vocabulary_size,
+                        ssd_data_path) -> None:
+    where = f"mxrec.keras.Embedding {name!r}"
+    if (host_vocabulary_size not in (0, None) or ssd_vocabulary_size not in (0, None)
+            or (ssd_data_path not in ((), None, "", [])
+                and not (isinstance(ssd_data_path, np.ndarray) and ssd_data_path.size == 0))):
+        raise NotImplementedError(
+            f"{where}: host and SSD tiers (host_vocabulary_size, ssd_vocabulary_size, "
+            "ssd_data_path) are not available in mxrec.keras yet; leave them out (a "
+            "device-only table), or use create_table in the Session API")
+    config = runtime.config
+    if config.rank_size > 1:
+        raise NotImplementedError(
+            f"{where}: several ranks (rank_size={config.rank_size}) are not available in "
+            "mxrec.keras yet; the Session API trains on several ranks (docs/MULTIWORKER.md)")
+    if not config.use_dynamic:
+        raise NotImplementedError(
+            f"{where}: init(use_dynamic=False) (unique rows padded to send_count) is not "
+            "available in mxrec.keras yet; use init(use_dynamic=True), the default")
+    if config.use_dynamic_expansion:
+        raise NotImplementedError(
+            f"{where}: init(use_dynamic_expansion=True) is not available in mxrec.keras yet; "
+            "leave it out (a device table of device_vocabulary_size rows)")

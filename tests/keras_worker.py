@@ -1,0 +1,122 @@
+"""Trains tests/test_keras_*.py's model with mxrec.keras in a process of its own (eager
+mode: the test process runs TF1 graph mode, see conftest.py).
+
+    python keras_worker.py DATA.npz OUT_PREFIX MODE [MODE ...]
+
+MODE: fit (Model.fit), function (a tf.function step with tf.GradientTape), eager (the same
+step eagerly), resume (Model.fit on the first half, tf.train.Checkpoint, a new init() and
+model restored from it, Model.fit on the rest); each trains from the start under its own
+init(). DATA.npz holds the batches, the initial values and the settings;
+OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
+statistics.
+"""
+
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import mxrec.keras as mk
+
+SLOTS = {"sgd": (), "adagrad": ("accumulator",), "lazy_adam": ("m", "v")}
+
+
+def build(settings, init):
+    mk.init()
+    policy = {key: settings[key] for key in ("access_threshold", "eviction_threshold")
+              if settings.get(key) is not None}
+    initializer = (tf.keras.initializers.Constant(settings["constant_init"])
+                   if settings.get("constant_init") is not None else None)
+    layer = mk.Embedding(settings["dim"], "user", settings["capacity"],
+                         embeddings_initializer=initializer, combiner=settings.get("combiner"),
+                         **policy)
+    if initializer is None:
+        layer.embeddings.assign(init["table"])
+    ids = tf.keras.Input([settings["width"]], dtype=tf.int64, name="ids")
+    dense = tf.keras.Input([settings["dense"]], name="dense")
+    stamp = tf.keras.Input([], dtype=tf.int64, name="ts")
+    x = tf.keras.layers.Flatten()(layer(ids, timestamp=stamp))
+    head = tf.keras.layers.Dense(1, name="head")
+    out = head(tf.keras.layers.Concatenate()([x, dense]))
+    model = tf.keras.Model([ids, dense, stamp], out)
+    head.set_weights([init["w"], init["b"]])
+    return model, layer
+
+
+def optimizer(settings):
+    if settings["optimizer"] == "sgd":
+        return mk.optimizers.SGD(settings["lr"])
+    if settings["optimizer"] == "lazy_adam":
+        return mk.optimizers.LazyAdam(settings["lr"], beta_1=settings["beta1"],
+                                      beta_2=settings["beta2"], epsilon=settings["epsilon"])
+    return mk.optimizers.Adagrad(settings["lr"], initial_accumulator_value=settings["acc0"],
+                                 epsilon=settings["epsilon"])
+
+
+def train(mode, data, settings, model, layer, opt):
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+    every = settings.get("evict_every")
+    steps = len(data["ids"])
+    if mode == "fit":
+        model.compile(optimizer=opt, loss=loss_fn)
+        dataset = tf.data.Dataset.from_tensor_slices(
+            ((data["ids"], data["dense"], data["ts"]), data["y"]))
+        callbacks = [mk.callbacks.Evict(every_steps=every)] if every else []
+        model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
+        return
+
+    def step(ids, dense, ts, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model([ids, dense, ts], training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    if mode == "function":
+        step = tf.function(step)
+    for i in range(steps):
+        step(data["ids"][i], data["dense"][i], data["ts"][i], data["y"][i])
+        if every and (i + 1) % every == 0:
+            layer.evict()
+
+
+def main(data_path, out_prefix, *modes):
+    for mode in modes:
+        run(data_path, f"{out_prefix}{mode}.npz", mode)
+        tf.keras.backend.clear_session()
+
+
+def run(data_path, out_path, mode):
+    data = dict(np.load(data_path))
+    settings = json.loads(str(data.pop("settings")))
+    init = {key: data.pop(key) for key in ("table", "w", "b")}
+    model, layer = build(settings, init)
+    opt = optimizer(settings)
+    if mode == "resume":  # Model.fit on the first half, a checkpoint, a new init(), the rest
+        half = len(data["ids"]) // 2
+        train("fit", {k: v[:half] for k, v in data.items()}, settings, model, layer, opt)
+        path = tf.train.Checkpoint(model=model, optimizer=opt).save(
+            out_path[:-len(".npz")] + "_ckpt/ckpt")
+        tf.keras.backend.clear_session()
+        model, layer = build(settings, init)  # new host tables, fresh rows
+        opt = optimizer(settings)
+        tf.train.Checkpoint(model=model, optimizer=opt).restore(
+            path).assert_existing_objects_matched()
+        train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt)
+    else:
+        train(mode, data, settings, model, layer, opt)
+    ids, rows = layer.export_rows()
+    table = layer.embeddings.numpy() if hasattr(layer.embeddings, "numpy") else \
+        np.asarray(layer.embeddings)
+    out = dict(ids=ids, rows=rows, values=table[rows],
+               w=model.get_layer("head").get_weights()[0],
+               b=model.get_layer("head").get_weights()[1],
+               stats=json.dumps({k: int(v) for k, v in layer.stats().items()}))
+    for slot in SLOTS[settings["optimizer"]]:
+        out[f"slot_{slot}"] = opt.table_slot(layer, slot).numpy()[rows]
+    np.savez(out_path, **out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

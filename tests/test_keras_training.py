@@ -1,0 +1,199 @@
+"""mxrec.keras trains the same parameters as the Session path.
+
+One model (a table looked up by [B, 3] IDs, flattened, concatenated with 2 dense features,
+one Dense logit, binary cross-entropy) and one stream of batches, trained four ways:
+
+- the Session path, here (this process runs TF1 graph mode, conftest.py): create_table,
+  sparse_lookup, mxrec's hash optimizer for the table, and Keras' update rule for the dense
+  weights written out in TF ops (an independent reference of what Keras does to them);
+- mxrec.keras with Model.fit, with a tf.function + GradientTape step, and eagerly, in a
+  subprocess in eager mode (tests/keras_worker.py).
+
+After training, the IDs holding rows, their rows, their values and optimizer slots, the dense
+weights and the host statistics must agree (values within 1e-5; IDs, rows and counts
+exactly). Scenarios: SGD, Adagrad and LazyAdam; admission (access_threshold=2); eviction every 3
+steps on a table too small for the stream without it, so that freed rows are handed to new
+IDs (their rows refilled from the initializer and their slots reset); multi-hot IDs
+combined by a mean.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from reference import int64_vocab, power_law_ids
+
+from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
+from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WORKER = pathlib.Path(__file__).resolve().parent / "keras_worker.py"
+MODES = ("fit", "function", "eager")
+ATOL = 1e-5
+_v1 = tf.compat.v1
+
+BASE = dict(dim=4, width=3, dense=2, batch=8, steps=30, lr=0.1, acc0=0.5, epsilon=1e-7,
+            beta1=0.8, beta2=0.95, capacity=200, vocab=120)
+SLOTS = {"sgd": (), "adagrad": ("accumulator",), "lazy_adam": ("m", "v")}
+SCENARIOS = {
+    "sgd": dict(optimizer="sgd"),
+    "adagrad": dict(optimizer="adagrad"),
+    "adagrad_admission": dict(optimizer="adagrad", access_threshold=2),
+    "sgd_admission": dict(optimizer="sgd", access_threshold=2),
+    "lazy_adam": dict(optimizer="lazy_adam", lr=0.02),
+    # multi-hot: each row's 3 IDs combined (sparse_lookup(combiner="mean")) -> [B, dim]
+    "adagrad_mean": dict(optimizer="adagrad", combiner="mean"),
+    "lazy_adam_admission": dict(optimizer="lazy_adam", lr=0.02, access_threshold=2),
+    # 24 positions per step; eviction keeps the IDs of the last 3 steps (timestamps 10 apart).
+    "adagrad_eviction": dict(optimizer="adagrad", access_threshold=1, eviction_threshold=25,
+                             evict_every=3, capacity=60, constant_init=0.05, steps=40),
+    "lazy_adam_eviction": dict(optimizer="lazy_adam", lr=0.02, access_threshold=1,
+                               eviction_threshold=25, evict_every=3, capacity=60,
+                               constant_init=0.05, steps=40),
+    "sgd_eviction": dict(optimizer="sgd", access_threshold=1, eviction_threshold=25,
+                         evict_every=3, capacity=60, constant_init=0.05, steps=40),
+}
+
+
+def _data(settings, seed=0):
+    rng = np.random.default_rng(seed)
+    vocab = int64_vocab(rng, settings["vocab"])
+    steps, batch = settings["steps"], settings["batch"]
+    ids = np.stack([power_law_ids(rng, vocab, (batch, settings["width"]), alpha=1.0)
+                    for _ in range(steps)])
+    return dict(
+        ids=ids.astype(np.int64),
+        dense=rng.normal(size=(steps, batch, settings["dense"])).astype(np.float32),
+        y=rng.integers(0, 2, size=(steps, batch, 1)).astype(np.float32),
+        ts=np.repeat((np.arange(steps, dtype=np.int64) * 10 + 1000)[:, None], batch, axis=1),
+        table=rng.uniform(-0.5, 0.5, (settings["capacity"], settings["dim"])).astype(np.float32),
+        w=rng.normal(0, 0.3, (_flat_width(settings) + settings["dense"], 1))
+        .astype(np.float32),
+        b=np.array([0.1], np.float32))
+
+
+def _flat_width(settings):
+    return settings["dim"] * (1 if settings.get("combiner") else settings["width"])
+
+
+def _keras_runs(tmp_path, settings, data, modes=MODES):
+    path = tmp_path / "data.npz"
+    np.savez(path, settings=json.dumps(settings), **data)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, str(WORKER), str(path), str(tmp_path / "out_"),
+                           *modes], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {mode: dict(np.load(tmp_path / f"out_{mode}.npz")) for mode in modes}
+
+
+def _session_run(mx, settings, data):
+    """The Session path: sparse_lookup + hash optimizer; Keras' rule for the dense weights."""
+    mx()
+    dim, width, lr = settings["dim"], settings["width"], settings["lr"]
+    init = (_v1.constant_initializer(settings["constant_init"])
+            if settings.get("constant_init") is not None else _v1.constant_initializer(
+                data["table"]))
+    table = create_table(tf.int64, dim, "user", init,
+                         device_vocabulary_size=settings["capacity"])
+    ids = _v1.placeholder(tf.int64, [None, width])
+    dense = _v1.placeholder(tf.float32, [None, settings["dense"]])
+    stamps = _v1.placeholder(tf.int64, [None])
+    labels = _v1.placeholder(tf.float32, [None, 1])
+    add_timestamp(stamps)
+    policy = {key: settings[key] for key in ("access_threshold", "eviction_threshold")
+              if settings.get(key) is not None}
+    emb = sparse_lookup(table, ids, access_and_evict_config=policy or None,
+                        combiner=settings.get("combiner"))
+    w = _v1.get_variable("w", initializer=data["w"], use_resource=True)
+    b = _v1.get_variable("b", initializer=data["b"], use_resource=True)
+    x = tf.concat([tf.reshape(emb, [-1, _flat_width(settings)]), dense], axis=1)
+    logits = tf.matmul(x, w) + b
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    g_table, g_w, g_b = tf.gradients(loss, [table.variable, w, b])
+    step = _v1.placeholder(tf.float32, [])  # Keras' local step: iterations + 1
+    if settings["optimizer"] == "sgd":
+        hash_opt = gradient_descent.create_hash_optimizer(lr)
+        dense_updates = [v.assign_sub(lr * g) for g, v in ((g_w, w), (g_b, b))]
+    elif settings["optimizer"] == "adagrad":
+        hash_opt = adagrad.create_hash_optimizer(lr, initial_accumulator_value=settings["acc0"])
+        dense_updates = []
+        for g, v in ((g_w, w), (g_b, b)):  # Keras' Adagrad
+            acc = _slot(v, "acc", settings["acc0"])
+            with tf.control_dependencies([acc.assign_add(g * g)]):
+                dense_updates.append(v.assign_sub(lr * g / tf.sqrt(
+                    acc.read_value() + settings["epsilon"])))
+    else:
+        beta1, beta2, eps = settings["beta1"], settings["beta2"], settings["epsilon"]
+        hash_opt = lazy_adam.create_hash_optimizer(lr, beta1=beta1, beta2=beta2, epsilon=eps)
+        dense_updates = []
+        alpha = lr * tf.sqrt(1 - tf.pow(beta2, step)) / (1 - tf.pow(beta1, step))
+        for g, v in ((g_w, w), (g_b, b)):  # Keras' Adam
+            m, s = _slot(v, "m", 0.0), _slot(v, "v", 0.0)
+            with tf.control_dependencies([m.assign_add((g - m) * (1 - beta1)),
+                                          s.assign_add((tf.square(g) - s) * (1 - beta2))]):
+                dense_updates.append(v.assign_sub(
+                    m.read_value() * alpha / (tf.sqrt(s.read_value()) + eps)))
+    train = tf.group(hash_opt.apply_gradients([(g_table, table.variable)]), *dense_updates)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        for i in range(settings["steps"]):
+            sess.run(train, {ids: data["ids"][i], dense: data["dense"][i],
+                             stamps: data["ts"][i], labels: data["y"][i], step: i + 1.0})
+            if settings.get("evict_every") and (i + 1) % settings["evict_every"] == 0:
+                table.evict(settings["eviction_threshold"])  # what EvictHook does
+        export_ids, rows = table.export_rows()
+        values = sess.run(table.variable)
+        out = dict(ids=export_ids, rows=rows, values=values[rows], w=sess.run(w),
+                   b=sess.run(b), stats=json.dumps({k: int(v) for k, v in table.stats().items()}))
+        for slot in SLOTS[settings["optimizer"]]:
+            out[f"slot_{slot}"] = sess.run(hash_opt.get_slot(table.variable, slot))[rows]
+    return out
+
+
+def _slot(variable, name, value):
+    return _v1.get_variable(f"{name}_{variable.op.name}", initializer=tf.fill(
+        variable.shape, value), use_resource=True, trainable=False)
+
+
+def _by_id(run):
+    order = np.argsort(run["ids"])
+    return {key: run[key][order] for key in run if key not in ("w", "b", "stats")}
+
+
+_STATS = ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected", "evicted",
+          "evicted_rows", "train_batches")
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_keras_matches_session_path(mx, tmp_path, scenario):
+    settings = dict(BASE, **SCENARIOS[scenario])
+    data = _data(settings)
+    session = _session_run(mx, settings, data)
+    runs = _keras_runs(tmp_path, settings, data)
+    expected = _by_id(session)
+    expected_stats = json.loads(str(session["stats"]))
+    # The scenario does what it says: training moved the weights; admission rejected
+    # IDs; eviction removed IDs and the stream outgrew the table without it.
+    assert not np.allclose(session["w"], data["w"])
+    if settings.get("access_threshold") == 2:
+        assert expected_stats["rejected"] > 0
+    if settings.get("evict_every"):
+        assert expected_stats["evicted"] > 0
+        assert len(np.unique(data["ids"])) > settings["capacity"]
+    for mode, run in runs.items():
+        got = _by_id(run)
+        np.testing.assert_array_equal(got["ids"], expected["ids"], err_msg=mode)
+        np.testing.assert_array_equal(got["rows"], expected["rows"], err_msg=mode)
+        assert sorted(got) == sorted(expected), mode
+        for key in sorted(set(expected) - {"ids", "rows"}):  # values and slots
+            np.testing.assert_allclose(got[key], expected[key], atol=ATOL, rtol=0,
+                                       err_msg=f"{mode} {key}")
+        np.testing.assert_allclose(run["w"], session["w"], atol=ATOL, rtol=0, err_msg=mode)
+        np.testing.assert_allclose(run["b"], session["b"], atol=ATOL, rtol=0, err_msg=mode)
+        stats = json.loads(str(run["stats"]))
+        assert {k: stats[k] for k in _STATS} == {k: expected_stats[k] for k in _STATS}, mode
