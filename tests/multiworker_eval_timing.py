@@ -15,8 +15,9 @@ _spec = importlib.util.spec_from_file_location("multiworker_train", SCRIPT)
 train = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(train)
 _original = train._evaluate  # noqa: SLF001
-_LOG = os.path.join(os.environ["MXREC_TEST_EVAL_LOG"],
-                    f"rank-{os.environ.get('MXREC_RANK', '0')}.jsonl")
+# The gRPC engine's launcher sets MXREC_RANK, mpirun (the MPI engine) OMPI_COMM_WORLD_RANK.
+_RANK = os.environ.get("MXREC_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+_LOG = os.path.join(os.environ["MXREC_TEST_EVAL_LOG"], f"rank-{_RANK}.jsonl")
 
 
 def _timed_evaluate(*args, **kwargs):

