@@ -208,18 +208,7 @@ def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) ->
     shape = tf.stack([size, chunk])
     send = tf.scatter_nd(routed.where, routed.pairs, tf.concat([shape, [2]], axis=0))
     received = tf.reshape(communication.alltoall(send), [-1, 2])
-    recv_ids, recv_occ = received[:, 0], received[:, 1]
-    valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
-    owned = tf.gather(recv_ids, valid)
-    owned_occ = tf.gather(recv_occ, valid)
-    if is_train:
-        # Every occurrence of the global batch counts for admission, as in one process.
-        repeated = repeat_by_counts(owned, owned_occ)
-        first = tf.cast(tf.cumsum(owned_occ, exclusive=True), tf.int32)
-    else:
-        repeated = owned
-        first = tf.range(tf.size(owned))
-    return Exchange(chunk=chunk, valid=valid, owned=repeated, first=first)
+    return _received(received, chunk, is_train)
 
 
 def repeat_by_counts(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
@@ -366,12 +355,15 @@ def _chunk(lookup: PlannedLookup, largest: tf.Tensor, counts: tf.Tensor, size: i
 
 
 def _received(received: tf.Tensor, chunk: tf.Tensor, is_train: bool) -> Exchange:
+    """The owner's side of an ID all-to-all: `received` [N * chunk, 2] (ID, occurrences),
+    empty slots with 0 occurrences."""
     recv_ids, recv_occ = received[:, 0], received[:, 1]
     valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
     owned = tf.gather(recv_ids, valid)
     owned_occ = tf.gather(recv_occ, valid)
     if is_train:
-        repeated = tf.repeat(owned, owned_occ)
+        # Every occurrence of the global batch counts for admission, as in one process.
+        repeated = repeat_by_counts(owned, owned_occ)
         first = tf.cast(tf.cumsum(owned_occ, exclusive=True), tf.int32)
     else:
         repeated = owned
