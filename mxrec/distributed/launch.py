@@ -37,7 +37,9 @@ DEFAULT_GRACE = 10.0
 _ENV_GRACE = "MXREC_LAUNCH_GRACE"
 # prterun's report of the first failing rank, e.g. "Process name: [prterun-host-123@1,0]"
 _PRTE_RANK = re.compile(r"Process name:\s*\[[^\]]*,(\d+)\]")
-_PRTE_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+# prterun wraps its report: "... process rank 1 with PID 22210 on node vm exited on" and
+# "signal 9 (Killed)." arrive as two lines, so the rank is read from the first.
+_PRTE_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited")
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?")
 
 
