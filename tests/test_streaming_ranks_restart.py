@@ -74,21 +74,34 @@ def test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run(t
                       "killed and restarted, newest version")
 
 
-def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
-    """The process id of `rank` among the launcher's children (their MXREC_RANK)."""
+def _children(pid: int):
     children = []
-    for task in os.listdir(f"/proc/{launcher.pid}/task"):
-        with open(f"/proc/{launcher.pid}/task/{task}/children") as f:
-            children += [int(pid) for pid in f.read().split()]
-    for pid in children:
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(child) for child in f.read().split()]
+    except FileNotFoundError:
+        pass
+    return children
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The process id of `rank` among the launcher's descendants: its own children on the
+    gRPC engine (MXREC_RANK), mpirun's on the MPI engine (OMPI_COMM_WORLD_RANK)."""
+    marks = (f"MXREC_RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode())
+    todo, seen = _children(launcher.pid), []
+    while todo:
+        pid = todo.pop(0)
+        seen.append(pid)
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
         except FileNotFoundError:
             continue
-        if f"MXREC_RANK={rank}".encode() in environ:
+        if any(mark in environ for mark in marks):
             return pid
-    raise AssertionError(f"no rank {rank} among the launcher's children {children}")
+        todo += _children(pid)
+    raise AssertionError(f"no rank {rank} among the launcher's descendants {seen}")
 
 
 def test_kills_at_seeded_moments_of_a_rank_and_of_the_launcher(tmp_path):
