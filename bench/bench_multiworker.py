@@ -65,6 +65,20 @@ def exchange_bytes(ids: np.ndarray, ranks: int, batch: int, dim: int, steps: int
     return float(np.mean(sent)), float(np.mean(minimum))
 
 
+def _run_ranks(script, args, ranks: int, env, path):
+    """`script args` on `ranks` ranks (mxrec.launch past one); the JSON it wrote to `path`,
+    or None (its output printed) where it failed."""
+    command = [sys.executable, script] + args
+    if ranks > 1:
+        command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks), script] + args
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(done.stdout[-2000:], done.stderr[-2000:])
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 100_000):
     """Collectives and bytes per step of the fused exchange, 1 table x 26 features and 26
     tables x 1 feature, dim 16, on 1 and 2 ranks (tables.py --count)."""
@@ -78,16 +92,10 @@ def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 
             results = {}
             for ranks in (1, 2):
                 path = os.path.join(tmp, f"count-{ranks}.json")
-                command = [sys.executable, script, "--count", path] + common + extra
-                if ranks > 1:
-                    command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + \
-                        command[1:]
-                done = subprocess.run(command, env=env, capture_output=True, text=True)
-                if done.returncode != 0:
-                    print(done.stdout[-2000:], done.stderr[-2000:])
+                results[ranks] = _run_ranks(script, ["--count", path] + common + extra, ranks,
+                                            env, path)
+                if results[ranks] is None:
                     return 1
-                with open(path) as f:
-                    results[ranks] = json.load(f)
             kinds = results[2]["collectives"]
             exchanges = sum(v for k, v in kinds.items() if k.startswith("alltoall"))
             ratio = results[2]["samples_per_second"] / results[1]["samples_per_second"]
@@ -142,15 +150,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in [int(r) for r in args.ranks.split(",")]:
             timing = os.path.join(tmp, f"timing-{ranks}.json")
-            command = [sys.executable, script, "--timing", timing] + common
-            if ranks > 1:
-                command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + command[1:]
-            done = subprocess.run(command, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(done.stdout[-2000:], done.stderr[-2000:])
+            results[ranks] = _run_ranks(script, ["--timing", timing] + common, ranks, env,
+                                        timing)
+            if results[ranks] is None:
                 return 1
-            with open(timing) as f:
-                results[ranks] = json.load(f)
     base = results.get(1, {}).get("samples_per_second")
     for ranks, r in results.items():
         out.figure(f"{ranks} rank(s): samples/s", round(r["samples_per_second"]))
