@@ -194,17 +194,7 @@ def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) ->
     # of the same table (name, dim, key type, send_count): max and -min of a fingerprint.
     largest = agreed_max(table, tf.reduce_max(counts), _fingerprint(table, send_count, is_train),
                          "table name, dim, key dtype, send_count or is_train")
-    if send_count is None:
-        chunk = tf.maximum(largest, 1)
-    else:
-        check = tf.debugging.Assert(
-            largest <= send_count,
-            [f"sparse_lookup on table {table.table_name!r}: a rank sends more unique IDs to "
-             f"one peer than send_count={send_count} allows (raise send_count, or use "
-             "init(use_dynamic=True)); this rank's IDs per peer:", counts,
-             "largest over all ranks:", largest], summarize=size)
-        with tf.control_dependencies([check]):
-            chunk = tf.identity(tf.constant(send_count, tf.int32))
+    chunk = _chunk(table, send_count, largest, counts, size)
     shape = tf.stack([size, chunk])
     send = tf.scatter_nd(routed.where, routed.pairs, tf.concat([shape, [2]], axis=0))
     received = tf.reshape(communication.alltoall(send), [-1, 2])
@@ -325,7 +315,8 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
         for i, lk in enumerate(lookups)]
     with tf.control_dependencies(checks):
         summary = tf.identity(summary)
-    chunks = [_chunk(lk, tf.cast(summary[i], tf.int32), r.counts, size)
+    chunks = [_chunk(lk.table, lk.send_count, tf.cast(summary[i], tf.int32), r.counts, size,
+                     lk.name)
               for i, (lk, r) in enumerate(zip(lookups, routes))]
     buckets = [tf.scatter_nd(r.where, r.pairs, tf.stack([size, chunk, 2]))
                for r, chunk in zip(routes, chunks)]
@@ -341,17 +332,22 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
     return exchanges, stamps_out, [summary[tail + i] for i in range(len(also))]
 
 
-def _chunk(lookup: PlannedLookup, largest: tf.Tensor, counts: tf.Tensor, size: int):
-    if lookup.send_count is None:
+def _chunk(table, send_count: Optional[int], largest: tf.Tensor, counts: tf.Tensor, size: int,
+           name: Optional[str] = None) -> tf.Tensor:
+    """Rows per peer of a lookup's all-to-alls: the largest bucket over the ranks, or
+    send_count (static shapes) after checking that no rank's bucket exceeds it. `name`: the
+    lookup's, where the error is to name it (the fused exchange)."""
+    if send_count is None:
         return tf.maximum(largest, 1)
+    what = "sparse_lookup" if name is None else f"sparse_lookup {name!r}"
     check = tf.debugging.Assert(
-        largest <= lookup.send_count,
-        [f"sparse_lookup {lookup.name!r} on table {lookup.table.table_name!r}: a rank sends "
-         f"more unique IDs to one peer than send_count={lookup.send_count} allows (raise "
-         "send_count, or use init(use_dynamic=True)); this rank's IDs per peer:", counts,
+        largest <= send_count,
+        [f"{what} on table {table.table_name!r}: a rank sends more unique IDs to one peer "
+         f"than send_count={send_count} allows (raise send_count, or use "
+         "init(use_dynamic=True)); this rank's IDs per peer:", counts,
          "largest over all ranks:", largest], summarize=size)
     with tf.control_dependencies([check]):
-        return tf.identity(tf.constant(lookup.send_count, tf.int32))
+        return tf.identity(tf.constant(send_count, tf.int32))
 
 
 def _received(received: tf.Tensor, chunk: tf.Tensor, is_train: bool) -> Exchange:
