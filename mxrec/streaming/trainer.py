@@ -300,9 +300,6 @@ class StreamingTrainer:
                 self._gather_in = tf.compat.v1.placeholder(tf.float64, [2, GATHER_CHUNK])
                 self._gather_out = communication.allreduce(self._gather_in, "sum")
         self._init_op = tf.compat.v1.global_variables_initializer()
-        # Several ranks: the tables' variables and slots are local variables (a table with a
-        # host tier has no saveable in GLOBAL_VARIABLES to initialise them); run after it.
-        self._local_init_op = tf.compat.v1.local_variables_initializer()
         tf.compat.v1.get_default_graph().finalize()
 
     # --------------------------------------------------------------- resuming
@@ -652,7 +649,6 @@ class StreamingTrainer:
                 with tf.compat.v1.Session(graph=graph, **communication.session_kwargs(
                         session_config)) as sess:
                     sess.run(self._init_op)
-                    sess.run(self._local_init_op)
                     last = self._resume(sess)
                     writer = (tf.compat.v1.summary.FileWriter(
                         posixpath.join(cfg.workdir, "tensorboard"))
