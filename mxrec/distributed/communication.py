@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from mxrec.util import ranks
+from mxrec.util import env, ranks
 from mxrec.util.gradients import custom_gradient
 
 _GROUP_KEY = 7301
@@ -309,16 +309,7 @@ def _rank_run_config_class():
 
 
 def timeout_seconds() -> float:
-    raw = os.environ.get(_ENV_TIMEOUT)
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{_ENV_TIMEOUT} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{_ENV_TIMEOUT} must be > 0, got {raw!r}")
-    return value
+    return env.seconds(_ENV_TIMEOUT, DEFAULT_TIMEOUT)
 
 
 def _next_instance_key() -> int:

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from mxrec.util import env
+
 DEFAULT_GRACE = 10.0
 _ENV_GRACE = "MXREC_LAUNCH_GRACE"
 # prterun's report of the first failing rank, e.g. "Process name: [prterun-host-123@1,0]"
@@ -46,16 +48,7 @@ _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?")
 def _grace(value: Optional[float]) -> float:
     if value is not None:
         return value
-    raw = os.environ.get(_ENV_GRACE)
-    if not raw:
-        return DEFAULT_GRACE
-    try:
-        grace = float(raw)
-    except ValueError:
-        raise ValueError(f"{_ENV_GRACE} must be a number of seconds, got {raw!r}") from None
-    if grace < 0:
-        raise ValueError(f"{_ENV_GRACE} must be >= 0, got {raw!r}")
-    return grace
+    return env.seconds(_ENV_GRACE, DEFAULT_GRACE, allow_zero=True)
 
 
 def _free_ports(count: int) -> List[int]:

@@ -16,13 +16,13 @@ Example:
 import ctypes
 import functools
 import itertools
-import os
 import weakref
 from typing import Optional, Tuple
 
 import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.util import env
 
 # MPI guarantees tags up to 32767; Open MPI's upper bound is 2^31 - 1.
 _CHANNELS = weakref.WeakKeyDictionary()  # graph -> next channel
@@ -80,17 +80,7 @@ def _timeout(timeout_seconds: Optional[float]) -> float:
     module sits below communication and does not import it)."""
     if timeout_seconds is not None:
         return float(timeout_seconds)
-    raw = os.environ.get("MXREC_COLLECTIVE_TIMEOUT")
-    if not raw:
-        return 300.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"MXREC_COLLECTIVE_TIMEOUT must be a number of seconds, got "
-                         f"{raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"MXREC_COLLECTIVE_TIMEOUT must be > 0, got {raw!r}")
-    return value
+    return env.seconds("MXREC_COLLECTIVE_TIMEOUT", 300.0)
 
 
 def alltoallv(data, send_counts, name: str = "alltoallv",
