@@ -261,7 +261,9 @@ class StreamingTrainer:
         if size == 1:
             loss = tf.reduce_mean(losses)
         else:  # this rank's share of the global batch's mean loss
-            rows = communication.allreduce(tf.cast(tf.size(losses), tf.float32), "sum")
+            # The rows counted from the labels (as many as the losses): the all-reduce can
+            # run as soon as the batch is there, beside the forward pass, not after it.
+            rows = communication.allreduce(tf.cast(tf.size(labels), tf.float32), "sum")
             loss = tf.reduce_sum(losses) / tf.maximum(rows, 1.0)
         dense_vars, sparse_vars = get_dense_and_sparse_variable()
         buckets = tf.compat.v1.get_collection(BUCKET_VARIABLES)
