@@ -142,8 +142,11 @@ def _plain_loop(files, batch_size: int, threads: int) -> float:
     initialize.init()
     try:
         with tf.Graph().as_default() as graph:
-            batch = tf.compat.v1.data.make_one_shot_iterator(
-                parsers.make_dataset(files, parsers.CRITEO_TSV, batch_size)).get_next()
+            # Made before the clock starts, as the streaming trainer's pipeline (made once
+            # per run, in its initializer); the first step's graph set-up is in both.
+            iterator = tf.compat.v1.data.make_initializable_iterator(
+                parsers.make_dataset(files, parsers.CRITEO_TSV, batch_size))
+            batch = iterator.get_next()
             logits = models.make_model_fn(models.ModelConfig(**MODEL))(
                 {"sparse": batch["sparse"], "dense": batch["dense"]}, True)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
@@ -157,7 +160,7 @@ def _plain_loop(files, batch_size: int, threads: int) -> float:
             config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
                                               inter_op_parallelism_threads=threads)
             with tf.compat.v1.Session(graph=graph, config=config) as sess:
-                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run([tf.compat.v1.global_variables_initializer(), iterator.initializer])
                 start = time.perf_counter()
                 while True:
                     try:

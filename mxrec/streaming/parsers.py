@@ -403,32 +403,61 @@ def make_dataset(files: Union[Sequence[str], tf.Tensor], schema: Schema, batch_s
                          f"{rank} of {size}")
     files = tf.convert_to_tensor(files, tf.string)
     count = tf.shape(files, out_type=tf.int32)[0]
-    first_line = 2 if schema.header else 1
-
-    def batches_of(name, index):
-        # Batched per file, so line numbers come per batch (no per-record work): every
-        # batch but a file's last is full.
-        lines = tf.data.TextLineDataset(name)
-        if schema.header:
-            lines = lines.skip(1)
-
-        def numbered(k, batch):
-            size = tf.shape(batch, out_type=tf.int64)[0]
-            first = k * batch_size + first_line
-            return batch, tf.fill(tf.shape(batch), index), tf.range(first, first + size)
-
-        def own_slice(batch, file_index, numbers):
-            n = tf.shape(batch, out_type=tf.int64)[0]
-            start, end = n * rank // size, n * (rank + 1) // size
-            return batch[start:end], file_index[start:end], numbers[start:end]
-
-        batches = lines.batch(batch_size).enumerate().map(numbered)
-        return batches if size == 1 else batches.map(own_slice)
-
-    dataset = tf.data.Dataset.from_tensor_slices((files, tf.range(count))).flat_map(batches_of)
+    dataset = tf.data.Dataset.from_tensor_slices((files, tf.range(count))).flat_map(
+        lambda name, index: _file_batches(name, index, schema, batch_size, rank, size))
     dataset = dataset.map(lambda line, index, n: parse_lines(line, index, n, schema),
                           num_parallel_calls=num_parallel_calls, deterministic=True)
     return dataset.prefetch(prefetch)
+
+
+def _file_batches(name, index, schema: Schema, batch_size: int, rank: int, size: int):
+    """One file's batches of (lines, file index, line numbers), this rank's slice of each.
+
+    Batched per file, so line numbers come per batch (no per-record work): every batch but
+    the file's last is full."""
+    first_line = 2 if schema.header else 1
+    lines = tf.data.TextLineDataset(name)
+    if schema.header:
+        lines = lines.skip(1)
+
+    def numbered(k, batch):
+        n = tf.shape(batch, out_type=tf.int64)[0]
+        first = k * batch_size + first_line
+        return batch, tf.fill(tf.shape(batch), index), tf.range(first, first + n)
+
+    def own_slice(batch, file_index, numbers):
+        n = tf.shape(batch, out_type=tf.int64)[0]
+        start, end = n * rank // size, n * (rank + 1) // size
+        return batch[start:end], file_index[start:end], numbers[start:end]
+
+    batches = lines.batch(batch_size).enumerate().map(numbered)
+    return batches if size == 1 else batches.map(own_slice)
+
+
+def count_lines(path: str, header: bool = False) -> int:
+    """The records TextLineDataset yields for `path` (lines split at \\n, a last line
+    without one counted, the header line left out when `header`), read in 4 MiB pieces."""
+    lines, last = 0, b"\n"
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while True:
+            piece = f.read(4 << 20)
+            if not piece:
+                break
+            lines += piece.count(b"\n")
+            last = piece[-1:]
+    lines += last != b"\n"
+    return max(lines - 1, 0) if header else lines
+
+
+def batch_lines(lines: int, batch_size: int, rank: int = 0, size: int = 1) -> List[int]:
+    """The lines of each batch make_dataset yields for a file of `lines` records, this
+    rank's slice of each (the same number of batches on every rank)."""
+    if lines < 0 or batch_size < 1:
+        raise ValueError(f"batch_lines: lines must be >= 0 and batch_size >= 1, got {lines}, "
+                         f"{batch_size}")
+    sizes = [batch_size] * (lines // batch_size) + ([lines % batch_size] if lines % batch_size
+                                                     else [])
+    return [n * (rank + 1) // size - n * rank // size for n in sizes]
 
 
 class BadLineCounter:

@@ -65,13 +65,13 @@ from mxrec.saver.manifest import list_versions as checkpoint_versions
 from mxrec.serving import versions as serving_versions
 from mxrec.serving.predictor import DELTA_FILE, write_delta
 from mxrec.streaming import donefile, metrics
+from mxrec.streaming.feed import PartitionFeed
 from mxrec.streaming.models import BUCKET_VARIABLES
 from mxrec.streaming.parsers import (
     BadLineCounter,
     MalformedDataError,
     Schema,
     features_from_raw,
-    make_dataset,
     raw_feature_inputs,
 )
 from mxrec.streaming.partitions import (
@@ -236,27 +236,23 @@ class StreamingTrainer:
     def _build(self):
         cfg = self.config
         rank, size = self._rank, self._size
-        self._files = tf.compat.v1.placeholder(tf.string, [None], name="partition_files")
-        self._partition_time = tf.compat.v1.placeholder(tf.int64, [], name="partition_time")
-        train_data = make_dataset(self._files, cfg.schema, cfg.batch_size, rank=rank, size=size)
-        if not cfg.schema.has_time:  # data time for eviction: the partition's start
-            stamp = self._partition_time
-            train_data = train_data.map(
-                lambda b: dict(b, time=tf.fill(tf.shape(b["label"]), stamp)))
-        self._train_iter = tf.compat.v1.data.make_initializable_iterator(train_data)
-        self._eval_iter = self._eval_fetch = None
+        # One pipeline each for the whole run (feed.PartitionFeed): no per-partition
+        # iterator set-up. The training batches carry the data time of eviction.
+        self._train_feed = PartitionFeed(cfg.schema, cfg.batch_size, rank, size,
+                                         stamp_time=not cfg.schema.has_time, name="train_feed")
+        self._eval_feed = self._eval_fetch = None
         if cfg.validation == "partition":
             # The scoring branch first: lookups stamp IDs with the newest add_timestamp,
-            # and scoring must not read the training iterator.
-            self._eval_iter = tf.compat.v1.data.make_initializable_iterator(
-                make_dataset(self._files, cfg.schema, cfg.batch_size, rank=rank, size=size))
-            eval_batch = self._eval_iter.get_next()
+            # and scoring must not read the training pipeline.
+            self._eval_feed = PartitionFeed(cfg.schema, cfg.batch_size, rank, size,
+                                            name="eval_feed")
+            eval_batch = self._eval_feed.get_next()
             eval_logits = self.model_fn({k: eval_batch[k] for k in ("sparse", "dense")
                                          if k in eval_batch}, False)
             self._eval_fetch = {k: eval_batch[k] for k in ("bad_file", "bad_line",
                                                            "bad_column", "lines")}
             self._eval_fetch.update(logits=eval_logits, label=eval_batch["label"])
-        batch = self._train_iter.get_next()
+        batch = self._train_feed.get_next()
         features = {k: batch[k] for k in ("sparse", "dense") if k in batch}
         add_timestamp(batch["time"])
         logits = self.model_fn(features, True)
@@ -265,7 +261,9 @@ class StreamingTrainer:
         if size == 1:
             loss = tf.reduce_mean(losses)
         else:  # this rank's share of the global batch's mean loss
-            rows = communication.allreduce(tf.cast(tf.size(losses), tf.float32), "sum")
+            # The rows counted from the labels (as many as the losses): the all-reduce can
+            # run as soon as the batch is there, beside the forward pass, not after it.
+            rows = communication.allreduce(tf.cast(tf.size(labels), tf.float32), "sum")
             loss = tf.reduce_sum(losses) / tf.maximum(rows, 1.0)
         dense_vars, sparse_vars = get_dense_and_sparse_variable()
         buckets = tf.compat.v1.get_collection(BUCKET_VARIABLES)
@@ -299,7 +297,10 @@ class StreamingTrainer:
                 self._scalars_out = communication.allreduce(self._scalars_in, "sum")
                 self._gather_in = tf.compat.v1.placeholder(tf.float64, [2, GATHER_CHUNK])
                 self._gather_out = communication.allreduce(self._gather_in, "sum")
-        self._init_op = tf.compat.v1.global_variables_initializer()
+        feeds = [f for f in (self._train_feed, self._eval_feed) if f is not None]
+        self._init_op = tf.group(tf.compat.v1.global_variables_initializer(),
+                                 *[f.initializer for f in feeds])
+        self._close_feeds = tf.group(*[f.close_op for f in feeds])
         tf.compat.v1.get_default_graph().finalize()
 
     # --------------------------------------------------------------- resuming
@@ -352,22 +353,23 @@ class StreamingTrainer:
 
     # --------------------------------------------------------------- one pass
 
-    def _run_pass(self, sess, iterator, fetch, files, partition, counter, collect):
-        sess.run(iterator.initializer, {self._files: list(files),
-                                        self._partition_time: partition.timestamp})
+    def _run_pass(self, sess, feed, fetch, files, partition, counter, collect, counted):
+        steps, expected = feed.start(sess, files, partition.timestamp, counted)
         labels, logits = [], []
         lines = 0
-        while True:
-            try:
-                out = sess.run(fetch)
-            except tf.errors.OutOfRangeError:
-                break
+        for _ in range(steps):
+            out = sess.run(fetch)
             lines += int(out["lines"])
             if counter is not None:
                 counter.add(out["bad_file"], out["bad_line"], out["bad_column"])
             if collect:
                 labels.append(out["label"])
                 logits.append(out["logits"])
+        if lines != expected:
+            raise RuntimeError(
+                f"streaming trainer: partition {partition.name}'s files held {expected} lines "
+                f"(for this rank) when counted and {lines} when read: a ready partition's "
+                "files must not change")
         if collect and labels:
             return lines, np.concatenate(labels), np.concatenate(logits)
         return lines, np.zeros([0]), np.zeros([0])
@@ -503,17 +505,21 @@ class StreamingTrainer:
         evicted = self._new_day_maintenance() if new_day and previous is not None else 0
         counter = BadLineCounter(partition.files, cfg.schema, cfg.max_bad_lines)
         scored = None
+        count_start = time.monotonic()  # the lines of the files: the passes' steps
+        counted = self._train_feed.count(partition.files)
+        count_seconds = time.monotonic() - count_start
         if cfg.validation == "partition":
-            _, labels, logits = self._run_pass(sess, self._eval_iter, self._eval_fetch,
-                                               partition.files, partition, counter, True)
+            _, labels, logits = self._run_pass(sess, self._eval_feed, self._eval_fetch,
+                                               partition.files, partition, counter, True,
+                                               counted)
             scored = metrics.evaluate(*self._gather(sess, labels, logits))
         train_start = time.monotonic()
         lines, labels, logits = self._run_pass(
-            sess, self._train_iter,
+            sess, self._train_feed,
             self._train_fetch_scored if cfg.validation == "batch" else self._train_fetch,
             partition.files, partition, None if cfg.validation == "partition" else counter,
-            cfg.validation == "batch")
-        train_seconds = time.monotonic() - train_start
+            cfg.validation == "batch", counted)
+        train_seconds = time.monotonic() - train_start + count_seconds
         if cfg.validation == "batch":
             scored = metrics.evaluate(*self._gather(sess, labels, logits))
         table_rows = self._table_rows()
@@ -674,6 +680,8 @@ class StreamingTrainer:
                     finally:
                         if writer is not None:
                             writer.close()
+                        # The pipelines wait on their queues for the next partition.
+                        sess.run(self._close_feeds)
         finally:
             if owns_runtime:
                 initialize.terminate_config_initializer()
