@@ -13,8 +13,8 @@ It trains until the data ends (OutOfRangeError).
 --out DIR: each rank writes its shard of every table (ids_T, values_T) and the dense weights
 to DIR/rank-R.npz. --count PATH: rank 0 traces one step and writes the collectives it
 ran (by kind), the bytes this rank's all-to-alls sent to other ranks (as exchanged, chunks
-and padding included) of a step in the middle, and the samples/s of the untraced steps
-after 3 warm-up steps, as JSON.
+and padding included) of a step in the middle, and the samples/s and rank 0's CPU time per
+step of the untraced steps after 3 warm-up steps, as JSON.
 """
 
 import argparse
@@ -213,16 +213,17 @@ def main(argv=None):
         sess.run([_v1.global_variables_initializer(), _v1.local_variables_initializer()])
         sess.run(start)
         # The traced step is in the middle: it plans a next batch, as every step but the last.
-        trained, counted, seconds, traced = 0, None, 0.0, args.steps // 2
+        trained, counted, seconds, cpu_seconds, traced = 0, None, 0.0, 0.0, args.steps // 2
         while True:
             try:
                 if args.count and trained == traced:
                     counted = traced_collectives(sess, train_op, size, args.timeline, rank)
                 else:
-                    began = time.perf_counter()
+                    began, cpu_began = time.perf_counter(), time.process_time()
                     sess.run(train_op)
                     if trained >= 3:
                         seconds += time.perf_counter() - began
+                        cpu_seconds += time.process_time() - cpu_began
             except tf.errors.OutOfRangeError:
                 break
             trained += 1
@@ -230,8 +231,10 @@ def main(argv=None):
             raise SystemExit(f"trained {trained} steps, the data holds {args.steps}")
         if args.count and rank == 0:
             timed = args.steps - 3 - (traced >= 3)
+            # This process's CPU time (every thread, waits that spin included) per step.
             counted.update(ranks=size, samples_per_second=(
-                timed * args.batch / seconds if seconds else None))
+                timed * args.batch / seconds if seconds else None),
+                cpu_ms_per_step=cpu_seconds * 1e3 / max(timed, 1))
             with open(args.count, "w") as f:
                 json.dump(counted, f)
         if args.out:
