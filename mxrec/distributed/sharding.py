@@ -12,7 +12,8 @@ collectives that bring the IDs to their owners), the owner's key stage and devic
         ─► owner: the IDs repeated by their occurrences ─► the table's own key stage and
            device lookup (admission counts every occurrence of the global batch; eviction,
            tiers and reused rows run on the owner as in one process)
-        ─► embeddings [N, chunk, dim] ─► all-to-all back ─► each rank's unique IDs ─► positions
+        ─► embeddings [N, chunk, dim] ─► all-to-all back ─► one gather: each flat ID's row
+           (`positions`: owner x chunk + slot of its unique ID)
     backward: the gradient takes the same path in reverse (the transpose of an equal-chunk
     all-to-all is another all-to-all); the owner's segment sums add the ranks' gradients of an
     ID, and `all2all_gradients_op="sum_gradients_and_div_by_ranksize"` divides them by N.
@@ -155,6 +156,9 @@ class Exchange:
         backward: (dy, dx) of each backward pass built through that all-to-all: its
             gradient arriving and what its reverse all-to-all gave (set as tf.gradients
             builds them); the graph modifier fuses these across lookups.
+        position: [n] int32, each flat ID's row in `back` seen as [N * chunk, dim]
+            (`positions`; set by send_back, planned ahead of the step by the graph
+            modifier).
     """
 
     chunk: tf.Tensor
@@ -164,6 +168,7 @@ class Exchange:
     sent: Optional[tf.Tensor] = None
     back: Optional[tf.Tensor] = None
     backward: list = dataclasses.field(default_factory=list)
+    position: Optional[tf.Tensor] = None
 
 
 def route(ids: tf.Tensor, size: int) -> Route:
@@ -218,6 +223,15 @@ def repeat_by_counts(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
     return tf.gather(values, source)
 
 
+def positions(routed: Route, chunk: tf.Tensor) -> tf.Tensor:
+    """Each flat ID's row in the [N * chunk] buffer the embedding all-to-all returns: its
+    unique ID's (owner, slot), as owner * chunk + slot. One gather by these rows replaces
+    the gather_nd by `where`, the inverse of `order` and the gather by `index` (and their
+    three gradients by one segment sum, over the same terms in the same order)."""
+    flat = routed.where[:, 0] * chunk + routed.where[:, 1]
+    return tf.gather(tf.gather(flat, tf.math.invert_permutation(routed.order)), routed.index)
+
+
 def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, ids: tf.Tensor,
               grad_scale: Optional[float]) -> tf.Tensor:
     """The owner's embeddings of `exchanged.owned` [M, dim] back to the ranks that asked,
@@ -230,9 +244,8 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, i
     sent = tf.reshape(slots, tf.stack([size, chunk, dim]))
     back = _exchange_recorded(sent, grad_scale, exchanged.backward)
     exchanged.sent, exchanged.back = sent, back
-    local_sorted = tf.gather_nd(back, routed.where)
-    local = tf.gather(local_sorted, tf.math.invert_permutation(routed.order))
-    out = tf.gather(local, routed.index)
+    exchanged.position = positions(routed, chunk)
+    out = tf.gather(tf.reshape(back, [-1, dim]), exchanged.position)
     out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0)
     out = tf.reshape(out, out_shape)
     out.set_shape(ids.shape.concatenate([dim]))
@@ -334,6 +347,13 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
             chunks[i] if lk.send_count is None else
             _chunk(lk.table, lk.send_count, largest[i], r.counts, size, lk.name)
             for i, (lk, r) in enumerate(zip(lookups, routes))])
+    if count == 1:  # nothing to group: the single lookup's own exchange
+        route, chunk = routes[0], chunks[0]
+        send = tf.scatter_nd(route.where, route.pairs, tf.stack([size, chunk, 2]))
+        exchanges = [_received(tf.reshape(communication.alltoall(send), [-1, 2]), chunk,
+                               is_train)]
+        return exchanges, _agreed_stamps(summary, stamps, count), \
+            [summary[base + 2 * count + i] for i in range(len(also))]
     total = tf.reduce_sum(chunks)
     offsets = tf.cumsum(chunks, exclusive=True)  # each lookup's first column per peer
     lookup_range = tf.range(count)
@@ -376,12 +396,17 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
     exchanges = [Exchange(chunk=chunk, valid=v, owned=o, first=f)
                  for chunk, v, o, f in zip(tf.unstack(chunks, num=count), valid_parts,
                                            owned_parts, first_parts)]
-    stamps_out, position = [], count
+    return exchanges, _agreed_stamps(summary, stamps, count), \
+        [summary[base + 2 * count + i] for i in range(len(also))]
+
+
+def _agreed_stamps(summary: tf.Tensor, stamps, count: int):
+    """The batch times of exchange_all's agreement, per lookup (None where it has none)."""
+    out, position = [], count
     for stamp in stamps:
-        stamps_out.append(None if stamp is None else summary[position])
+        out.append(None if stamp is None else summary[position])
         position += stamp is not None
-    tail = base + 2 * count
-    return exchanges, stamps_out, [summary[tail + i] for i in range(len(also))]
+    return out
 
 
 def _chunk(table, send_count: Optional[int], largest: tf.Tensor, counts: tf.Tensor, size: int,
