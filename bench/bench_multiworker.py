@@ -48,21 +48,46 @@ from mxrec.core.sharding import owner_of_numpy  # noqa: E402
 from mxrec.util.communication import _LADDER  # noqa: E402
 
 
-def exchange_bytes(ids: np.ndarray, ranks: int, batch: int, dim: int, steps: int):
-    """(bytes sent per rank and step, minimum), averaged over ranks and steps."""
+def exchange_bytes(ids: np.ndarray, ranks: int, batch: int, dim: int, steps: int,
+                   ladder: bool = False):
+    """(bytes sent per rank and step, minimum), averaged over ranks and steps. The chunk is
+    the largest bucket of the step (the MPI engine), or its rung of gRPC's padding ladder
+    (`ladder`, MXREC_EXCHANGE=grpc)."""
     sent, minimum = [], []
     for step in range(steps):
         rows = np.arange(step * batch, (step + 1) * batch)
         uniques = [np.unique(ids[rows[rank::ranks]].ravel()) for rank in range(ranks)]
         counts = [np.bincount(owner_of_numpy(u, ranks), minlength=ranks) for u in uniques]
         largest = max(int(c.max()) for c in counts)
-        chunk = next(r for r in _LADDER if r >= max(largest, 1))
+        chunk = max(largest, 1)
+        if ladder:
+            chunk = next(r for r in _LADDER if r >= chunk)
         for rank in range(ranks):
             remote = int(counts[rank].sum() - counts[rank][rank])
             peers = ranks - 1
             sent.append(peers * chunk * (8 + 8 + 4 * dim + 4 * dim))
             minimum.append(remote * (8 + 4 * dim + 4 * dim))
     return float(np.mean(sent)), float(np.mean(minimum))
+
+
+def fused_minimum(steps: int, batch: int, pool: int, tables: int, features: int, dim: int,
+                  ranks: int = 2, rank: int = 0):
+    """The fewest bytes rank `rank` can send in tables.py's traced step (step steps // 2,
+    which trains that batch and, with prefetch 1, exchanges the next batch's IDs): per
+    lookup its unique IDs owned by other ranks x 8 for the next batch, and x (4 dim + 4 dim)
+    for the embeddings back and the gradients out of this one. Returns (minimum, the ID
+    exchange's share of it)."""
+    ids, _, _ = make_data(steps, batch, tables * features, pool=pool)
+    traced = steps // 2
+
+    def remote(step, t):
+        rows = np.arange(step * batch, (step + 1) * batch)[rank::ranks]
+        unique = np.unique(ids[rows, t * features:(t + 1) * features])
+        return int(np.sum(owner_of_numpy(unique, ranks) != rank))
+
+    id_bytes = sum(remote(traced + 1, t) * 8 for t in range(tables)) if traced + 1 < steps \
+        else 0
+    return id_bytes + sum(remote(traced, t) * 8 * dim for t in range(tables)), id_bytes
 
 
 def _run_ranks(script, args, ranks: int, env, path):
@@ -96,6 +121,8 @@ def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 
                                             env, path)
                 if results[ranks] is None:
                     return 1
+            tables, features = int(extra[1]), int(extra[3])
+            minimum, id_minimum = fused_minimum(steps, batch, pool, tables, features, 16)
             kinds = results[2]["collectives"]
             exchanges = sum(v for k, v in kinds.items() if k.startswith("alltoall"))
             ratio = results[2]["samples_per_second"] / results[1]["samples_per_second"]
@@ -103,13 +130,17 @@ def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 
                   f"all-to-alls ({kinds['alltoall_ids']} IDs, {kinds['alltoall_embeddings']} "
                   f"embeddings, {kinds['alltoall_gradients']} gradients) + "
                   f"{kinds['allreduce']} all-reduces per step (the agreement, the dense one); "
-                  f"{results[2]['bytes_sent'] / 2**10:.0f} KiB sent per rank and step; "
+                  f"{results[2]['bytes_sent'] / 2**10:.0f} KiB sent per rank and step = "
+                  f"{results[2]['bytes_sent'] / minimum:.2f} x the minimum "
+                  f"({minimum / 2**10:.0f} KiB, IDs {id_minimum / 2**10:.0f}); "
                   f"{results[2]['samples_per_second']:,.0f} samples/s = {ratio:.2f} x 1 process "
                   f"({results[1]['samples_per_second']:,.0f})")
             out.figure(f"fused {name}: collectives per step (2 ranks)",
                        exchanges + kinds["allreduce"])
             out.figure(f"fused {name}: KiB sent per rank and step (2 ranks)",
                        round(results[2]["bytes_sent"] / 2**10))
+            out.figure(f"fused {name}: bytes sent per rank and step / minimum (2 ranks)",
+                       round(results[2]["bytes_sent"] / minimum, 2))
             out.figure(f"fused {name}: 2 ranks / 1 process samples/s", round(ratio, 2))
     return 0
 
@@ -167,7 +198,8 @@ def main(argv=None) -> int:
                  f"{r.get('allreduce_ms', 0):.1f}; waiting for peers included), other ops "
                  f"{r['other_ops_ms']:.0f} ms (summed over threads)")
         if ranks > 1:
-            sent, minimum = exchange_bytes(ids, ranks, args.batch, args.dim, args.steps)
+            grpc = os.environ.get("MXREC_EXCHANGE", "").strip().lower() == "grpc"
+            sent, minimum = exchange_bytes(ids, ranks, args.batch, args.dim, args.steps, grpc)
             line += (f"; sent per rank and step {sent / 2**20:.2f} MiB vs minimum "
                      f"{minimum / 2**20:.2f} MiB ({sent / minimum:.2f} x)")
             out.figure(f"{ranks} ranks: bytes sent per rank and step / minimum",

@@ -13,8 +13,8 @@ It trains until the data ends (OutOfRangeError).
 --out DIR: each rank writes its shard of every table (ids_T, values_T) and the dense weights
 to DIR/rank-R.npz. --count PATH: rank 0 traces one step and writes the collectives it
 ran (by kind), the bytes this rank's all-to-alls sent to other ranks (as exchanged, chunks
-and padding included) of a step in the middle, and the samples/s of the untraced steps
-after 3 warm-up steps, as JSON.
+and padding included) of a step in the middle, and the samples/s and rank 0's CPU time per
+step of the untraced steps after 3 warm-up steps, as JSON.
 """
 
 import argparse
@@ -105,12 +105,17 @@ _SIZES = {tf.float32.as_datatype_enum: 4, tf.int64.as_datatype_enum: 8,
           tf.int32.as_datatype_enum: 4, tf.float64.as_datatype_enum: 8}
 
 
-def traced_collectives(sess, train_op, size: int):
+def traced_collectives(sess, train_op, size: int, timeline: str = None, rank: int = 0):
     """Runs one step with a full trace: the collectives it ran by kind, and the bytes its
-    all-to-alls sent to other ranks (each output's size x (N - 1) / N)."""
+    all-to-alls sent to other ranks (each output's size x (N - 1) / N). With `timeline` (a
+    directory) this rank also writes the step's Chrome trace and where its time went."""
     options = _v1.RunOptions(trace_level=_v1.RunOptions.FULL_TRACE)
     metadata = _v1.RunMetadata()
+    began = time.perf_counter()
     sess.run(train_op, options=options, run_metadata=metadata)
+    wall_ms = (time.perf_counter() - began) * 1e3
+    if timeline:
+        write_timeline(metadata, timeline, rank, wall_ms)
     kinds = {"alltoall_ids": 0, "alltoall_embeddings": 0, "alltoall_gradients": 0,
              "allreduce": 0}
     sent = 0.0
@@ -136,6 +141,47 @@ def traced_collectives(sess, train_op, size: int):
     return dict(collectives=kinds, bytes_sent=sent, names=sorted(names))
 
 
+# Where a traced step's op time goes, by the first matching pattern of the op's type or name.
+_CATEGORIES = (
+    ("collective: ID all-to-all", lambda t, n: "Alltoall" in t and "/exchange/" in n),
+    ("collective: gradient all-to-all", lambda t, n: "Alltoall" in t and "gradients" in n),
+    ("collective: embedding all-to-all", lambda t, n: "Alltoall" in t),
+    ("collective: all-reduce", lambda t, n: "Allreduce" in t),
+    ("key stage (owner)", lambda t, n: t in ("MxrecKeyStage", "MxrecCommitBatches")),
+    ("planning: exchange-side ops", lambda t, n: "/exchange/" in n),
+    ("planning: other", lambda t, n: "_mxrec/" in n and "gradients" not in n),
+    ("backward (gradients)", lambda t, n: "gradients" in n),
+    ("rest of forward", lambda t, n: True),
+)
+
+
+def write_timeline(metadata, directory: str, rank: int, wall_ms: float) -> None:
+    """rank-R.trace.json (chrome://tracing) and rank-R.breakdown.json: per category the op
+    time summed over threads, the largest single op, and the step's wall time."""
+    from tensorflow.python.client import timeline as tf_timeline  # noqa: PLC0415
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"rank-{rank}.trace.json"), "w") as f:
+        f.write(tf_timeline.Timeline(metadata.step_stats).generate_chrome_trace_format())
+    sums, tops, start, end = {}, {}, None, None
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            label = node.timeline_label
+            op = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else ""
+            micros = node.all_end_rel_micros
+            begin = node.all_start_micros
+            start = begin if start is None else min(start, begin)
+            end = begin + micros if end is None else max(end, begin + micros)
+            name = next(c for c, match in _CATEGORIES if match(op, node.node_name))
+            sums[name] = sums.get(name, 0) + micros / 1e3
+            if micros / 1e3 > tops.get(name, ("", 0.0))[1]:
+                tops[name] = (f"{op} {node.node_name}", micros / 1e3)
+    breakdown = dict(wall_ms=wall_ms, traced_span_ms=(end - start) / 1e3 if start else 0.0,
+                     op_ms=sums, largest_op=tops)
+    with open(os.path.join(directory, f"rank-{rank}.breakdown.json"), "w") as f:
+        json.dump(breakdown, f, indent=1)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tables", type=int, default=5)
@@ -153,6 +199,9 @@ def main(argv=None):
     parser.add_argument("--rename_on_rank1", type=int, default=None,
                         help="rank 1 names this table otherwise (the error test)")
     parser.add_argument("--count", default=None, help="write the traced last step here")
+    parser.add_argument("--timeline", default=None,
+                        help="with --count: every rank writes its traced step's Chrome trace "
+                             "and time breakdown to this directory")
     args = parser.parse_args(argv)
     init(use_mpi="MXREC_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ,
          prefetch_batch_number=args.prefetch)
@@ -164,16 +213,17 @@ def main(argv=None):
         sess.run([_v1.global_variables_initializer(), _v1.local_variables_initializer()])
         sess.run(start)
         # The traced step is in the middle: it plans a next batch, as every step but the last.
-        trained, counted, seconds, traced = 0, None, 0.0, args.steps // 2
+        trained, counted, seconds, cpu_seconds, traced = 0, None, 0.0, 0.0, args.steps // 2
         while True:
             try:
                 if args.count and trained == traced:
-                    counted = traced_collectives(sess, train_op, size)
+                    counted = traced_collectives(sess, train_op, size, args.timeline, rank)
                 else:
-                    began = time.perf_counter()
+                    began, cpu_began = time.perf_counter(), time.process_time()
                     sess.run(train_op)
                     if trained >= 3:
                         seconds += time.perf_counter() - began
+                        cpu_seconds += time.process_time() - cpu_began
             except tf.errors.OutOfRangeError:
                 break
             trained += 1
@@ -181,8 +231,10 @@ def main(argv=None):
             raise SystemExit(f"trained {trained} steps, the data holds {args.steps}")
         if args.count and rank == 0:
             timed = args.steps - 3 - (traced >= 3)
+            # This process's CPU time (every thread, waits that spin included) per step.
             counted.update(ranks=size, samples_per_second=(
-                timed * args.batch / seconds if seconds else None))
+                timed * args.batch / seconds if seconds else None),
+                cpu_ms_per_step=cpu_seconds * 1e3 / max(timed, 1))
             with open(args.count, "w") as f:
                 json.dump(counted, f)
         if args.out:

@@ -55,9 +55,9 @@ from mxrec.util import ops as mxrec_ops
 _ROUTE_FIELDS = ("pairs", "counts", "where", "order", "index")
 # What the step reads of one lookup's plan, in queue order, and their dtypes.
 _PLAN_FIELDS = ("where", "order", "index", "chunk", "valid", "first", "owned",
-                "rows", "restore", "reused", "batch_ids")
+                "rows", "restore", "reused", "batch_ids", "position")
 _PLAN_DTYPES = (tf.int32, tf.int32, tf.int32, tf.int32, tf.int32, tf.int32, tf.int64,
-                tf.int32, tf.int32, tf.int32, tf.int64)
+                tf.int32, tf.int32, tf.int32, tf.int64, tf.int32)
 
 
 @dataclasses.dataclass
@@ -141,8 +141,13 @@ def _plan(element: _Element, lookups, is_train: bool, has_next: tf.Tensor):
                     [exchanged.owned], [record.table.table_key], is_train,
                     timestamp=timestamp, deferred=True)
         previous = [rows.op]
+        # The rows of the embedding all-to-all's result each ID reads (sharding.positions;
+        # a replicated lookup takes its own part instead and reads none).
+        position = (sharding.positions(routed, exchanged.chunk)
+                    if lookup.record.sharded.exchange.position is not None
+                    else tf.zeros([0], tf.int32))
         flat += [routed.where, routed.order, routed.index, exchanged.chunk, exchanged.valid,
-                 exchanged.first, exchanged.owned, rows, restore, reused, batch_ids]
+                 exchanged.first, exchanged.owned, rows, restore, reused, batch_ids, position]
     return flat, missing < 0  # the largest of -has_next: -1 when every rank has one
 
 
@@ -316,6 +321,9 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
                        index=parts.route.index, chunk=parts.exchange.chunk,
                        valid=parts.exchange.valid, first=parts.exchange.first,
                        owned=parts.exchange.owned)
+            if parts.exchange.position is not None:
+                # First: the step reads it (forward and backward) where it read the route.
+                old = dict(position=parts.exchange.position, **old)
             for field, tensor in old.items():
                 plan[field].set_shape(tensor.shape)
                 replacements.append((tensor, plan[field]))
@@ -347,7 +355,7 @@ def _schedule_next_plan(planned_next: tf.Tensor, replacements) -> None:
     delaying the forward pass: the backward pass reads the first lookup's routing through an
     identity that waits for it. Without a backward pass in the graph (evaluation,
     is_grad=False) the forward pass reads it that way."""
-    old, new = replacements[0]  # the first lookup's `where`
+    old, new = replacements[0]  # the first lookup's `position` (a replicated one's `where`)
     with tf.control_dependencies([planned_next]):
         waiting = tf.identity(new)
     backward = _gradient_consumers(old)

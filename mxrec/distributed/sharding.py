@@ -12,7 +12,8 @@ collectives that bring the IDs to their owners), the owner's key stage and devic
         ─► owner: the IDs repeated by their occurrences ─► the table's own key stage and
            device lookup (admission counts every occurrence of the global batch; eviction,
            tiers and reused rows run on the owner as in one process)
-        ─► embeddings [N, chunk, dim] ─► all-to-all back ─► each rank's unique IDs ─► positions
+        ─► embeddings [N, chunk, dim] ─► all-to-all back ─► one gather: each flat ID's row
+           (`positions`: owner x chunk + slot of its unique ID)
     backward: the gradient takes the same path in reverse (the transpose of an equal-chunk
     all-to-all is another all-to-all); the owner's segment sums add the ranks' gradients of an
     ID, and `all2all_gradients_op="sum_gradients_and_div_by_ranksize"` divides them by N.
@@ -155,6 +156,9 @@ class Exchange:
         backward: (dy, dx) of each backward pass built through that all-to-all: its
             gradient arriving and what its reverse all-to-all gave (set as tf.gradients
             builds them); the graph modifier fuses these across lookups.
+        position: [n] int32, each flat ID's row in `back` seen as [N * chunk, dim]
+            (`positions`; set by send_back, planned ahead of the step by the graph
+            modifier).
     """
 
     chunk: tf.Tensor
@@ -164,6 +168,7 @@ class Exchange:
     sent: Optional[tf.Tensor] = None
     back: Optional[tf.Tensor] = None
     backward: list = dataclasses.field(default_factory=list)
+    position: Optional[tf.Tensor] = None
 
 
 def route(ids: tf.Tensor, size: int) -> Route:
@@ -218,6 +223,15 @@ def repeat_by_counts(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
     return tf.gather(values, source)
 
 
+def positions(routed: Route, chunk: tf.Tensor) -> tf.Tensor:
+    """Each flat ID's row in the [N * chunk] buffer the embedding all-to-all returns: its
+    unique ID's (owner, slot), as owner * chunk + slot. One gather by these rows replaces
+    the gather_nd by `where`, the inverse of `order` and the gather by `index` (and their
+    three gradients by one segment sum, over the same terms in the same order)."""
+    flat = routed.where[:, 0] * chunk + routed.where[:, 1]
+    return tf.gather(tf.gather(flat, tf.math.invert_permutation(routed.order)), routed.index)
+
+
 def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, ids: tf.Tensor,
               grad_scale: Optional[float]) -> tf.Tensor:
     """The owner's embeddings of `exchanged.owned` [M, dim] back to the ranks that asked,
@@ -230,9 +244,8 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, i
     sent = tf.reshape(slots, tf.stack([size, chunk, dim]))
     back = _exchange_recorded(sent, grad_scale, exchanged.backward)
     exchanged.sent, exchanged.back = sent, back
-    local_sorted = tf.gather_nd(back, routed.where)
-    local = tf.gather(local_sorted, tf.math.invert_permutation(routed.order))
-    out = tf.gather(local, routed.index)
+    exchanged.position = positions(routed, chunk)
+    out = tf.gather(tf.reshape(back, [-1, dim]), exchanged.position)
     out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0)
     out = tf.reshape(out, out_shape)
     out.set_shape(ids.shape.concatenate([dim]))
@@ -285,6 +298,11 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
     every rank built this lookup alike, at this position of the step). Then one all-to-all of
     [N, sum_l chunk_l, 2] (ID, count) pairs: per peer, the lookups' buckets concatenated.
 
+    The ops are vectorised over the lookups (one scatter of every lookup's buckets, one pass
+    over the received slots, one split per output), so a step of 26 lookups plans with about
+    as many ops as a step of one: on a small batch the executor's cost per op, not the bytes,
+    was most of the planning (docs/MULTIWORKER.md, "Where the step time goes").
+
     Args:
         lookups: [PlannedLookup], in the step's (every rank's) order.
         routes: [Route], one per lookup.
@@ -298,38 +316,97 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
     """
     size = communication.get_rank_size()
     count = len(lookups)
-    largest = [tf.cast(tf.reduce_max(r.counts), tf.int64) for r in routes]
+    counts = tf.stack([r.counts for r in routes])  # [L, N] unique IDs per lookup and owner
     times = [tf.cast(s, tf.int64) for s in stamps if s is not None]
     prints = [_fingerprint(lk.table, lk.send_count, is_train) for lk in lookups]
-    vector = tf.stack(largest + times + [tf.constant(p, tf.int64) for p in prints] +
-                      [tf.constant(-p, tf.int64) for p in prints] +
-                      [tf.cast(value, tf.int64) for value in also])
-    summary = communication.allreduce(vector, "max")
+    pieces = [tf.cast(tf.reduce_max(counts, axis=1), tf.int64)]
+    if times:
+        pieces.append(tf.stack(times))
+    pieces.append(tf.constant(prints + [-p for p in prints], tf.int64))
+    if also:
+        pieces.append(tf.stack([tf.cast(value, tf.int64) for value in also]))
+    summary = communication.allreduce(tf.concat(pieces, axis=0), "max")
     base = count + len(times)
-    checks = [tf.debugging.Assert(
-        tf.equal(summary[base + i], -summary[base + count + i]),
-        [f"sparse_lookup {lk.name!r} on table {lk.table.table_name!r} (lookup {i + 1} of the "
-         f"{count} sharded lookups of this step, which share one agreement): the ranks built "
-         f"different lookups ({_FIELDS} differ between ranks, or the ranks build their graphs "
-         "in different orders); every rank must run the same model"])
-        for i, lk in enumerate(lookups)]
-    with tf.control_dependencies(checks):
+    agree = tf.equal(summary[base:base + count], -summary[base + count:base + 2 * count])
+    blame = tf.constant([
+        f"sparse_lookup {lk.name!r} on table {lk.table.table_name!r} (lookup {i + 1} of the "
+        f"{count} sharded lookups of this step, which share one agreement)"
+        for i, lk in enumerate(lookups)])
+    check = tf.debugging.Assert(
+        tf.reduce_all(agree),
+        [f"the ranks built different lookups ({_FIELDS} differ between ranks, or the ranks "
+         "build their graphs in different orders); every rank must run the same model. The "
+         "lookups that differ:", tf.boolean_mask(blame, tf.logical_not(agree))],
+        summarize=count)
+    with tf.control_dependencies([check]):
         summary = tf.identity(summary)
-    chunks = [_chunk(lk.table, lk.send_count, tf.cast(summary[i], tf.int32), r.counts, size,
-                     lk.name)
-              for i, (lk, r) in enumerate(zip(lookups, routes))]
-    buckets = [tf.scatter_nd(r.where, r.pairs, tf.stack([size, chunk, 2]))
-               for r, chunk in zip(routes, chunks)]
-    received = communication.alltoall(tf.concat(buckets, axis=1))
-    parts = tf.split(received, tf.stack(chunks), axis=1, num=count)
-    exchanges = [_received(tf.reshape(part, [-1, 2]), chunk, is_train)
-                 for part, chunk in zip(parts, chunks)]
-    stamps_out, position = [], count
+    largest = tf.cast(summary[:count], tf.int32)
+    chunks = tf.maximum(largest, 1)  # [L] rows per peer of each lookup
+    if any(lk.send_count is not None for lk in lookups):
+        chunks = tf.stack([
+            chunks[i] if lk.send_count is None else
+            _chunk(lk.table, lk.send_count, largest[i], r.counts, size, lk.name)
+            for i, (lk, r) in enumerate(zip(lookups, routes))])
+    if count == 1:  # nothing to group: the single lookup's own exchange
+        route, chunk = routes[0], chunks[0]
+        send = tf.scatter_nd(route.where, route.pairs, tf.stack([size, chunk, 2]))
+        exchanges = [_received(tf.reshape(communication.alltoall(send), [-1, 2]), chunk,
+                               is_train)]
+        return exchanges, _agreed_stamps(summary, stamps, count), \
+            [summary[base + 2 * count + i] for i in range(len(also))]
+    total = tf.reduce_sum(chunks)
+    offsets = tf.cumsum(chunks, exclusive=True)  # each lookup's first column per peer
+    lookup_range = tf.range(count)
+    # Every lookup's (ID, count) pairs into its columns of one [N, total, 2] buffer.
+    where = tf.concat([r.where for r in routes], axis=0)
+    row_lookup = repeat_by_counts(lookup_range, tf.reduce_sum(counts, axis=1))
+    slots = tf.stack([where[:, 0], where[:, 1] + tf.gather(offsets, row_lookup)], axis=1)
+    send = tf.scatter_nd(slots, tf.concat([r.pairs for r in routes], axis=0),
+                         tf.stack([size, total, 2]))
+    received = tf.reshape(communication.alltoall(send), [-1, 2])
+    # The received slots that hold an ID, grouped by lookup (a stable sort keeps each
+    # lookup's slots in peer-then-column order, the order of `exchange`'s tf.where).
+    filled = tf.where(received[:, 1] > 0)[:, 0]
+    filled = tf.cast(filled, tf.int32)
+    peer, column = filled // total, filled % total
+    column_lookup = repeat_by_counts(lookup_range, chunks)
+    lookup = tf.gather(column_lookup, column)
+    order = tf.argsort(lookup, stable=True)
+    lookup = tf.gather(lookup, order)
+    peer, column = tf.gather(peer, order), tf.gather(column, order)
+    pairs = tf.gather(received, tf.gather(filled, order))
+    valid = peer * tf.gather(chunks, lookup) + column - tf.gather(offsets, lookup)
+    per_lookup = tf.math.unsorted_segment_sum(tf.ones_like(lookup), lookup, count)
+    ids, occurrences = pairs[:, 0], pairs[:, 1]
+    if is_train:
+        # Every occurrence of the global batch counts for admission, as in one process.
+        owned = repeat_by_counts(ids, occurrences)
+        owned_sizes = tf.cast(tf.math.unsorted_segment_sum(occurrences, lookup, count),
+                              tf.int32)
+        starts = tf.cast(tf.cumsum(owned_sizes, exclusive=True), tf.int64)
+        first = tf.cast(tf.cumsum(occurrences, exclusive=True) - tf.gather(starts, lookup),
+                        tf.int32)
+    else:
+        owned, owned_sizes = ids, per_lookup
+        first = tf.range(tf.size(lookup)) - tf.gather(tf.cumsum(per_lookup, exclusive=True),
+                                                      lookup)
+    valid_parts = tf.split(valid, per_lookup, num=count)
+    first_parts = tf.split(first, per_lookup, num=count)
+    owned_parts = tf.split(owned, owned_sizes, num=count)
+    exchanges = [Exchange(chunk=chunk, valid=v, owned=o, first=f)
+                 for chunk, v, o, f in zip(tf.unstack(chunks, num=count), valid_parts,
+                                           owned_parts, first_parts)]
+    return exchanges, _agreed_stamps(summary, stamps, count), \
+        [summary[base + 2 * count + i] for i in range(len(also))]
+
+
+def _agreed_stamps(summary: tf.Tensor, stamps, count: int):
+    """The batch times of exchange_all's agreement, per lookup (None where it has none)."""
+    out, position = [], count
     for stamp in stamps:
-        stamps_out.append(None if stamp is None else summary[position])
+        out.append(None if stamp is None else summary[position])
         position += stamp is not None
-    tail = base + 2 * count
-    return exchanges, stamps_out, [summary[tail + i] for i in range(len(also))]
+    return out
 
 
 def _chunk(table, send_count: Optional[int], largest: tf.Tensor, counts: tf.Tensor, size: int,
