@@ -13,6 +13,7 @@ docs/KERAS.md says what works and what is not available yet.
 from mxrec.keras import callbacks, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.layers import Embedding
+from mxrec.keras.saving import KerasSaver, warm_start
 from mxrec.util import initialize
 
 
@@ -28,4 +29,5 @@ def init(**kwargs):
 
 terminate = initialize.terminate_config_initializer
 
-__all__ = ["Embedding", "callbacks", "init", "optimizers", "terminate"]
+__all__ = ["Embedding", "KerasSaver", "callbacks", "init", "optimizers",
+           "terminate", "warm_start"]
