@@ -5,9 +5,12 @@ mode: the test process runs TF1 graph mode, see conftest.py).
 
 MODE: fit (Model.fit), function (a tf.function step with tf.GradientTape), eager (the same
 step eagerly), resume (Model.fit on the first half, tf.train.Checkpoint, a new init() and
-model restored from it, Model.fit on the rest); each trains from the start under its own
-init(). DATA.npz holds the batches, the initial values and the settings;
-OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
+model restored from it, Model.fit on the rest), ckpt_resume (the same through
+mk.callbacks.Checkpoint, mxrec's full/delta format, in settings["ckpt_dir"]), to_session
+(Model.fit on the first half with that callback), from_session (Model.fit on the second half,
+the callback restoring settings["ckpt_dir"] first), warm (mk.warm_start from it); each trains
+from the start under its own init(). DATA.npz holds the batches, the initial values and the
+settings; OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
 statistics.
 """
 
@@ -54,7 +57,36 @@ def optimizer(settings):
                                  epsilon=settings["epsilon"])
 
 
-def train(mode, data, settings, model, layer, opt):
+def session_names(opt, model):
+    """{Keras name: name in tests/test_keras_checkpoint_interop.py's Session graph}: the
+    head's weights are w and b there, their optimizer slots acc_w, m_w, v_w, ... (Keras 2
+    names an optimizer slot `<Opt>/<slot>/head/kernel`, Keras 3 `<opt>/head_kernel_<slot>`)."""
+    from mxrec.keras import saving  # noqa: PLC0415
+
+    saving.build_optimizer(opt, model)  # its slots of the head's weights exist from here on
+    names = {"head/kernel": "w", "head/bias": "b"}
+    slots = {"accumulator": "acc", "m": "m", "momentum": "m", "v": "v", "velocity": "v"}
+    tables = [layer.table for layer in saving.embedding_layers(model)]
+    for name in saving.dense_variables(model, opt, tables):
+        if name in names:
+            continue
+        parts = name.replace("head_kernel", "head/kernel").replace("head_bias", "head/bias")
+        for target, short in (("head/kernel", "w"), ("head/bias", "b")):
+            if target in parts:
+                rest = parts.replace(target, "").replace(opt.name, "").strip("/_").split("/")
+                rest = [r for r in rest if r and r.lower() != opt.name.lower()]
+                names[name] = f"{slots[rest[-1].strip('_')]}_{short}"
+    return names
+
+
+def checkpoint_callback(settings, opt, model):
+    dense_names = session_names(opt, model) if settings.get("session_names") else None
+    return mk.callbacks.Checkpoint(settings["ckpt_dir"], full_every=settings.get("full_every"),
+                                   delta_every=settings.get("delta_every"),
+                                   dense_names=dense_names)
+
+
+def train(mode, data, settings, model, layer, opt, checkpoint=False):
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
     every = settings.get("evict_every")
     steps = len(data["ids"])
@@ -63,6 +95,8 @@ def train(mode, data, settings, model, layer, opt):
         dataset = tf.data.Dataset.from_tensor_slices(
             ((data["ids"], data["dense"], data["ts"]), data["y"]))
         callbacks = [mk.callbacks.Evict(every_steps=every)] if every else []
+        if checkpoint:
+            callbacks.append(checkpoint_callback(settings, opt, model))
         model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
         return
 
@@ -104,6 +138,25 @@ def run(data_path, out_path, mode):
         tf.train.Checkpoint(model=model, optimizer=opt).restore(
             path).assert_existing_objects_matched()
         train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt)
+    elif mode == "ckpt_resume":  # the same through mk.callbacks.Checkpoint (mxrec's format)
+        half = len(data["ids"]) // 2
+        train("fit", {k: v[:half] for k, v in data.items()}, settings, model, layer, opt, True)
+        tf.keras.backend.clear_session()
+        model, layer = build(settings, init)
+        opt = optimizer(settings)
+        train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt, True)
+    elif mode == "to_session":  # the first half, checkpointed for the Session path
+        half = len(data["ids"]) // 2
+        train("fit", {k: v[:half] for k, v in data.items()}, settings, model, layer, opt, True)
+    elif mode == "from_session":  # the second half, from the Session path's checkpoint
+        half = len(data["ids"]) // 2
+        train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt, True)
+    elif mode == "warm":  # mk.warm_start from settings["ckpt_dir"], no training
+        model.compile(optimizer=opt, loss="mse")
+        names = session_names(opt, model) if settings.get("session_names") else None
+        loaded = mk.warm_start(model, settings["ckpt_dir"], ".*", optimizer=opt,
+                               dense_names=names)
+        assert sorted(loaded) == ["b", "user", "w"], loaded
     else:
         train(mode, data, settings, model, layer, opt)
     ids, rows = layer.export_rows()

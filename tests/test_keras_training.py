@@ -30,6 +30,7 @@ from reference import int64_vocab, power_law_ids
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
+from mxrec.saver.checkpoint import Saver
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKER = pathlib.Path(__file__).resolve().parent / "keras_worker.py"
@@ -91,8 +92,14 @@ def _keras_runs(tmp_path, settings, data, modes=MODES):
     return {mode: dict(np.load(tmp_path / f"out_{mode}.npz")) for mode in modes}
 
 
-def _session_run(mx, settings, data):
-    """The Session path: sparse_lookup + hash optimizer; Keras' rule for the dense weights."""
+def _session_run(mx, settings, data, start=0, stop=None, restore_dir=None, save_dir=None,
+                 save_every=None, full_every=None):
+    """The Session path: sparse_lookup + hash optimizer; Keras' rule for the dense weights.
+
+    Trains steps [start, stop) of the stream (all by default). restore_dir: mxrec's Saver
+    restores it first (its step must be `start`); save_dir: a full save before the first step,
+    then after each step that reaches a multiple of full_every a full save, else of
+    save_every a delta, and a delta at the end."""
     mx()
     dim, width, lr = settings["dim"], settings["width"], settings["lr"]
     init = (_v1.constant_initializer(settings["constant_init"])
@@ -111,6 +118,7 @@ def _session_run(mx, settings, data):
                         combiner=settings.get("combiner"))
     w = _v1.get_variable("w", initializer=data["w"], use_resource=True)
     b = _v1.get_variable("b", initializer=data["b"], use_resource=True)
+    global_step = _v1.train.get_or_create_global_step()
     x = tf.concat([tf.reshape(emb, [-1, _flat_width(settings)]), dense], axis=1)
     logits = tf.matmul(x, w) + b
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
@@ -138,14 +146,28 @@ def _session_run(mx, settings, data):
                                           s.assign_add((tf.square(g) - s) * (1 - beta2))]):
                 dense_updates.append(v.assign_sub(
                     m.read_value() * alpha / (tf.sqrt(s.read_value()) + eps)))
-    train = tf.group(hash_opt.apply_gradients([(g_table, table.variable)]), *dense_updates)
+    train = tf.group(hash_opt.apply_gradients([(g_table, table.variable)]), *dense_updates,
+                     global_step.assign_add(1))
+    stop = settings["steps"] if stop is None else stop
     with _v1.Session() as sess:
         sess.run(_v1.global_variables_initializer())
-        for i in range(settings["steps"]):
+        if restore_dir is not None:
+            assert Saver(restore_dir).restore(sess) == start
+            assert sess.run(global_step) == start
+        saver = Saver(save_dir) if save_dir is not None else None
+        if saver is not None:
+            saver.save(sess, start, kind="full")
+        for i in range(start, stop):
             sess.run(train, {ids: data["ids"][i], dense: data["dense"][i],
                              stamps: data["ts"][i], labels: data["y"][i], step: i + 1.0})
             if settings.get("evict_every") and (i + 1) % settings["evict_every"] == 0:
                 table.evict(settings["eviction_threshold"])  # what EvictHook does
+            if saver is not None and full_every and (i + 1) % full_every == 0:
+                saver.save(sess, i + 1, kind="full")
+            elif saver is not None and save_every and (i + 1) % save_every == 0:
+                saver.save(sess, i + 1, kind="delta")
+        if saver is not None and saver.last_step != stop:
+            saver.save(sess, stop, kind="delta")
         export_ids, rows = table.export_rows()
         values = sess.run(table.variable)
         out = dict(ids=export_ids, rows=rows, values=values[rows], w=sess.run(w),

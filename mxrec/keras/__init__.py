@@ -13,6 +13,8 @@ docs/KERAS.md says what works and what is not available yet.
 from mxrec.keras import callbacks, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.layers import Embedding
+from mxrec.keras.saving import KerasSaver, warm_start
+from mxrec.keras.serving import export_serving
 from mxrec.util import initialize
 
 
@@ -28,4 +30,5 @@ def init(**kwargs):
 
 terminate = initialize.terminate_config_initializer
 
-__all__ = ["Embedding", "callbacks", "init", "optimizers", "terminate"]
+__all__ = ["Embedding", "KerasSaver", "callbacks", "export_serving", "init", "optimizers",
+           "terminate", "warm_start"]

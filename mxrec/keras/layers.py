@@ -199,8 +199,21 @@ class Embedding(tf.keras.layers.Layer):
 
     # ------------------------------------------------------------------ the lookup
 
+    _serving = None  # while mxrec.keras.export_serving traces: the table's core-op lookup
+
     def call(self, ids, training=None, timestamp=None, weights=None):
         where = f"mxrec.keras.Embedding {self.table.table_name!r}"
+        if self._serving is not None:
+            serving = self._serving
+
+            def lookup(flat):
+                return serving.lookup(flat, self._default, self.table.padding_keys)
+
+            if (self.combiner is not None or weights is not None
+                    or isinstance(ids, (tf.SparseTensor, tf.RaggedTensor))):
+                multi_hot.check_combiner(where, ids, self.combiner, weights)
+                return multi_hot.lookup(ids, self.combiner, weights, lookup, where)
+            return lookup(ids)
         is_train = True if training is None else bool(training)
         stamp = None
         if timestamp is not None and is_train:
@@ -312,3 +325,20 @@ def _refuse_unavailable(name, runtime, host_vocabulary_size, ssd_vocabulary_size
         raise NotImplementedError(
             f"{where}: init(use_dynamic_expansion=True) is not available in mxrec.keras yet; "
             "leave it out (a device table of device_vocabulary_size rows)")
+
+
+def embedding_layers(model) -> List[Embedding]:
+    """The mxrec.keras Embedding layers of `model`, nested models included, once each."""
+    found, seen = [], set()
+
+    def walk(layer):
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        if isinstance(layer, Embedding):
+            found.append(layer)
+        for inner in getattr(layer, "layers", ()) or ():
+            walk(inner)
+
+    walk(model)
+    return found

@@ -300,10 +300,9 @@ class Saver:
                                              "ids": int(len(host["keys"])),
                                              "removed": int(len(host["removed"])),
                                              "state": io_.state_names()}
-        dense_values = session.run(self._dense)
+        dense_values = self._read_dense(session)
         if self._rank == 0:  # dense variables are the same on every rank
-            files["dense.npz"] = npz_bytes(
-                {v.op.name: value for v, value in zip(self._dense, dense_values)})
+            files["dense.npz"] = npz_bytes(dense_values)
         manifest = {
             "format": FORMAT_VERSION,
             "kind": kind,
@@ -401,6 +400,14 @@ class Saver:
                 raise CheckpointError(f"table {name!r} is not in the checkpoint in "
                                       f"{self.directory}")
             load_table_state(session, io_, state[name])
+        self._load_dense(session, dense)
+
+    def _read_dense(self, session) -> Dict[str, np.ndarray]:
+        """{name in dense.npz: value} of the dense variables (a subclass's own variables:
+        mxrec.keras)."""
+        return {v.op.name: value for v, value in zip(self._dense, session.run(self._dense))}
+
+    def _load_dense(self, session, dense: Dict[str, np.ndarray]) -> None:
         missing = [v.op.name for v in self._dense if v.op.name not in dense]
         if missing:
             raise CheckpointError(f"dense variable {missing[0]!r} is not in the checkpoint in "

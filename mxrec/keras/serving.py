@@ -1,0 +1,201 @@
+"""`export_serving(model, export_dir)`: a SavedModel of core ops, as the Session path's export.
+
+The export is `mxrec.saver.serving.export_saved_model` itself: the same graph form (per
+table a `StaticHashTable` ID -> index filled from `mxrec_serving/<table>/ids` by the main
+op, `mxrec_serving/<table>/embeddings` with a last row of zeros for unseen IDs), the same
+pruning and check that no mxrec op is left, the same files; so `mxrec.serving`'s REST
+predictor, `apply_delta` and TensorFlow Serving take it as they take a Session export.
+What differs is how the serving graph's model is built:
+
+1. the Keras model is traced once (`model(inputs, training=False)` in a tf.function) with
+   each `Embedding` looking up through core ops instead of the key stage: the same lookup
+   as the Session export's (`_ServingTable.lookup`) over stand-in eager resources;
+2. that function's graph is imported into the export's graph, its captured resources
+   mapped onto the export's: each table's stand-ins onto the table's serving variables and
+   hash table, each dense weight onto a variable of its checkpoint name (the names of
+   `mxrec.keras.saving`), whose value the export reads from the checkpoint.
+
+The rows come from an mxrec checkpoint: `checkpoint` (a directory of full/delta versions
+of either path, or one version folder), or, by default, a full version of the model as it
+is, written to a temporary directory.
+"""
+
+import shutil
+import tempfile
+from typing import Dict, Optional
+
+import tensorflow as tf
+
+from mxrec.keras import _compat
+from mxrec.keras.layers import embedding_layers
+from mxrec.keras.saving import KerasSaver, keras_name
+from mxrec.saver import serving as saver_serving
+
+
+class _StandIn:
+    """The eager resources a table's serving lookup reads while the model is traced; the
+    attributes `_ServingTable.lookup` uses."""
+
+    def __init__(self, table):
+        self.name, self.dim = table.table_name, table.dim
+        self.ids = tf.Variable(tf.zeros([0], tf.int64), shape=[None], trainable=False,
+                               name=f"{self.name}_serving_ids")
+        self.embeddings = tf.Variable(tf.zeros([1, self.dim], tf.float32),
+                                      shape=[None, self.dim], trainable=False,
+                                      name=f"{self.name}_serving_embeddings")
+        self.table = tf.lookup.StaticHashTable(  # its contents are never read
+            tf.lookup.KeyValueTensorInitializer(tf.zeros([1], tf.int64),
+                                                tf.zeros([1], tf.int64)),
+            default_value=tf.constant(-1, tf.int64))
+
+    @property
+    def zero_row(self):
+        return tf.size(self.ids.value(), out_type=tf.int64)
+
+    def lookup(self, ids, default_value, padding_keys):
+        return saver_serving._ServingTable.lookup(self, ids, default_value,  # noqa: SLF001
+                                                  padding_keys)
+
+
+def _name(tensor, index: int, prefix: str) -> str:
+    name = getattr(tensor, "name", None) or f"{prefix}_{index}"
+    return name.split(":")[0].replace("/", "_")
+
+
+def _trace(model, stand_ins):
+    """The model's inference as a ConcreteFunction over core ops, and its input names."""
+    inputs = list(model.inputs)
+    names = [_name(t, i, "input") for i, t in enumerate(inputs)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"mxrec.keras.export_serving: the model's inputs need distinct "
+                         f"names, got {names}")
+    specs = [tf.TensorSpec(t.shape, t.dtype, name=n) for t, n in zip(inputs, names)]
+
+    def infer(*args):
+        out = model(list(args) if len(args) > 1 else args[0], training=False)
+        return out
+
+    layers = embedding_layers(model)
+    for layer in layers:  # not Keras' __setattr__: nothing of this is tracked
+        object.__setattr__(layer, "_serving", stand_ins[layer.table.table_name])
+    try:
+        concrete = tf.function(infer).get_concrete_function(*specs)
+    finally:
+        for layer in layers:
+            object.__setattr__(layer, "_serving", None)
+    return concrete, names
+
+
+def _output_names(model, count: int):
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) != count or len(set(names)) != count:
+        names = [f"output_{i}" for i in range(count)]
+    return names
+
+
+def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
+                   dense_names: Optional[Dict[str, str]] = None,
+                   signature_name: str = "serving_default", as_text: bool = False) -> str:
+    """Writes a SavedModel (tag "serve") of core ops that predicts as `model(x,
+    training=False)`: IDs without a row look up zeros (or the layer's
+    serving_default_value), padding keys zeros.
+
+    Args:
+        model: a Keras model with mxrec.keras Embedding layers; its inputs (by their names)
+            and outputs (by the model's output names) are the signature's.
+        export_dir: a directory that does not exist yet (TF Serving: `<base>/<version>`).
+        checkpoint: the rows and weights to serve: an mxrec checkpoint directory (either
+            path's) or one version folder; by default the model as it is now.
+        dense_names: {Keras name: name in the checkpoint} (mxrec.keras.saving), for a
+            checkpoint whose dense names differ from the model's.
+        signature_name, as_text: as in mxrec.saver.serving.export_saved_model.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists; a table or weight missing from the checkpoint or of
+            another shape; the model's inference needs a resource other than its weights
+            (e.g. a tf.lookup table of its own) or an mxrec op.
+    """
+    _compat.require_eager("mxrec.keras.export_serving")
+    if tf.io.gfile.exists(export_dir):
+        raise ValueError(f"mxrec.keras.export_serving: export_dir {export_dir!r} already exists")
+    tables = {layer.table.table_name: layer.table for layer in embedding_layers(model)}
+    if not tables:
+        raise ValueError("mxrec.keras.export_serving: the model has no mxrec.keras Embedding")
+    stand_ins = {name: _StandIn(table) for name, table in tables.items()}
+    concrete, input_names = _trace(model, stand_ins)
+    outputs = tf.nest.flatten(concrete.structured_outputs)
+    output_names = _output_names(model, len(outputs))
+    # What the traced function reads from outside: table stand-ins and dense weights.
+    resources = {}
+    for name, stand_in in stand_ins.items():
+        resources[id(stand_in.ids.handle)] = (name, "ids")
+        resources[id(stand_in.embeddings.handle)] = (name, "embeddings")
+        resources[id(stand_in.table.resource_handle)] = (name, "table")
+    dense_names = dict(dense_names or {})
+    for weight in model.weights:
+        if _compat.table_of(weight) is None:
+            variable = _compat.tf_variable(weight)
+            name = keras_name(weight)
+            resources[id(variable.handle)] = ("dense", dense_names.get(name, name), variable)
+    captures = []
+    for external, internal in concrete.graph.captures:
+        found = resources.get(id(external))
+        if found is None and external.dtype != tf.resource:  # an eager constant: its value
+            found = ("constant", external.numpy())
+        if found is None:
+            raise ValueError(f"mxrec.keras.export_serving: the model's inference reads "
+                             f"{external!r}, which is neither a weight of the model nor a "
+                             "table; the export holds weights and tables only")
+        captures.append((found, internal.name))
+    graph_def = concrete.graph.as_graph_def()
+    input_tensors = [t.name for t in concrete.inputs[:len(input_names)]]
+    output_tensors = [t.name for t in outputs]
+
+    def build():
+        context = saver_serving._context()  # noqa: SLF001
+        placeholders = {name: tf.compat.v1.placeholder(spec.dtype, spec.shape, name=name)
+                        for name, spec in zip(input_names, concrete.structured_input_signature[0])}
+        input_map = {tensor: placeholders[name]
+                     for tensor, name in zip(input_tensors, input_names)}
+        dense = {}
+        for found, internal in captures:
+            if found[0] == "constant":
+                input_map[internal] = tf.constant(found[1])
+            elif found[0] == "dense":
+                _, name, variable = found
+                if name not in dense:
+                    dense[name] = tf.compat.v1.Variable(
+                        tf.zeros(variable.shape, variable.dtype), name=name,
+                        trainable=variable.trainable, use_resource=True)
+                    if dense[name].op.name != name:
+                        raise ValueError(f"mxrec.keras.export_serving: weight name {name!r} "
+                                         "is taken in the serving graph; rename it with "
+                                         "dense_names")
+                input_map[internal] = dense[name].handle
+            else:
+                table_name, field = found
+                serving_table = context.table(tables[table_name])
+                input_map[internal] = {"ids": serving_table.ids.handle,
+                                       "embeddings": serving_table.embeddings.handle,
+                                       "table": serving_table.table.resource_handle}[field]
+        results = tf.graph_util.import_graph_def(graph_def, input_map=input_map,
+                                                 return_elements=output_tensors, name="model")
+        return placeholders, {name: tf.identity(t, name=name)
+                              for name, t in zip(output_names, results)}
+
+    temporary = None
+    try:
+        if checkpoint is None:
+            temporary = tempfile.mkdtemp(prefix="mxrec_keras_export_")
+            saver = KerasSaver(temporary, model, None, max_to_keep=None,
+                               dense_names=dense_names)
+            saver.save(step=0, kind="full")
+            checkpoint = temporary
+        return saver_serving.export_saved_model(export_dir, checkpoint, build,
+                                                signature_name=signature_name, as_text=as_text)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
