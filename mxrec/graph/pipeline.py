@@ -138,18 +138,17 @@ def _key_stages(lookups: List[PlannedLookup], flat_ids, stamps, deferred: bool):
     batch_ids = []
     previous = []
     for members in _key_stage_rounds(lookups):
-        # One packed call per round: its IDs in one tensor, its outputs in one each.
         with tf.control_dependencies(previous):
-            stage = mxrec_ops.key_stage_packed(
+            unique_rows, restore_index, reused_rows, ids_of_round = mxrec_ops.key_stage(
                 [flat_ids[i] for i in members],
                 [lookups[i].record.table.table_key for i in members],
                 lookups[members[0]].record.is_train, timestamp=stamps[members[0]],
                 deferred=deferred)
-        batch_ids.append(stage.batch_ids)
-        previous = [stage.op]
+        batch_ids.append(ids_of_round)
+        previous = [unique_rows[0].op]
         for slot, i in enumerate(members):
-            rows[i], restore[i] = stage.unique_rows[slot], stage.restore[slot]
-            reused[i] = stage.reused_rows[slot]
+            rows[i], restore[i] = unique_rows[slot], restore_index[slot]
+            reused[i] = reused_rows[slot]
     for i, lookup in enumerate(lookups):
         if lookup.send_count is not None:
             rows[i], restore[i] = pad_to_send_count(lookup.record.table, rows[i],
