@@ -9,13 +9,19 @@ as known ones:
 
 Contenders, all run in this process and interleaved, medians reported:
 
-- op: mxrec's `MxrecKeyStage` in a `session.run` (dedupe, count, admit, rows, restore);
+- op: mxrec's `MxrecKeyStagePacked` in a `session.run` (dedupe, count, admit, rows,
+  restore): one call for all tables, the batch's IDs fed as one tensor with row splits per
+  table (as a step's pipeline hands them over; packed when the batches are made, like the
+  per-table arrays), one output tensor each;
+- op per table: `MxrecKeyStage`, one ID tensor fed per table and three outputs per table
+  (the op before the packed one; reported, not compared);
 - tf: `tf.unique` + `MutableHashTable` lookup + insert of the new IDs with fresh rows;
 - tfra: the same with TFRA's `CuckooHashTable` (skipped with a line saying so when
   `tensorflow_recommenders_addons` does not import);
 - engine: the engine alone through pybind, no TensorFlow;
 - feed only: the session step feeding the IDs and doing nothing else (what every
-  session contender pays before its own work; reported, not compared);
+  session contender pays before its own work; reported, not compared); feed packed: the
+  same for the packed tensors the op is fed;
 - ceiling: a bare single-thread C++ dedupe + find-or-insert loop over
   `absl::flat_hash_map` (bench/key_map_bench.cc), the least work a key stage does.
 
@@ -65,6 +71,10 @@ class Workload:
                            for t in range(tables)]
         # Each distinct ID is new once: the share of the stream's keys that are new IDs.
         self.new_share = sum(self.capacities) / self.keys
+        # The same batches packed: all tables' IDs in one vector, and its row splits.
+        self.packed = [(np.concatenate(batch),
+                        np.cumsum([0] + [a.size for a in batch]).astype(np.int64))
+                       for batch in batches]
 
     def write(self, path: Path) -> None:
         """The batch file key_map_bench reads."""
@@ -88,34 +98,51 @@ def make_workloads(num_batches: int, seed: int) -> List[Workload]:
     return [large, criteo]
 
 
-def time_session(workload: Workload, build: Callable[[], Callable]) -> float:
+def time_session(workload: Workload, build: Callable[[], Callable], packed: bool = False) -> float:
     """Seconds of session.run over every batch.
 
     build() returns plan(ids) mapping one batch's ID tensors to its outputs (the
     state, such as hash tables, shared by the batches). The IDs are fed (the
-    same for every contender); the outputs are computed and not fetched.
+    same for every contender); the outputs are computed and not fetched. `packed`:
+    plan(ids, splits) gets the batch as one ID tensor and its row splits.
     """
     graph = tf.Graph()
     with graph.as_default():
-        ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(workload.tables)]
-        step = tf.group(build()(ids))
+        if packed:
+            ids = [tf.compat.v1.placeholder(tf.int64, [None]),
+                   tf.compat.v1.placeholder(tf.int64, [workload.tables + 1])]
+            step = tf.group(build()(*ids))
+            batches = workload.packed
+        else:
+            ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(workload.tables)]
+            step = tf.group(build()(ids))
+            batches = workload.batches
         init = tf.group(tf.compat.v1.tables_initializer())
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(init)
         # Table creation and first-run costs outside the clock.
-        session.run(step, dict(zip(ids, workload.batches[0])))
+        session.run(step, dict(zip(ids, batches[0])))
         started = time.perf_counter()
-        for batch in workload.batches[1:]:
+        for batch in batches[1:]:
             session.run(step, dict(zip(ids, batch)))
         return time.perf_counter() - started
 
 
-def op_contender(engine, workload: Workload, run_id: int):
+def op_contender(engine, workload: Workload, run_id: int, packed: bool):
     keys = [f"{_PREFIX}{run_id}/t{t}" for t in range(workload.tables)]
     for key, capacity in zip(keys, workload.capacities):
         engine.create_table(key=key, name=key, dim=16, capacity=capacity, padding_keys=[],
                             access_threshold=0.0, faae_coefficient=1.0)
     ops = loader.op_library()
+
+    def build_packed():
+        def plan(ids, splits):
+            out = ops.mxrec_key_stage_packed(
+                ids=ids, splits=splits, timestamp=tf.constant(_TIMESTAMP, tf.int64),
+                table_keys=keys, is_train=True, deferred=False)
+            return [out.unique_rows, out.restore]
+
+        return plan
 
     def build():
         def plan(ids):
@@ -126,7 +153,7 @@ def op_contender(engine, workload: Workload, run_id: int):
 
         return plan
 
-    return build
+    return build_packed if packed else build
 
 
 def hash_table_contender(make_table: Callable[[], object]):
@@ -295,6 +322,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="engine threads (the thread-scaling goal compares with 1)")
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--memory_ids", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--no_memory", action="store_true",
+                        help="skip the ID-map and host-memory sections (key-stage rates only)")
     args = parser.parse_args(argv)
     if args.batches is None:
         args.batches = 12 if args.quick else 40
@@ -322,7 +351,8 @@ def main(argv=None) -> int:
         files[w.name] = work_dir / f"{len(files)}.bin"
         w.write(files[w.name])
 
-    names = (["op", "tf", "engine", "engine 1 thread", "ceiling", "feed only"]
+    names = (["op", "op per table", "tf", "engine", "engine 1 thread", "ceiling", "feed only",
+              "feed packed"]
              + (["tfra"] if make_tfra else []))
     seconds = {(w.name, c): [] for w in workloads for c in names}
     run_id = 0
@@ -332,11 +362,15 @@ def main(argv=None) -> int:
                 for contender in names:
                     run_id += 1
                     engine.set_num_threads(1 if contender == "engine 1 thread" else args.threads)
-                    if contender == "op":
-                        s = time_session(w, op_contender(engine, w, run_id))
+                    if contender in ("op", "op per table"):
+                        s = time_session(w, op_contender(engine, w, run_id, contender == "op"),
+                                         packed=contender == "op")
                         engine.drop_prefix(f"{_PREFIX}{run_id}/")
                     elif contender == "feed only":
                         s = time_session(w, feed_contender())
+                    elif contender == "feed packed":
+                        s = time_session(w, lambda: lambda ids, splits: [tf.size(ids)],
+                                         packed=True)
                     elif contender == "tf":
                         s = time_session(w, hash_table_contender(tf_table))
                     elif contender == "tfra":
@@ -347,8 +381,9 @@ def main(argv=None) -> int:
                         s = engine_seconds(engine, w, run_id)
                     seconds[(w.name, contender)].append(s)
         engine.set_num_threads(args.threads)
-        maps = native(binary, "maps", files[workloads[0].name], 10_000_000)
-        memory = {n: bytes_per_id(n) for n in [1_000_000, 10_000_000]}
+        if not args.no_memory:
+            maps = native(binary, "maps", files[workloads[0].name], 10_000_000)
+            memory = {n: bytes_per_id(n) for n in [1_000_000, 10_000_000]}
     finally:
         engine.set_num_threads(previous_threads)
         engine.drop_prefix(_PREFIX)
@@ -384,15 +419,19 @@ def main(argv=None) -> int:
                           rate["engine"] / rate["op"] - 1.0, 0.10, at_most=True))
         # The op's time less the feed's (session.run and the IDs' way in, which
         # every session contender pays) against the engine's.
-        net = 1.0 / rate["op"] - 1.0 / rate["feed only"]
+        net = 1.0 / rate["op"] - 1.0 / rate["feed packed"]
         figures[f"{short}: op overhead over the engine, net of the feed"] = round(
             rate["engine"] * net - 1.0, 3)
+        figures[f"{short}: op per table overhead over the engine"] = round(
+            rate["engine"] / rate["op per table"] - 1.0, 3)
         goals.append(goal(f"{short}: engine / ({args.threads} threads x ceiling)",
                           rate["engine"] / (args.threads * rate["ceiling"]), 0.8))
         if w.tables == 1 and args.threads > 1:
             goals.append(goal(f"1 table: engine {args.threads} threads / 1 thread",
                               rate["engine"] / rate["engine 1 thread"],
                               1.0 + 0.5 * (args.threads - 1)))
+    if args.no_memory:
+        return finish(args, figures, goals)
     print("\n## ID map: engine/key_map.h against absl::flat_hash_map, same record (KeyRecord, "
           "20 bytes)\n")
     print(f"- {maps['ids']:,.0f} distinct IDs inserted, then {maps['finds']:,.0f} finds in stream "
@@ -422,6 +461,10 @@ def main(argv=None) -> int:
         figures[f"host bytes per ID (ID map), {millions} M IDs"] = round(b["id_map"], 1)
         goals.append(goal(f"host bytes per admitted ID, device-only, {millions} M IDs (RSS)",
                           b["rss"], 40, at_most=True))
+    return finish(args, figures, goals)
+
+
+def finish(args, figures: Dict[str, object], goals: List[dict]) -> int:
     print("\n| goal | value | target | met |")
     print("|---|---:|---:|---|")
     for g in goals:

@@ -153,6 +153,11 @@ struct HostTable::BatchWork {
   // batch for the IDs of its shards.
   int groups = 1;
   std::vector<uint64_t> hashes;                   // per position
+  // Parallel batches: HashKeys's chunks of positions (in input order), and per
+  // chunk and shard the chunk's positions of that shard, in input order (the
+  // one-pass scatter that lets FindIds visit only its shards' positions).
+  int chunks = 1;
+  std::vector<std::array<std::vector<uint32_t>, kNumShards>> buckets;
   std::array<int64_t, kNumShards> shard_ids{};    // positions per shard (Reserve)
   std::vector<int32_t> local;      // per position: index in its shard's uniques, or kDefaultSlot
   std::vector<uint8_t> first;      // per position: 1 where its ID first occurs in the batch
@@ -219,6 +224,8 @@ void ForChunks(int64_t n, bool parallel, ThreadPool* pool, Fn&& fn) {
 // Probes this many positions ahead of the one being planned: the map bucket
 // of a key is prefetched while the keys before it are handled.
 constexpr int64_t kPrefetchDistance = 16;
+// FindIds on scattered positions: the run of positions probed together.
+constexpr int64_t kProbeGroup = 16;
 }  // namespace
 
 void HostTable::HashKeys(BatchWork& w, ThreadPool* pool) {
@@ -227,6 +234,30 @@ void HostTable::HashKeys(BatchWork& w, ThreadPool* pool) {
   w.local.resize(n);
   w.first.resize(n);
   std::mutex mu;
+  if (w.groups > 1 && n <= static_cast<int64_t>(UINT32_MAX)) {
+    // Hash and scatter in one pass: each chunk appends its positions to its
+    // own per-shard buckets, so no two threads write one bucket and each
+    // shard's positions read in input order chunk after chunk.
+    w.chunks = pool->num_threads() * 4;
+    if (static_cast<int>(w.buckets.size()) < w.chunks) w.buckets.resize(w.chunks);
+    pool->ParallelFor(w.chunks, [&](int64_t c) {
+      auto& bucket = w.buckets[c];
+      for (auto& b : bucket) b.clear();
+      const int64_t begin = n * c / w.chunks;
+      const int64_t end = n * (c + 1) / w.chunks;
+      for (int64_t i = begin; i < end; ++i) {
+        const uint64_t h = HashKey(w.keys[i]);
+        w.hashes[i] = h;
+        bucket[h >> kShardShift].push_back(static_cast<uint32_t>(i));
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      for (int s = 0; s < kNumShards; ++s) {
+        w.shard_ids[s] += static_cast<int64_t>(bucket[s].size());
+      }
+    });
+    return;
+  }
+  w.chunks = 0;  // no buckets: FindIds scans every position
   ForChunks(n, w.parallel, pool, [&](int64_t begin, int64_t end) {
     std::array<int64_t, kNumShards> count{};
     for (int64_t i = begin; i < end; ++i) {
@@ -282,22 +313,14 @@ void HostTable::FindIds(BatchWork& w, ShardGroup shards) {
     ids_[s].Prefetch(h);
     w.dedupe[s].Prefetch(h);
   };
-  for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
-    if (shards.Holds(w.hashes[p])) prefetch(w.hashes[p]);
-  }
-  for (int64_t p = 0; p < n; ++p) {
-    if (p + kPrefetchDistance < n) {
-      const uint64_t ahead = w.hashes[p + kPrefetchDistance];
-      if (shards.Holds(ahead)) prefetch(ahead);
-    }
-    const uint64_t hash = w.hashes[p];
-    if (!shards.Holds(hash)) continue;
+  // One position of the group's shards (`hash` is its hash).
+  auto plan = [&](int64_t p, uint64_t hash) {
     const int s = static_cast<int>(hash >> kShardShift);
     const int64_t key = w.keys[p];
     w.first[p] = 0;
     if (has_padding && IsPadding(key)) {
       w.local[p] = kDefaultSlot;
-      continue;
+      return;
     }
     std::vector<BatchWork::Unique>& uniq = w.uniques[s];
     bool added = false;
@@ -321,6 +344,37 @@ void HostTable::FindIds(BatchWork& w, ShardGroup shards) {
       if (overflow != 0) uniq[entry.local].occurrences += overflow;
     }
     w.local[p] = entry.local;
+  };
+  if (w.chunks > 0) {
+    // The positions HashKeys scattered to the group's shards, shard by shard
+    // (shards share nothing), each in input order, probed in runs of
+    // kProbeGroup whose prefetches are issued together one run ahead.
+    for (int s = shards.lo; s < shards.hi; ++s) {
+      for (int c = 0; c < w.chunks; ++c) {
+        const std::vector<uint32_t>& bucket = w.buckets[c][s];
+        const int64_t size = static_cast<int64_t>(bucket.size());
+        for (int64_t q = 0; q < std::min(size, kProbeGroup); ++q) prefetch(w.hashes[bucket[q]]);
+        for (int64_t start = 0; start < size; start += kProbeGroup) {
+          const int64_t stop = std::min(size, start + kProbeGroup);
+          for (int64_t q = stop; q < std::min(size, stop + kProbeGroup); ++q) {
+            prefetch(w.hashes[bucket[q]]);
+          }
+          for (int64_t q = start; q < stop; ++q) plan(bucket[q], w.hashes[bucket[q]]);
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t p = 0; p < std::min(n, kPrefetchDistance); ++p) {
+    if (shards.Holds(w.hashes[p])) prefetch(w.hashes[p]);
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    if (p + kPrefetchDistance < n) {
+      const uint64_t ahead = w.hashes[p + kPrefetchDistance];
+      if (shards.Holds(ahead)) prefetch(ahead);
+    }
+    const uint64_t hash = w.hashes[p];
+    if (shards.Holds(hash)) plan(p, hash);
   }
 }
 

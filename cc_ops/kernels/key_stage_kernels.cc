@@ -103,6 +103,136 @@ REGISTER_KERNEL_BUILDER(
     Name("MxrecKeyStage").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tids"),
     MxrecKeyStageOp<int64_t>);
 
+// The key stage of several tables in one call on packed tensors: the IDs of all
+// tables in one vector, table i's at [splits[i], splits[i+1]); each output also
+// one tensor, with row splits per table. The same plans as MxrecKeyStage on the
+// tables' separate tensors; a call pays its fixed costs (the tensors' way in and
+// out, a fresh output buffer) once, not once per table.
+template <typename Tids>
+class MxrecKeyStagePackedOp : public OpKernel {
+ public:
+  explicit MxrecKeyStagePackedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<std::string> keys;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_keys", &keys));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("is_train", &is_train_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::shared_ptr<mxrec::HostTable> table;
+      OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(keys[i], &table)));
+      for (size_t j = 0; j < i; ++j) {
+        // One call plans the tables in parallel: a table twice would race its two batches.
+        OP_REQUIRES(ctx, tables_[j].get() != table.get(),
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "MxrecKeyStagePacked: table '", table->options().name,
+                        "' is named twice in table_keys (entries ", j, " and ", i,
+                        "); a call plans one batch per table, so two lookups of one table "
+                        "go into successive calls")));
+      }
+      if (!table_names_.empty()) table_names_ += ", ";
+      table_names_ += table->options().name;
+      tables_.push_back(std::move(table));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    const Tensor& splits = ctx->input(1);
+    const Tensor& timestamp = ctx->input(2);
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_names_, "ids", ids, 1));
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_names_, "splits", splits, 1));
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_names_, "timestamp", timestamp, 0));
+    const int n = static_cast<int>(tables_.size());
+    OP_REQUIRES_OK(ctx, mxrec::CheckInputDim(*this, table_names_, "splits", splits, 0, n + 1,
+                                             "len(table_keys) + 1, the row splits"));
+    const auto bounds = splits.vec<int64_t>();
+    const int64_t total = ids.NumElements();
+    OP_REQUIRES(ctx, bounds(0) == 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecKeyStagePacked: splits[0] must be 0 (table '",
+                    tables_[0]->options().name, "' starts the IDs), got ", bounds(0))));
+    for (int i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, bounds(i + 1) >= bounds(i) && bounds(i + 1) <= total,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "MxrecKeyStagePacked: the IDs of table '", tables_[i]->options().name,
+                      "' are splits[", i, "]..splits[", i + 1, "] = ", bounds(i), "..",
+                      bounds(i + 1), ", which is not a range within the ", total,
+                      " IDs (splits must be non-decreasing, from 0 to the number of IDs)")));
+    }
+    OP_REQUIRES(ctx, bounds(n) == total,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecKeyStagePacked: splits[", n, "] = ", bounds(n), " must be the number ",
+                    "of IDs, ", total, " (the IDs after table '", tables_[n - 1]->options().name,
+                    "' belong to no table)")));
+    const auto flat = ids.flat<Tids>();
+    const int64_t* keys = nullptr;
+    std::vector<int64_t> widened;
+    if constexpr (std::is_same<Tids, int64_t>::value) {
+      keys = flat.data();
+    } else {
+      widened.assign(flat.data(), flat.data() + total);
+      keys = widened.data();
+    }
+    Tensor* restore = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({total}), &restore));
+    int32_t* restore_base = restore->flat<int32_t>().data();
+    std::vector<mxrec::KeySpan> spans(n);
+    std::vector<mxrec::HostTable*> tables(n);
+    std::vector<mxrec::BatchPlan> plans(n);
+    for (int i = 0; i < n; ++i) {
+      spans[i].keys = keys + bounds(i);
+      spans[i].size = bounds(i + 1) - bounds(i);
+      tables[i] = tables_[i].get();
+      plans[i].restore_out = restore_base + bounds(i);
+    }
+    auto pool = mxrec::Registry::Global().pool();
+    OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::RunKeyStage(
+                            tables, spans, is_train_, timestamp.scalar<int64_t>()(), pool.get(),
+                            &plans, deferred_)));
+    OP_REQUIRES_OK(ctx, Pack(ctx, 0, 1, plans, &mxrec::BatchPlan::unique_rows));
+    OP_REQUIRES_OK(ctx, Pack(ctx, 3, 4, plans, &mxrec::BatchPlan::reused_rows));
+    Tensor* batch_ids = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({n}), &batch_ids));
+    for (int i = 0; i < n; ++i) {
+      batch_ids->vec<int64_t>()(i) = static_cast<int64_t>(plans[i].batch_id);
+    }
+  }
+
+ private:
+  // The plans' `field` in one output (index `values`) and its row splits (`splits`).
+  static absl::Status Pack(OpKernelContext* ctx, int values, int splits,
+                           const std::vector<mxrec::BatchPlan>& plans,
+                           std::vector<int32_t> mxrec::BatchPlan::*field) {
+    const int64_t n = static_cast<int64_t>(plans.size());
+    Tensor* bounds = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(splits, TensorShape({n + 1}), &bounds));
+    auto b = bounds->vec<int64_t>();
+    b(0) = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      b(i + 1) = b(i) + static_cast<int64_t>((plans[i].*field).size());
+    }
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(values, TensorShape({b(n)}), &out));
+    int32_t* dst = out->flat<int32_t>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& part = plans[i].*field;
+      if (!part.empty()) std::memcpy(dst + b(i), part.data(), part.size() * sizeof(int32_t));
+    }
+    return absl::OkStatus();
+  }
+
+  bool is_train_ = true;
+  bool deferred_ = false;
+  std::vector<std::shared_ptr<mxrec::HostTable>> tables_;
+  std::string table_names_;  // for messages
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("MxrecKeyStagePacked").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tids"),
+    MxrecKeyStagePackedOp<int32_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("MxrecKeyStagePacked").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tids"),
+    MxrecKeyStagePackedOp<int64_t>);
+
 class MxrecCommitBatchesOp : public OpKernel {
  public:
   explicit MxrecCommitBatchesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {

@@ -1,5 +1,8 @@
 // Registrations and shape functions of mxrec's host-stage ops. Kernels live in
 // ../kernels; the engine they adapt lives in ../engine.
+#include <string>
+#include <vector>
+
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -46,6 +49,49 @@ timestamp: the batch time in seconds; negative means the wall clock.
 deferred: the batch is planned ahead of its step (in the input pipeline); each
   table keeps a training batch pending until MxrecCommitBatches gets its id.
 batch_ids: per table, the pending batch's id (0 when not deferred or not training).
+)doc");
+
+REGISTER_OP("MxrecKeyStagePacked")
+    .Input("ids: Tids")
+    .Input("splits: int64")
+    .Input("timestamp: int64")
+    .Output("unique_rows: int32")
+    .Output("unique_splits: int64")
+    .Output("restore: int32")
+    .Output("reused_rows: int32")
+    .Output("reused_splits: int64")
+    .Output("batch_ids: int64")
+    .Attr("Tids: {int32, int64}")
+    .Attr("table_keys: list(string) >= 1")
+    .Attr("is_train: bool = true")
+    .Attr("deferred: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<std::string> keys;
+      TF_RETURN_IF_ERROR(c->GetAttr("table_keys", &keys));
+      const int64_t n = static_cast<int64_t>(keys.size());
+      ShapeHandle ids;
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      TF_RETURN_IF_ERROR(c->Merge(c->input(1), c->Vector(n + 1), &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &unused));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(n + 1));
+      c->set_output(2, ids);
+      c->set_output(3, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(4, c->Vector(n + 1));
+      c->set_output(5, c->Vector(n));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+MxrecKeyStage on packed tensors: the IDs of all N = len(table_keys) tables in
+one vector, table i's at ids[splits[i]:splits[i+1]] (row splits: splits[0] = 0,
+non-decreasing, splits[N] = len(ids)), each table at most once. The outputs are
+packed the same way: table i's unique rows are unique_rows[unique_splits[i]:
+unique_splits[i+1]], its restore index restore[splits[i]:splits[i+1]] (into its
+own unique rows), its reused rows reused_rows[reused_splits[i]:reused_splits[i+1]].
+The same plans as MxrecKeyStage on the tables' separate tensors.
 )doc");
 
 REGISTER_OP("MxrecCommitBatches")

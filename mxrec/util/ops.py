@@ -1,7 +1,7 @@
 """Python wrappers of mxrec's TensorFlow ops."""
 
 import os
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -46,6 +46,85 @@ def key_stage(
         return loader.op_library().mxrec_key_stage(
             ids=list(ids), timestamp=timestamp, table_keys=list(table_keys), is_train=is_train,
             deferred=deferred)
+
+
+class PackedKeyStage(NamedTuple):
+    """The outputs of one MxrecKeyStagePacked call, split per table (see key_stage_packed).
+
+    Attributes:
+        op: the key-stage op (what a later key stage of the same tables orders after).
+    """
+
+    unique_rows: List[tf.Tensor]
+    restore: List[tf.Tensor]
+    reused_rows: List[tf.Tensor]
+    batch_ids: tf.Tensor
+    op: tf.Operation
+
+
+def key_stage_packed(
+    ids: Sequence[tf.Tensor], table_keys: Sequence[str], is_train: bool, timestamp=None,
+    deferred: bool = False,
+) -> PackedKeyStage:
+    """`key_stage` for several tables in one call on packed tensors: the tables' 1-D IDs
+    go in as one vector with row splits and the outputs come back as one tensor each, so
+    the call's fixed costs (tensors in and out, output buffers) are paid once per step,
+    not once per table. Plans, rows and restore indices are those of `key_stage`.
+
+    Args:
+        ids: one 1-D ID tensor per table, all int32 or all int64.
+        table_keys: the tables, each at most once (one call plans one batch per table).
+
+    Raises:
+        ValueError: no tables, a different number of ID tensors, a table named twice, or
+            IDs of mixed dtypes or not 1-D.
+    """
+    ids = [tf.convert_to_tensor(t) for t in ids]
+    table_keys = list(table_keys)
+    if not table_keys or len(ids) != len(table_keys):
+        raise ValueError(f"key_stage_packed: got {len(ids)} ID tensors for "
+                         f"{len(table_keys)} tables; give one per table, at least one")
+    seen = set()
+    for key in table_keys:
+        if key in seen:
+            raise ValueError(f"key_stage_packed: table {key!r} is named twice in table_keys; "
+                             "a call plans one batch per table, so two lookups of one table "
+                             "go into successive calls")
+        seen.add(key)
+    dtypes = {t.dtype for t in ids}
+    if len(dtypes) != 1 or not dtypes <= {tf.int32, tf.int64}:
+        raise ValueError(f"key_stage_packed: the IDs of tables {table_keys} must all be int32 "
+                         f"or all int64, got {[t.dtype.name for t in ids]}")
+    for key, t in zip(table_keys, ids):
+        if t.shape.rank is not None and t.shape.rank != 1:
+            raise ValueError(f"key_stage_packed: the IDs of table {key!r} must be 1-D, got "
+                             f"shape {t.shape}")
+    if timestamp is None:
+        timestamp = tf.constant(-1, tf.int64)
+    with tf.device("/device:CPU:0"):
+        if len(ids) == 1:
+            packed = ids[0]
+            splits = tf.stack([tf.constant(0, tf.int64), tf.size(packed, out_type=tf.int64)])
+        else:
+            packed = tf.concat(ids, 0)
+            sizes = tf.stack([tf.size(t, out_type=tf.int64) for t in ids])
+            splits = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(sizes)], 0)
+        out = loader.op_library().mxrec_key_stage_packed(
+            ids=packed, splits=splits, timestamp=timestamp, table_keys=table_keys,
+            is_train=is_train, deferred=deferred)
+        restore = _unpack(out.restore, splits, len(ids))
+        for r, t in zip(restore, ids):
+            r.set_shape(t.shape)
+        return PackedKeyStage(_unpack(out.unique_rows, out.unique_splits, len(ids)), restore,
+                              _unpack(out.reused_rows, out.reused_splits, len(ids)),
+                              out.batch_ids, out.unique_rows.op)
+
+
+def _unpack(values: tf.Tensor, splits: tf.Tensor, n: int) -> List[tf.Tensor]:
+    """values[splits[i]:splits[i+1]] for each of the n tables."""
+    if n == 1:
+        return [values]
+    return tf.split(values, splits[1:] - splits[:-1], num=n)
 
 
 def commit_batches(batch_ids: tf.Tensor, table_keys: Sequence[str]) -> tf.Operation:

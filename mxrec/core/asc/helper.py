@@ -122,6 +122,30 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
                 timestamp = tf.cast(tf.reduce_max(features[spec.ids_key]), tf.int64)
         added: Dict[str, tf.Tensor] = {}
         previous = []
+        # The specs to plan, in rounds of one packed key-stage call: consecutive specs, a
+        # table at most once per round (one table's specs plan in order; the engine would
+        # race them in one call) and one ID dtype, so the order of the tables' batches is
+        # the specs' order.
+        round_specs, round_ids, round_checks = [], [], []
+
+        def plan_round():
+            nonlocal previous
+            if not round_specs:
+                return
+            with tf.control_dependencies(previous + round_checks):
+                stage = mxrec_ops.key_stage_packed(
+                    round_ids, [runtime.table_key(s.table_name) for s in round_specs],
+                    is_training, timestamp=timestamp, deferred=True)
+            previous = [stage.op]
+            for slot, s in enumerate(round_specs):
+                added.update({s.rows_key: stage.unique_rows[slot],
+                              s.restore_key: stage.restore[slot],
+                              s.reused_key: stage.reused_rows[slot],
+                              s.batch_id_key: stage.batch_ids[slot:slot + 1]})
+            round_specs.clear()
+            round_ids.clear()
+            round_checks.clear()
+
         for spec in specs:
             if spec.is_timestamp:
                 continue
@@ -136,14 +160,13 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
                 if timestamp is not None:
                     added[spec.time_key] = timestamp
                 continue
-            # One table's specs plan in order; the engine would race them in one call.
-            with tf.control_dependencies(previous + _check_shape(spec, ids)):
-                (rows,), (restore,), (reused,), batch_id = mxrec_ops.key_stage(
-                    [tf.reshape(ids, [-1])], [runtime.table_key(spec.table_name)],
-                    is_training, timestamp=timestamp, deferred=True)
-            previous = [rows.op]
-            added.update({spec.rows_key: rows, spec.restore_key: restore,
-                          spec.reused_key: reused, spec.batch_id_key: batch_id})
+            if (any(s.table_name == spec.table_name for s in round_specs)
+                    or (round_ids and round_ids[0].dtype != ids.dtype)):
+                plan_round()
+            round_specs.append(spec)
+            round_ids.append(tf.reshape(ids, [-1]))
+            round_checks.extend(_check_shape(spec, ids))
+        plan_round()
         features = dict(features, **added)
         if dump_graph:
             os.makedirs(DUMP_DIR, exist_ok=True)
