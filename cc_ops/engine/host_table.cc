@@ -346,7 +346,7 @@ void HostTable::CountIds(BatchWork& w, ShardGroup shards) {
       const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
       if (journal) {
         w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
-                                 rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
+                                 static_cast<uint8_t>(rec.seen_recently), static_cast<uint8_t>(id.inserted ? 1 : 0)});
       }
       map.set_last_seen(id.index, w.timestamp);
       rec.seen_recently = 1;
@@ -694,19 +694,22 @@ int64_t HostTable::Evict(int64_t max_age) {
 
 int64_t HostTable::Shrink(int threshold) {
   std::lock_guard<std::mutex> lock(mu_);
+  // The maps keep ages from the first shrink on (a table that never shrinks
+  // pays nothing for them).
+  for (auto& shard : ids_) shard.PrepareAges();
   for (auto& shard : ids_) {
     shard.ForEach([&shard](int64_t, uint32_t index) {
       KeyRecord& rec = shard.record(index);
       if (rec.seen_recently) {
-        rec.age = 0;
+        shard.set_age(index, 0);
         rec.seen_recently = 0;
-      } else if (rec.age < UINT16_MAX) {
-        ++rec.age;
+      } else if (shard.age(index) < UINT16_MAX) {
+        shard.set_age(index, static_cast<uint16_t>(shard.age(index) + 1));
       }
     });
   }
   return EraseUnpending([&](const KeyMap& map, uint32_t index) {
-    return map.record(index).age >= threshold;
+    return map.age(index) >= threshold;
   });
 }
 
