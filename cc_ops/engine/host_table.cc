@@ -204,6 +204,45 @@ struct HostTable::BatchWork {
 HostTable::~HostTable() = default;
 
 namespace {
+// The scratch no batch holds, shared by every table (each keeps the memory of
+// the largest batch it planned). Never destroyed: a table may plan a batch
+// while the process exits.
+template <typename Work>
+struct ScratchPool {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Work>> idle;
+};
+template <typename Work>
+ScratchPool<Work>& Scratch() {
+  static auto* const pool = new ScratchPool<Work>();
+  return *pool;
+}
+}  // namespace
+
+std::unique_ptr<HostTable::BatchWork> HostTable::TakeScratch() {
+  ScratchPool<BatchWork>& pool = Scratch<BatchWork>();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (!pool.idle.empty()) {
+      std::unique_ptr<BatchWork> work = std::move(pool.idle.back());
+      pool.idle.pop_back();
+      return work;
+    }
+  }
+  return std::make_unique<BatchWork>();
+}
+
+void HostTable::GiveBackScratch(std::unique_ptr<BatchWork> work) {
+  ScratchPool<BatchWork>& pool = Scratch<BatchWork>();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  try {
+    pool.idle.push_back(std::move(work));
+  } catch (const std::bad_alloc&) {
+    // No room to keep it: the scratch is freed (it runs in a destructor).
+  }
+}
+
+namespace {
 // Splits [0, n) into `chunks` ranges and runs fn(begin, end) on each, on the
 // pool when `parallel`.
 template <typename Fn>
@@ -400,8 +439,12 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   }
   if (n == 0) return Status::Ok();
   if (train && cache_ != nullptr) cache_->StartBatch();
-  if (work_ == nullptr) work_ = std::make_unique<BatchWork>();
-  BatchWork& w = *work_;
+  // Given back however Process ends (an error, an allocation failure).
+  struct Lease {
+    std::unique_ptr<BatchWork> work = TakeScratch();
+    ~Lease() { GiveBackScratch(std::move(work)); }
+  } lease;
+  BatchWork& w = *lease.work;
   w.Reset();
   w.keys = keys;
   w.n = n;
