@@ -22,7 +22,7 @@ Contenders, all run in this process and interleaved, medians reported:
 It also compares our ID map (engine/key_map.h) with `absl::flat_hash_map` on the
 same keys, and measures host memory per admitted ID of a device-only table
 (engine RSS growth, fed in batches of 106,496 IDs like the large workload's) at
-1 M and 10 M IDs.
+1 M, 2 M and 10 M IDs.
 
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_key_stage_op.py [--quick] [--json out.json]
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
                     seconds[(w.name, contender)].append(s)
         engine.set_num_threads(args.threads)
         maps = native(binary, "maps", files[workloads[0].name], 10_000_000)
-        memory = {n: bytes_per_id(n) for n in [1_000_000, 10_000_000]}
+        memory = {n: bytes_per_id(n) for n in [1_000_000, 2_000_000, 10_000_000]}
     finally:
         engine.set_num_threads(previous_threads)
         engine.drop_prefix(_PREFIX)
