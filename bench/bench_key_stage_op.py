@@ -28,7 +28,7 @@ Contenders, all run in this process and interleaved, medians reported:
 It also compares our ID map (engine/key_map.h) with `absl::flat_hash_map` on the
 same keys, and measures host memory per admitted ID of a device-only table
 (engine RSS growth, fed in batches of 106,496 IDs like the large workload's) at
-1 M and 10 M IDs.
+1 M, 2 M and 10 M IDs.
 
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_key_stage_op.py [--quick] [--json out.json]
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
         engine.set_num_threads(args.threads)
         if not args.no_memory:
             maps = native(binary, "maps", files[workloads[0].name], 10_000_000)
-            memory = {n: bytes_per_id(n) for n in [1_000_000, 10_000_000]}
+            memory = {n: bytes_per_id(n) for n in [1_000_000, 2_000_000, 10_000_000]}
     finally:
         engine.set_num_threads(previous_threads)
         engine.drop_prefix(_PREFIX)
@@ -433,7 +433,7 @@ def main(argv=None) -> int:
     if args.no_memory:
         return finish(args, figures, goals)
     print("\n## ID map: engine/key_map.h against absl::flat_hash_map, same record (KeyRecord, "
-          "20 bytes)\n")
+          "16 bytes)\n")
     print(f"- {maps['ids']:,.0f} distinct IDs inserted, then {maps['finds']:,.0f} finds in stream "
           "order")
     print("\n| map | insert ns/ID | find ns/ID | bytes per ID |")

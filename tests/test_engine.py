@@ -327,25 +327,27 @@ def _splitmix64(ids):
     return x
 
 
-def _expected_map_bytes(ids, tiered):
+def _expected_map_bytes(ids, tiered, aged=False):
     """The ID map's bytes for a table that took `ids` (distinct) in one batch: per shard (the
-    hash's top 4 bits) a probe array of 12-byte slots, the smallest power of two >= 16 that
-    keeps the shard's IDs within 7/10 of it, and records (20 bytes, + 8 tiered) in chunks
-    of 64, 64, 128, ..., 2048, then 4096, with a table of one 8-byte pointer per 64 records
-    (one more for the tier records)."""
+    hash's top 4 bits) a probe array of 12-byte slots, the smallest of 16 grown by 1.5x
+    steps (s + s // 2) that keeps the shard's IDs within 7/10 of it, and records (16 bytes,
+    + 8 tiered) in chunks of 64, 64, 128, ..., 2048, then 4096, with a table of one 8-byte
+    pointer per 64 records (one more for the tier records). `aged`: the table has shrunk, so
+    its maps also keep a 2-byte shrink age per record (and its pointer table)."""
     shards = np.bincount((_splitmix64(ids) >> np.uint64(60)).astype(np.int64), minlength=16)
     total = 0
     for count in shards.tolist():
         slots = 16
         while slots * 7 < count * 10:
-            slots *= 2
+            slots += slots // 2
         records = 0
         if count:
             records = 64
             while records < count:
                 records = records * 2 if records < 4096 else records + 4096
-        families = 2 if tiered else 1
-        total += slots * 12 + records * (20 + (8 if tiered else 0)) + families * records // 8
+        families = 1 + (1 if tiered else 0) + (1 if aged else 0)
+        per_record = 16 + (8 if tiered else 0) + (2 if aged else 0)
+        total += slots * 12 + records * per_record + families * records // 8
     return total
 
 
@@ -363,10 +365,12 @@ def test_id_map_bytes_counts_probe_arrays_and_records(engine, tiered):
         ids = np.arange(100_000, dtype=np.int64) * 7919
         engine.process([key], [ids], train=True)
         assert engine.stats(key)["id_map_bytes"] == _expected_map_bytes(ids, tiered)
-        # Erased IDs' records are reused: removing every ID (two shrinks) and taking
-        # them again grows nothing (without reuse each shard would need twice the chunks).
-        before = engine.stats(key)["id_map_bytes"]
+        # The first shrink gives the maps their shrink ages (2 bytes per record). Erased
+        # IDs' records are reused: removing every ID (two shrinks) and taking them again
+        # grows nothing (without reuse each shard would need twice the chunks).
         assert engine.shrink(key, 1) == 0
+        assert engine.stats(key)["id_map_bytes"] == _expected_map_bytes(ids, tiered, aged=True)
+        before = engine.stats(key)["id_map_bytes"]
         assert engine.shrink(key, 1) == ids.size
         assert engine.stats(key)["ids_tracked"] == 0
         engine.process([key], [ids], train=True)

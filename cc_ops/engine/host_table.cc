@@ -209,6 +209,45 @@ struct HostTable::BatchWork {
 HostTable::~HostTable() = default;
 
 namespace {
+// The scratch no batch holds, shared by every table (each keeps the memory of
+// the largest batch it planned). Never destroyed: a table may plan a batch
+// while the process exits.
+template <typename Work>
+struct ScratchPool {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Work>> idle;
+};
+template <typename Work>
+ScratchPool<Work>& Scratch() {
+  static auto* const pool = new ScratchPool<Work>();
+  return *pool;
+}
+}  // namespace
+
+std::unique_ptr<HostTable::BatchWork> HostTable::TakeScratch() {
+  ScratchPool<BatchWork>& pool = Scratch<BatchWork>();
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (!pool.idle.empty()) {
+      std::unique_ptr<BatchWork> work = std::move(pool.idle.back());
+      pool.idle.pop_back();
+      return work;
+    }
+  }
+  return std::make_unique<BatchWork>();
+}
+
+void HostTable::GiveBackScratch(std::unique_ptr<BatchWork> work) {
+  ScratchPool<BatchWork>& pool = Scratch<BatchWork>();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  try {
+    pool.idle.push_back(std::move(work));
+  } catch (const std::bad_alloc&) {
+    // No room to keep it: the scratch is freed (it runs in a destructor).
+  }
+}
+
+namespace {
 // Splits [0, n) into `chunks` ranges and runs fn(begin, end) on each, on the
 // pool when `parallel`.
 template <typename Fn>
@@ -400,7 +439,7 @@ void HostTable::CountIds(BatchWork& w, ShardGroup shards) {
       const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
       if (journal) {
         w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
-                                 rec.seen_recently, static_cast<uint8_t>(id.inserted ? 1 : 0)});
+                                 static_cast<uint8_t>(rec.seen_recently), static_cast<uint8_t>(id.inserted ? 1 : 0)});
       }
       map.set_last_seen(id.index, w.timestamp);
       rec.seen_recently = 1;
@@ -454,8 +493,12 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   }
   if (n == 0) return Status::Ok();
   if (train && cache_ != nullptr) cache_->StartBatch();
-  if (work_ == nullptr) work_ = std::make_unique<BatchWork>();
-  BatchWork& w = *work_;
+  // Given back however Process ends (an error, an allocation failure).
+  struct Lease {
+    std::unique_ptr<BatchWork> work = TakeScratch();
+    ~Lease() { GiveBackScratch(std::move(work)); }
+  } lease;
+  BatchWork& w = *lease.work;
   w.Reset();
   w.keys = keys;
   w.n = n;
@@ -748,19 +791,22 @@ int64_t HostTable::Evict(int64_t max_age) {
 
 int64_t HostTable::Shrink(int threshold) {
   std::lock_guard<std::mutex> lock(mu_);
+  // The maps keep ages from the first shrink on (a table that never shrinks
+  // pays nothing for them).
+  for (auto& shard : ids_) shard.PrepareAges();
   for (auto& shard : ids_) {
     shard.ForEach([&shard](int64_t, uint32_t index) {
       KeyRecord& rec = shard.record(index);
       if (rec.seen_recently) {
-        rec.age = 0;
+        shard.set_age(index, 0);
         rec.seen_recently = 0;
-      } else if (rec.age < UINT16_MAX) {
-        ++rec.age;
+      } else if (shard.age(index) < UINT16_MAX) {
+        shard.set_age(index, static_cast<uint16_t>(shard.age(index) + 1));
       }
     });
   }
   return EraseUnpending([&](const KeyMap& map, uint32_t index) {
-    return map.record(index).age >= threshold;
+    return map.age(index) >= threshold;
   });
 }
 

@@ -273,6 +273,11 @@ class HostTable {
   // rows are handed out once the batch is known, by the DeviceCachePlanner) or
   // DeviceSlot (training, device-only: a row at once, or a shortfall).
   struct BatchWork;
+  // Process's scratch comes from one pool for every table of the process: a
+  // batch takes one (or a new one) and gives it back once planned, so that the
+  // process keeps as many as batches were planned at once, not one per table.
+  static std::unique_ptr<BatchWork> TakeScratch();
+  static void GiveBackScratch(std::unique_ptr<BatchWork> work);
   void HashKeys(BatchWork& w, ThreadPool* pool);
   // Shards [lo, hi): the part of a batch one FindAndCount task plans.
   struct ShardGroup {
@@ -346,7 +351,6 @@ class HostTable {
   // batches), the planner included; the HostTier has its own lock.
   const TableOptions options_;
   mutable std::mutex mu_;
-  std::unique_ptr<BatchWork> work_;  // Process's scratch, reused
   IdMap ids_;
   DeviceRows rows_;
   bool counting_frozen_ = false;

@@ -4,7 +4,11 @@
 //    index), open addressing with linear probing and backward-shift deletion.
 //    Every int64 value is a valid ID, so occupancy is the index: kNoRecord
 //    marks an empty slot. A find reads only this array, and a rehash moves
-//    only these 12 bytes per ID;
+//    only these 12 bytes per ID. The array has any size (it grows by 1.5x,
+//    not 2x, so that it is 47-70% full rather than 35-70%): a key's home slot
+//    is the hash's bits below the shard bits multiplied onto [0, capacity)
+//    (multiply-shift), not masked. Homes follow the hash's order, so a rehash
+//    writes the new array almost in order;
 //  - the records themselves, dense, in fixed chunks that never move: an index
 //    (and a pointer) stays valid when the probe array rehashes, until that
 //    record is erased. Erased records go on a free list and are reused.
@@ -28,21 +32,27 @@
 
 namespace mxrec {
 
-// What the host knows of one ID (its key is in the probe array).
+// What the host knows of one ID (its key is in the probe array). 16 bytes:
+// the shrink age, which only tables that shrink need, lives apart (KeyMap::age).
 struct KeyRecord {
+  KeyRecord() : seen_offset(0), seen_recently(0), in_chain(0) {}
+
   float count = 0.0f;  // weighted occurrences, for admission
   int32_t row = -1;    // device row, or -1 while not admitted (or in the host tier)
   uint32_t epoch = 0;  // save epoch of the last change, for delta checkpoints
   // The timestamp of the last training batch that held the ID, as an offset
-  // from the map's base time: read and write it with KeyMap::last_seen and
-  // set_last_seen (which keep it exact for any int64 time).
-  int32_t seen_offset = 0;
-  uint16_t age = 0;           // shrink() calls since the ID was last seen, saturating
-  uint8_t seen_recently = 0;  // seen in training since the last shrink()
+  // from the map's base time in [kMinOffset, kMaxOffset]: read and write it
+  // with KeyMap::last_seen and set_last_seen (which keep it exact for any
+  // int64 time).
+  int32_t seen_offset : 30;
+  uint32_t seen_recently : 1;  // seen in training since the last shrink()
   // Held by a save of a full/delta chain: its removal must reach the next delta.
-  uint8_t in_chain = 0;
+  uint32_t in_chain : 1;
+
+  static constexpr int64_t kMaxOffset = (int64_t{1} << 29) - 1;
+  static constexpr int64_t kMinOffset = -(int64_t{1} << 29);
 };
-static_assert(sizeof(KeyRecord) == 20, "KeyRecord grew: the map's memory per ID changes");
+static_assert(sizeof(KeyRecord) == 16, "KeyRecord grew: the map's memory per ID changes");
 
 // Where a tiered table's admitted ID keeps its values outside the device rows.
 struct TierRecord {
@@ -84,9 +94,15 @@ class KeyMap {
     if (c >= kSmallChunks) return kChunkRecords;
     return c == 0 ? 1u << kFirstShift : (1u << kFirstShift) << (c - 1);
   }
-  // The probe array holds records in at most kLoadNum/kLoadDen of its slots.
+  // The probe array holds records in at most kLoadNum/kLoadDen of its slots,
+  // starts at kMinSlots and grows by 1.5x (Grown).
   static constexpr int64_t kLoadNum = 7;
   static constexpr int64_t kLoadDen = 10;
+  static constexpr uint64_t kMinSlots = 16;
+  static uint64_t Grown(uint64_t slots) { return slots + slots / 2; }
+  // The top bits of a hash pick the IdMap shard (the same in a whole map):
+  // the home slot is computed from the bits below them.
+  static constexpr int kShardBits = 4;
 
   // One probe slot: 12 bytes, unaligned keys (x86 loads them at full speed).
   struct __attribute__((packed)) Slot {
@@ -96,7 +112,7 @@ class KeyMap {
   static_assert(sizeof(Slot) == 12, "a probe slot is a key and a record index");
 
   // `tiered`: keep a TierRecord per record.
-  explicit KeyMap(bool tiered = false) : tiered_(tiered) { Rehash(16); }
+  explicit KeyMap(bool tiered = false) : tiered_(tiered) { Rehash(kMinSlots); }
   KeyMap(KeyMap&&) = default;
   KeyMap& operator=(KeyMap&&) = default;
 
@@ -104,13 +120,15 @@ class KeyMap {
   int64_t size() const { return size_; }
   // Probe slots allocated (records fit in 7/10 of them).
   int64_t capacity() const { return static_cast<int64_t>(slots_.size()); }
-  // The map's memory: probe array, record chunks (and tier chunks, and wide
-  // last-seen chunks), and their granule tables (8 bytes per 64 records each).
+  // The map's memory: probe array, record chunks (and tier chunks, wide
+  // last-seen chunks and shrink-age chunks), and their granule tables (8
+  // bytes per 64 records each).
   int64_t bytes() const {
-    const int64_t families = 1 + (tiered_ ? 1 : 0) + (wide() ? 1 : 0);
+    const int64_t families = 1 + (tiered_ ? 1 : 0) + (wide() ? 1 : 0) + (aged() ? 1 : 0);
     const int64_t per_record = static_cast<int64_t>(sizeof(KeyRecord)) +
                                (tiered_ ? static_cast<int64_t>(sizeof(TierRecord)) : 0) +
-                               (wide() ? static_cast<int64_t>(sizeof(int64_t)) : 0);
+                               (wide() ? static_cast<int64_t>(sizeof(int64_t)) : 0) +
+                               (aged() ? static_cast<int64_t>(sizeof(uint16_t)) : 0);
     const int64_t records = ChunkCapacity();
     return capacity() * static_cast<int64_t>(sizeof(Slot)) + records * per_record +
            families * (records >> kFirstShift) * static_cast<int64_t>(sizeof(void*));
@@ -128,10 +146,11 @@ class KeyMap {
     return tier_granules_[index >> kFirstShift][index & kGranuleMask];
   }
 
-  // Last-seen times. Each map keeps them as 32-bit offsets from a base time
-  // (the first time it was given), which covers 68 years of seconds around
-  // it; the first time that does not fit turns the map wide: every record's
-  // time then lives in 64-bit chunks of their own (8 more bytes per record).
+  // Last-seen times. Each map keeps them as 30-bit offsets from a base time
+  // (the first time it was given), which covers 17 years of seconds either
+  // side of it; the first time that does not fit turns the map wide: every
+  // record's time then lives in 64-bit chunks of their own (8 more bytes per
+  // record).
   // A record's time is defined once set (the key stage and a restore set it
   // on creation).
   int64_t last_seen(uint32_t index) const {
@@ -154,10 +173,41 @@ class KeyMap {
   }
   bool wide() const { return wide_; }
 
+  // Shrink ages: shrink() calls since the ID was last seen, saturating at
+  // UINT16_MAX. A map keeps them (2 bytes more per record, in chunks of
+  // their own) from the first PrepareAges on; until then every age is 0.
+  uint16_t age(uint32_t index) const {
+    return aged() ? age_granules_[index >> kFirstShift][index & kGranuleMask] : 0;
+  }
+  // PrepareAges first.
+  void set_age(uint32_t index, uint16_t age) {
+    age_granules_[index >> kFirstShift][index & kGranuleMask] = age;
+  }
+  // Makes set_age allocation-free (allocates the age chunks, zeroed, if the
+  // map has none). Throws AllocationError, the map unchanged.
+  void PrepareAges() {
+    if (aged()) return;
+    std::vector<Chunk<uint16_t>> chunks;
+    std::vector<uint16_t*> granules;
+    chunks.reserve(chunks_.size());
+    granules.reserve(granules_.size());
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      const uint32_t size = ChunkSize(static_cast<uint32_t>(c));
+      chunks.emplace_back(static_cast<uint16_t*>(AllocateLarge(size * sizeof(uint16_t))));
+      std::fill(chunks.back().get(), chunks.back().get() + size, uint16_t{0});
+      for (uint32_t g = 0; g < size; g += 1u << kFirstShift) granules.push_back(chunks.back().get() + g);
+    }
+    age_chunks_ = std::move(chunks);
+    age_granules_ = std::move(granules);
+    aged_ = true;
+  }
+  bool aged() const { return aged_; }
+
   // The record index of key, or kNoRecord.
   uint32_t Find(int64_t key, uint64_t hash) const {
-    for (uint64_t i = hash & mask_;; i = (i + 1) & mask_) {
-      const Slot& slot = slots_[i];
+    const Slot* const slots = slots_.data();
+    for (uint64_t i = Home(hash);; i = Next(i)) {
+      const Slot& slot = slots[i];
       const uint32_t index = slot.index;
       if (index == kNoRecord) return kNoRecord;
       if (slot.key == key) return index;
@@ -165,7 +215,7 @@ class KeyMap {
   }
 
   // Starts loading the home slot of `hash` into the cache.
-  void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
+  void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[Home(hash)]); }
 
   // Returns the record index of key, inserting a fresh record if absent. The
   // map grows here (probe array, record chunks) when one more record would
@@ -182,7 +232,7 @@ class KeyMap {
       }
       Reserve(1);
     }
-    for (uint64_t i = hash & mask_;; i = (i + 1) & mask_) {
+    for (uint64_t i = Home(hash);; i = Next(i)) {
       Slot& slot = slots_[i];
       const uint32_t index = slot.index;
       if (index == kNoRecord) {
@@ -207,7 +257,7 @@ class KeyMap {
     const int64_t need = size_ + extra;
     if (OverLoad(need)) {
       uint64_t capacity = slots_.size();
-      while (static_cast<int64_t>(capacity) * kLoadNum < need * kLoadDen) capacity *= 2;
+      while (static_cast<int64_t>(capacity) * kLoadNum < need * kLoadDen) capacity = Grown(capacity);
       Rehash(capacity);
     }
     const int64_t records = static_cast<int64_t>(high_water_) + std::max<int64_t>(0, extra - free_count_);
@@ -217,19 +267,20 @@ class KeyMap {
 
   // Removes key (which must be present); its record goes on the free list.
   void Erase(int64_t key, uint64_t hash) {
-    uint64_t hole = hash & mask_;
-    while (slots_[hole].key != key || slots_[hole].index == kNoRecord) hole = (hole + 1) & mask_;
+    uint64_t hole = Home(hash);
+    while (slots_[hole].key != key || slots_[hole].index == kNoRecord) hole = Next(hole);
     const uint32_t index = slots_[hole].index;
     // The free list runs through the erased records' epoch fields.
     record(index) = KeyRecord();
     record(index).epoch = free_head_;
     if (tiered_) tier(index) = TierRecord();
+    if (aged_) set_age(index, 0);
     free_head_ = index;
     ++free_count_;
     slots_[hole].index = kNoRecord;
     --size_;
-    for (uint64_t i = (hole + 1) & mask_; slots_[i].index != kNoRecord; i = (i + 1) & mask_) {
-      const uint64_t home = HashKey(slots_[i].key) & mask_;
+    for (uint64_t i = Next(hole); slots_[i].index != kNoRecord; i = Next(i)) {
+      const uint64_t home = Home(HashKey(slots_[i].key));
       // Move the slot back into the hole unless its home lies cyclically in
       // (hole, i], where it would become unreachable.
       const bool movable = (i > hole) ? (home <= hole || home > i) : (home <= hole && home > i);
@@ -278,9 +329,13 @@ class KeyMap {
       has_base_time_ = true;
       return true;
     }
-    // Without overflow: time - base_time_ in [INT32_MIN, INT32_MAX].
-    if (time >= base_time_) return static_cast<uint64_t>(time) - static_cast<uint64_t>(base_time_) <= INT32_MAX;
-    return static_cast<uint64_t>(base_time_) - static_cast<uint64_t>(time) <= uint64_t{1} << 31;
+    // Without overflow: time - base_time_ in [kMinOffset, kMaxOffset].
+    if (time >= base_time_) {
+      return static_cast<uint64_t>(time) - static_cast<uint64_t>(base_time_) <=
+             static_cast<uint64_t>(KeyRecord::kMaxOffset);
+    }
+    return static_cast<uint64_t>(base_time_) - static_cast<uint64_t>(time) <=
+           static_cast<uint64_t>(-KeyRecord::kMinOffset);
   }
 
   // Moves every record's last-seen time into 64-bit chunks, all allocated
@@ -320,8 +375,9 @@ class KeyMap {
     return n == 0 ? 0 : ChunkStart(n - 1) + ChunkSize(n - 1);
   }
 
-  // One more chunk of records (and of tier records), default-initialised.
-  // Both are allocated before either joins, so a failure changes nothing.
+  // One more chunk of records (and of tier records, wide times and ages),
+  // default-initialised. All are allocated before any joins, so a failure
+  // changes nothing.
   void AddChunk() {
     const uint32_t size = ChunkSize(static_cast<uint32_t>(chunks_.size()));
     Chunk<KeyRecord> records(static_cast<KeyRecord*>(AllocateLarge(size * sizeof(KeyRecord))));
@@ -329,11 +385,14 @@ class KeyMap {
     if (tiered_) tiers.reset(static_cast<TierRecord*>(AllocateLarge(size * sizeof(TierRecord))));
     Chunk<int64_t> times;
     if (wide_) times.reset(static_cast<int64_t*>(AllocateLarge(size * sizeof(int64_t))));
+    Chunk<uint16_t> ages;
+    if (aged_) ages.reset(static_cast<uint16_t*>(AllocateLarge(size * sizeof(uint16_t))));
     for (uint32_t i = 0; i < size; ++i) new (&records[i]) KeyRecord();
     if (tiered_) {
       for (uint32_t i = 0; i < size; ++i) new (&tiers[i]) TierRecord();
     }
     if (wide_) std::fill(times.get(), times.get() + size, int64_t{0});
+    if (aged_) std::fill(ages.get(), ages.get() + size, uint16_t{0});
     const size_t granules = granules_.size() + (size >> kFirstShift);
     chunks_.reserve(chunks_.size() + 1);
     granules_.reserve(granules);
@@ -345,15 +404,21 @@ class KeyMap {
       wide_chunks_.reserve(wide_chunks_.size() + 1);
       wide_granules_.reserve(granules);
     }
+    if (aged_) {
+      age_chunks_.reserve(age_chunks_.size() + 1);
+      age_granules_.reserve(granules);
+    }
     // Nothing below allocates.
     for (uint32_t g = 0; g < size; g += 1u << kFirstShift) {
       granules_.push_back(records.get() + g);
       if (tiered_) tier_granules_.push_back(tiers.get() + g);
       if (wide_) wide_granules_.push_back(times.get() + g);
+      if (aged_) age_granules_.push_back(ages.get() + g);
     }
     chunks_.push_back(std::move(records));
     if (tiered_) tier_chunks_.push_back(std::move(tiers));
     if (wide_) wide_chunks_.push_back(std::move(times));
+    if (aged_) age_chunks_.push_back(std::move(ages));
   }
 
   // A fresh record's index (new chunks are default-initialised, erased
@@ -368,15 +433,23 @@ class KeyMap {
     return index;
   }
 
-  // Moves every slot into a new array of `capacity` slots (a power of two).
-  // The new array is filled before it replaces the old one, so a failed
-  // allocation leaves the map as it was. Records do not move.
+  // The home slot of `hash` in an array of `slots`: the bits below the
+  // shard bits, as a fraction of 2^64, times the size.
+  static uint64_t HomeIn(uint64_t hash, uint64_t slots) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(hash << kShardBits) * slots) >> 64);
+  }
+  uint64_t Home(uint64_t hash) const { return HomeIn(hash, slot_count_); }
+  // The slot after i, cyclically.
+  uint64_t Next(uint64_t i) const { return i + 1 == slot_count_ ? 0 : i + 1; }
+
+  // Moves every slot into a new array of `capacity` slots. The new array is
+  // filled before it replaces the old one, so a failed allocation leaves the
+  // map as it was. Records do not move.
   void Rehash(uint64_t capacity) {
     std::vector<Slot, HugePageAllocator<Slot>> fresh(capacity);
-    const uint64_t mask = capacity - 1;
     for (const Slot& slot : slots_) {
       if (slot.index == kNoRecord) continue;
-      for (uint64_t i = HashKey(slot.key) & mask;; i = (i + 1) & mask) {
+      for (uint64_t i = HomeIn(HashKey(slot.key), capacity);; i = i + 1 == capacity ? 0 : i + 1) {
         if (fresh[i].index == kNoRecord) {
           fresh[i] = slot;
           break;
@@ -384,12 +457,12 @@ class KeyMap {
       }
     }
     slots_.swap(fresh);
-    mask_ = mask;
+    slot_count_ = capacity;
   }
 
   bool tiered_ = false;
   std::vector<Slot, HugePageAllocator<Slot>> slots_;
-  uint64_t mask_ = 0;
+  uint64_t slot_count_ = 0;  // slots_.size()
   int64_t size_ = 0;
   std::vector<Chunk<KeyRecord>> chunks_;
   std::vector<Chunk<TierRecord>> tier_chunks_;
@@ -402,6 +475,10 @@ class KeyMap {
   bool has_base_time_ = false;
   bool wide_ = false;
   std::vector<Chunk<int64_t>> wide_chunks_;
+  // Shrink ages, from the first PrepareAges on.
+  bool aged_ = false;
+  std::vector<Chunk<uint16_t>> age_chunks_;
+  std::vector<uint16_t*> age_granules_;
   uint32_t high_water_ = 0;  // records ever handed out (indices below it)
   // Erased records, reused last-in first-out: the newest, and how many.
   uint32_t free_head_ = kNoRecord;

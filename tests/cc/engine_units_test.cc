@@ -119,7 +119,7 @@ void TestEraseAgainstReference() {
         if (inserted) {
           // A fresh or reused record starts out empty.
           EXPECT(rec.row == -1 && rec.count == 0.0f && rec.seen_offset == 0 && rec.epoch == 0 &&
-                 rec.age == 0 && rec.seen_recently == 0 && rec.in_chain == 0);
+                 map.age(index) == 0 && rec.seen_recently == 0 && rec.in_chain == 0);
           if (tiered) EXPECT(map.tier(index).in_host == 0 && map.tier(index).host_slot == -1);
           rec.row = static_cast<int32_t>(step);
           rec.epoch = 7;
@@ -152,9 +152,9 @@ void TestEraseAgainstReference() {
     }
     // Erased records were reused: the store holds what the most IDs held at
     // once need (about 3000, 60000 inserted in all), and the probe array the
-    // smallest power of two that keeps them within 7/10 of it.
+    // smallest size of 16 grown by 1.5x steps that keeps them within 7/10 of it.
     int64_t slots = 16;
-    while (slots * 7 < most * 10) slots *= 2;
+    while (slots * 7 < most * 10) slots += slots / 2;
     const int64_t per_record = sizeof(KeyRecord) + (tiered ? sizeof(mxrec::TierRecord) : 0);
     EXPECT(most <= KeyMap::kChunkRecords);
     EXPECT(map.capacity() == slots);
@@ -163,7 +163,7 @@ void TestEraseAgainstReference() {
   }
 }
 
-// Last-seen times are exact for every int64: 32-bit offsets from the first
+// Last-seen times are exact for every int64: 30-bit offsets from the first
 // time while they fit (no extra bytes), then the map turns wide (8 bytes more
 // per record) keeping every time already set; a refused widening changes
 // nothing.
@@ -172,17 +172,19 @@ void TestLastSeenTimes() {
   bool inserted = false;
   std::vector<int64_t> times;
   for (int64_t key = 0; key < 5000; ++key) {
-    // Around a base of 1.7e9 (seconds), 68 years either side.
-    const int64_t time = 1700000000 + (key % 2 == 0 ? 1 : -1) * key * 400000;
+    // Around a base of 1.7e9 (seconds), 17 years either side.
+    const int64_t time = 1700000000 + (key % 2 == 0 ? 1 : -1) * key * 100000;
     map.set_last_seen(Insert(&map, key, &inserted), time);
     times.push_back(time);
   }
   const int64_t narrow = map.bytes();
-  EXPECT(!map.wide() && narrow == map.capacity() * 12 + RecordBytes(5000, 20, 1));
+  EXPECT(!map.wide() && narrow == map.capacity() * 12 + RecordBytes(5000, 16, 1));
   const uint32_t edge = Insert(&map, 5000, &inserted);
-  map.set_last_seen(edge, 1700000000LL + INT32_MAX);  // the last offset that fits
-  map.set_last_seen(edge, 1700000000LL + INT32_MIN);
-  times.push_back(1700000000LL + INT32_MIN);
+  map.set_last_seen(edge, 1700000000LL + KeyRecord::kMaxOffset);  // the last offset that fits
+  EXPECT(map.last_seen(edge) == 1700000000LL + KeyRecord::kMaxOffset);
+  map.set_last_seen(edge, 1700000000LL + KeyRecord::kMinOffset);
+  EXPECT(map.last_seen(edge) == 1700000000LL + KeyRecord::kMinOffset);
+  times.push_back(1700000000LL + KeyRecord::kMinOffset);
   EXPECT(!map.wide());
   // A time that does not fit, with the wide chunks refused: nothing changes.
   mxrec::SetAllocationLimitForTesting(1024);
@@ -199,14 +201,14 @@ void TestLastSeenTimes() {
   map.set_last_seen(Insert(&map, 5002, &inserted), INT64_MAX);
   times.push_back(INT64_MIN);
   times.push_back(INT64_MAX);
-  EXPECT(map.wide() && map.bytes() == map.capacity() * 12 + RecordBytes(5003, 28, 2));
+  EXPECT(map.wide() && map.bytes() == map.capacity() * 12 + RecordBytes(5003, 24, 2));
   for (int64_t key = 0; key <= 5002; ++key) EXPECT(map.last_seen(Find(map, key)) == times[key]);
   // Chunks added once wide have their 64-bit times too.
   for (int64_t key = 5003; key < 12000; ++key) {
     map.set_last_seen(Insert(&map, key, &inserted), -key);
   }
   for (int64_t key = 5003; key < 12000; ++key) EXPECT(map.last_seen(Find(map, key)) == -key);
-  EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(12000, 28, 2));
+  EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(12000, 24, 2));
 }
 
 // A small map takes small chunks: 1 ID, 64 records; 65, 128; 5000, 8192.
@@ -220,7 +222,7 @@ void TestSmallMapsTakeLittle() {
     map.tier(index).host_slot = static_cast<int32_t>(-key);
     const int64_t n = key + 1;
     if (n == 1 || n == 65 || n == 5000) {
-      EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(n, 20 + 8, 2));
+      EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(n, 16 + 8, 2));
     }
   }
   EXPECT(RecordCapacity(1) == 64 && RecordCapacity(65) == 128 && RecordCapacity(5000) == 8192);
@@ -245,14 +247,14 @@ void TestFailedGrowthKeepsTheMap() {
   } catch (const mxrec::AllocationError& error) {
     bytes = error.bytes();
   }
-  EXPECT(bytes == 256 * sizeof(KeyMap::Slot));
+  EXPECT(bytes == 181 * sizeof(KeyMap::Slot));  // 16 -> 24 -> 36 -> 54 -> 81 -> 121 -> 181
   bytes = 0;
   try {
     Insert(&map, 100, &inserted);  // the 12th record passes 7/10 of 16 slots
   } catch (const mxrec::AllocationError& error) {
     bytes = error.bytes();
   }
-  EXPECT(bytes == 32 * sizeof(KeyMap::Slot));
+  EXPECT(bytes == 24 * sizeof(KeyMap::Slot));
   mxrec::SetAllocationLimitForTesting(0);
   EXPECT(map.size() == 11 && &map.record(Find(map, 0)) == first);
   for (int64_t key = 0; key < 11; ++key) EXPECT(map.record(Find(map, key)).row == 7);
