@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -15,6 +16,7 @@ namespace {
 constexpr int64_t kAhead = 16;
 // Plans with fewer rows are copied on the calling thread.
 std::atomic<int64_t> parallel_min_rows{1 << 15};
+std::atomic<int64_t> spill_delay_us{0};
 
 // Runs fn(part, begin, end) on `parts` equal parts of [0, n), on the pool's
 // threads when there are several.
@@ -28,6 +30,10 @@ void ForParts(ThreadPool* pool, int64_t parts, int64_t n,
   }
 }
 }  // namespace
+
+void HostTier::SetSpillDelayForTesting(int64_t microseconds) {
+  spill_delay_us.store(std::max<int64_t>(0, microseconds));
+}
 
 void HostTier::SetParallelMinRows(int64_t rows) { parallel_min_rows.store(std::max<int64_t>(1, rows)); }
 
@@ -306,6 +312,9 @@ Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* l
     }
     if (status.ok()) {
       lock->unlock();
+      if (const int64_t delay = spill_delay_us.load()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      }
       status = ssd->WriteAppend(append);
       lock->lock();
     }
@@ -647,8 +656,9 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
 Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
                         std::vector<std::string>* components, std::vector<uint32_t>* present,
                         std::vector<float>* values) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  WaitSpills(&lock, 0);  // every queued spill on disk: the file as the save sees it
+  // Spills the writer has not indexed yet are read from their slots (below):
+  // a save does not wait for the disk.
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t dim = options_.dim;
   const size_t width = components_.size() * static_cast<size_t>(dim);
   *components = components_;

@@ -152,6 +152,9 @@ class HostTier {
   // Plans of at least this many rows are split over the pool's threads
   // (tests lower it to run the parallel path on small tables).
   static void SetParallelMinRows(int64_t rows);
+  // Tests: the spill writer sleeps this long before each write (off the lock),
+  // so that swaps, saves, eviction and restores meet spills still pending.
+  static void SetSpillDelayForTesting(int64_t microseconds);
 
   // Values of `keys` still held by the tier for `component` (evaluation reads
   // host rows in place); slots[i] is the key's host slot (-1: on disk, or no
