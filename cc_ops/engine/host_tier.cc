@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -15,6 +16,7 @@ namespace {
 constexpr int64_t kAhead = 16;
 // Plans with fewer rows are copied on the calling thread.
 std::atomic<int64_t> parallel_min_rows{1 << 15};
+std::atomic<int64_t> spill_delay_us{0};
 
 // Runs fn(part, begin, end) on `parts` equal parts of [0, n), on the pool's
 // threads when there are several.
@@ -28,6 +30,10 @@ void ForParts(ThreadPool* pool, int64_t parts, int64_t n,
   }
 }
 }  // namespace
+
+void HostTier::SetSpillDelayForTesting(int64_t microseconds) {
+  spill_delay_us.store(std::max<int64_t>(0, microseconds));
+}
 
 void HostTier::SetParallelMinRows(int64_t rows) { parallel_min_rows.store(std::max<int64_t>(1, rows)); }
 
@@ -43,6 +49,15 @@ HostTier::HostTier(TierOptions options) : options_(std::move(options)) {
   components_.push_back(kEmbedding);
   cursor_.push_back(0);
   chunks_.resize(1);
+}
+
+HostTier::~HostTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spill_stop_ = true;
+  }
+  spill_work_.notify_all();
+  if (spill_writer_.joinable()) spill_writer_.join();
 }
 
 HostTier::Chunk HostTier::AllocateChunk() const {
@@ -185,65 +200,143 @@ Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, flo
 }
 
 Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
-  const int64_t dim = options_.dim;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     if (!plan.from_host[i]) continue;
     if (plan.in_slots[i] >= 0) {
       ReleaseLocked(plan.in_slots[i]);
-    } else if (ssd_) {
-      ssd_->Erase(plan.in_keys[i]);  // read back from disk by every component
+      continue;
     }
-  }
-  Status status;
-  std::vector<int64_t> spill_keys;
-  std::vector<int32_t> spill_slots;
-  std::vector<uint32_t> spill_present;
-  std::vector<int64_t> spill_floats;
-  for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
-    const int64_t key = plan.spill_keys[i];
-    const int32_t slot = plan.spill_slots[i];
+    // Read back by every component: from disk, or from the slot of an older
+    // plan's spill the writer has not indexed yet (which it now skips).
+    const int64_t key = plan.in_keys[i];
     auto it = pending_spills_.find(key);
-    bool live = false;
     if (it != pending_spills_.end()) {
       auto& entries = it->second;
-      auto entry = std::find(entries.begin(), entries.end(), std::make_pair(plan.seq, slot));
-      if (entry != entries.end()) {
-        live = true;
-        entries.erase(entry);
-      }
+      entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                   [&plan](const auto& e) { return e.first < plan.seq; }),
+                    entries.end());
       if (entries.empty()) pending_spills_.erase(it);
     }
-    if (live) {  // not erased (evicted) meanwhile
-      const uint32_t present = meta_[slot].present;
-      int top = 0;
-      for (size_t c = 0; c < components_.size(); ++c) {
-        if (present & (1u << c)) top = static_cast<int>(c) + 1;
-      }
-      spill_keys.push_back(key);
-      spill_slots.push_back(slot);
-      spill_present.push_back(present);
-      spill_floats.push_back(top * dim);
+    if (ssd_) ssd_->Erase(key);
+  }
+  // The live spills go to the writer; their slots keep the values until they
+  // are on disk. A spill whose ID was erased (evicted) meanwhile frees its slot.
+  SpillJob job;
+  job.seq = plan.seq;
+  for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
+    if (SpillPending(plan.spill_keys[i], plan.seq, plan.spill_slots[i])) {
+      job.keys.push_back(plan.spill_keys[i]);
+      job.slots.push_back(plan.spill_slots[i]);
+    } else {
+      ReleaseLocked(plan.spill_slots[i]);
     }
   }
-  if (!spill_keys.empty()) {
-    // Encoded from the slots straight into the write buffer; the slots are
-    // released once it is written.
-    status = OpenSsdLocked();
+  if (job.keys.empty()) return Status::Ok();
+  if (!spill_writer_.joinable()) spill_writer_ = std::thread([this] { SpillLoop(); });
+  spill_jobs_.push_back(std::move(job));
+  spill_work_.notify_one();
+  return Status::Ok();
+}
+
+bool HostTier::SpillPending(int64_t key, uint64_t seq, int32_t slot) const {
+  auto it = pending_spills_.find(key);
+  return it != pending_spills_.end() &&
+         std::find(it->second.begin(), it->second.end(), std::make_pair(seq, slot)) !=
+             it->second.end();
+}
+
+void HostTier::WaitSpills(std::unique_lock<std::mutex>* lock, size_t queued) const {
+  spill_done_.wait(*lock, [&] {
+    return spill_jobs_.size() <= queued && (queued > 0 || !spill_busy_);
+  });
+}
+
+void HostTier::SpillLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    spill_work_.wait(lock, [this] { return spill_stop_ || !spill_jobs_.empty(); });
+    if (spill_stop_) return;
+    SpillJob job = std::move(spill_jobs_.front());
+    spill_jobs_.pop_front();
+    spill_busy_ = true;
+    Status status;
+    try {
+      status = WriteSpill(job, &lock);
+    } catch (const std::bad_alloc&) {
+      if (!lock.owns_lock()) lock.lock();
+      status = OutOfMemory(options_.name, "an SSD spill's write buffer", 0);
+    }
+    if (!status.ok() && spill_error_.ok()) spill_error_ = status;
+    spill_busy_ = false;
+    spill_done_.notify_all();
+  }
+}
+
+Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* lock) {
+  const int64_t dim = options_.dim;
+  // Spills dropped while the job waited (the ID erased, or read back) are not written.
+  std::vector<int64_t> keys;
+  std::vector<int32_t> slots;
+  std::vector<uint32_t> present;
+  std::vector<int64_t> floats;
+  for (size_t i = 0; i < job.keys.size(); ++i) {
+    if (!SpillPending(job.keys[i], job.seq, job.slots[i])) continue;
+    const uint32_t mask = meta_[job.slots[i]].present;
+    int top = 0;
+    for (size_t c = 0; c < components_.size(); ++c) {
+      if (mask & (1u << c)) top = static_cast<int>(c) + 1;
+    }
+    keys.push_back(job.keys[i]);
+    slots.push_back(job.slots[i]);
+    present.push_back(mask);
+    floats.push_back(top * dim);
+  }
+  Status status;
+  if (!keys.empty()) {
+    // Encoded from the slots under the lock, written without it.
+    SsdTier::Append append;
     const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+    status = OpenSsdLocked();
+    SsdTier* ssd = ssd_.get();
     if (status.ok()) {
-      status = ssd_->PutBatchWith(spill_keys, spill_present, spill_floats, [&](size_t i, char* out) {
-          const int top = static_cast<int>(spill_floats[i] / std::max<int64_t>(dim, 1));
+      status = ssd->BeginAppend(keys, present, floats, [&](size_t i, char* out) {
+          const int top = static_cast<int>(floats[i] / std::max<int64_t>(dim, 1));
           for (int c = 0; c < top; ++c) {
-            if (spill_present[i] & (1u << c)) {
-              std::memcpy(out + c * row_bytes, ValueAt(c, spill_slots[i]), row_bytes);
+            if (present[i] & (1u << c)) {
+              std::memcpy(out + c * row_bytes, ValueAt(c, slots[i]), row_bytes);
             } else {
               std::memset(out + c * row_bytes, 0, row_bytes);
             }
           }
-        });
+        }, &append);
     }
+    if (status.ok()) {
+      lock->unlock();
+      if (const int64_t delay = spill_delay_us.load()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      }
+      status = ssd->WriteAppend(append);
+      lock->lock();
+    }
+    if (!status.ok()) {
+      // Not on disk: the values stay in their slots, still read from there.
+      for (size_t i = 0; i < job.keys.size(); ++i) {
+        if (!SpillPending(job.keys[i], job.seq, job.slots[i])) ReleaseLocked(job.slots[i]);
+      }
+      return status;
+    }
+    std::vector<uint8_t> keep(keys.size(), 0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      keep[i] = SpillPending(keys[i], job.seq, slots[i]) ? 1 : 0;
+      if (!keep[i]) continue;
+      auto it = pending_spills_.find(keys[i]);
+      auto& entries = it->second;
+      entries.erase(std::find(entries.begin(), entries.end(), std::make_pair(job.seq, slots[i])));
+      if (entries.empty()) pending_spills_.erase(it);
+    }
+    status = ssd->FinishAppend(append, keep);
   }
-  for (int32_t slot : plan.spill_slots) ReleaseLocked(slot);
+  for (int32_t slot : job.slots) ReleaseLocked(slot);
   return status;
 }
 
@@ -440,7 +533,12 @@ template <typename CurrentRow, typename IncomingRow>
 Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, CurrentRow current,
                           IncomingRow incoming, bool* fresh, ThreadPool* pool) {
   if (n == 0) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!spill_error_.ok()) {  // the spill writer's, reported once
+    Status error = spill_error_;
+    spill_error_ = Status::Ok();
+    return error;
+  }
   DrainLocked();
   SwapPlan* next = nullptr;
   MXREC_RETURN_IF_ERROR(NextPlanLocked(component, rows, n, &next));
@@ -476,7 +574,10 @@ Status HostTier::SwapRows(int component, const int32_t* rows, int64_t n, Current
   }
   plan.applied |= 1u << component;
   cursor_[component] = seq + 1;
-  return RetireAppliedLocked();
+  const Status status = RetireAppliedLocked();
+  // At most one more plan's spills wait behind the one being written.
+  WaitSpills(&lock, 1);
+  return status;
 }
 
 Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, int64_t n,
@@ -520,7 +621,8 @@ void HostTier::Erase(int64_t key, int32_t slot) {
 }
 
 Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<float>* values) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitSpills(&lock, 0);
   const int64_t dim = options_.dim;
   const uint32_t bit = 1u << component;
   std::vector<std::pair<int64_t, const float*>> found;
@@ -554,6 +656,8 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
 Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
                         std::vector<std::string>* components, std::vector<uint32_t>* present,
                         std::vector<float>* values) const {
+  // Spills the writer has not indexed yet are read from their slots (below):
+  // a save does not wait for the disk.
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t dim = options_.dim;
   const size_t width = components_.size() * static_cast<size_t>(dim);
@@ -613,7 +717,8 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
                        keys.size(), " IDs, ", present.size(), " masks, ", values.size(),
                        " floats for ", components.size(), " components of dim ", dim, ")");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitSpills(&lock, 0);  // the writer holds slots and the file of the state replaced
   return GuardAllocation(options_.name, "restoring the host tier", [&] {
     return ReplaceLocked(keys, components, present, values, slots);
   });
@@ -766,7 +871,8 @@ void HostTier::InstallLocked(Rebuilt* next, std::vector<int32_t>* slots) {
 }
 
 TierStats HostTier::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitSpills(&lock, 0);  // rows on disk counted once written
   std::lock_guard<std::mutex> queue_lock(queue_mu_);
   TierStats stats = stats_;
   stats.host_rows = live_;

@@ -14,7 +14,10 @@
 // table and the slots the plan names. A slot read back by plan t is handed
 // back to the planner (TakeReleased) once every component applied plan t.
 // With an SSD tier the planner also names, per plan, the oldest host slots to
-// spill; they are written to disk once every component applied the plan.
+// spill; once every component applied the plan they are handed to the tier's
+// spill writer, a thread of its own that writes them to disk off the step
+// (see SpillLoop). Until a spill is on disk and indexed its values stay in
+// their slot, which every read (swaps, evaluation, saves) uses meanwhile.
 //
 // Each component keeps its own cursor into the plan queue, so the embedding
 // (swapped before the lookup's gather) and the slots (swapped in the
@@ -24,11 +27,13 @@
 #define MXREC_ENGINE_HOST_TIER_H_
 
 #include <cstdint>
+#include <condition_variable>
 #include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -109,6 +114,9 @@ class HostTier {
   static constexpr const char* kEmbedding = "embedding";
 
   explicit HostTier(TierOptions options);
+  ~HostTier();
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
 
   const TierOptions& options() const { return options_; }
 
@@ -144,6 +152,9 @@ class HostTier {
   // Plans of at least this many rows are split over the pool's threads
   // (tests lower it to run the parallel path on small tables).
   static void SetParallelMinRows(int64_t rows);
+  // Tests: the spill writer sleeps this long before each write (off the lock),
+  // so that swaps, saves, eviction and restores meet spills still pending.
+  static void SetSpillDelayForTesting(int64_t microseconds);
 
   // Values of `keys` still held by the tier for `component` (evaluation reads
   // host rows in place); slots[i] is the key's host slot (-1: on disk, or no
@@ -226,6 +237,28 @@ class HostTier {
   // Finishes and drops the plans at the queue's front that every component
   // applied.
   Status RetireAppliedLocked();
+  // The background spill writer. FinishPlanLocked queues a plan's live
+  // spills as a SpillJob; SpillLoop (its own thread, started with the first
+  // job) takes one job at a time: under mu_ it encodes the slots' values and
+  // reserves the file's end (BeginAppend), writes without the lock, then
+  // under mu_ again indexes the records whose spill is still pending (an ID
+  // erased or read back meanwhile is skipped), drops their pending_spills_
+  // entries and frees the slots. A failed write keeps the values in their
+  // slots (the IDs stay readable and saved from there) and is reported by the
+  // next swap.
+  struct SpillJob {
+    uint64_t seq = 0;
+    std::vector<int64_t> keys;
+    std::vector<int32_t> slots;
+  };
+  void SpillLoop();
+  Status WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* lock);
+  // Waits, with mu_ held through *lock, until at most `queued` jobs wait and,
+  // when `queued` is 0, none is being written.
+  void WaitSpills(std::unique_lock<std::mutex>* lock, size_t queued) const;
+  // Whether a queued, not yet indexed spill of `key` by plan `seq` from `slot`
+  // is still wanted.
+  bool SpillPending(int64_t key, uint64_t seq, int32_t slot) const;
   // The value of `key` for `component` kept for a plan of sequence `seq`:
   // from a slot whose spill to disk is still pending, else from disk (the
   // record stays there until every component applied the plan).
@@ -295,6 +328,15 @@ class HostTier {
   std::unordered_map<int64_t, std::vector<std::pair<uint64_t, int32_t>>> pending_spills_;
   std::unique_ptr<SsdTier> ssd_;
   TierStats stats_;
+  // The spill writer's state, under mu_: jobs queued, whether one is being
+  // written, the first write error not yet reported, the stop request.
+  std::deque<SpillJob> spill_jobs_;
+  bool spill_busy_ = false;
+  bool spill_stop_ = false;
+  Status spill_error_;
+  std::condition_variable spill_work_;          // a job queued, or stop
+  mutable std::condition_variable spill_done_;  // a job finished
+  std::thread spill_writer_;
 };
 
 }  // namespace mxrec

@@ -198,6 +198,17 @@ Status SsdTier::PutBatchWith(const std::vector<int64_t>& keys,
                              const std::vector<int64_t>& floats,
                              const std::function<void(size_t, char*)>& fill) {
   if (keys.empty()) return Status::Ok();
+  Append append;
+  MXREC_RETURN_IF_ERROR(BeginAppend(keys, present, floats, fill, &append));
+  MXREC_RETURN_IF_ERROR(WriteAppend(append));
+  return FinishAppend(append, std::vector<uint8_t>(keys.size(), 1));
+}
+
+Status SsdTier::BeginAppend(const std::vector<int64_t>& keys,
+                            const std::vector<uint32_t>& present,
+                            const std::vector<int64_t>& floats,
+                            const std::function<void(size_t, char*)>& fill,
+                            Append* append) const {
   int64_t added = 0;
   for (int64_t key : keys) added += index_.Find(key) != nullptr ? 0 : 1;
   if (size() + added > capacity_) {
@@ -207,24 +218,41 @@ Status SsdTier::PutBatchWith(const std::vector<int64_t>& keys,
                        "host_vocabulary_size in create_table().");
   }
   // Encoded straight into one buffer: key, present mask, float count, floats.
+  append->keys = keys;
+  append->lengths.resize(keys.size());
   int64_t total = 0;
-  for (size_t i = 0; i < keys.size(); ++i) total += kHeaderBytes + floats[i] * 4;
-  std::vector<char> buf(static_cast<size_t>(total));
-  char* p = buf.data();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    append->lengths[i] = kHeaderBytes + floats[i] * 4;
+    total += append->lengths[i];
+  }
+  append->bytes.resize(static_cast<size_t>(total));
+  append->offset = end_;
+  char* p = append->bytes.data();
   for (size_t i = 0; i < keys.size(); ++i) {
     std::memcpy(p, &keys[i], 8);
     std::memcpy(p + 8, &present[i], 4);
     std::memcpy(p + 12, &floats[i], 8);
     fill(i, p + kHeaderBytes);
-    p += kHeaderBytes + floats[i] * 4;
+    p += append->lengths[i];
   }
-  MXREC_RETURN_IF_ERROR(WriteAll(fd_, buf.data(), total, end_, path_));
+  return Status::Ok();
+}
+
+Status SsdTier::WriteAppend(const Append& append) const {
+  return WriteAll(fd_, append.bytes.data(), static_cast<int64_t>(append.bytes.size()),
+                  append.offset, path_);
+}
+
+Status SsdTier::FinishAppend(const Append& append, const std::vector<uint8_t>& keep) {
+  int64_t added = 0;
+  for (size_t i = 0; i < append.keys.size(); ++i) added += keep[i] ? 1 : 0;
   index_.Reserve(index_.size() + added);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const int64_t length = kHeaderBytes + floats[i] * 4;
-    live_bytes_ += length - index_.Put(keys[i], end_, length);
-    end_ += length;
+  int64_t at = append.offset;
+  for (size_t i = 0; i < append.keys.size(); ++i) {
+    if (keep[i]) live_bytes_ += append.lengths[i] - index_.Put(append.keys[i], at, append.lengths[i]);
+    at += append.lengths[i];
   }
+  end_ = at;
   return MaybeCompact();
 }
 

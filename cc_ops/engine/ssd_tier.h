@@ -83,6 +83,25 @@ class SsdTier {
   Status PutBatchWith(const std::vector<int64_t>& keys, const std::vector<uint32_t>& present,
                       const std::vector<int64_t>& floats,
                       const std::function<void(size_t, char*)>& fill);
+
+  // PutBatchWith in three steps, so that the write itself needs no lock (the
+  // host tier's background spill writer): BeginAppend checks the capacity and
+  // encodes the records at the end of the file into *append; WriteAppend
+  // writes them (the file and the index are not changed: readers may read
+  // other records meanwhile, but nothing else may append, compact or drop
+  // the tier until FinishAppend); FinishAppend indexes record i where keep[i]
+  // (the others are dead bytes at once) and may compact.
+  struct Append {
+    std::vector<int64_t> keys;
+    std::vector<int64_t> lengths;
+    std::vector<char> bytes;
+    int64_t offset = 0;
+  };
+  Status BeginAppend(const std::vector<int64_t>& keys, const std::vector<uint32_t>& present,
+                     const std::vector<int64_t>& floats,
+                     const std::function<void(size_t, char*)>& fill, Append* append) const;
+  Status WriteAppend(const Append& append) const;
+  Status FinishAppend(const Append& append, const std::vector<uint8_t>& keep);
   // Copies the dim floats of `component` in key's record to `out`, leaving the
   // record in place; *found = false if the key has no record or the record no
   // value of that component. No allocation: the swap's read path.

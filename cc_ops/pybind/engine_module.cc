@@ -225,6 +225,8 @@ void DefineTableCalls(py::module_& m) {
   });
   m.def("num_threads", [] { return Registry::Global().pool()->num_threads(); });
   m.def("set_tier_parallel_min_rows", [](int64_t rows) { HostTier::SetParallelMinRows(rows); });
+  m.def("set_spill_delay_for_testing",
+        [](int64_t microseconds) { HostTier::SetSpillDelayForTesting(microseconds); });
   // Tests of the out-of-memory paths: larger blocks are refused (0: no limit).
   m.def("set_allocation_limit_for_testing", [](int64_t bytes) {
     if (bytes < 0) throw py::value_error("the allocation limit must be >= 0");
