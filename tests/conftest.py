@@ -63,3 +63,75 @@ def make_session():
     for sess in sessions:
         sess.close()
 
+
+
+# Tests marked `variant`: further parametrizations and multi-rank repeats of paths that other
+# tests of the suite also take (the direct path, the fused exchange, a checkpoint moving between
+# rank counts, the streaming trainer on ranks each keep one unmarked test). CI runs the whole
+# suite under the default TensorFlow and `-m "not variant"` under the second one, to stay
+# within its time; `MXREC_TF=2.21 bash scripts/test.sh` alone runs them all. An entry without
+# "[" marks every parametrization of the test. An entry that names no test fails the run when
+# the whole suite is collected, so that a rename cannot silently drop a mark.
+VARIANTS = (
+    "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-4]",
+    "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-2-send_count]",
+    "tests/test_multiworker.py::test_ranks_equal_one_process[adagrad-2-host_tier]",
+    "tests/test_multiworker.py::test_ranks_equal_one_process[lazy_adam-2-admission-eviction]",
+    "tests/test_multiworker.py::test_ranks_equal_one_process[lazy_adam-2-dynamic-admission]",
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch0-eval]",
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch1-reinit]",
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch2-host_tier]",
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch2-reinit-eval]",
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[lazy_adam-2-prefetch1-dynamic-admission]",
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[sgd-4-prefetch2-reinit]",
+    "tests/test_multiworker.py::test_direct_path_evaluation_until_the_data_ends_with_a_lagging_rank",
+    "tests/test_multiworker.py::test_send_count_overflow_names_the_table_and_setting",
+    "tests/test_multiworker.py::test_ranks_with_different_tables_fail_with_a_clear_error",
+    "tests/test_multiworker.py::test_checkpoints_reshard_between_rank_counts",
+    "tests/test_multiworker.py::test_replicated_table_equals_one_process_and_reshards",
+    "tests/test_multiworker.py::test_replicated_table_with_static_shapes_is_refused",
+    "tests/test_multiworker_checkpoint.py::test_tf_saver_reshards_4_to_2_to_1_and_4",
+    "tests/test_multiworker_checkpoint.py::test_tf_restore_of_another_table_or_too_small_fails",
+    "tests/test_multiworker_checkpoint.py::test_tf_saver_refuses_tiered_and_replicated_tables_on_several_ranks",
+    "tests/test_multiworker_checkpoint.py::test_estimator_split_over_calls_and_ranks_equals_one_run",
+    "tests/test_multiworker_checkpoint.py::test_estimator_save_checkpoints_secs_is_refused_on_ranks",
+    "tests/test_multiworker_feature_spec.py::test_ranks_equal_one_process[is_dp-2-modify_graph-prefetch2-lazy_adam]",
+    "tests/test_multiworker_feature_spec.py::test_ranks_equal_one_process[is_dp-2-feature_spec-sgd]",
+    "tests/test_multiworker_fused_exchange.py::test_collectives_per_step_do_not_grow_with_lookups",
+    "tests/test_multiworker_fused_exchange.py::test_fused_exchange_on_two_ranks_equals_one_process[sgd-2]",
+    "tests/test_mpi_ops.py::test_exchanges_exact[4]",
+    "tests/test_streaming_ranks_watch.py::test_bad_lines_and_a_partition_that_lands_while_watching",
+    "tests/test_streaming_ranks_restart.py::test_kills_at_seeded_moments_of_a_rank_and_of_the_launcher",
+    "tests/test_streaming_ranks_equal.py::test_per_day_shrink_on_two_ranks_equals_one_process",
+    "tests/test_streaming_ranks_equal.py::test_a_host_tier_on_two_ranks_equals_one_process",
+    "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mxrec.launch-4-graph]",
+    "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mxrec.launch-4-feature_spec]",
+    "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mxrec.launch-2-feature_spec]",
+    "tests/compat/test_mx_rec_zoo_dlrm.py::test_mode_trains_evaluates_saves_restores[1-DDR-1-0-0-0]",
+    "tests/compat/test_mx_rec_zoo_dlrm.py::test_mode_trains_evaluates_saves_restores[0-HBM-1-1-0-0]",
+    "tests/compat/test_mx_rec_zoo_dlrm.py::test_mode_trains_evaluates_saves_restores[1-HBM-0-1-0-0]",
+    "tests/compat/test_mx_rec_zoo_dlrm.py::test_mode_trains_evaluates_saves_restores[0-HBM-0-0-1-0]",
+    "tests/test_cli_errors.py::test_daily_and_hourly_pick_partitions",
+    "tests/test_cli_errors.py::test_train_on_partitions_without_their_marker_names_them",
+    "tests/test_cli_errors.py::test_format_criteo_on_a_csv_with_a_header_names_criteo_csv[written]",
+    "tests/test_cli_errors.py::test_train_warns_about_what_it_skips",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "variant: a further case of a path other tests take (see tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    used = set()
+    for item in items:
+        base = item.nodeid.split("[", 1)[0]
+        for entry in (item.nodeid, base):
+            if entry in VARIANTS:
+                item.add_marker(pytest.mark.variant)
+                used.add(entry)
+    whole_suite = [str(a).rstrip("/") for a in config.args] in (["tests"], [])
+    stale = sorted(set(VARIANTS) - used)
+    if whole_suite and not config.option.markexpr and stale:
+        raise pytest.UsageError(f"tests/conftest.py VARIANTS names no test: {stale}")
