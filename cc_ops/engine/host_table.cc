@@ -753,28 +753,47 @@ int64_t HostTable::EraseUnpending(const std::function<bool(const KeyMap&, uint32
   auto is_pending = [&pending_keys](int64_t key) {
     return std::binary_search(pending_keys.begin(), pending_keys.end(), key);
   };
-  int64_t removed = 0;
+  // The side effects run after the scan, in key order: the rows and host slots an
+  // eviction frees (and so the rows later IDs get) must not depend on the maps' probe
+  // layout, which differs between a table grown batch by batch and one restored from a
+  // checkpoint (or planned on another thread count).
+  struct Removal {
+    int64_t key;
+    int32_t row;
+    int32_t host_slot;
+    bool in_tier;
+    bool in_chain;
+  };
+  std::vector<Removal> removals;
   for (auto& shard : ids_) {
-    removed += shard.EraseIf([&](int64_t key, uint32_t index) {
+    shard.EraseIf([&](int64_t key, uint32_t index) {
       const KeyRecord& rec = shard.record(index);
       if (!pred(shard, index) || (!pending_keys.empty() && is_pending(key))) return false;
-      if (rec.row >= 0) {
-        rows_.free.push_back(rec.row);
-        ++stats_.evicted_rows;
-        if (cache_) cache_->ReleaseRow(rec.row);
-      }
-      if (shard.tiered() && shard.tier(index).in_host) {
-        ++stats_.evicted_rows;
-        cache_->EraseTierId(key, shard.tier(index).host_slot);
-      }
-      if (shared_counts_) shared_counts_->Erase(key, HashKey(key));
-      // Only a removal a later delta must list: of an ID that a save of the
-      // chain holds. The rest (IDs that came and went between saves) would
-      // only grow the log.
-      if (track_removals_ && rec.in_chain) removed_log_.emplace_back(key, epoch_);
+      const bool in_tier = shard.tiered() && shard.tier(index).in_host;
+      removals.push_back({key, rec.row, in_tier ? shard.tier(index).host_slot : -1, in_tier,
+                          rec.in_chain != 0});
       return true;
     });
   }
+  std::sort(removals.begin(), removals.end(),
+            [](const Removal& a, const Removal& b) { return a.key < b.key; });
+  for (const Removal& r : removals) {
+    if (r.row >= 0) {
+      rows_.free.push_back(r.row);
+      ++stats_.evicted_rows;
+      if (cache_) cache_->ReleaseRow(r.row);
+    }
+    if (r.in_tier) {
+      ++stats_.evicted_rows;
+      cache_->EraseTierId(r.key, r.host_slot);
+    }
+    if (shared_counts_) shared_counts_->Erase(r.key, HashKey(r.key));
+    // Only a removal a later delta must list: of an ID that a save of the
+    // chain holds. The rest (IDs that came and went between saves) would
+    // only grow the log.
+    if (track_removals_ && r.in_chain) removed_log_.emplace_back(r.key, epoch_);
+  }
+  const int64_t removed = static_cast<int64_t>(removals.size());
   stats_.evicted += removed;
   return removed;
 }
