@@ -25,16 +25,17 @@ def prefix(engine):
 
 
 def test_id_map_growth_on_a_pool_thread(engine, prefix):
-    """100,000 new IDs make each of the 16 ID-map shards grow its probe array to 16,384 slots
-    of 12 bytes, on the pool's threads; with that refused (the record chunks, at most 80 KiB
-    each, are allowed) the batch fails and hands out no row."""
+    """100,000 new IDs make each of the 16 ID-map shards grow its probe array (by 1.5x steps
+    from 16) to 10,390 slots of 12 bytes, on the pool's threads; with that refused (the record
+    chunks, at most 64 KiB each, and the 6,927-slot step before are allowed) the batch fails
+    and hands out no row."""
     key = prefix + "t"
     engine.create_table(key=key, name="t", dim=4, capacity=1 << 20)
     engine.set_num_threads(2)
     ids = np.arange(100_000, dtype=np.int64) * 7919
-    engine.set_allocation_limit_for_testing(128 << 10)
+    engine.set_allocation_limit_for_testing(96 << 10)
     with pytest.raises(RuntimeError, match=r"mxrec table 't': out of host memory: planning a "
-                                           r"batch of 100000 IDs needs 196608 bytes"):
+                                           r"batch of 100000 IDs needs 124680 bytes"):
         engine.process([key], [ids], True)
     assert engine.stats(key)["rows_in_use"] == 0
     engine.set_allocation_limit_for_testing(0)

@@ -25,9 +25,9 @@ class _Scoring(StreamingTrainer):
 
     scored = {}
 
-    def _run_pass(self, sess, iterator, fetch, files, partition, counter, collect):
-        out = super()._run_pass(sess, iterator, fetch, files, partition, counter, collect)
-        if iterator is self._eval_iter:
+    def _run_pass(self, sess, feed, fetch, files, partition, counter, collect, counted):
+        out = super()._run_pass(sess, feed, fetch, files, partition, counter, collect, counted)
+        if feed is self._eval_feed:
             type(self).scored[(self.config.delta_export, partition.name)] = out[2]
         return out
 
