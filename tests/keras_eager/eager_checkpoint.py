@@ -12,20 +12,14 @@ import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from _support import fresh  # noqa: E402, F401 (autouse: init() and a clean session per test)
+
 import mxrec.keras as mk  # noqa: E402
 from mxrec.saver import manifest as manifest_io  # noqa: E402
 from mxrec.saver.manifest import CheckpointError  # noqa: E402
 from mxrec.util import initialize  # noqa: E402
 
 DIM = 3
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    mk.init()
-    yield
-    initialize.terminate_config_initializer()
-    tf.keras.backend.clear_session()
 
 
 def _restart():

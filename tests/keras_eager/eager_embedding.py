@@ -13,20 +13,12 @@ import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from _support import fresh  # noqa: E402, F401 (autouse: init() and a clean session per test)
 from reference import RefKeyStage  # noqa: E402
 
 import mxrec.keras as mk  # noqa: E402
-from mxrec.util import initialize  # noqa: E402
 
 DIM = 3
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    mk.init()
-    yield
-    initialize.terminate_config_initializer()
-    tf.keras.backend.clear_session()
 
 
 def _layer(name="t", capacity=50, **kwargs):

@@ -14,19 +14,12 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from _support import fresh  # noqa: E402, F401 (autouse: init() and a clean session per test)
+
 import mxrec.keras as mk  # noqa: E402
 from mxrec.serving.predictor import ModelInstance  # noqa: E402
-from mxrec.util import initialize  # noqa: E402
 
 ATOL = 1e-6
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    mk.init()
-    yield
-    initialize.terminate_config_initializer()
-    tf.keras.backend.clear_session()
 
 
 def _model():
