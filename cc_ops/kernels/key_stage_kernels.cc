@@ -25,21 +25,40 @@ absl::Status CopyRows(OpKernelContext* ctx, int index, const std::vector<int32_t
   return absl::OkStatus();
 }
 
+// The tables of a key-stage op's `table_keys` and their names joined for messages.
+// `distinct`: a table named twice is refused (one call plans the tables in parallel,
+// so a table twice would race its two batches).
+absl::Status LookupTables(OpKernelConstruction* ctx, const char* op, bool distinct,
+                          std::vector<std::shared_ptr<mxrec::HostTable>>* tables,
+                          std::string* names) {
+  std::vector<std::string> keys;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_keys", &keys));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::shared_ptr<mxrec::HostTable> table;
+    TF_RETURN_IF_ERROR(mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(keys[i], &table)));
+    for (size_t j = 0; distinct && j < i; ++j) {
+      if ((*tables)[j].get() == table.get()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            op, ": table '", table->options().name, "' is named twice in table_keys (entries ",
+            j, " and ", i,
+            "); a call plans one batch per table, so two lookups of one table go into "
+            "successive calls"));
+      }
+    }
+    if (!names->empty()) *names += ", ";
+    *names += table->options().name;
+    tables->push_back(std::move(table));
+  }
+  return absl::OkStatus();
+}
+
 template <typename Tids>
 class MxrecKeyStageOp : public OpKernel {
  public:
   explicit MxrecKeyStageOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<std::string> keys;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_keys", &keys));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("is_train", &is_train_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
-    for (const auto& key : keys) {
-      std::shared_ptr<mxrec::HostTable> table;
-      OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(key, &table)));
-      if (!table_names_.empty()) table_names_ += ", ";
-      table_names_ += table->options().name;
-      tables_.push_back(std::move(table));
-    }
+    OP_REQUIRES_OK(ctx, LookupTables(ctx, "MxrecKeyStage", false, &tables_, &table_names_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -112,26 +131,9 @@ template <typename Tids>
 class MxrecKeyStagePackedOp : public OpKernel {
  public:
   explicit MxrecKeyStagePackedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<std::string> keys;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_keys", &keys));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("is_train", &is_train_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
-    for (size_t i = 0; i < keys.size(); ++i) {
-      std::shared_ptr<mxrec::HostTable> table;
-      OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(mxrec::Registry::Global().GetTable(keys[i], &table)));
-      for (size_t j = 0; j < i; ++j) {
-        // One call plans the tables in parallel: a table twice would race its two batches.
-        OP_REQUIRES(ctx, tables_[j].get() != table.get(),
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "MxrecKeyStagePacked: table '", table->options().name,
-                        "' is named twice in table_keys (entries ", j, " and ", i,
-                        "); a call plans one batch per table, so two lookups of one table "
-                        "go into successive calls")));
-      }
-      if (!table_names_.empty()) table_names_ += ", ";
-      table_names_ += table->options().name;
-      tables_.push_back(std::move(table));
-    }
+    OP_REQUIRES_OK(ctx, LookupTables(ctx, "MxrecKeyStagePacked", true, &tables_, &table_names_));
   }
 
   void Compute(OpKernelContext* ctx) override {
