@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support import build_cc_test, needs_gxx
 
 from mxrec._lib import loader
-from support import build_cc_test, needs_gxx
 
 
 @needs_gxx
