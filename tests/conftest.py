@@ -68,10 +68,11 @@ def make_session():
 # Tests marked `variant`: further parametrizations and multi-rank repeats of paths that other
 # tests of the suite also take (the direct path, the fused exchange, a checkpoint moving between
 # rank counts, the streaming trainer on ranks each keep one unmarked test). CI runs the whole
-# suite under the default TensorFlow and `-m "not variant"` under the second one, to stay
-# within its time; `MXREC_TF=2.21 bash scripts/test.sh` alone runs them all. An entry without
-# "[" marks every parametrization of the test. An entry that names no test fails the run when
-# the whole suite is collected, so that a rename cannot silently drop a mark.
+# suite under the default TensorFlow and `-m "not variant and not ranks_extra"` under the
+# second one, to stay within its time; `MXREC_TF=2.21 bash scripts/test.sh` alone runs them
+# all. An entry without "[" marks every parametrization of the test. An entry that names no
+# test fails the run when the whole suite is collected, so that a rename cannot silently drop
+# a mark.
 VARIANTS = (
     "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-4]",
     "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-2-send_count]",
@@ -123,9 +124,34 @@ VARIANTS = (
 )
 
 
+# Tests marked `ranks_extra`: further multi-rank runs whose ground is the ranks' process and
+# MPI machinery (killing, restarting and validating ranks, refusals, more rank counts) rather
+# than TensorFlow. CI runs them under the default TensorFlow only; under the second one a
+# multi-rank test of each family stays unmarked (MPI ops exact, the direct and the fused
+# exchange, the graph modifier with admission and eviction, a checkpoint and a warm start
+# onto two ranks, the streaming trainer, the mx_rec demo and script, the launcher's stops).
+# Same rules as VARIANTS.
+RANKS_EXTRA = (
+    "tests/test_streaming_ranks_restart.py::test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run",
+    "tests/test_multiworker_fused_exchange.py::test_collectives_per_step_do_not_grow_with_lookups[0]",
+    "tests/test_multiworker_fused_exchange.py::test_ranks_that_built_different_lookups_fail_naming_the_lookup",
+    "tests/test_multiworker.py::test_a_rank_that_dies_ends_the_others_in_bounded_time",
+    "tests/test_multiworker_feature_spec.py::test_ranks_equal_one_process[feature_spec-2-adagrad]",
+    "tests/test_multiworker_warm.py::test_warm_start_from_four_ranks_on_one_and_on_two",
+    "tests/test_streaming_ranks_equal.py::test_batch_validation_gathers_every_rank",
+    "tests/test_streaming_ranks_equal.py::test_plain_mpirun_trains_the_same_versions",
+    "tests/test_streaming_ranks_equal.py::test_the_plain_tensorflow_baseline_is_refused_on_ranks",
+    "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
+)
+MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA}
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "variant: a further case of a path other tests take (see tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", "ranks_extra: a further multi-rank run of the ranks' own machinery "
+        "(see tests/conftest.py)")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -133,10 +159,11 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         base = item.nodeid.split("[", 1)[0]
         for entry in (item.nodeid, base):
-            if entry in VARIANTS:
-                item.add_marker(pytest.mark.variant)
-                used.add(entry)
+            for mark, entries in MARKS.items():
+                if entry in entries:
+                    item.add_marker(getattr(pytest.mark, mark))
+                    used.add(entry)
     whole_suite = [str(a).rstrip("/") for a in config.args] in (["tests"], [])
-    stale = sorted(set(VARIANTS) - used)
+    stale = sorted((set(VARIANTS) | set(RANKS_EXTRA)) - used)
     if whole_suite and not config.option.markexpr and stale:
-        raise pytest.UsageError(f"tests/conftest.py VARIANTS names no test: {stale}")
+        raise pytest.UsageError(f"tests/conftest.py VARIANTS / RANKS_EXTRA name no test: {stale}")
