@@ -13,8 +13,9 @@ It trains until the data ends (OutOfRangeError).
 --out DIR: each rank writes its shard of every table (ids_T, values_T) and the dense weights
 to DIR/rank-R.npz. --count PATH: rank 0 traces one step and writes the collectives it
 ran (by kind), the number of ops it ran, the bytes this rank's all-to-alls sent to other
-ranks (as exchanged, chunks and padding included) of a step in the middle, and the samples/s and rank 0's CPU time per
-step of the untraced steps after 3 warm-up steps, as JSON.
+ranks (as exchanged, chunks and padding included) of a step in the middle, and the
+samples/s and rank 0's CPU time per step of the untraced steps after 3 warm-up steps, as
+JSON.
 """
 
 import argparse

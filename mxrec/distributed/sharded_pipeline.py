@@ -187,7 +187,7 @@ def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next:
     Every lookup of the element shares one agreement all-reduce and one ID all-to-all
     (sharding.exchange_all); the agreement also tells whether every rank has a next element
     (`has_next`, this rank's). The key stages run in `layout.rounds`, and the send-back of
-    each send group is planned (sharding.plan_send_back)."""
+    each send group is planned (sharding.plan_send_backs)."""
     flat = list(element.components)
     planned = [sharding.PlannedLookup(lookup.name, lookup.record.table, lookup.send_count)
                for lookup in lookups]
@@ -214,10 +214,9 @@ def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next:
         flat += [routed.where, routed.order, routed.index, exchanged.chunk, exchanged.valid,
                  exchanged.first, exchanged.owned, *stage]
     flat += batch_ids
-    for members in layout.groups:
-        plan = sharding.plan_send_back([exchanges[i] for i in members],
-                                       [element.routes[i] for i in members])
-        flat += [getattr(plan, field) for field in sharding.SendPlan.FIELDS]
+    if layout.groups:
+        for plan in sharding.plan_send_backs(exchanges, element.routes, layout.groups):
+            flat += [getattr(plan, field) for field in sharding.SendPlan.FIELDS]
     return flat, missing < 0  # the largest of -has_next: -1 when every rank has one
 
 
