@@ -317,6 +317,12 @@ def plan_send_backs(exchanges, routes, groups):
     Returns:
         [SendPlan], one per group.
     """
+    _check_groups(groups, len(exchanges), "plan_send_backs")
+    if len(routes) != len(exchanges):
+        raise ValueError(f"plan_send_backs: {len(exchanges)} exchanges but {len(routes)} "
+                         "routes; give one route per lookup")
+    if not groups:
+        return []
     if len(groups) == 1 and len(groups[0]) == 1:
         return [plan_send_back([exchanges[groups[0][0]]], [routes[groups[0][0]]])]
     members = sorted(i for g in groups for i in g)
@@ -365,6 +371,23 @@ def plan_send_backs(exchanges, routes, groups):
                               owned_sizes=sizes, chunk=exchanges[g[0]].group_chunk,
                               owned=tf.reduce_sum(sizes)))
     return plans
+
+
+def _check_groups(groups, count: int, what: str) -> None:
+    """Raises ValueError unless `groups` are disjoint non-empty lists of lookup indices in
+    range(count)."""
+    seen = set()
+    for group in groups:
+        if not group:
+            raise ValueError(f"{what}: an empty send group in groups={groups}")
+        for index in group:
+            if not isinstance(index, (int, np.integer)) or not 0 <= index < count:
+                raise ValueError(f"{what}: groups={groups} names lookup {index!r}; the step "
+                                 f"has {count} lookups (indices 0 to {count - 1})")
+            if index in seen:
+                raise ValueError(f"{what}: lookup {index} is in two send groups "
+                                 f"(groups={groups}); each lookup sends in one buffer")
+            seen.add(index)
 
 
 def send_groups(keys):
@@ -469,6 +492,22 @@ def send_back_all(exchanges, groups, plans, scales, gradient_scope, after=()):
         after: ops the backward passes (without one: the forward) wait for.
     """
     size = communication.get_rank_size()
+    _check_groups(groups, len(exchanges), "send_back_all")
+    if len(plans) != len(groups) or len(scales) != len(exchanges):
+        raise ValueError(f"send_back_all: {len(groups)} send groups with {len(plans)} plans, "
+                         f"{len(exchanges)} lookups with {len(scales)} gradient scales; give "
+                         "one plan per group and one scale per lookup")
+    for group in groups:
+        missing = [i for i in group if exchanges[i].out is None]
+        if missing:
+            raise ValueError(f"send_back_all: lookups {missing} have no send-back to replace "
+                             "(sharding.send_back was not built for them)")
+        kinds = {(exchanges[i].out.dtype.name, int(exchanges[i].out.shape[-1]),
+                  scales[i]) for i in group}
+        if len(kinds) > 1:
+            raise ValueError(f"send_back_all: send group {group} mixes (dtype, dim, gradient "
+                             f"scale) {sorted(kinds, key=str)}; one buffer holds one kind "
+                             "(sharding.send_groups)")
     pairs = []
     dims = [int(exchanges[g[0]].out.shape[-1]) for g in groups]
 
@@ -585,6 +624,8 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
     """
     size = communication.get_rank_size()
     count = len(lookups)
+    if groups is not None:
+        _check_groups(groups, count, "exchange_all")
     counts = tf.stack([r.counts for r in routes])  # [L, N] unique IDs per lookup and owner
     distinct = _distinct_stamps(stamps)
     times = [tf.cast(s, tf.int64) for s in distinct]
