@@ -100,6 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_vocab", type=int, default=2_000_000,
                         help="cap on each feature's vocabulary")
     parser.add_argument("--seed", type=int, default=2024)
+    parser.add_argument("--write_large", metavar="FILE",
+                        help="only write the large workload's batches to FILE, for "
+                             "bench/key_stage_driver.cc, and exit")
     report.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:  # fewer and smaller batches, 3 repeats
@@ -125,6 +128,14 @@ def main(argv=None) -> int:
     engine = loader.engine()
     stream = SyntheticCriteo(seed=args.seed, max_vocab=args.max_vocab,
                              growth_batches=max(args.criteo_batches, args.large_batches))
+    if args.write_large:
+        large = large_workload(stream, args.large_batches, args.large_keys)
+        with open(args.write_large, "wb") as out:
+            np.asarray([len(large.batches), 1], np.int64).tofile(out)
+            for (ids,) in large.batches:
+                np.asarray([ids.size], np.int64).tofile(out)
+                ids.astype(np.int64).tofile(out)
+        return 0
     workloads = [criteo_workload(stream, args.criteo_batches, args.batch_size),
                  large_workload(stream, args.large_batches, args.large_keys)]
 

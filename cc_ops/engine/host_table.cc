@@ -110,10 +110,11 @@ class Dedupe {
   }
 
   const Entry& at(uint32_t slot) const { return entries_[slot]; }
-  void PrefetchSlot(uint32_t slot) const { __builtin_prefetch(&entries_[slot]); }
+  // Prefetches are always inlined (see KeyMap::Prefetch).
+  [[gnu::always_inline]] void PrefetchSlot(uint32_t slot) const { __builtin_prefetch(&entries_[slot]); }
   uint32_t slot_of(const Entry& e) const { return static_cast<uint32_t>(&e - entries_.data()); }
 
-  void Prefetch(uint64_t hash) const { __builtin_prefetch(&entries_[hash & mask_]); }
+  [[gnu::always_inline]] void Prefetch(uint64_t hash) const { __builtin_prefetch(&entries_[hash & mask_]); }
 
   // The entry of key; *added: the batch had not held it yet (the caller sets
   // its local).
@@ -347,7 +348,8 @@ void HostTable::FindIds(BatchWork& w, ShardGroup shards) {
   const bool has_padding = !options_.padding_keys.empty();
   const bool train = w.train;
   const int64_t n = w.n;
-  auto prefetch = [this, &w](uint64_t h) {
+  // Always inlined: a call that only prefetches is deleted (KeyMap::Prefetch).
+  auto prefetch = [this, &w](uint64_t h) __attribute__((always_inline)) {
     const int s = static_cast<int>(h >> kShardShift);
     ids_[s].Prefetch(h);
     w.dedupe[s].Prefetch(h);

@@ -214,8 +214,13 @@ class KeyMap {
     }
   }
 
-  // Starts loading the home slot of `hash` into the cache.
-  void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[Home(hash)]); }
+  // Starts loading the home slot of `hash` into the cache. Always inlined, and
+  // so must be any wrapper of it: GCC takes a function whose only effect is a
+  // prefetch for a pure one and deletes the calls to it (their result is
+  // unused), so a prefetch behind a call that is not inlined is silently lost.
+  // That is how the key stage lost every prefetch of its probe (tests/
+  // test_engine_units.py checks the built library for them).
+  [[gnu::always_inline]] void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[Home(hash)]); }
 
   // Returns the record index of key, inserting a fresh record if absent. The
   // map grows here (probe array, record chunks) when one more record would
