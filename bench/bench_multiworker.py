@@ -18,9 +18,9 @@ and 4 dim back (embedding) plus 4 dim out (gradient).
 With --collectives (or in every run but --no-collectives) it also runs
 examples/multiworker/tables.py through the graph modifier (the fused exchange) for 1 table x
 26 features and 26 tables x 1 feature on 1 and 2 ranks (short runs, global batch 1024), and
-prints the collectives of one traced step by kind, the bytes this rank's all-to-alls sent to
-the other rank in that step (as exchanged: chunks and gRPC's padding ladder included), and
-samples/s against one process of the same configuration.
+prints the collectives of one traced step by kind, the ops it ran, the bytes this rank's
+all-to-alls sent to the other rank in that step (as exchanged: chunks and gRPC's padding
+ladder included), and samples/s against one process of the same configuration.
 
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py [--ranks 1,2,4 --steps 40]
@@ -134,7 +134,8 @@ def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 
                   f"{results[2]['bytes_sent'] / minimum:.2f} x the minimum "
                   f"({minimum / 2**10:.0f} KiB, IDs {id_minimum / 2**10:.0f}); "
                   f"{results[2]['samples_per_second']:,.0f} samples/s = {ratio:.2f} x 1 process "
-                  f"({results[1]['samples_per_second']:,.0f})")
+                  f"({results[1]['samples_per_second']:,.0f}); ops run per step "
+                  f"{results[2]['ops_run']:,} (1 process {results[1]['ops_run']:,})")
             out.figure(f"fused {name}: collectives per step (2 ranks)",
                        exchanges + kinds["allreduce"])
             out.figure(f"fused {name}: KiB sent per rank and step (2 ranks)",
@@ -142,6 +143,7 @@ def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 
             out.figure(f"fused {name}: bytes sent per rank and step / minimum (2 ranks)",
                        round(results[2]["bytes_sent"] / minimum, 2))
             out.figure(f"fused {name}: 2 ranks / 1 process samples/s", round(ratio, 2))
+            out.figure(f"fused {name}: ops run per step (2 ranks, rank 0)", results[2]["ops_run"])
     return 0
 
 

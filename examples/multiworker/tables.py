@@ -12,9 +12,10 @@ It trains until the data ends (OutOfRangeError).
 
 --out DIR: each rank writes its shard of every table (ids_T, values_T) and the dense weights
 to DIR/rank-R.npz. --count PATH: rank 0 traces one step and writes the collectives it
-ran (by kind), the bytes this rank's all-to-alls sent to other ranks (as exchanged, chunks
-and padding included) of a step in the middle, and the samples/s and rank 0's CPU time per
-step of the untraced steps after 3 warm-up steps, as JSON.
+ran (by kind), the number of ops it ran, the bytes this rank's all-to-alls sent to other
+ranks (as exchanged, chunks and padding included) of a step in the middle, and the
+samples/s and rank 0's CPU time per step of the untraced steps after 3 warm-up steps, as
+JSON.
 """
 
 import argparse
@@ -120,8 +121,10 @@ def traced_collectives(sess, train_op, size: int, timeline: str = None, rank: in
              "allreduce": 0}
     sent = 0.0
     names = []
+    ops = set()
     for device in metadata.step_stats.dev_stats:
         for node in device.node_stats:
+            ops.add(node.node_name)
             label = node.timeline_label
             op = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else ""
             if not op.startswith(("Collective", "MxrecMpi")):
@@ -138,7 +141,8 @@ def traced_collectives(sess, train_op, size: int, timeline: str = None, rank: in
                     sent += elements * _SIZES.get(desc.dtype, 4) * (size - 1) / size
             else:
                 kinds["allreduce"] += 1
-    return dict(collectives=kinds, bytes_sent=sent, names=sorted(names))
+    # Ops run in the step, each once (the executor's _SOURCE node and the op nodes).
+    return dict(collectives=kinds, bytes_sent=sent, names=sorted(names), ops_run=len(ops))
 
 
 # Where a traced step's op time goes, by the first matching pattern of the op's type or name.

@@ -28,6 +28,8 @@ class GraphState:
         default_savers: {(init() prefix, directory): the Saver save_persistables made}.
         target_batches: {is_train: the first `batch=` a modify_graph lookup of that mode was
             given} (mx_rec's get_target_batch).
+        shared: {key: a tensor built once and read by every lookup that asks for the same
+            key} (`shared_tensor`: a batch time, its all-reduce across the ranks).
     """
 
     def __init__(self):
@@ -40,6 +42,7 @@ class GraphState:
         self.modifier = None
         self.default_savers: Dict[tuple, object] = {}
         self.target_batches: Dict[bool, object] = {}
+        self.shared: Dict[tuple, object] = {}
 
 
 def graph_state(graph) -> GraphState:
@@ -54,3 +57,18 @@ def graph_state(graph) -> GraphState:
 def existing_state(graph) -> Optional[GraphState]:
     """The state of `graph` if mxrec made one, else None (nothing is created)."""
     return getattr(graph, _ATTRIBUTE, None)
+
+
+def shared_tensor(graph, key: tuple, make: Callable[[], object]):
+    """The tensor `make()` built for `key` in `graph`, built once: a later call with the same
+    key gets the same tensor, unless it is made in another control-flow context (inside a
+    tf.cond or a while loop the earlier tensor cannot be read), where it builds its own."""
+    state = graph_state(graph)
+    context = graph._get_control_flow_context()  # noqa: SLF001 (no public accessor)
+    found = state.shared.get(key)
+    if found is not None and found[0] is context:
+        return found[1]
+    tensor = make()
+    if found is None:
+        state.shared[key] = (context, tensor)
+    return tensor

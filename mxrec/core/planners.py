@@ -25,7 +25,7 @@ import tensorflow as tf
 from mxrec.constants.constants import TIMESTAMP_COLLECTION
 from mxrec.core import wing
 from mxrec.core.asc.helper import planned_tensors, ranks_checked
-from mxrec.core.graph_state import graph_state
+from mxrec.core.graph_state import graph_state, shared_tensor
 from mxrec.core.table import DIRECT, FEATURE_SPEC, MODIFY_GRAPH, default_values
 from mxrec.util import ops as mxrec_ops
 
@@ -124,7 +124,11 @@ def batch_timestamp(is_train: bool = True) -> Optional[tf.Tensor]:
     stamps = tf.compat.v1.get_collection(TIMESTAMP_COLLECTION)
     if not stamps or not is_train:
         return None
-    return tf.cast(tf.reduce_max(stamps[-1]), tf.int64)
+    # One tensor for every lookup of the same time feature: on several ranks the lookups
+    # then share one agreed batch time (one all-reduce, or one slot of the fused agreement).
+    latest = stamps[-1]
+    return shared_tensor(tf.compat.v1.get_default_graph(), ("batch_timestamp", latest.name),
+                         lambda: tf.cast(tf.reduce_max(latest), tf.int64))
 
 
 def run_key_stage(table, ids: tf.Tensor, is_train: bool, timestamp):

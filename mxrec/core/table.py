@@ -146,9 +146,13 @@ class SparseEmbedding:
     def _finish(self, ids: tf.Tensor, emb: tf.Tensor, default, is_grad: bool) -> tf.Tensor:
         """emb [N, dim] -> [*S, dim]; padding keys back to zeros where a default value
         filled them; the gradient stopped for is_grad=False."""
-        out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], axis=0)
-        out = tf.reshape(emb, out_shape)
-        out.set_shape(ids.shape.concatenate([self.dim]))
+        if ids.shape.rank == 1:
+            out = emb  # already [N, dim]: no reshape op (the owner's IDs on several ranks)
+            out.set_shape(ids.shape.concatenate([self.dim]))
+        else:
+            out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], axis=0)
+            out = tf.reshape(emb, out_shape)
+            out.set_shape(ids.shape.concatenate([self.dim]))
         if default is not None:
             out = mask_padding_keys(self, ids, out)
         if not is_grad:

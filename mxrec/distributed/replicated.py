@@ -82,9 +82,9 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: sharding.Exchange,
             d_every = communication.alltoall(tiled)
             if grad_scale is not None:
                 d_every = d_every * grad_scale
-            # Recorded as the sharded lookup's backward exchange is, so that the graph
-            # modifier fuses it with the step's other gradient all-to-alls.
-            exchanged.backward.append((tiled, d_every))
+            # Recorded so that the graph modifier fuses it with the step's other gradient
+            # all-to-alls (sharding.send_back_all).
+            exchanged.peer_backward.append((tiled, d_every))
             return d_every
 
         return replicated[rank, :count], grad

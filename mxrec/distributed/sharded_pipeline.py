@@ -17,7 +17,7 @@ is split in three:
         prefetch + 1) ─► every rank has one more: hold it; else mark the end of the data
     step: dequeue ─► commit the batch ─► the owners' device lookups from the planned rows
           ─► ONE embedding all-to-all back for all lookups, ONE gradient all-to-all per
-          backward pass (`sharding.fuse_exchanges_back` rewires the lookups' own ones)
+          backward pass (`sharding.send_back_all` replaces the lookups' own send-backs)
 
 With prefetch p > 0 the queue holds p planned batches between steps: the step trains batch
 k while it plans batch k + p (that planning is a control input of the step's backward
@@ -55,9 +55,10 @@ from mxrec.util import ops as mxrec_ops
 _ROUTE_FIELDS = ("pairs", "counts", "where", "order", "index")
 # What the step reads of one lookup's plan, in queue order, and their dtypes.
 _PLAN_FIELDS = ("where", "order", "index", "chunk", "valid", "first", "owned",
-                "rows", "restore", "reused", "batch_ids", "position")
+                "rows", "restore", "reused")
 _PLAN_DTYPES = (tf.int32, tf.int32, tf.int32, tf.int32, tf.int32, tf.int32, tf.int64,
-                tf.int32, tf.int32, tf.int32, tf.int64, tf.int32)
+                tf.int32, tf.int32, tf.int32)
+# Then per key-stage round its batch ids (int64), per send group its SendPlan (int32).
 
 
 @dataclasses.dataclass
@@ -75,6 +76,8 @@ def _route_fn(source: trace.IteratorSource, lookups, graph: tf.Graph):
     size = communication.get_rank_size()
     graph_defs = [trace.subgraph_def(lookup.source, graph) for lookup in lookups]
 
+    times = _time_names(lookups)
+
     def route(*components):
         routes, stamps = [], []
         for index, (lookup, graph_def) in enumerate(zip(lookups, graph_defs)):
@@ -82,7 +85,8 @@ def _route_fn(source: trace.IteratorSource, lookups, graph: tf.Graph):
             outputs = {f"{get_next_name}:{i}": components[i]
                        for i in lookup.source.used_outputs}
             wanted = [lookup.record.ids]
-            if parts.local_time is not None:
+            # A batch time read by several lookups is computed (and agreed) once.
+            if parts.local_time is not None and times.index(parts.local_time.name) == len(stamps):
                 wanted.append(parts.local_time)
             values = _replay(graph_def, outputs, wanted, f"mxrec_ids_{index}")
             routed = parts.router(values[0], size)  # sharding.route, or replicated.route
@@ -106,48 +110,113 @@ def _replay(graph_def, outputs, wanted: List[tf.Tensor], name: str) -> List[tf.T
     return [outputs[t.name] if t.name in outputs else next(imported) for t in wanted]
 
 
+def _time_names(lookups) -> List[str]:
+    """The distinct local batch time tensors of `lookups`, by name, in order."""
+    names = []
+    for lookup in lookups:
+        local_time = lookup.record.sharded.local_time
+        if local_time is not None and local_time.name not in names:
+            names.append(local_time.name)
+    return names
+
+
 def _unpack(value, lookups) -> _Element:
     components, routes, stamps = value
-    stamps = list(stamps)
-    element_stamps = [stamps.pop(0) if lookup.record.sharded.local_time is not None else None
+    by_name = dict(zip(_time_names(lookups), stamps))
+    element_stamps = [None if lookup.record.sharded.local_time is None
+                      else by_name[lookup.record.sharded.local_time.name]
                       for lookup in lookups]
     return _Element(components=tuple(components),
                     routes=[sharding.Route(*route) for route in routes],
                     stamps=element_stamps)
 
 
-def _plan(element: _Element, lookups, is_train: bool, has_next: tf.Tensor):
+@dataclasses.dataclass
+class _Layout:
+    """How one step's lookups are planned together (the same on every rank: it depends on
+    the graph only).
+
+    Attributes:
+        rounds: lists of lookup indices, each a batch of one MxrecKeyStage call and one
+            commit: distinct tables of one batch time, a table's repeated lookups in later
+            rounds (the rounds run in order, so a table's lookups keep creation order).
+        groups: the send groups of the sharded lookups (sharding.send_groups).
+    """
+
+    rounds: List[List[int]]
+    groups: List[List[int]]
+
+    def width(self, lookups: int) -> int:
+        """Entries of the queue after the components."""
+        return (lookups * len(_PLAN_FIELDS) + len(self.rounds)
+                + len(self.groups) * len(sharding.SendPlan.FIELDS))
+
+
+def _key_rounds(lookups) -> List[List[int]]:
+    """_Layout.rounds: a lookup goes into the first round after its table's previous lookup
+    whose lookups read the same batch time."""
+    rounds, last = [], {}  # rounds: (time name, table keys, lookup indices)
+    for index, lookup in enumerate(lookups):
+        key = lookup.record.table.table_key
+        local_time = lookup.record.sharded.local_time
+        name = None if local_time is None else local_time.name
+        start = last.get(key, -1) + 1
+        chosen = next((n for n in range(start, len(rounds))
+                       if rounds[n][0] == name and key not in rounds[n][1]), None)
+        if chosen is None:
+            rounds.append((name, set(), []))
+            chosen = len(rounds) - 1
+        rounds[chosen][1].add(key)
+        rounds[chosen][2].append(index)
+        last[key] = chosen
+    return [members for _, _, members in rounds]
+
+
+def _layout(lookups) -> _Layout:
+    keys = [None if lookup.record.table.is_dp else
+            (lookup.record.sharded.exchange.emb.dtype, lookup.record.table.dim,
+             _grad_scale(lookup.record.table))
+            for lookup in lookups]
+    return _Layout(rounds=_key_rounds(lookups), groups=sharding.send_groups(keys))
+
+
+def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next: tf.Tensor):
     """The exchange and the owners' key stages of one element: (the queue's flat entry,
     whether every rank has a next element).
 
     Every lookup of the element shares one agreement all-reduce and one ID all-to-all
     (sharding.exchange_all); the agreement also tells whether every rank has a next element
-    (`has_next`, this rank's)."""
+    (`has_next`, this rank's). The key stages run in `layout.rounds`, and the send-back of
+    each send group is planned (sharding.plan_send_backs)."""
     flat = list(element.components)
     planned = [sharding.PlannedLookup(lookup.name, lookup.record.table, lookup.send_count)
                for lookup in lookups]
     with tf.name_scope("exchange"):
         exchanges, timestamps, (missing,) = sharding.exchange_all(
             planned, element.routes, element.stamps, is_train,
-            also=[-tf.cast(has_next, tf.int64)])
-    previous = []
-    for lookup, routed, exchanged, timestamp in zip(lookups, element.routes, exchanges,
-                                                    timestamps):
-        record = lookup.record
-        with tf.name_scope(lookup.name.replace("/", "_")):
-            # The key stages of one batch run in creation order, as the direct path chains them.
-            with tf.control_dependencies(previous):
-                (rows,), (restore,), (reused,), batch_ids = mxrec_ops.key_stage(
-                    [exchanged.owned], [record.table.table_key], is_train,
-                    timestamp=timestamp, deferred=True)
-        previous = [rows.op]
-        # The rows of the embedding all-to-all's result each ID reads (sharding.positions;
-        # a replicated lookup takes its own part instead and reads none).
-        position = (sharding.positions(routed, exchanged.chunk)
-                    if lookup.record.sharded.exchange.position is not None
-                    else tf.zeros([0], tf.int32))
+            also=[-tf.cast(has_next, tf.int64)], groups=layout.groups)
+    stages = [None] * len(lookups)
+    batch_ids, previous = [], []
+    for number, members in enumerate(layout.rounds):
+        with tf.name_scope(f"key_stage_{number}"), tf.control_dependencies(previous):
+            # The rounds run in order: a table's lookups are planned in creation order, as
+            # the direct path chains them.
+            rows, restore, reused, ids = mxrec_ops.key_stage(
+                [exchanges[i].owned for i in members],
+                [lookups[i].record.table.table_key for i in members], is_train,
+                timestamp=timestamps[members[0]], deferred=True)
+        previous = [rows[0].op]
+        batch_ids.append(ids)
+        for n, i in enumerate(members):
+            stages[i] = (rows[n], restore[n], reused[n])
+    for routed, exchanged, stage in zip(element.routes, exchanges, stages):
+        # A replicated lookup reads its exchange and routing in the step (its own send_back).
         flat += [routed.where, routed.order, routed.index, exchanged.chunk, exchanged.valid,
-                 exchanged.first, exchanged.owned, rows, restore, reused, batch_ids, position]
+                 exchanged.first, exchanged.owned, *stage]
+    flat += batch_ids
+    if layout.groups:
+        for plan in sharding.plan_send_backs(exchanges, element.routes, layout.groups):
+            flat += [getattr(plan, field) for field in sharding.SendPlan.FIELDS]
     return flat, missing < 0  # the largest of -has_next: -1 when every rank has one
 
 
@@ -167,6 +236,7 @@ class _Planner:
     ended: tf.queue.FIFOQueue  # one mark once the data ran out
     held: tf.queue.FIFOQueue  # the next element, once every rank has one
     lookups: list
+    layout: _Layout
     is_train: bool
 
     def is_ended(self) -> tf.Tensor:
@@ -201,8 +271,8 @@ class _Planner:
         # The next local element is taken first: whether every rank has one is agreed in
         # the planning's own agreement all-reduce.
         optional = self.iterator.get_next_as_optional()
-        entry, everyone = _plan(_unpack(value, self.lookups), self.lookups, self.is_train,
-                                optional.has_value())
+        entry, everyone = _plan(_unpack(value, self.lookups), self.lookups, self.layout,
+                                self.is_train, optional.has_value())
         with tf.control_dependencies([self.queue.enqueue(entry)]):
             return self._hold_or_end(optional, everyone)
 
@@ -277,15 +347,18 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
         _, kind_initializer, iterator = pipeline.make_dataset_iterator(
             source, specs, _route_fn(source, lookups, graph), prefetch)
         component_dtypes = [spec.dtype for spec in specs]
+        layout = _layout(lookups)
         queue = tf.queue.FIFOQueue(
-            prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups),
+            prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups)
+            + [tf.int64] * len(layout.rounds)
+            + [tf.int32] * (len(layout.groups) * len(sharding.SendPlan.FIELDS)),
             name="planned_batches")
         ended = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name="data_ended")
         held = tf.queue.FIFOQueue(
             1, [spec.dtype for spec in tf.nest.flatten(iterator.element_spec)],
             name="next_element")
         planner = _Planner(iterator=iterator, queue=queue, ended=ended, held=held,
-                           lookups=lookups, is_train=is_train)
+                           lookups=lookups, layout=layout, is_train=is_train)
         # Top the queue up to `prefetch` planned batches, one copy per missing batch.
         filled = []
         for copy in range(prefetch):
@@ -308,35 +381,47 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
         planned = [dict(zip(_PLAN_FIELDS, entry[len(specs) + i * per_lookup:
                                                  len(specs) + (i + 1) * per_lookup]))
                    for i in range(len(lookups))]
+        rest = entry[len(specs) + len(lookups) * per_lookup:]
+        round_ids, rest = rest[:len(layout.rounds)], rest[len(layout.rounds):]
+        per_group = len(sharding.SendPlan.FIELDS)
+        plans = [sharding.SendPlan(*rest[g * per_group:(g + 1) * per_group])
+                 for g in range(len(layout.groups))]
         if is_train:
-            # The step that reads a batch's planned rows trains it: commit there.
-            for lookup, plan in zip(lookups, planned):
-                plan["rows"], plan["reused"] = mxrec_ops.after_commit(
-                    [plan["rows"], plan["reused"]], plan["batch_ids"],
-                    [lookup.record.table.table_key])
+            # The step that reads a batch's planned rows trains it: commit there, one commit
+            # per key-stage round.
+            for members, ids in zip(layout.rounds, round_ids):
+                committed = mxrec_ops.after_commit(
+                    [planned[i][field] for i in members for field in ("rows", "reused")], ids,
+                    [lookups[i].record.table.table_key for i in members])
+                for n, i in enumerate(members):
+                    planned[i]["rows"], planned[i]["reused"] = committed[2 * n:2 * n + 2]
         replacements = []
         for lookup, plan in zip(lookups, planned):
             record, parts = lookup.record, lookup.record.sharded
-            old = dict(where=parts.route.where, order=parts.route.order,
-                       index=parts.route.index, chunk=parts.exchange.chunk,
-                       valid=parts.exchange.valid, first=parts.exchange.first,
-                       owned=parts.exchange.owned)
-            if parts.exchange.position is not None:
-                # First: the step reads it (forward and backward) where it read the route.
-                old = dict(position=parts.exchange.position, **old)
+            old = dict(owned=parts.exchange.owned)
+            if record.table.is_dp:
+                # A replicated lookup's own send_back reads its routing and exchange; the
+                # first replacement is what the next planning may gate (its `where`).
+                old = dict(where=parts.route.where, order=parts.route.order,
+                           index=parts.route.index, chunk=parts.exchange.chunk,
+                           valid=parts.exchange.valid, first=parts.exchange.first, **old)
             for field, tensor in old.items():
                 plan[field].set_shape(tensor.shape)
                 replacements.append((tensor, plan[field]))
             plan["restore"].set_shape(record.restore.shape)
             plan["rows"].set_shape(record.rows.shape)
             plan["reused"].set_shape(record.reused.shape)
-        if prefetch > 0:  # with prefetch 0 the dequeue waits for it already
-            _schedule_next_plan(planned_next, replacements)
         # One embedding all-to-all forward and one gradient all-to-all per backward pass for
-        # all lookups of the step (their inputs read the planned tensors once rewired).
-        replacements += sharding.fuse_exchanges_back(
-            [lookup.record.sharded.exchange for lookup in lookups],
-            [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope)
+        # all lookups of the step (sharding.send_back_all, from the planned SendPlans); with
+        # prefetch p > 0 the backward pass (without one, the forward) waits for the planning
+        # of batch k + p (with prefetch 0 the dequeue waits for it already).
+        fused, gated = sharding.send_back_all(
+            [lookup.record.sharded.exchange for lookup in lookups], layout.groups, plans,
+            [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope,
+            after=[planned_next] if prefetch > 0 else [])
+        if prefetch > 0 and not gated:
+            _schedule_next_plan(planned_next, replacements)
+        replacements += fused
         restart = [kind_initializer, _drain(queue), _drain(ended), _drain(held)]
         # Every rank runs its initializer at the same point of its program: it pulls the
         # first element (and agrees that every rank has one).
@@ -351,11 +436,10 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
 
 
 def _schedule_next_plan(planned_next: tf.Tensor, replacements) -> None:
-    """Makes the step run `planned_next` (planning batch k + p while batch k trains) without
-    delaying the forward pass: the backward pass reads the first lookup's routing through an
-    identity that waits for it. Without a backward pass in the graph (evaluation,
-    is_grad=False) the forward pass reads it that way."""
-    old, new = replacements[0]  # the first lookup's `position` (a replicated one's `where`)
+    """Makes the step run `planned_next` (planning batch k + p while batch k trains) where
+    sharding.send_back_all had nothing to gate (replicated lookups only, no backward pass):
+    the first lookup's routing is read through an identity that waits for it."""
+    old, new = replacements[0]  # the first (replicated) lookup's `where`
     with tf.control_dependencies([planned_next]):
         waiting = tf.identity(new)
     backward = _gradient_consumers(old)

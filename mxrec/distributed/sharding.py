@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from mxrec.core.graph_state import shared_tensor
 from mxrec.distributed import communication
 from mxrec.util.gradients import custom_gradient
 
@@ -116,10 +117,12 @@ def fence_iterators(ids: tf.Tensor) -> int:
 
 
 def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
-    """The global batch's time: the newest local time over all ranks."""
+    """The global batch's time: the newest local time over all ranks (one all-reduce per
+    local time tensor, shared by the lookups that read the same one)."""
     if local_time is None:
         return None
-    return communication.allreduce(tf.cast(local_time, tf.int64), "max")
+    return shared_tensor(local_time.graph, ("batch_time", local_time.name),
+                         lambda: communication.allreduce(tf.cast(local_time, tf.int64), "max"))
 
 
 @dataclasses.dataclass
@@ -145,30 +148,52 @@ class Route:
 class Exchange:
     """The IDs one rank received as owner, and where they go back.
 
+    The `spot`, `group_*` fields place this lookup in the buffer its embeddings go back in:
+    its own (`exchange`), or the one it shares with the step's other lookups of its send
+    group (`exchange_all` with `groups`, `send_back_all`).
+
     Attributes:
-        chunk: scalar int32, rows per peer of this step's all-to-alls.
+        chunk: scalar int32, rows per peer of this step's ID all-to-all for this lookup.
         valid: [V] int32, the received slots that hold an ID.
         owned: [M] int64, the IDs to plan on the owner (training: each repeated by its
             occurrences over the global batch).
         first: [V] int32, the position in `owned` of each received ID's first copy.
-        sent: [N, chunk, dim], the owner's embeddings for each peer (set by send_back).
-        back: what `sent`'s all-to-all returned (set by send_back).
-        backward: (dy, dx) of each backward pass built through that all-to-all: its
-            gradient arriving and what its reverse all-to-all gave (set as tf.gradients
-            builds them); the graph modifier fuses these across lookups.
-        position: [n] int32, each flat ID's row in `back` seen as [N * chunk, dim]
-            (`positions`; set by send_back, planned ahead of the step by the graph
-            modifier).
+        spot: [V] int32, each received ID's row in the send-back buffer [N * group_chunk].
+        group_chunk: scalar int32, rows per peer of that buffer.
+        group_offset: scalar int32, this lookup's first row per peer in it.
+        group_first: [V] int32, `first` counted over the group's owned IDs, in group order.
+        owned_size: scalar int32, the size of `owned` where exchange_all knows it, or None.
+        emb, out: the owner's embeddings [M, dim] and what came back, [n, dim] (n flat IDs),
+            set by send_back.
+        backward: (d_out, d_emb) of each backward pass built through send_back: the gradient
+            arriving at `out` and the one it gave `emb` (the graph modifier rebuilds these
+            for all lookups together, `send_back_all`).
+        peer_backward: (sent, received) of each backward all-to-all of a replicated lookup
+            (mxrec.distributed.replicated), [N, chunk, dim] each.
+        position: [n] int32, each flat ID's row in the [N * group_chunk] buffer that comes
+            back (`positions`; set by send_back).
     """
 
     chunk: tf.Tensor
     valid: tf.Tensor
     owned: tf.Tensor
     first: tf.Tensor
-    sent: Optional[tf.Tensor] = None
-    back: Optional[tf.Tensor] = None
+    spot: Optional[tf.Tensor] = None
+    group_chunk: Optional[tf.Tensor] = None
+    group_offset: Optional[tf.Tensor] = None
+    group_first: Optional[tf.Tensor] = None
+    owned_size: Optional[tf.Tensor] = None
+    emb: Optional[tf.Tensor] = None
+    out: Optional[tf.Tensor] = None
     backward: list = dataclasses.field(default_factory=list)
+    peer_backward: list = dataclasses.field(default_factory=list)
     position: Optional[tf.Tensor] = None
+
+    def __post_init__(self):
+        # Alone in its buffer unless exchange_all placed it in a group's.
+        if self.spot is None:
+            self.spot, self.group_first = self.valid, self.first
+            self.group_chunk, self.group_offset = self.chunk, tf.constant(0, tf.int32)
 
 
 def route(ids: tf.Tensor, size: int) -> Route:
@@ -223,53 +248,333 @@ def repeat_by_counts(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
     return tf.gather(values, source)
 
 
-def positions(routed: Route, chunk: tf.Tensor) -> tf.Tensor:
+def positions(routed: Route, chunk: tf.Tensor, offset=0) -> tf.Tensor:
     """Each flat ID's row in the [N * chunk] buffer the embedding all-to-all returns: its
-    unique ID's (owner, slot), as owner * chunk + slot. One gather by these rows replaces
-    the gather_nd by `where`, the inverse of `order` and the gather by `index` (and their
-    three gradients by one segment sum, over the same terms in the same order)."""
+    unique ID's (owner, slot), as owner * chunk + offset + slot (`offset`: the lookup's first
+    row per peer in a buffer it shares). One gather by these rows replaces the gather_nd by
+    `where`, the inverse of `order` and the gather by `index` (and their three gradients by
+    one segment sum, over the same terms in the same order)."""
     flat = routed.where[:, 0] * chunk + routed.where[:, 1]
+    if not isinstance(offset, int) or offset:
+        flat = flat + offset
     return tf.gather(tf.gather(flat, tf.math.invert_permutation(routed.order)), routed.index)
+
+
+@dataclasses.dataclass
+class SendPlan:
+    """Where one send group's embeddings go: the buffer [N * chunk, dim] of its lookups
+    (per peer each lookup's rows after the previous lookup's) and the indices into it, all
+    planned before the embeddings exist (`plan_send_back`).
+
+    Attributes:
+        spots: [V] int32, the row of each ID this rank received as owner.
+        first: [V] int32, that ID's row in the group's owned embeddings (concatenated).
+        position: [n] int32, each flat ID's row in the buffer that comes back.
+        out_sizes: [k] int32, flat IDs per lookup (`position` split by lookup).
+        owned_sizes: [k] int32, owned IDs per lookup (the owned embeddings' rows).
+        chunk: scalar int32, rows per peer of the buffer.
+        owned: scalar int32, the group's owned IDs.
+    """
+
+    spots: tf.Tensor
+    first: tf.Tensor
+    position: tf.Tensor
+    out_sizes: tf.Tensor
+    owned_sizes: tf.Tensor
+    chunk: tf.Tensor
+    owned: tf.Tensor
+
+    FIELDS = ("spots", "first", "position", "out_sizes", "owned_sizes", "chunk", "owned")
+
+
+def plan_send_back(exchanges, routes) -> SendPlan:
+    """The SendPlan of one send group: `exchanges` (placed in one buffer by exchange_all's
+    `groups`, or one lookup alone) and their routes, in group order."""
+
+    def joined(values):
+        return values[0] if len(values) == 1 else tf.concat(values, axis=0)
+
+    position = [positions(r, ex.group_chunk, ex.group_offset)
+                for ex, r in zip(exchanges, routes)]
+    owned_sizes = tf.stack([tf.size(ex.owned, out_type=tf.int32) for ex in exchanges])
+    return SendPlan(spots=joined([ex.spot for ex in exchanges]),
+                    first=joined([ex.group_first for ex in exchanges]),
+                    position=joined(position),
+                    out_sizes=tf.stack([tf.size(p, out_type=tf.int32) for p in position]),
+                    owned_sizes=owned_sizes, chunk=exchanges[0].group_chunk,
+                    owned=tf.reduce_sum(owned_sizes))
+
+
+def plan_send_backs(exchanges, routes, groups):
+    """plan_send_back of every send group at once, with ops shared by all the groups'
+    lookups (one pass over their routes instead of one per lookup: on a small batch the
+    executor's cost per op is most of the planning). Equal to plan_send_back per group.
+
+    Args:
+        exchanges, routes: of the step's lookups (placed by exchange_all's `groups`).
+        groups: send_groups of the lookups.
+
+    Returns:
+        [SendPlan], one per group.
+    """
+    _check_groups(groups, len(exchanges), "plan_send_backs")
+    if len(routes) != len(exchanges):
+        raise ValueError(f"plan_send_backs: {len(exchanges)} exchanges but {len(routes)} "
+                         "routes; give one route per lookup")
+    if not groups:
+        return []
+    if len(groups) == 1 and len(groups[0]) == 1:
+        return [plan_send_back([exchanges[groups[0][0]]], [routes[groups[0][0]]])]
+    members = sorted(i for g in groups for i in g)
+    slot = {i: n for n, i in enumerate(members)}
+    count = len(members)
+    ex = [exchanges[i] for i in members]
+    rt = [routes[i] for i in members]
+    width = tf.stack([e.group_chunk for e in ex])
+    offset = tf.stack([e.group_offset for e in ex])
+    uniques = tf.reduce_sum(tf.stack([r.counts for r in rt]), axis=1)  # [k] unique IDs
+    unique_start = tf.cumsum(uniques, exclusive=True)
+    flat_sizes = tf.stack([tf.size(r.index, out_type=tf.int32) for r in rt])
+    owned_sizes = tf.stack([tf.size(e.owned, out_type=tf.int32) if e.owned_size is None
+                            else e.owned_size for e in ex])
+    lookup_range = tf.range(count)
+    # positions() of every member at once: the routes' permutations, shifted by each
+    # lookup's first unique ID, form one block-diagonal permutation.
+    row_lookup = repeat_by_counts(lookup_range, uniques)
+    where = tf.concat([r.where for r in rt], axis=0)
+    flat = (where[:, 0] * tf.gather(width, row_lookup) + where[:, 1]
+            + tf.gather(offset, row_lookup))
+    order = tf.concat([r.order for r in rt], axis=0) + tf.gather(unique_start, row_lookup)
+    by_unique = tf.gather(flat, tf.math.invert_permutation(order))
+    id_lookup = repeat_by_counts(lookup_range, flat_sizes)
+    index = tf.concat([r.index for r in rt], axis=0) + tf.gather(unique_start, id_lookup)
+    position = tf.gather(by_unique, index)
+    if len(groups) == 1:
+        positions_of = [position]
+    else:
+        group_of = np.zeros(count, np.int32)
+        for number, g in enumerate(groups):
+            group_of[[slot[i] for i in g]] = number
+        positions_of = tf.dynamic_partition(position, tf.gather(group_of, id_lookup),
+                                            len(groups))
+    plans = []
+    for g, group_position in zip(groups, positions_of):
+        rows = [slot[i] for i in g]
+        sizes = tf.gather(owned_sizes, rows)
+
+        def joined(values):
+            return values[0] if len(values) == 1 else tf.concat(values, axis=0)
+
+        plans.append(SendPlan(spots=joined([exchanges[i].spot for i in g]),
+                              first=joined([exchanges[i].group_first for i in g]),
+                              position=group_position, out_sizes=tf.gather(flat_sizes, rows),
+                              owned_sizes=sizes, chunk=exchanges[g[0]].group_chunk,
+                              owned=tf.reduce_sum(sizes)))
+    return plans
+
+
+def _check_groups(groups, count: int, what: str) -> None:
+    """Raises ValueError unless `groups` are disjoint non-empty lists of lookup indices in
+    range(count)."""
+    seen = set()
+    for group in groups:
+        if not group:
+            raise ValueError(f"{what}: an empty send group in groups={groups}")
+        for index in group:
+            if not isinstance(index, (int, np.integer)) or not 0 <= index < count:
+                raise ValueError(f"{what}: groups={groups} names lookup {index!r}; the step "
+                                 f"has {count} lookups (indices 0 to {count - 1})")
+            if index in seen:
+                raise ValueError(f"{what}: lookup {index} is in two send groups "
+                                 f"(groups={groups}); each lookup sends in one buffer")
+            seen.add(index)
+
+
+def send_groups(keys):
+    """The send groups of a step's lookups: the indices of the lookups with equal keys
+    ((embedding dtype, dim, gradient scale): one buffer each way), in order of first
+    appearance; a lookup whose key is None (replicated: it sends no embeddings) is in
+    none."""
+    groups = {}
+    for index, key in enumerate(keys):
+        if key is not None:
+            groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+def _alltoall_parts(parts, name: str):
+    """One all-to-all for [N, width_i] tensors of one dtype, each peer's row of each
+    concatenated; returns each part's share back."""
+    with tf.name_scope(name):
+        if len(parts) == 1:
+            return [communication.alltoall(parts[0])]
+        moved = communication.alltoall(tf.concat(parts, axis=1))
+        widths = tf.stack([tf.shape(part, out_type=tf.int32)[1] for part in parts])
+        return tf.split(moved, widths, axis=1, num=len(parts))
+
+
+def _scatter_out(plan: SendPlan, emb: tf.Tensor, dim: int, size: int) -> tf.Tensor:
+    """The owner's side forward: the group's owned embeddings [M, dim] into the buffer,
+    [N, chunk * dim]."""
+    rows = tf.gather(emb, plan.first)
+    slots = tf.scatter_nd(plan.spots[:, None], rows, tf.stack([size * plan.chunk, dim]))
+    return tf.reshape(slots, tf.stack([size, plan.chunk * dim]))
+
+
+def _gather_back(plan: SendPlan, moved: tf.Tensor, dim: int) -> tf.Tensor:
+    """The asking side forward: each flat ID's row of the buffer that came back, [n, dim]."""
+    return tf.gather(tf.reshape(moved, [-1, dim]), plan.position)
+
+
+def _scatter_grad(plan: SendPlan, d_out: tf.Tensor, dim: int, size: int) -> tf.Tensor:
+    """The asking side backward: the gradients of the flat IDs [n, dim] summed into their
+    rows of the buffer, [N, chunk * dim] (the transpose of `_gather_back`)."""
+    summed = tf.math.unsorted_segment_sum(d_out, plan.position, size * plan.chunk)
+    return tf.reshape(summed, tf.stack([size, plan.chunk * dim]))
+
+
+def _gather_grad(plan: SendPlan, moved: tf.Tensor, dim: int, scale) -> tf.Tensor:
+    """The owner's side backward: the buffer of gradients that came back, times `scale`,
+    summed into the owned rows, [M, dim] (the transpose of `_scatter_out`)."""
+    moved = tf.reshape(moved, [-1, dim])
+    if scale is not None:
+        moved = moved * scale
+    return tf.math.unsorted_segment_sum(tf.gather(moved, plan.spots), plan.first, plan.owned)
 
 
 def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, ids: tf.Tensor,
               grad_scale: Optional[float]) -> tf.Tensor:
     """The owner's embeddings of `exchanged.owned` [M, dim] back to the ranks that asked,
-    spread over `ids`' positions: [*ids.shape, dim]. Differentiable in `owned_emb`."""
-    size = communication.get_rank_size()
-    dim = table.dim
-    chunk = exchanged.chunk
-    emb = tf.gather(owned_emb, exchanged.first)
-    slots = tf.scatter_nd(exchanged.valid[:, None], emb, tf.stack([size * chunk, dim]))
-    sent = tf.reshape(slots, tf.stack([size, chunk, dim]))
-    back = _exchange_recorded(sent, grad_scale, exchanged.backward)
-    exchanged.sent, exchanged.back = sent, back
-    exchanged.position = positions(routed, chunk)
-    out = tf.gather(tf.reshape(back, [-1, dim]), exchanged.position)
-    out_shape = tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0)
-    out = tf.reshape(out, out_shape)
+    spread over `ids`' positions: [*ids.shape, dim]. Differentiable in `owned_emb`: the
+    gradient takes the same path in reverse (one custom gradient over the whole send-back,
+    recorded in `exchanged.backward` for `send_back_all`)."""
+    size, dim = communication.get_rank_size(), table.dim
+    plan = plan_send_back([exchanged], [routed])
+    exchanged.position = plan.position
+
+    @custom_gradient
+    def moved(emb):
+        def grad(d_out):
+            d_out = tf.convert_to_tensor(d_out)
+            (back,) = _alltoall_parts([_scatter_grad(plan, d_out, dim, size)], "alltoall")
+            d_emb = _gather_grad(plan, back, dim, grad_scale)
+            exchanged.backward.append((d_out, d_emb))
+            return d_emb
+
+        (back,) = _alltoall_parts([_scatter_out(plan, tf.stop_gradient(emb), dim, size)],
+                                  "alltoall")
+        return _gather_back(plan, back, dim), grad
+
+    out = moved(owned_emb)
+    exchanged.emb, exchanged.out = owned_emb, out
+    out = tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0))
     out.set_shape(ids.shape.concatenate([dim]))
     return out
 
 
-def _exchange_recorded(sent: tf.Tensor, grad_scale: Optional[float], backward: list):
-    """communication.alltoall(sent, grad_scale), the same exchange forward and backward,
-    whose backward passes are recorded in `backward` as (dy, dx) for the fused form."""
+def send_back_all(exchanges, groups, plans, scales, gradient_scope, after=()):
+    """The send-back of all sharded lookups of a step, fused: per embedding dtype one
+    all-to-all forward and, per backward pass, one backward, for every send group (and the
+    backward all-to-alls of replicated lookups); returns ((old, new) tensor pairs whose
+    consumers are to read the new ones, whether `after` was made a control input).
 
-    @custom_gradient
-    def exchange(x):
-        def grad(dy):
-            dy = tf.convert_to_tensor(dy)
-            # The transpose of an equal-chunk all-to-all is another all-to-all.
-            dx = communication.alltoall(dy)
-            if grad_scale is not None:
-                dx = dx * grad_scale
-            backward.append((dy, dx))
-            return dx
+    The lookups' own send-backs (send_back) stay in the graph unread: each lookup's `out`
+    and each backward pass's `d_emb` are replaced by their share of the fused ones, equal
+    to what the lookup's own send-back gives (the same terms summed in the same order).
 
-        return communication.alltoall(tf.stop_gradient(x)), grad
+    Args:
+        exchanges: [Exchange] of the step's lookups after send_back (emb/out/backward set),
+            or after replicated.send_back (peer_backward set).
+        groups: send_groups of the sharded lookups, each with its SendPlan in `plans`
+            (planned ahead of the step).
+        scales: per lookup the factor of its gradient, or None.
+        gradient_scope: tensor -> the name scope of the tf.gradients call that built it.
+        after: ops the backward passes (without one: the forward) wait for.
+    """
+    size = communication.get_rank_size()
+    _check_groups(groups, len(exchanges), "send_back_all")
+    if len(plans) != len(groups) or len(scales) != len(exchanges):
+        raise ValueError(f"send_back_all: {len(groups)} send groups with {len(plans)} plans, "
+                         f"{len(exchanges)} lookups with {len(scales)} gradient scales; give "
+                         "one plan per group and one scale per lookup")
+    for group in groups:
+        missing = [i for i in group if exchanges[i].out is None]
+        if missing:
+            raise ValueError(f"send_back_all: lookups {missing} have no send-back to replace "
+                             "(sharding.send_back was not built for them)")
+        kinds = {(exchanges[i].out.dtype.name, int(exchanges[i].out.shape[-1]),
+                  scales[i]) for i in group}
+        if len(kinds) > 1:
+            raise ValueError(f"send_back_all: send group {group} mixes (dtype, dim, gradient "
+                             f"scale) {sorted(kinds, key=str)}; one buffer holds one kind "
+                             "(sharding.send_groups)")
+    pairs = []
+    dims = [int(exchanges[g[0]].out.shape[-1]) for g in groups]
 
-    return exchange(sent)
+    def by_dtype(items):
+        found = {}
+        for item, dtype in items:
+            found.setdefault(dtype, []).append(item)
+        return found.values()
+
+    passes = {}  # gradient scope -> {lookup: (dy, dx)}
+    for i, ex in enumerate(exchanges):
+        for dy, dx in ex.backward + ex.peer_backward:
+            passes.setdefault(gradient_scope(dx), {})[i] = (dy, dx)
+    gate_forward = bool(after) and not passes
+    with tf.name_scope("send_back_fused"), tf.control_dependencies(
+            list(after) if gate_forward else []):
+        for members in by_dtype((g, exchanges[groups[g][0]].out.dtype)
+                                for g in range(len(groups))):
+            parts = []
+            for g in members:
+                ex = [exchanges[i] for i in groups[g]]
+                emb = ex[0].emb if len(ex) == 1 else tf.concat([e.emb for e in ex], axis=0)
+                parts.append(_scatter_out(plans[g], emb, dims[g], size))
+            for g, back in zip(members, _alltoall_parts(parts, "alltoall")):
+                out = _gather_back(plans[g], back, dims[g])
+                pieces = ([out] if len(groups[g]) == 1 else
+                          tf.split(out, plans[g].out_sizes, num=len(groups[g])))
+                for i, piece in zip(groups[g], pieces):
+                    piece.set_shape(exchanges[i].out.shape)
+                    pairs.append((exchanges[i].out, piece))
+    grouped = {i for g in groups for i in g}
+    for grads in passes.values():
+        # A backward exchange, as the bench reads it ("gradients" in its name).
+        with tf.name_scope("gradients_fused"), tf.control_dependencies(list(after)):
+            items = [(("group", g), exchanges[groups[g][0]].out.dtype)
+                     for g in range(len(groups)) if any(i in grads for i in groups[g])]
+            items += [(("peer", i), grads[i][0].dtype) for i in sorted(grads)
+                      if i not in grouped]
+            for members in by_dtype(items):
+                parts = []
+                for kind, index in members:
+                    if kind == "peer":
+                        parts.append(tf.reshape(grads[index][0], tf.stack([size, -1])))
+                        continue
+                    ins = [grads[i][0] if i in grads else tf.zeros_like(exchanges[i].out)
+                           for i in groups[index]]
+                    d_out = ins[0] if len(ins) == 1 else tf.concat(ins, axis=0)
+                    parts.append(_scatter_grad(plans[index], d_out, dims[index], size))
+                for (kind, index), back in zip(members, _alltoall_parts(parts, "alltoall")):
+                    if kind == "peer":
+                        dy, dx = grads[index]
+                        new = tf.reshape(back, tf.shape(dy))
+                        if scales[index] is not None:
+                            new = new * scales[index]
+                        new.set_shape(dx.shape)
+                        pairs.append((dx, new))
+                        continue
+                    members_of = groups[index]
+                    scale = scales[members_of[0]]
+                    d_emb = _gather_grad(plans[index], back, dims[index], scale)
+                    pieces = ([d_emb] if len(members_of) == 1 else
+                              tf.split(d_emb, plans[index].owned_sizes, num=len(members_of)))
+                    for i, piece in zip(members_of, pieces):
+                        if i in grads:
+                            piece.set_shape(grads[i][1].shape)
+                            pairs.append((grads[i][1], piece))
+    return pairs, bool(after) and (bool(passes) or bool(groups))
 
 
 # One step's sharded lookups of the graph modifier, fused (mxrec.distributed.sharded_pipeline):
@@ -289,7 +594,7 @@ class PlannedLookup:
     send_count: Optional[int]
 
 
-def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
+def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
     """`exchange` for every lookup of a step at once.
 
     One all-reduce (max) of one int64 vector agrees on everything: per lookup its largest
@@ -309,6 +614,9 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
         stamps: per lookup its local batch time (int64 scalar) or None.
         also: more int64 scalars to take the largest of over the ranks in the same
             all-reduce (the graph modifier's "every rank has a next batch", negated).
+        groups: send_groups of the lookups, or None (each alone): the Exchanges' `spot`
+            and `group_*` fields then place each lookup in its group's send-back buffer.
+            Lookups given the same stamp tensor share one agreed batch time.
 
     Returns:
         ([Exchange], [batch time or None], [the largest of each of `also`]), one Exchange
@@ -316,8 +624,11 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
     """
     size = communication.get_rank_size()
     count = len(lookups)
+    if groups is not None:
+        _check_groups(groups, count, "exchange_all")
     counts = tf.stack([r.counts for r in routes])  # [L, N] unique IDs per lookup and owner
-    times = [tf.cast(s, tf.int64) for s in stamps if s is not None]
+    distinct = _distinct_stamps(stamps)
+    times = [tf.cast(s, tf.int64) for s in distinct]
     prints = [_fingerprint(lk.table, lk.send_count, is_train) for lk in lookups]
     pieces = [tf.cast(tf.reduce_max(counts, axis=1), tf.int64)]
     if times:
@@ -352,7 +663,7 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
         send = tf.scatter_nd(route.where, route.pairs, tf.stack([size, chunk, 2]))
         exchanges = [_received(tf.reshape(communication.alltoall(send), [-1, 2]), chunk,
                                is_train)]
-        return exchanges, _agreed_stamps(summary, stamps, count), \
+        return exchanges, _agreed_stamps(summary, stamps, distinct, count), \
             [summary[base + 2 * count + i] for i in range(len(also))]
     total = tf.reduce_sum(chunks)
     offsets = tf.cumsum(chunks, exclusive=True)  # each lookup's first column per peer
@@ -393,20 +704,59 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=()):
     valid_parts = tf.split(valid, per_lookup, num=count)
     first_parts = tf.split(first, per_lookup, num=count)
     owned_parts = tf.split(owned, owned_sizes, num=count)
-    exchanges = [Exchange(chunk=chunk, valid=v, owned=o, first=f)
-                 for chunk, v, o, f in zip(tf.unstack(chunks, num=count), valid_parts,
-                                           owned_parts, first_parts)]
-    return exchanges, _agreed_stamps(summary, stamps, count), \
+    chunk_parts = tf.unstack(chunks, num=count)
+    exchanges = [Exchange(chunk=chunk, valid=v, owned=o, first=f, owned_size=m)
+                 for chunk, v, o, f, m in zip(chunk_parts, valid_parts, owned_parts,
+                                              first_parts, tf.unstack(owned_sizes, num=count))]
+    if groups is not None and any(len(g) > 1 for g in groups):
+        # Each lookup's rows in its send group's buffer: per peer after its group's earlier
+        # lookups (`group_offset`) in rows of the group's width (`group_chunk`).
+        offset, width = _within_groups(chunks, groups, count)
+        owned_offset, _ = _within_groups(owned_sizes, groups, count)
+        spot = (valid + peer * tf.gather(width - chunks, lookup) + tf.gather(offset, lookup))
+        group_first = first + tf.gather(owned_offset, lookup)
+        for ex, sp, gf, w, o in zip(exchanges, tf.split(spot, per_lookup, num=count),
+                                    tf.split(group_first, per_lookup, num=count),
+                                    tf.unstack(width, num=count),
+                                    tf.unstack(offset, num=count)):
+            ex.spot, ex.group_first, ex.group_chunk, ex.group_offset = sp, gf, w, o
+    return exchanges, _agreed_stamps(summary, stamps, distinct, count), \
         [summary[base + 2 * count + i] for i in range(len(also))]
 
 
-def _agreed_stamps(summary: tf.Tensor, stamps, count: int):
-    """The batch times of exchange_all's agreement, per lookup (None where it has none)."""
-    out, position = [], count
+def _within_groups(values: tf.Tensor, groups, count: int):
+    """For [L] int32 `values` (one per lookup) and `groups` (lists of lookup indices; a
+    lookup in none is alone): per lookup the sum of the values of the lookups before it in
+    its group, and its group's total, [L] each."""
+    grouped = {i for g in groups for i in g}
+    groups = list(groups) + [[i] for i in range(count) if i not in grouped]
+    order = [i for g in groups for i in g]
+    group_of = [n for n, g in enumerate(groups) for _ in g]
+    starts = np.cumsum([0] + [len(g) for g in groups])[:-1]
+    inverse = np.argsort(order)
+    ordered = tf.gather(values, order)
+    before = tf.cumsum(ordered, exclusive=True)
+    within = before - tf.gather(before, starts[group_of])
+    totals = tf.gather(tf.math.segment_sum(ordered, group_of), group_of)
+    return tf.gather(within, inverse), tf.gather(totals, inverse)
+
+
+def _distinct_stamps(stamps):
+    """The stamp tensors of `stamps`, each once (by identity), in order."""
+    distinct = []
     for stamp in stamps:
-        out.append(None if stamp is None else summary[position])
-        position += stamp is not None
-    return out
+        if stamp is not None and not any(stamp is seen for seen in distinct):
+            distinct.append(stamp)
+    return distinct
+
+
+def _agreed_stamps(summary: tf.Tensor, stamps, distinct, count: int):
+    """The batch times of exchange_all's agreement, per lookup (None where it has none;
+    lookups of one stamp tensor get the same agreed one)."""
+    agreed = [summary[count + n] for n in range(len(distinct))]
+    return [None if stamp is None else
+            agreed[next(n for n, seen in enumerate(distinct) if seen is stamp)]
+            for stamp in stamps]
 
 
 def _chunk(table, send_count: Optional[int], largest: tf.Tensor, counts: tf.Tensor, size: int,
@@ -442,58 +792,3 @@ def _received(received: tf.Tensor, chunk: tf.Tensor, is_train: bool) -> Exchange
         repeated = owned
         first = tf.range(tf.size(owned))
     return Exchange(chunk=chunk, valid=valid, owned=repeated, first=first)
-
-
-def _fused_alltoall(tensors, scales=None):
-    """One all-to-all for several [N, chunk_l, dim_l] tensors of one dtype: per peer each
-    one's rows flattened and concatenated; the results cut back to their shapes (times
-    `scales[l]` where given). No gradient of its own: it serves built passes."""
-    size = communication.get_rank_size()
-    shapes = [tf.shape(t) for t in tensors]
-    flat = tf.concat([tf.reshape(t, [size, -1]) for t in tensors], axis=1)
-    moved = communication.alltoall(tf.stop_gradient(flat))
-    sizes = tf.stack([tf.reduce_prod(shape[1:]) for shape in shapes])
-    outs = []
-    for i, part in enumerate(tf.split(moved, sizes, axis=1, num=len(tensors))):
-        out = tf.reshape(part, shapes[i])
-        if scales is not None and scales[i] is not None:
-            out = out * scales[i]
-        out.set_shape(tensors[i].shape)
-        outs.append(out)
-    return outs
-
-
-def fuse_exchanges_back(exchanges, grad_scales, gradient_scope):
-    """The embedding all-to-alls (forward) of `exchanges` as one per dtype, and each
-    backward pass's gradient all-to-alls as one per dtype; returns (old, new) tensor pairs
-    whose consumers are to read the new ones.
-
-    Args:
-        exchanges: [Exchange] after send_back (sent/back/backward set; a replicated
-            lookup, mxrec.distributed.replicated, sends no embeddings: its `sent` is None
-            and only its backward exchanges are fused).
-        grad_scales: per exchange the factor of its gradient, or None.
-        gradient_scope: tensor -> the name scope of the tf.gradients call that built it.
-    """
-    pairs = []
-    by_dtype = {}
-    for i, ex in enumerate(exchanges):
-        if ex.sent is not None:
-            by_dtype.setdefault(ex.sent.dtype, []).append(i)
-    for members in by_dtype.values():
-        if len(members) < 2:
-            continue
-        new = _fused_alltoall([exchanges[i].sent for i in members])
-        pairs += [(exchanges[i].back, out) for i, out in zip(members, new)]
-    groups = {}
-    for i, ex in enumerate(exchanges):
-        for dy, dx in ex.backward:
-            groups.setdefault((gradient_scope(dx), dy.dtype), []).append((i, dy, dx))
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        with tf.name_scope("gradients_fused"):  # a backward exchange, as the bench reads it
-            new = _fused_alltoall([dy for _, dy, _ in members],
-                                  [grad_scales[i] for i, _, _ in members])
-        pairs += [(dx, out) for (_, _, dx), out in zip(members, new)]
-    return pairs
