@@ -31,9 +31,15 @@ def build(settings, init):
               if settings.get(key) is not None}
     initializer = (tf.keras.initializers.Constant(settings["constant_init"])
                    if settings.get("constant_init") is not None else None)
+    tier = {}
+    if settings.get("host"):
+        tier = dict(host_vocabulary_size=settings["host"],
+                    ssd_vocabulary_size=settings.get("ssd", 0))
+    if settings.get("ssd"):
+        tier["ssd_data_path"] = [f"{settings['ssd_dir']}/{settings['mode']}"]
     layer = mk.Embedding(settings["dim"], "user", settings["capacity"],
                          embeddings_initializer=initializer, combiner=settings.get("combiner"),
-                         **policy)
+                         **policy, **tier)
     if initializer is None:
         layer.embeddings.assign(init["table"])
     ids = tf.keras.Input([settings["width"]], dtype=tf.int64, name="ids")
@@ -123,7 +129,7 @@ def main(data_path, out_prefix, *modes):
 
 def run(data_path, out_path, mode):
     data = dict(np.load(data_path))
-    settings = json.loads(str(data.pop("settings")))
+    settings = dict(json.loads(str(data.pop("settings"))), mode=mode)
     init = {key: data.pop(key) for key in ("table", "w", "b")}
     model, layer = build(settings, init)
     opt = optimizer(settings)
@@ -165,9 +171,14 @@ def run(data_path, out_path, mode):
     out = dict(ids=ids, rows=rows, values=table[rows],
                w=model.get_layer("head").get_weights()[0],
                b=model.get_layer("head").get_weights()[1],
-               stats=json.dumps({k: int(v) for k, v in layer.stats().items()}))
+               stats=json.dumps({k: int(v) for k, v in layer.stats().items()}
+                                | (layer.tier_stats() if settings.get("host") else {})))
     for slot in SLOTS[settings["optimizer"]]:
         out[f"slot_{slot}"] = opt.table_slot(layer, slot).numpy()[rows]
+    if settings.get("host"):  # every admitted ID's row and slots, wherever they live
+        for component, (all_ids, all_values) in layer.export_values(opt).items():
+            name = component.split("/")[-1]
+            out[f"all_ids_{name}"], out[f"all_{name}"] = all_ids, all_values
     np.savez(out_path, **out)
 
 

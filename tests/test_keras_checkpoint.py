@@ -3,7 +3,9 @@ the first half of a stream, a checkpoint, a new init() (empty host tables) and a
 restored from it, Model.fit on the rest, gives bit for bit the parameters, slots, IDs and
 rows of one uninterrupted Model.fit (tests/keras_worker.py, mode "resume"; eager, in a
 process of its own). The process-lifetime counters (ids_seen, admitted, ...) restart with
-the process; the state (rows in use, IDs tracked) must match.
+the process; the state (rows in use, IDs tracked) must match. With a host (or SSD) tier the
+checkpoint also carries the tier's rows and slots, and every ID's values wherever they live
+match.
 """
 
 import json
@@ -13,7 +15,8 @@ import pytest
 from test_keras_training import BASE, SCENARIOS, _data, _keras_runs
 
 
-@pytest.mark.parametrize("scenario", ["sgd", "lazy_adam_admission", "adagrad_eviction"])
+@pytest.mark.parametrize("scenario", ["sgd", "lazy_adam_admission", "adagrad_eviction",
+                                      "adagrad_host_tier_eviction", "lazy_adam_ssd_tier"])
 def test_resume_from_a_keras_checkpoint_equals_one_run(tmp_path, scenario):
     settings = dict(BASE, **SCENARIOS[scenario])
     runs = _keras_runs(tmp_path, settings, _data(settings), modes=("fit", "resume"))

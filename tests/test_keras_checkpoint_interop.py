@@ -1,7 +1,8 @@
 """mk.callbacks.Checkpoint writes the Session path's full/delta format, and the two continue
 each other's checkpoints.
 
-One model and stream (tests/test_keras_training.py's), with admission and eviction:
+One model and stream (tests/test_keras_training.py's), with admission and eviction, and
+with a host tier too:
 
 - Keras -> Keras: Model.fit on the first half with mk.callbacks.Checkpoint (full and delta
   versions), a new init() and model, Model.fit on the rest with the callback restoring first,
@@ -35,6 +36,9 @@ INTEROP = {
     "adagrad_admission_eviction": dict(SCENARIOS["adagrad_eviction"], access_threshold=2),
     "lazy_adam_admission_eviction": dict(SCENARIOS["lazy_adam_eviction"], access_threshold=2),
     "sgd_admission": SCENARIOS["sgd_admission"],
+    # a host tier (rows and slots swapped out and back) with admission and eviction
+    "adagrad_host_tier_admission_eviction": dict(SCENARIOS["adagrad_host_tier_eviction"],
+                                                 access_threshold=2),
 }
 
 
@@ -62,6 +66,14 @@ def _assert_same(got, expected, what):
                                    err_msg=f"{what} {key}")
     stats, expected_stats = (json.loads(str(r["stats"])) for r in (got, expected))
     assert {k: stats[k] for k in _STATE} == {k: expected_stats[k] for k in _STATE}, what
+    # A tiered table: every admitted ID's row and slots, wherever they live.
+    assert sorted(k for k in got if k.startswith("all")) == sorted(
+        k for k in expected if k.startswith("all")), what
+    for key in sorted(k for k in expected if k.startswith("all_ids_")):
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=f"{what} {key}")
+        values = "all_" + key[len("all_ids_"):]
+        np.testing.assert_allclose(got[values], expected[values], atol=ATOL, rtol=0,
+                                   err_msg=f"{what} {values}")
 
 
 def _versions(directory):

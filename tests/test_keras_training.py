@@ -14,7 +14,10 @@ weights and the host statistics must agree (values within 1e-5; IDs, rows and co
 exactly). Scenarios: SGD, Adagrad and LazyAdam; admission (access_threshold=2); eviction every 3
 steps on a table too small for the stream without it, so that freed rows are handed to new
 IDs (their rows refilled from the initializer and their slots reset); multi-hot IDs
-combined by a mean.
+combined by a mean; a host tier (30 device rows over 200 host rows: IDs swapped out and
+back every step, their slots with them), with admission, with eviction, and an SSD tier
+under a host tier of 12 rows. For the tiered tables every admitted ID's row and slots are
+compared wherever they live (tiers.export_values against Embedding.export_values).
 """
 
 import json
@@ -28,6 +31,7 @@ import pytest
 import tensorflow as tf
 from reference import int64_vocab, power_law_ids
 
+from mxrec.core import tiers
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
 from mxrec.optimizers import adagrad, gradient_descent, lazy_adam
 from mxrec.saver.checkpoint import Saver
@@ -58,6 +62,15 @@ SCENARIOS = {
                                constant_init=0.05, steps=40),
     "sgd_eviction": dict(optimizer="sgd", access_threshold=1, eviction_threshold=25,
                          evict_every=3, capacity=60, constant_init=0.05, steps=40),
+    # 24 positions per step on 30 device rows: most steps swap rows with the host tier.
+    "adagrad_host_tier": dict(optimizer="adagrad", capacity=30, host=200, constant_init=0.05),
+    "lazy_adam_host_tier_admission": dict(optimizer="lazy_adam", lr=0.02, access_threshold=2,
+                                          capacity=30, host=200, constant_init=0.05),
+    "adagrad_host_tier_eviction": dict(optimizer="adagrad", access_threshold=1,
+                                       eviction_threshold=25, evict_every=3, capacity=30,
+                                       host=40, constant_init=0.05, steps=40),
+    "lazy_adam_ssd_tier": dict(optimizer="lazy_adam", lr=0.02, capacity=30, host=12, ssd=200,
+                               constant_init=0.05),
 }
 
 
@@ -83,6 +96,10 @@ def _flat_width(settings):
 
 
 def _keras_runs(tmp_path, settings, data, modes=MODES):
+    if settings.get("ssd"):
+        settings = dict(settings, ssd_dir=str(tmp_path / "ssd_keras"))
+        for mode in modes:  # each run's SSD file in a folder of its own
+            (tmp_path / "ssd_keras" / mode).mkdir(parents=True)
     path = tmp_path / "data.npz"
     np.savez(path, settings=json.dumps(settings), **data)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
@@ -105,8 +122,14 @@ def _session_run(mx, settings, data, start=0, stop=None, restore_dir=None, save_
     init = (_v1.constant_initializer(settings["constant_init"])
             if settings.get("constant_init") is not None else _v1.constant_initializer(
                 data["table"]))
+    tier = {}
+    if settings.get("host"):
+        tier = dict(host_vocabulary_size=settings["host"],
+                    ssd_vocabulary_size=settings.get("ssd", 0))
+    if settings.get("ssd"):
+        tier["ssd_data_path"] = [settings["ssd_dir"]]
     table = create_table(tf.int64, dim, "user", init,
-                         device_vocabulary_size=settings["capacity"])
+                         device_vocabulary_size=settings["capacity"], **tier)
     ids = _v1.placeholder(tf.int64, [None, width])
     dense = _v1.placeholder(tf.float32, [None, settings["dense"]])
     stamps = _v1.placeholder(tf.int64, [None])
@@ -171,9 +194,15 @@ def _session_run(mx, settings, data, start=0, stop=None, restore_dir=None, save_
         export_ids, rows = table.export_rows()
         values = sess.run(table.variable)
         out = dict(ids=export_ids, rows=rows, values=values[rows], w=sess.run(w),
-                   b=sess.run(b), stats=json.dumps({k: int(v) for k, v in table.stats().items()}))
+                   b=sess.run(b), stats=json.dumps({k: int(v) for k, v in (
+                       table.stats() | (tiers.stats(table) if settings.get("host") else {})
+                   ).items()}))
         for slot in SLOTS[settings["optimizer"]]:
             out[f"slot_{slot}"] = sess.run(hash_opt.get_slot(table.variable, slot))[rows]
+        if settings.get("host"):
+            for component, (all_ids, all_values) in tiers.export_values(sess, table).items():
+                name = component.split("/")[-1]
+                out[f"all_ids_{name}"], out[f"all_{name}"] = all_ids, all_values
     return out
 
 
@@ -184,16 +213,22 @@ def _slot(variable, name, value):
 
 def _by_id(run):
     order = np.argsort(run["ids"])
-    return {key: run[key][order] for key in run if key not in ("w", "b", "stats")}
+    return {key: run[key][order] for key in run
+            if key not in ("w", "b", "stats") and not key.startswith("all")}
 
 
 _STATS = ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected", "evicted",
           "evicted_rows", "train_batches")
+_TIER_STATS = ("tier_ids", "host_rows", "ssd_rows", "swap_in_total", "swap_out_total",
+               "fresh_total")
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_keras_matches_session_path(mx, tmp_path, scenario):
     settings = dict(BASE, **SCENARIOS[scenario])
+    if settings.get("ssd"):
+        settings["ssd_dir"] = str(tmp_path / "ssd_session")
+        os.makedirs(settings["ssd_dir"])
     data = _data(settings)
     session = _session_run(mx, settings, data)
     runs = _keras_runs(tmp_path, settings, data)
@@ -206,7 +241,12 @@ def test_keras_matches_session_path(mx, tmp_path, scenario):
         assert expected_stats["rejected"] > 0
     if settings.get("evict_every"):
         assert expected_stats["evicted"] > 0
-        assert len(np.unique(data["ids"])) > settings["capacity"]
+        assert len(np.unique(data["ids"])) > settings["capacity"] + settings.get("host", 0)
+    if settings.get("host"):  # rows went out to the tier and came back
+        assert expected_stats["swap_in_total"] > 0 and expected_stats["swap_out_total"] > 0
+        assert expected_stats["tier_ids"] > 0
+    if settings.get("ssd"):
+        assert expected_stats["ssd_rows"] > 0
     for mode, run in runs.items():
         got = _by_id(run)
         np.testing.assert_array_equal(got["ids"], expected["ids"], err_msg=mode)
@@ -219,3 +259,14 @@ def test_keras_matches_session_path(mx, tmp_path, scenario):
         np.testing.assert_allclose(run["b"], session["b"], atol=ATOL, rtol=0, err_msg=mode)
         stats = json.loads(str(run["stats"]))
         assert {k: stats[k] for k in _STATS} == {k: expected_stats[k] for k in _STATS}, mode
+        if settings.get("host"):
+            assert ({k: stats[k] for k in _TIER_STATS}
+                    == {k: expected_stats[k] for k in _TIER_STATS}), mode
+            names = ["embedding", *SLOTS[settings["optimizer"]]]
+            assert sorted(k for k in run if k.startswith("all_ids_")) == sorted(
+                f"all_ids_{n}" for n in names), mode
+            for name in names:
+                np.testing.assert_array_equal(run[f"all_ids_{name}"],
+                                              session[f"all_ids_{name}"], err_msg=mode)
+                np.testing.assert_allclose(run[f"all_{name}"], session[f"all_{name}"],
+                                           atol=ATOL, rtol=0, err_msg=f"{mode} {name}")

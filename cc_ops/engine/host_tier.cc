@@ -122,6 +122,11 @@ Status HostTier::RegisterComponent(const std::string& name, int* index) {
   return RegisterLocked(name, index);
 }
 
+std::vector<std::string> HostTier::components() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return components_;
+}
+
 Status HostTier::RegisterLocked(const std::string& name, int* index) {
   DrainLocked();
   auto it = std::find(components_.begin(), components_.end(), name);

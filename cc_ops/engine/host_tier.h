@@ -123,6 +123,8 @@ class HostTier {
   // Index of the component `name`, registering it on first use. Components
   // registered after plans were queued start at the next plan.
   Status RegisterComponent(const std::string& name, int* index);
+  // The registered component names, in index order (the embedding first).
+  std::vector<std::string> components() const;
 
   // Queues a plan (the key stage, in batch order). Plans with no rows and no
   // spills are not queued: they move nothing.

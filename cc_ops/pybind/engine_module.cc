@@ -324,6 +324,9 @@ void DefineTierCalls(py::module_& m) {
   m.def("tier_register", [](const std::string& key, const std::string& component) {
     return Component(Tier(Table(key)), component);
   });
+  m.def("tier_components", [](const std::string& key) {
+    return Tier(Table(key))->components();
+  });
   m.def(
       "tier_swap",
       [](const std::string& key, const std::string& component,

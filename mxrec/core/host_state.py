@@ -41,6 +41,7 @@ _TIER_FIELDS = (
     ("tier_present", tf.int64),
     ("tier_values", tf.float32),
 )
+TIER_FIELDS = _TIER_FIELDS  # mxrec.keras saves them too
 
 
 class HostStateSaveable(saveable_object.SaveableObject):

@@ -147,9 +147,37 @@ def swaps_in_place(table) -> bool:
     table on a GPU gathers the victims' rows, swaps them on the host and
     scatters the new values back (the rows cross the bus once each way).
     """
+    return _in_place(table.variable)
+
+
+def _in_place(variable) -> bool:
     if not SWAP_IN_PLACE:
         return False
-    return tf.DeviceSpec.from_string(table.variable.device or "").device_type in (None, "CPU")
+    return tf.DeviceSpec.from_string(variable.device or "").device_type in (None, "CPU")
+
+
+def apply_swap(table_key: str, variable: tf.Variable, reused: tf.Tensor, component: str,
+               fresh: tf.Tensor, after=()) -> tf.Operation:
+    """One swap of the rows `reused` of `variable` (component `component` of the table
+    `table_key`) with the host tier, after the ops `after`: the engine's next plan of that
+    component. fresh: the rows of new IDs ([R, dim], or a scalar for a slot).
+
+    The caller keeps the order (a component's plans one after another, in plan order):
+    the Session path through this graph's swap chain (`_swap`), mxrec.keras in its layer.
+    """
+    if _in_place(variable):
+        with tf.control_dependencies(list(after)), tf.device("/device:CPU:0"):
+            return loader.op_library().mxrec_tier_swap_in_place(
+                variable=variable.handle, rows=reused, fresh_values=fresh,
+                table_key=table_key, component=component)
+    with tf.control_dependencies(list(after)):
+        current = tf.gather(variable, reused)
+    with tf.device("/device:CPU:0"):
+        values = loader.op_library().mxrec_tier_swap(
+            rows=reused, current=current, fresh_values=fresh,
+            table_key=table_key, component=component)
+    values = tf.cast(values, variable.dtype.base_dtype)
+    return variable.scatter_update(tf.IndexedSlices(values, reused))
 
 
 def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
@@ -168,20 +196,7 @@ def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
         # swap at a time per table, and the embedding's is on the way to the
         # lookup, the slots' only on the way to the optimizer's update.
         after = after + _previous_swap(graph, table.table_key, EMBEDDING)
-    if swaps_in_place(table):
-        with tf.control_dependencies(after), tf.device("/device:CPU:0"):
-            update = loader.op_library().mxrec_tier_swap_in_place(
-                variable=variable.handle, rows=reused, fresh_values=fresh,
-                table_key=table.table_key, component=component)
-    else:
-        with tf.control_dependencies(after):
-            current = tf.gather(variable, reused)
-        with tf.device("/device:CPU:0"):
-            values = loader.op_library().mxrec_tier_swap(
-                rows=reused, current=current, fresh_values=fresh,
-                table_key=table.table_key, component=component)
-        values = tf.cast(values, variable.dtype.base_dtype)
-        update = variable.scatter_update(tf.IndexedSlices(values, reused))
+    update = apply_swap(table.table_key, variable, reused, component, fresh, after)
     graph_state(graph).tier_swap_chain[(table.table_key, component)] = update
     return update
 
@@ -265,15 +280,6 @@ def export_values(sess: tf.compat.v1.Session, table, slots: bool = True
     Raises:
         RuntimeError: planned batches are still waiting for their step.
     """
-    engine = loader.engine()
-    key = table.table_key
-    if is_tiered(table):
-        pending = engine.tier_stats(key)["pending_plans"]
-        if pending:
-            raise RuntimeError(
-                f"export_values: table {table.table_name!r} has {pending} planned batches "
-                "whose swaps have not been applied by a training step yet; train them first")
-    ids, rows = engine.export_rows(key)
     variables = {EMBEDDING: table.variable}
     if slots:
         for optimizer in table.optimizers:
@@ -281,13 +287,36 @@ def export_values(sess: tf.compat.v1.Session, table, slots: bool = True
                 slot = optimizer.get_slot(table.variable, slot_name)
                 if slot is not None:
                     variables[f"{optimizer.get_name()}/{slot_name}"] = slot
-    dense = sess.run(variables)
+    check_no_pending_plans(table, "export_values")
+    return collect_values(table.table_key, sess.run(variables), is_tiered(table))
+
+
+def check_no_pending_plans(table, where: str) -> None:
+    """Raises RuntimeError when `table` has planned batches whose swaps no training step
+    has applied yet (its rows are in motion between the device and the host tier)."""
+    if not loader.engine().is_tiered(table.table_key):
+        return
+    pending = loader.engine().tier_stats(table.table_key)["pending_plans"]
+    if pending:
+        raise RuntimeError(
+            f"{where}: table {table.table_name!r} has {pending} planned batches whose swaps "
+            "have not been applied by a training step yet; train them first")
+
+
+def collect_values(table_key: str, dense: Dict[str, np.ndarray], tiered: bool
+                   ) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
+    """{component: (ids sorted, values)} of every admitted ID, from the device arrays of
+    each component (`dense`: {"embedding": [rows, dim], "<optimizer>/<slot>": ...}) and,
+    for a tiered table, the host tier's values of that component (export_values; mxrec.keras'
+    Embedding.export_values)."""
+    engine = loader.engine()
+    ids, rows = engine.export_rows(table_key)
     out = {}
     for component, full in dense.items():
         all_ids = np.asarray(ids, np.int64)
-        values = full[np.asarray(rows, np.int64)]
-        if is_tiered(table):
-            host_ids, host_values = engine.tier_export(key, component)
+        values = np.asarray(full)[np.asarray(rows, np.int64)]
+        if tiered:
+            host_ids, host_values = engine.tier_export(table_key, component)
             all_ids = np.concatenate([all_ids, host_ids])
             values = np.concatenate([values, host_values.astype(values.dtype)])
         order = np.argsort(all_ids, kind="stable")

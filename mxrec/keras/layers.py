@@ -16,16 +16,23 @@ key-stage chain makes them. No tf.py_function on this path.
 
 The gradient of the weight is IndexedSlices over the unique rows; mxrec.keras.optimizers
 apply it to those rows only (and reset the slots of the rows in `reused` first).
+
+A table with a host (and SSD) tier (host_vocabulary_size, ssd_vocabulary_size) swaps
+instead of refilling, as the Session path's TieredTable does (mxrec.core.tiers): each
+training lookup applies its plan to the weight (`tiers.apply_swap`: the rows in `reused`
+go to the host tier, their new owners' rows come from it, or from the initializer), the
+optimizer applies the same plans to its slots before its update, and evaluation reads the
+rows of IDs in the host tier in place (`tiers.read_host_rows`).
 """
 
 import weakref
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.core import embedding, gather, multi_hot
+from mxrec.core import embedding, gather, multi_hot, tiers
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
 from mxrec.keras import _compat, checkpoint
@@ -44,21 +51,40 @@ class KerasTable(SparseEmbedding):
                          config.device_vocabulary_size, config.padding_keys, config.value_dtype,
                          table_key)
         self.variable: Optional[tf.Variable] = None
-        # Rows given to new owners by the lookups not yet applied: eagerly a list the
-        # optimizer empties; in a traced function one list per FuncGraph (one step's trace).
-        self._reused_eager: List[tf.Tensor] = []
-        self._reused_traced = weakref.WeakKeyDictionary()
+        self.host_vocabulary_size = config.host_vocabulary_size
+        self.ssd_vocabulary_size = config.ssd_vocabulary_size
+        self.tiered = config.tiered
+        # The training lookups not yet applied, (reused rows, the embedding's swap or None):
+        # eagerly a list the optimizer empties; in a traced function one list per FuncGraph
+        # (one step's trace).
+        self._lookups_eager: List[Tuple[tf.Tensor, Optional[tf.Operation]]] = []
+        self._lookups_traced = weakref.WeakKeyDictionary()
+        self._swap_protect = 1  # the engine's default: one batch's rows are never victims
 
-    def note_lookup(self, reused: tf.Tensor) -> None:
-        """A training lookup of this step handed `reused` rows to new owners."""
+    def _lookups_now(self) -> list:
         if tf.executing_eagerly():
-            self._reused_eager.append(reused)
-        else:
-            self._reused_traced.setdefault(tf.compat.v1.get_default_graph(), []).append(reused)
+            return self._lookups_eager
+        return self._lookups_traced.setdefault(tf.compat.v1.get_default_graph(), [])
 
-    def reused_for_update(self, optimizer_name: str) -> tf.Tensor:
-        """The rows this step's lookups handed to new owners, [R] int32 (for the optimizer's
-        slot resets). Eagerly the list empties; traced, it is the lookups of this function.
+    def before_training_lookup(self) -> None:
+        """A tiered table: none of the step's lookups may take another's rows as swap
+        victims (their gradients are still to come), so the engine protects the rows of as
+        many batches as the step has lookups, counted before this one's key stage plans."""
+        count = len(self._lookups_now()) + 1
+        if self.tiered and count > self._swap_protect:
+            loader.engine().set_swap_protect(self.table_key, count)
+            self._swap_protect = count
+
+    def note_lookup(self, reused: tf.Tensor, swap: Optional[tf.Operation] = None) -> None:
+        """A training lookup of this step handed `reused` rows to new owners (by `swap`,
+        the embedding's swap, in a tiered table)."""
+        self._lookups_now().append((reused, swap))
+
+    def lookups_for_update(self, optimizer_name: str
+                           ) -> List[Tuple[tf.Tensor, Optional[tf.Operation]]]:
+        """This step's training lookups, (reused [R] int32, the embedding's swap), in
+        order, for the optimizer's slot resets or swaps. Eagerly the list empties; traced,
+        it is the lookups of this function.
 
         Raises:
             RuntimeError: in a tf.function without a training lookup of this table (the
@@ -66,19 +92,25 @@ class KerasTable(SparseEmbedding):
                 update).
         """
         if tf.executing_eagerly():
-            tensors, self._reused_eager = self._reused_eager, []
-        else:
-            tensors = None
-            graph = tf.compat.v1.get_default_graph()
-            while graph is not None and tensors is None:
-                tensors = self._reused_traced.get(graph)
-                graph = getattr(graph, "outer_graph", None)
-            if tensors is None:
-                raise RuntimeError(
-                    f"{optimizer_name}: the gradient of table {self.table_name!r} is applied in "
-                    "a tf.function that made no training lookup of it; call the layer (with "
-                    "training=True) and apply the gradients in the same tf.function, or both "
-                    "eagerly, so that the rows the lookup handed to new IDs get fresh slots")
+            lookups, self._lookups_eager = self._lookups_eager, []
+            return lookups
+        lookups = None
+        graph = tf.compat.v1.get_default_graph()
+        while graph is not None and lookups is None:
+            lookups = self._lookups_traced.get(graph)
+            graph = getattr(graph, "outer_graph", None)
+        if lookups is None:
+            raise RuntimeError(
+                f"{optimizer_name}: the gradient of table {self.table_name!r} is applied in "
+                "a tf.function that made no training lookup of it; call the layer (with "
+                "training=True) and apply the gradients in the same tf.function, or both "
+                "eagerly, so that the rows the lookup handed to new IDs get fresh slots")
+        return lookups
+
+    def reused_for_update(self, optimizer_name: str) -> tf.Tensor:
+        """The rows this step's lookups handed to new owners, [R] int32 (for the optimizer's
+        slot resets); see lookups_for_update."""
+        tensors = [reused for reused, _ in self.lookups_for_update(optimizer_name)]
         if not tensors:
             return tf.zeros([0], tf.int32)
         return tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=0)
@@ -111,8 +143,9 @@ class Embedding(tf.keras.layers.Layer):
             sparse_lookup(combiner=...) does (mxrec.core.multi_hot): tf.SparseTensor [B, K]
             (needs a combiner) -> [B, dim]; tf.RaggedTensor [B, (k)] -> [B, dim], or
             [B, (k), dim] with None; dense [*S, K] -> [*S, dim].
-        host_vocabulary_size, ssd_vocabulary_size, ssd_data_path: the host and SSD tiers;
-            not available in mxrec.keras yet (NotImplementedError when set).
+        host_vocabulary_size, ssd_vocabulary_size, ssd_data_path: the host and SSD tiers,
+            as create_table's: the weight caches the rows of up to host_vocabulary_size
+            (+ ssd_vocabulary_size) more IDs, optimizer slots included (mxrec.core.tiers).
         **kwargs: Keras Layer arguments (trainable, dtype must stay float32).
 
     Call:
@@ -124,8 +157,8 @@ class Embedding(tf.keras.layers.Layer):
         timestamp: the batch's time in seconds (its max is taken), for eviction.
 
     Raises:
-        NotImplementedError: a setting mxrec.keras does not offer yet (tiers, several
-            ranks, init(use_dynamic=False), init(use_dynamic_expansion=True)).
+        NotImplementedError: a setting mxrec.keras does not offer yet (several ranks,
+            init(use_dynamic=False), init(use_dynamic_expansion=True)).
     """
 
     def __init__(self, dim, name: str, device_vocabulary_size: int,
@@ -147,8 +180,7 @@ class Embedding(tf.keras.layers.Layer):
         # then leaves Model.fit's jit_compile="auto" off (Keras 2 never turns it on).
         self.supports_jit = False
         runtime = get_config_initializer()
-        _refuse_unavailable(name, runtime, host_vocabulary_size, ssd_vocabulary_size,
-                            ssd_data_path)
+        _refuse_unavailable(name, runtime)
         if embeddings_initializer is None:
             embeddings_initializer = tf.keras.initializers.RandomUniform(-0.05, 0.05)
         config = table_config(
@@ -228,15 +260,36 @@ class Embedding(tf.keras.layers.Layer):
     def _lookup(self, ids, is_train: bool, stamp) -> tf.Tensor:
         """Dense IDs [*S] -> [*S, dim]: the key stage, the refill, the gather."""
         ids = validate_ids(self.table, ids)
+        if is_train:
+            self.table.before_training_lookup()
         (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
             [tf.reshape(ids, [-1])], [self.table.table_key], is_train, timestamp=stamp)
         variable = self.table.variable
-        if is_train:
+        deps = []
+        if is_train and self.table.tiered:
+            deps = [self._swap(variable, reused)]
+            self.table.note_lookup(reused, deps[0])
+        elif is_train:
             self._refill(variable, reused)
             self.table.note_lookup(reused)
-        unique_emb = tf.gather(variable, rows)
+        with tf.control_dependencies(deps):
+            unique_emb = tf.gather(variable, rows)
         emb = gather.restore_rows(unique_emb, restore, self._default, device=variable.device)
+        if not is_train and self.table.tiered:
+            emb = tiers.read_host_rows(self.table, ids, emb)
         return self.table._finish(ids, emb, self._default, self.is_grad)  # noqa: SLF001
+
+    def _swap(self, variable: tf.Variable, reused: tf.Tensor) -> tf.Operation:
+        """A tiered table: this lookup's plan applied to the weight before the gather reads
+        it (TieredTable._refill), after the step's earlier lookups' swaps."""
+        fresh = _keras_random_rows(self.table.initializer, tf.size(reused), self.dim)
+        if fresh is None:
+            fresh = self.table.initial_rows(
+                tf.size(reused), required_for="it has a host tier, so rows of new IDs are "
+                "filled from its initializer as they arrive")
+        earlier = [swap for _, swap in self.table._lookups_now()]  # noqa: SLF001
+        return tiers.apply_swap(self.table.table_key, variable, reused, tiers.EMBEDDING,
+                                fresh, after=earlier[-1:])
 
     def _refill(self, variable: tf.Variable, reused: tf.Tensor) -> None:
         """Rows handed to new IDs (after eviction) start again from the initializer, before
@@ -273,9 +326,35 @@ class Embedding(tf.keras.layers.Layer):
         """The host table's statistics (rows in use, IDs seen, admitted, evicted, ...)."""
         return self.table.stats()
 
+    def tier_stats(self):
+        """A tiered table's rows per tier and swap traffic (mxrec.core.tiers.stats: tier_ids,
+        host_rows, ssd_rows, swap_in_total, swap_out_total, fresh_total, ...).
+
+        Raises:
+            ValueError: the table has no host tier.
+        """
+        if not self.table.tiered:
+            raise ValueError(f"mxrec.keras.Embedding {self.table.table_name!r} has no host "
+                             "tier (host_vocabulary_size is 0): stats() has its statistics")
+        return tiers.stats(self.table)
+
     def export_rows(self):
-        """(ids, rows): the device row of every admitted ID, ordered by row."""
+        """(ids, rows): the device row of every admitted ID, ordered by row (the IDs in the
+        host and SSD tiers of a tiered table have no device row: see export_values)."""
         return self.table.export_rows()
+
+    def export_values(self, optimizer=None) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
+        """Every admitted ID's row, and with `optimizer` (an mxrec.keras optimizer) its table
+        slots, wherever they live (device weight, host or SSD tier), as the Session path's
+        tiers.export_values: {"embedding": (ids [n] int64 sorted, values [n, dim]),
+        "<optimizer name>/<slot>": (ids, values), ...}. Call it between steps."""
+        dense = {tiers.EMBEDDING: self.table.variable.numpy()}
+        if optimizer is not None:
+            for slot_name, slot in sorted(optimizer._slots_of(self.table).items()):  # noqa: SLF001
+                dense[f"{optimizer.name}/{slot_name}"] = slot.numpy()
+        tiers.check_no_pending_plans(self.table, f"mxrec.keras.Embedding "
+                                                 f"{self.table.table_name!r}.export_values")
+        return tiers.collect_values(self.table.table_key, dense, self.table.tiered)
 
     def get_config(self):
         raise NotImplementedError(
@@ -302,16 +381,8 @@ def _keras_random_rows(initializer, count: tf.Tensor, dim: int) -> Optional[tf.T
     return draw(shape, float(initializer.mean), float(initializer.stddev), tf.float32, seed=seed)
 
 
-def _refuse_unavailable(name, runtime, host_vocabulary_size, ssd_vocabulary_size,
-                        ssd_data_path) -> None:
+def _refuse_unavailable(name, runtime) -> None:
     where = f"mxrec.keras.Embedding {name!r}"
-    if (host_vocabulary_size not in (0, None) or ssd_vocabulary_size not in (0, None)
-            or (ssd_data_path not in ((), None, "", [])
-                and not (isinstance(ssd_data_path, np.ndarray) and ssd_data_path.size == 0))):
-        raise NotImplementedError(
-            f"{where}: host and SSD tiers (host_vocabulary_size, ssd_vocabulary_size, "
-            "ssd_data_path) are not available in mxrec.keras yet; leave them out (a "
-            "device-only table), or use create_table in the Session API")
     config = runtime.config
     if config.rank_size > 1:
         raise NotImplementedError(

@@ -10,7 +10,10 @@ optimizer of the same rule for the tables (`Embedding` weights), as the Session 
   `ResourceSparseApplyAdagrad` for Adagrad after summing repeated rows);
 - each table slot starts at its initial value for every row; the slots of rows the step's
   lookups handed to new IDs (rows freed by eviction) go back to that value before the update
-  (the Session path's slot_refills).
+  (the Session path's slot_refills);
+- a table with a host tier swaps its slots with the tier instead, plan by plan as its lookups
+  swapped the rows (component `<optimizer name>/<slot>`, as the Session path's swap_slots),
+  so that an ID coming back from the tier brings its slots with it.
 
     SGD(learning_rate)      dense: Keras' SGD;   rows: row -= lr * g
     Adagrad(learning_rate, initial_accumulator_value, epsilon)
@@ -31,6 +34,8 @@ from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
+from mxrec._lib import loader
+from mxrec.core import tiers
 from mxrec.keras import _compat
 from mxrec.keras.checkpoint import TableSlots
 
@@ -82,20 +87,51 @@ class _TableOptimizer:
         return dense, tables
 
     def _apply_tables(self, tables) -> None:
+        where = f"mxrec.keras.optimizers.{type(self).__name__}"
         for grad, table in tables:
             variable = table.variable
-            slots = self._slots_of(table)
-            reused = table.reused_for_update(f"mxrec.keras.optimizers.{type(self).__name__}")
-            resets = []
-            for slot_name, slot in slots.items():
-                fresh = tf.fill(tf.stack([tf.size(reused), table.dim]),
-                                tf.constant(self._table_slot_values[slot_name], slot.dtype))
-                resets.append(slot.scatter_update(tf.IndexedSlices(fresh, reused)))
+            if table.tiered:
+                known = set(loader.engine().tier_components(table.table_key))
+                slots = self._slots_of(table)
+                resets = self._swap_slots(table, slots, table.lookups_for_update(where), known)
+            else:
+                slots = self._slots_of(table)
+                reused = table.reused_for_update(where)
+                resets = []
+                for slot_name, slot in slots.items():
+                    fresh = tf.fill(tf.stack([tf.size(reused), table.dim]),
+                                    tf.constant(self._table_slot_values[slot_name], slot.dtype))
+                    resets.append(slot.scatter_update(tf.IndexedSlices(fresh, reused)))
             lr = tf.cast(tf.convert_to_tensor(self._table_learning_rate()), variable.dtype)
             with tf.control_dependencies(resets):
                 self._apply_table(grad.values, grad.indices, variable, slots, lr)
         if tables:
             self._finish_tables()
+
+    def _swap_slots(self, table, slots, lookups, known) -> list:
+        """A tiered table's slots swapped with the host tier, each lookup's plan in order
+        after the embedding's swaps of the step (tiers.swap_slots). known: the components
+        registered before this apply; one registered only now (eagerly, at the first update
+        after the step's lookups) was marked done for the plans already queued, so it skips
+        them: its rows start at the initial value anyway."""
+        embedding_swaps = [swap for _, swap in lookups if swap is not None]
+        ops = []
+        for slot_name, slot in sorted(slots.items()):
+            component = self._tier_component(slot_name)
+            if tf.executing_eagerly() and component not in known:
+                continue
+            fresh = tf.constant(self._table_slot_values[slot_name], tf.float32)
+            previous = []
+            for reused, _ in lookups:
+                previous = [tiers.apply_swap(table.table_key, slot, reused, component, fresh,
+                                             after=previous + embedding_swaps)]
+                ops += previous
+        return [op for op in ops if op is not None]
+
+    def _tier_component(self, slot_name: str) -> str:
+        """The host tier's name of a slot: `<optimizer name>/<slot>`, as the Session path's
+        hash optimizers name theirs (and checkpoints the slot's state)."""
+        return f"{self.name}/{slot_name}"
 
     def _finish_tables(self) -> None:
         """After every table of one apply (LazyAdam's beta powers)."""
@@ -105,6 +141,8 @@ class _TableOptimizer:
         return rate.value if _KERAS3 and hasattr(rate, "value") else rate
 
     def _slots_of(self, table) -> Dict[str, tf.Variable]:
+        """The table's slot variables, made at the first call (a tiered table's slots are
+        registered with its host tier then, under `<optimizer name>/<slot>`)."""
         key = table.table_name
         if key not in self._table_slots:
             slots = {}
@@ -114,6 +152,9 @@ class _TableOptimizer:
                         tf.fill(table.variable.shape, tf.constant(value, table.value_dtype)),
                         trainable=False, name=f"{table.table_name}/{slot_name}")
                     setattr(self.mxrec_tables, f"{key}__{slot_name}", slots[slot_name])
+                    if getattr(table, "tiered", False):
+                        loader.engine().tier_register(table.table_key,
+                                                      self._tier_component(slot_name))
             self._table_slots[key] = slots
         return self._table_slots[key]
 

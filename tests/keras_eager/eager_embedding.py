@@ -121,11 +121,92 @@ def test_multi_hot_refusals():
         mk.Embedding(DIM, "bad", 10, combiner="max")
 
 
-@pytest.mark.parametrize("kwargs", [dict(host_vocabulary_size=10),
-                                    dict(ssd_vocabulary_size=10)])
-def test_tiers_are_refused(kwargs):
-    with pytest.raises(NotImplementedError, match="host and SSD tiers"):
-        mk.Embedding(DIM, "t", 10, **kwargs)
+def test_tier_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="needs host_vocabulary_size"):
+        mk.Embedding(DIM, "t", 10, ssd_vocabulary_size=10, ssd_data_path=[str(tmp_path)])
+    with pytest.raises(ValueError, match="host_vocabulary_size must be an int >= 0"):
+        mk.Embedding(DIM, "t", 10, host_vocabulary_size=-1)
+    with pytest.raises(ValueError, match="not an existing directory"):
+        mk.Embedding(DIM, "t", 10, host_vocabulary_size=5, ssd_vocabulary_size=10,
+                     ssd_data_path=[str(tmp_path / "missing")])
+    with pytest.raises(ValueError, match="has no host tier"):
+        mk.Embedding(DIM, "t", 10).tier_stats()
+
+
+def _train_step(layer, opt, ids):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(tf.constant(ids, tf.int64)))
+    opt.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables),
+                            layer.trainable_variables))
+
+
+def test_host_tier_swaps_rows_out_and_back_and_evaluation_reads_them():
+    init = tf.keras.initializers.Constant(0.25)
+    layer, values = _layer(capacity=4, host_vocabulary_size=20, embeddings_initializer=init)
+    sgd = mk.optimizers.SGD(0.5)
+    _train_step(layer, sgd, [1, 2, 3, 4])  # the device's 4 rows
+    _train_step(layer, sgd, [5, 6, 7, 8])  # 1-4 go to the host tier
+    stats = layer.tier_stats()
+    assert (stats["tier_ids"], stats["swap_out_total"], stats["fresh_total"]) == (4, 4, 4)
+    got = layer(tf.constant([1, 5, 99], tf.int64), training=False).numpy()
+    np.testing.assert_array_equal(got, np.stack([values[0] - 0.5, np.full(DIM, -0.25),
+                                                 np.zeros(DIM)]))
+    assert layer.tier_stats()["tier_ids"] == 4  # evaluation moved nothing
+    # Adagrad's first update comes after a plan that moved rows (1-4 back, 5-8 out): its
+    # slot starts there, at its initial value.
+    adagrad = mk.optimizers.Adagrad(0.1, initial_accumulator_value=0.1)
+    _train_step(layer, adagrad, [1, 2, 3, 4])
+    assert layer.tier_stats()["swap_in_total"] == 4
+    exported = layer.export_values(adagrad)
+    ids, rows = exported["embedding"]
+    np.testing.assert_array_equal(ids, np.arange(1, 9))
+    expected = np.concatenate([values[:4] - 0.5 - 0.1 / np.sqrt(1.1),
+                               np.full((4, DIM), -0.25)])
+    np.testing.assert_allclose(rows, expected, rtol=1e-6)
+    slot_ids, slot = exported["Adagrad/accumulator"]
+    np.testing.assert_array_equal(slot_ids, [1, 2, 3, 4])  # 5-8 never had one
+    np.testing.assert_allclose(slot, 1.1, rtol=1e-6)
+    _train_step(layer, adagrad, [5, 6, 7, 8])  # 1-4 out again, with their slots
+    slot_ids, slot = layer.export_values(adagrad)["Adagrad/accumulator"]
+    np.testing.assert_array_equal(slot_ids, np.arange(1, 9))
+    np.testing.assert_allclose(slot, 1.1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_host_tier_with_two_lookups_a_step_matches_a_large_device_table(traced):
+    """Two lookups of one table per step: the second may not take the first's rows as swap
+    victims before the update; the result equals a device table large enough for all IDs."""
+    init = tf.keras.initializers.Constant(0.25)
+    tiered = mk.Embedding(DIM, "tiered", 6, host_vocabulary_size=30,
+                          embeddings_initializer=init)
+    large = mk.Embedding(DIM, "large", 40, embeddings_initializer=init)
+    steps = {}
+    batches = [([1, 2, 3], [4, 5, 6]), ([7, 8, 9], [1, 2, 3]), ([4, 5, 10], [11, 7, 1]),
+               ([12, 13, 14], [2, 3, 4])]
+    for layer in (tiered, large):
+        opt = mk.optimizers.SGD(0.5)
+
+        def step(a, b, layer=layer, opt=opt):
+            with tf.GradientTape() as tape:
+                loss = (tf.reduce_sum(layer(a) * [1.0, 2.0, 3.0])
+                        + tf.reduce_sum(tf.square(layer(b))))
+            opt.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables),
+                                    layer.trainable_variables))
+
+        step = tf.function(step) if traced else step
+        for a, b in batches:
+            step(tf.constant(a, tf.int64), tf.constant(b, tf.int64))
+        steps[layer.name] = step
+    assert tiered.tier_stats()["swap_in_total"] > 0
+    got_ids, got = tiered.export_values()["embedding"]
+    want_ids, want = large.export_values()["embedding"]
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # 7 IDs in one step on 6 device rows: the second lookup would have to take a row of
+    # the first, whose gradient is still to come.
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="batches of one step"):
+        steps["tiered"](tf.constant([20, 21, 22], tf.int64), tf.constant([23, 24, 25, 26],
+                                                                         tf.int64))
 
 
 @pytest.mark.parametrize("settings, match", [(dict(use_dynamic=False), "use_dynamic=False"),

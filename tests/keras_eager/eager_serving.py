@@ -22,12 +22,15 @@ from mxrec.serving.predictor import ModelInstance  # noqa: E402
 ATOL = 1e-6
 
 
-def _model():
+def _model(tiered=False):
     """One-hot IDs of `user` (admission, a serving default, a padding key), multi-hot IDs of
-    `item` combined by a mean, dense features; a hidden layer and a logit."""
-    user = mk.Embedding(4, "user", 60, access_threshold=2, serving_default_value=0.25,
-                        padding_keys=[-1])
-    item = mk.Embedding(3, "item", 60, combiner="mean")
+    `item` combined by a mean, dense features; a hidden layer and a logit. tiered: both
+    tables hold 30 device rows over a host tier (the training IDs do not fit the device)."""
+    sizes = dict(device_vocabulary_size=30, host_vocabulary_size=100) if tiered else dict(
+        device_vocabulary_size=60)
+    user = mk.Embedding(4, "user", access_threshold=2, serving_default_value=0.25,
+                        padding_keys=[-1], **sizes)
+    item = mk.Embedding(3, "item", combiner="mean", **sizes)
     ids = tf.keras.Input([2], dtype=tf.int64, name="user_ids")
     items = tf.keras.Input([3], dtype=tf.int64, name="item_ids")
     dense = tf.keras.Input([2], name="dense")
@@ -71,10 +74,16 @@ def _ops(export_dir):
             | {n.op for fn in graph.library.function for n in fn.node_def})
 
 
-def test_the_export_serves_the_trained_models_predictions(tmp_path):
+@pytest.mark.parametrize("tiered", [False, True])
+def test_the_export_serves_the_trained_models_predictions(tmp_path, tiered):
     rng = np.random.default_rng(0)
-    model = _model()
+    model = _model(tiered)
     _fit(model, rng)
+    if tiered:  # IDs in the host tier: predict reads them there, the export holds them
+        item = model.get_layer("item")
+        assert item.tier_stats()["tier_ids"] > 0
+        ids, _ = item.export_values()["embedding"]
+        assert len(ids) > 30
     query = _batch(rng, 32, 80)  # seen, unseen and rejected IDs, the padding key
     expected = model.predict(query, verbose=0)
     before = {layer: layer.stats() for layer in model.layers if isinstance(layer, mk.Embedding)}
