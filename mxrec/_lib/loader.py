@@ -2,6 +2,7 @@
 
 import functools
 import json
+import sys
 from pathlib import Path
 
 _LIB_DIR = Path(__file__).resolve().parent
@@ -65,13 +66,43 @@ def mpi_op_library():
             f"rebuild. {_REBUILD_HINT}")
     op_library()  # checks the TensorFlow version the libraries were built for
     try:
-        from mpi4py import MPI  # noqa: F401, PLC0415 (initialises MPI, finalises at exit)
+        from mpi4py import MPI  # noqa: PLC0415 (initialises MPI, finalises at exit)
     except ImportError:
         pass
+    else:
+        if MPI.COMM_WORLD.Get_size() > 1:
+            abort_job_on_uncaught_exception(MPI.COMM_WORLD)
     try:
         return tf.load_op_library(str(path))
     except (tf.errors.NotFoundError, OSError) as err:
         raise ImportError(f"cannot load mxrec's MPI op library: {err}. {_REBUILD_HINT}") from err
+
+
+def abort_job_on_uncaught_exception(comm) -> None:
+    """An exception no code catches ends the whole MPI job (MPI_Abort), as `python -m
+    mpi4py` does, once its traceback is printed.
+
+    Without it, the failing rank would wait in MPI_Finalize (mpi4py's, at exit) for ranks
+    that wait in turn for its next exchange: every rank would stop only when its exchange
+    times out (MXREC_COLLECTIVE_TIMEOUT, minutes), the launcher seeing nothing until then.
+    Exceptions caught by the program, and sys.exit, end the process as before."""
+    previous = sys.excepthook
+    if getattr(previous, "_mxrec_aborts_job", False):
+        return
+
+    def hook(exc_type, exc, traceback):
+        try:
+            previous(exc_type, exc, traceback)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 (a closed stream: abort anyway)
+                    pass
+            comm.Abort(1)
+
+    hook._mxrec_aborts_job = True
+    sys.excepthook = hook
 
 
 def mpi_op_library_path():
