@@ -151,9 +151,11 @@ class Config:
             max(1, int(27772 * 55296 / GLOBAL_BATCH_SIZE * scale)),
         ]
         self.global_step = tf.Variable(0, trainable=False)
+        # mxrec port: ZOO_LR_SCALE scales both base learning rates (default 1: the original's)
+        lr_scale = float(os.getenv("ZOO_LR_SCALE", "1"))
         _lr_scheduler = LearningRateScheduler(
-            28.443,
-            33.71193,
+            28.443 * lr_scale,
+            33.71193 * lr_scale,
             LR_SCHEDULE_STEPS[0],
             LR_SCHEDULE_STEPS[1],
             LR_SCHEDULE_STEPS[2],
