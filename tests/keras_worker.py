@@ -5,7 +5,8 @@ mode: the test process runs TF1 graph mode, see conftest.py).
 
 MODE: fit (Model.fit), function (a tf.function step with tf.GradientTape), eager (the same
 step eagerly), resume (Model.fit on the first half, tf.train.Checkpoint, a new init() and
-model restored from it, Model.fit on the rest), ckpt_resume (the same through
+model restored from it, Model.fit on the rest), weights_resume (the same through
+model.save_weights("x.weights.h5") / load_weights), ckpt_resume (the same through
 mk.callbacks.Checkpoint, mxrec's full/delta format, in settings["ckpt_dir"]), to_session
 (Model.fit on the first half with that callback), from_session (Model.fit on the second half,
 the callback restoring settings["ckpt_dir"] first), warm (mk.warm_start from it); each trains
@@ -143,6 +144,20 @@ def run(data_path, out_path, mode):
         opt = optimizer(settings)
         tf.train.Checkpoint(model=model, optimizer=opt).restore(
             path).assert_existing_objects_matched()
+        train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt)
+    elif mode == "weights_resume":  # the same through model.save_weights / load_weights
+        from mxrec.keras import saving  # noqa: PLC0415
+
+        half = len(data["ids"]) // 2
+        train("fit", {k: v[:half] for k, v in data.items()}, settings, model, layer, opt)
+        path = out_path[:-len(".npz")] + ".weights.h5"
+        model.save_weights(path)
+        tf.keras.backend.clear_session()
+        model, layer = build(settings, init)
+        opt = optimizer(settings)
+        model.compile(optimizer=opt, loss="mse")
+        saving.build_optimizer(opt, model)  # Keras loads an optimizer's state once it is built
+        model.load_weights(path)
         train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt)
     elif mode == "ckpt_resume":  # the same through mk.callbacks.Checkpoint (mxrec's format)
         half = len(data["ids"]) // 2

@@ -1,4 +1,6 @@
-"""A tf.train.Checkpoint of an mxrec.keras model carries the table's host state: Model.fit on
+"""A tf.train.Checkpoint of an mxrec.keras model, and Keras' weights file
+(model.save_weights("x.weights.h5"), the only format of Keras 3), carry the table's host state
+and the optimizer's table slots: Model.fit on
 the first half of a stream, a checkpoint, a new init() (empty host tables) and a new model
 restored from it, Model.fit on the rest, gives bit for bit the parameters, slots, IDs and
 rows of one uninterrupted Model.fit (tests/keras_worker.py, mode "resume"; eager, in a
@@ -17,10 +19,11 @@ from test_keras_training import BASE, SCENARIOS, _data, _keras_runs
 
 @pytest.mark.parametrize("scenario", ["sgd", "lazy_adam_admission", "adagrad_eviction",
                                       "adagrad_host_tier_eviction", "lazy_adam_ssd_tier"])
-def test_resume_from_a_keras_checkpoint_equals_one_run(tmp_path, scenario):
+@pytest.mark.parametrize("mode", ["resume", "weights_resume"])
+def test_resume_from_a_keras_checkpoint_equals_one_run(tmp_path, scenario, mode):
     settings = dict(BASE, **SCENARIOS[scenario])
-    runs = _keras_runs(tmp_path, settings, _data(settings), modes=("fit", "resume"))
-    once, resumed = runs["fit"], runs["resume"]
+    runs = _keras_runs(tmp_path, settings, _data(settings), modes=("fit", mode))
+    once, resumed = runs["fit"], runs[mode]
     assert sorted(once) == sorted(resumed)
     for key in sorted(set(once) - {"stats"}):
         np.testing.assert_array_equal(resumed[key], once[key], err_msg=key)

@@ -12,6 +12,7 @@ The Session path's checkpoints are name-based (`<table>/mxrec_host/<field>`), th
 object-based: the two formats do not read each other yet.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
@@ -42,6 +43,47 @@ class HostState(tf.__internal__.tracking.Trackable):
                 return loader.op_library().mxrec_import_table_tiered(
                     *inputs, table_key=self._table_key)
             return loader.op_library().mxrec_import_table(*inputs, table_key=self._table_key)
+
+    # Keras 3's weights files (`model.save_weights("x.weights.h5")`) hold NumPy arrays by
+    # name: the layer's save_own_variables / load_own_variables store these.
+    def arrays(self) -> dict:
+        """{"mxrec_host_<field>": NumPy array} of the host state now (eagerly); string
+        fields (a tiered table's component names) as one uint8 array of their
+        newline-joined UTF-8 bytes."""
+        out = {}
+        for field, tensor in self._serialize_to_tensors().items():
+            value = tensor.numpy()
+            if value.dtype == object:
+                value = np.frombuffer("\n".join(v.decode() for v in value.reshape(-1))
+                                      .encode(), np.uint8)
+            out[ARRAY_PREFIX + field] = value
+        return out
+
+    def load_arrays(self, arrays) -> None:
+        """Imports what `arrays` saved (`arrays[name]` for each of its names).
+
+        Raises:
+            ValueError: a field missing (a weights file of a table without a host tier for
+                one with it, or of another mxrec); the import op's errors for a snapshot
+                that does not fit the table.
+        """
+        restored = {}
+        for field, dtype in self._fields:
+            name = ARRAY_PREFIX + field
+            if name not in arrays:
+                raise ValueError(
+                    f"mxrec.keras.Embedding {self._table_name!r}: the weights file has no "
+                    f"{name!r} (the table's host state{' with its host tier' * self._tiered})"
+                    "; was it saved from another model?")
+            value = np.asarray(arrays[name])
+            if dtype == tf.string:
+                text = value.astype(np.uint8).tobytes().decode()
+                value = np.array(text.split("\n") if text else [], dtype=object)
+            restored[field] = tf.constant(value, dtype if dtype == tf.string else None)
+        self._restore_from_tensors(restored)
+
+
+ARRAY_PREFIX = "mxrec_host_"
 
 
 class TableSlots(tf.__internal__.tracking.AutoTrackable):

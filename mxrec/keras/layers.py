@@ -356,11 +356,49 @@ class Embedding(tf.keras.layers.Layer):
                                                  f"{self.table.table_name!r}.export_values")
         return tiers.collect_values(self.table.table_key, dense, self.table.tiered)
 
+    # ------------------------------------------------------------------ weights files
+
+    def save_own_variables(self, store):
+        """Keras' weights files (`model.save_weights("x.weights.h5")`, Keras 3's only
+        format): the layer's weight as Keras stores it, and the table's host state (the
+        fields tf.train.Checkpoint saves, `checkpoint.HostState.arrays`) beside it."""
+        super().save_own_variables(store)
+        for name, value in self.host_state.arrays().items():
+            store[name] = value
+
+    def load_own_variables(self, store):
+        """Restores what save_own_variables stored: the weight, then the host state into
+        the engine (refused, naming the table, when it does not fit)."""
+        keys = list(store.keys())
+        weights = _Subset(store, [k for k in keys if not k.startswith(checkpoint.ARRAY_PREFIX)])
+        super().load_own_variables(weights)
+        self.host_state.load_arrays({k: store[k] for k in keys
+                                     if k.startswith(checkpoint.ARRAY_PREFIX)})
+
     def get_config(self):
         raise NotImplementedError(
             f"mxrec.keras.Embedding {self.table.table_name!r}: serialising the layer "
             "(get_config, model.save, clone_model) is not available yet: its state is in the "
             "C++ engine")
+
+
+class _Subset:
+    """Some keys of a Keras weights store, as a store (`keys()` and `[key]`), for the base
+    class's loading, which expects exactly its own variables' keys."""
+
+    def __init__(self, store, keys):
+        self._store, self._keys = store, list(keys)
+
+    def keys(self):
+        return list(self._keys)
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._store[key]
+
+    def __len__(self):
+        return len(self._keys)
 
 
 def _keras_random_rows(initializer, count: tf.Tensor, dim: int) -> Optional[tf.Tensor]:

@@ -32,6 +32,7 @@ clipping, weight decay, EMA and gradient accumulation are refused for now.
 
 from typing import Dict, List, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
@@ -40,6 +41,7 @@ from mxrec.keras import _compat
 from mxrec.keras.checkpoint import TableSlots
 
 _KERAS3 = _compat.keras_major() >= 3
+_SLOT_PREFIX = "mxrec."  # the table slots' names in Keras weights files
 # Keras optimizer arguments the table update does not follow yet.
 _REFUSED = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema",
             "gradient_accumulation_steps", "loss_scale_factor")
@@ -70,6 +72,44 @@ class _TableOptimizer:
     def _init_tables(self):
         self._table_slots: Dict[str, Dict[str, tf.Variable]] = {}
         self.mxrec_tables = TableSlots()  # what checkpoints track
+        # Table slots read from a weights file before the optimizer made them
+        # (load_own_variables): {table name: {slot: array}}, used when they are made.
+        self._loaded_table_slots: Dict[str, Dict[str, object]] = {}
+
+    # Keras' weights files (`model.save_weights("x.weights.h5")` saves a compiled model's
+    # optimizer too): Keras' own variables under "0", "1", ..., the table slots and table
+    # beta powers under "mxrec.<table>__<slot>" and "mxrec.<name>".
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for table_name, slots in sorted(self._table_slots.items()):
+            for slot_name, slot in sorted(slots.items()):
+                store[f"{_SLOT_PREFIX}{table_name}__{slot_name}"] = slot.numpy()
+        for name, power in zip(("beta1_power", "beta2_power"),
+                               getattr(self, "_table_beta_powers", ())):
+            store[f"{_SLOT_PREFIX}{name}"] = power.numpy()
+
+    def load_own_variables(self, store):
+        from mxrec.keras.layers import _Subset  # noqa: PLC0415 (layers imports this module)
+
+        keys = list(store.keys())
+        super().load_own_variables(_Subset(store, [k for k in keys
+                                                   if not k.startswith(_SLOT_PREFIX)]))
+        powers = dict(zip(("beta1_power", "beta2_power"),
+                          getattr(self, "_table_beta_powers", ())))
+        for key in keys:
+            if not key.startswith(_SLOT_PREFIX):
+                continue
+            name = key[len(_SLOT_PREFIX):]
+            value = np.asarray(store[key])
+            if name in powers:
+                powers[name].assign(value)
+                continue
+            table_name, _, slot_name = name.rpartition("__")
+            slots = self._table_slots.get(table_name)
+            if slots is not None and slot_name in slots:
+                slots[slot_name].assign(value)
+            else:  # made at the table's first update (or checkpoint), from this value
+                self._loaded_table_slots.setdefault(table_name, {})[slot_name] = value
 
     def _split(self, grads_and_vars) -> Tuple[List, List]:
         dense, tables = [], []
@@ -147,10 +187,19 @@ class _TableOptimizer:
         if key not in self._table_slots:
             slots = {}
             with tf.init_scope():
+                loaded = self._loaded_table_slots.pop(key, {})
                 for slot_name, value in self._table_slot_values.items():
+                    initial = tf.fill(table.variable.shape, tf.constant(value, table.value_dtype))
+                    if slot_name in loaded:
+                        initial = tf.constant(loaded[slot_name], table.value_dtype)
+                        if initial.shape != table.variable.shape:
+                            raise ValueError(
+                                f"mxrec.keras.optimizers.{type(self).__name__}: slot "
+                                f"{slot_name!r} of table {key!r} has shape "
+                                f"{initial.shape.as_list()} in the weights file, but the table "
+                                f"has {table.variable.shape.as_list()}")
                     slots[slot_name] = tf.Variable(
-                        tf.fill(table.variable.shape, tf.constant(value, table.value_dtype)),
-                        trainable=False, name=f"{table.table_name}/{slot_name}")
+                        initial, trainable=False, name=f"{table.table_name}/{slot_name}")
                     setattr(self.mxrec_tables, f"{key}__{slot_name}", slots[slot_name])
                     if getattr(table, "tiered", False):
                         loader.engine().tier_register(table.table_key,
