@@ -60,7 +60,16 @@ class HostState(tf.__internal__.tracking.Trackable):
         return out
 
     def load_arrays(self, arrays) -> None:
-        """Imports what `arrays` saved (`arrays[name]` for each of its names).
+        """Imports what `arrays` saved (`arrays[name]` for each of its names)."""
+        self.import_tensors(self.tensors_of(arrays))
+
+    def import_tensors(self, restored) -> None:
+        """Imports the host state `tensors_of` read (the import op's errors for a snapshot
+        that does not fit the table, the table left as it was)."""
+        self._restore_from_tensors(restored)
+
+    def tensors_of(self, arrays) -> dict:
+        """{field: tensor} of what `arrays` saved, checked for every field.
 
         Raises:
             ValueError: a field missing (a weights file of a table without a host tier for
@@ -80,7 +89,7 @@ class HostState(tf.__internal__.tracking.Trackable):
                 text = value.astype(np.uint8).tobytes().decode()
                 value = np.array(text.split("\n") if text else [], dtype=object)
             restored[field] = tf.constant(value, dtype if dtype == tf.string else None)
-        self._restore_from_tensors(restored)
+        return restored
 
 
 ARRAY_PREFIX = "mxrec_host_"

@@ -368,12 +368,14 @@ class Embedding(tf.keras.layers.Layer):
 
     def load_own_variables(self, store):
         """Restores what save_own_variables stored: the weight, then the host state into
-        the engine (refused, naming the table, when it does not fit)."""
+        the engine (refused, naming the table, when it does not fit; a file without the
+        table's host-state fields is refused before the weight changes)."""
         keys = list(store.keys())
+        host = self.host_state.tensors_of({k: store[k] for k in keys
+                                           if k.startswith(checkpoint.ARRAY_PREFIX)})
         weights = _Subset(store, [k for k in keys if not k.startswith(checkpoint.ARRAY_PREFIX)])
         super().load_own_variables(weights)
-        self.host_state.load_arrays({k: store[k] for k in keys
-                                     if k.startswith(checkpoint.ARRAY_PREFIX)})
+        self.host_state.import_tensors(host)
 
     def get_config(self):
         raise NotImplementedError(

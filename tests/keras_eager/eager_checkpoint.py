@@ -165,3 +165,19 @@ def test_warm_start_refusals(tmp_path):
     with pytest.raises(ValueError, match="weight 'other/kernel' is not in"):
         mk.warm_start(model2, str(tmp_path), ".*")
     assert mk.warm_start(model2, str(tmp_path), "user") == ["user"]
+
+
+def test_a_weights_file_that_does_not_fit_the_table_is_refused(tmp_path):
+    """model.save_weights / load_weights (Keras' weights file): the host state of a
+    device-only table does not load into a tiered one, and the table is left as it was."""
+    model, _ = _model()
+    _fit(model, [], _data())
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    _restart()
+    tiered, layer = _model(host_vocabulary_size=20)
+    before = layer.embeddings.numpy()
+    with pytest.raises(ValueError, match="'user'.*mxrec_host_in_host.*host tier"):
+        tiered.load_weights(path)
+    assert layer.stats()["rows_in_use"] == 0
+    np.testing.assert_array_equal(layer.embeddings.numpy(), before)
