@@ -397,7 +397,7 @@ class _Subset:
     def __getitem__(self, key):
         if key not in self._keys:
             raise KeyError(key)
-        return self._store[key]
+        return np.asarray(self._store[key])  # an h5py dataset read whole
 
     def __len__(self):
         return len(self._keys)
