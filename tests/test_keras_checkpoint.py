@@ -16,10 +16,13 @@ import numpy as np
 import pytest
 from test_keras_training import BASE, SCENARIOS, _data, _keras_runs
 
+_RESUMED = ["sgd", "lazy_adam_admission", "adagrad_eviction", "adagrad_host_tier_eviction",
+            "lazy_adam_ssd_tier"]
 
-@pytest.mark.parametrize("scenario", ["sgd", "lazy_adam_admission", "adagrad_eviction",
-                                      "adagrad_host_tier_eviction", "lazy_adam_ssd_tier"])
-@pytest.mark.parametrize("mode", ["resume", "weights_resume"])
+
+@pytest.mark.parametrize("scenario, mode", [(s, "resume") for s in _RESUMED] + [
+    (s, "weights_resume") for s in ("lazy_adam_admission", "adagrad_host_tier_eviction",
+                                    "lazy_adam_ssd_tier")])
 def test_resume_from_a_keras_checkpoint_equals_one_run(tmp_path, scenario, mode):
     settings = dict(BASE, **SCENARIOS[scenario])
     runs = _keras_runs(tmp_path, settings, _data(settings), modes=("fit", mode))

@@ -37,7 +37,7 @@ def test_bad_lines_and_a_partition_that_lands_while_watching(tmp_path):
     assert len(donefile.read(str(work / "donefile.jsonl"))) == 1
 
     proc = _run(data, work, export, ["--max_bad_lines", "1", "--watch", "--poll_interval",
-                                     "0.5", "--deadline", "60"])
+                                     "0.5", "--deadline", "40"])
     deadline = time.time() + 240
     while time.time() < deadline and len(donefile.read(str(work / "donefile.jsonl"))) < 2:
         time.sleep(0.5)
