@@ -59,10 +59,6 @@ class HostState(tf.__internal__.tracking.Trackable):
             out[ARRAY_PREFIX + field] = value
         return out
 
-    def load_arrays(self, arrays) -> None:
-        """Imports what `arrays` saved (`arrays[name]` for each of its names)."""
-        self.import_tensors(self.tensors_of(arrays))
-
     def import_tensors(self, restored) -> None:
         """Imports the host state `tensors_of` read (the import op's errors for a snapshot
         that does not fit the table, the table left as it was)."""
@@ -93,6 +89,26 @@ class HostState(tf.__internal__.tracking.Trackable):
 
 
 ARRAY_PREFIX = "mxrec_host_"
+
+
+class StoreSubset:
+    """Some keys of a Keras weights store, as a store (`keys()` and `[key]`, arrays read
+    whole), for a base class's loading, which expects exactly its own variables' keys (the
+    layer's and the optimizers' save_own_variables add mxrec's beside them)."""
+
+    def __init__(self, store, keys):
+        self._store, self._keys = store, list(keys)
+
+    def keys(self):
+        return list(self._keys)
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        return np.asarray(self._store[key])  # an h5py dataset read whole
+
+    def __len__(self):
+        return len(self._keys)
 
 
 class TableSlots(tf.__internal__.tracking.AutoTrackable):

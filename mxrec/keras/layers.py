@@ -53,13 +53,17 @@ class KerasTable(SparseEmbedding):
         self.variable: Optional[tf.Variable] = None
         self.host_vocabulary_size = config.host_vocabulary_size
         self.ssd_vocabulary_size = config.ssd_vocabulary_size
-        self.tiered = config.tiered
         # The training lookups not yet applied, (reused rows, the embedding's swap or None):
         # eagerly a list the optimizer empties; in a traced function one list per FuncGraph
         # (one step's trace).
         self._lookups_eager: List[Tuple[tf.Tensor, Optional[tf.Operation]]] = []
         self._lookups_traced = weakref.WeakKeyDictionary()
         self._swap_protect = 1  # the engine's default: one batch's rows are never victims
+
+    @property
+    def tiered(self) -> bool:
+        """Whether the weight caches a host (and SSD) tier."""
+        return self.host_vocabulary_size > 0
 
     def _lookups_now(self) -> list:
         if tf.executing_eagerly():
@@ -279,14 +283,20 @@ class Embedding(tf.keras.layers.Layer):
             emb = tiers.read_host_rows(self.table, ids, emb)
         return self.table._finish(ids, emb, self._default, self.is_grad)  # noqa: SLF001
 
+    def _fresh_rows(self, count: tf.Tensor, required_for: Optional[str]):
+        """[count, dim] rows from the initializer for IDs new to a row (Keras' random
+        initializers drawn anew each time, others through SparseEmbedding.initial_rows),
+        or None where the table needs none (initial_rows)."""
+        fresh = _keras_random_rows(self.table.initializer, count, self.dim)
+        if fresh is None:
+            fresh = self.table.initial_rows(count, required_for=required_for)
+        return fresh
+
     def _swap(self, variable: tf.Variable, reused: tf.Tensor) -> tf.Operation:
         """A tiered table: this lookup's plan applied to the weight before the gather reads
         it (TieredTable._refill), after the step's earlier lookups' swaps."""
-        fresh = _keras_random_rows(self.table.initializer, tf.size(reused), self.dim)
-        if fresh is None:
-            fresh = self.table.initial_rows(
-                tf.size(reused), required_for="it has a host tier, so rows of new IDs are "
-                "filled from its initializer as they arrive")
+        fresh = self._fresh_rows(tf.size(reused), "it has a host tier, so rows of new IDs "
+                                 "are filled from its initializer as they arrive")
         earlier = [swap for _, swap in self.table._lookups_now()]  # noqa: SLF001
         return tiers.apply_swap(self.table.table_key, variable, reused, tiers.EMBEDDING,
                                 fresh, after=earlier[-1:])
@@ -297,9 +307,7 @@ class Embedding(tf.keras.layers.Layer):
         required = None
         if self.table.eviction_threshold is not None:
             required = "eviction (eviction_threshold) re-initialises evicted rows"
-        fresh = _keras_random_rows(self.table.initializer, tf.size(reused), self.dim)
-        if fresh is None:
-            fresh = self.table.initial_rows(tf.size(reused), required_for=required)
+        fresh = self._fresh_rows(tf.size(reused), required)
         if fresh is not None:
             variable.scatter_update(tf.IndexedSlices(fresh, reused))
 
@@ -351,7 +359,7 @@ class Embedding(tf.keras.layers.Layer):
         dense = {tiers.EMBEDDING: self.table.variable.numpy()}
         if optimizer is not None:
             for slot_name, slot in sorted(optimizer._slots_of(self.table).items()):  # noqa: SLF001
-                dense[f"{optimizer.name}/{slot_name}"] = slot.numpy()
+                dense[optimizer._tier_component(slot_name)] = slot.numpy()  # noqa: SLF001
         tiers.check_no_pending_plans(self.table, f"mxrec.keras.Embedding "
                                                  f"{self.table.table_name!r}.export_values")
         return tiers.collect_values(self.table.table_key, dense, self.table.tiered)
@@ -373,7 +381,8 @@ class Embedding(tf.keras.layers.Layer):
         keys = list(store.keys())
         host = self.host_state.tensors_of({k: store[k] for k in keys
                                            if k.startswith(checkpoint.ARRAY_PREFIX)})
-        weights = _Subset(store, [k for k in keys if not k.startswith(checkpoint.ARRAY_PREFIX)])
+        weights = checkpoint.StoreSubset(
+            store, [k for k in keys if not k.startswith(checkpoint.ARRAY_PREFIX)])
         super().load_own_variables(weights)
         self.host_state.import_tensors(host)
 
@@ -382,25 +391,6 @@ class Embedding(tf.keras.layers.Layer):
             f"mxrec.keras.Embedding {self.table.table_name!r}: serialising the layer "
             "(get_config, model.save, clone_model) is not available yet: its state is in the "
             "C++ engine")
-
-
-class _Subset:
-    """Some keys of a Keras weights store, as a store (`keys()` and `[key]`), for the base
-    class's loading, which expects exactly its own variables' keys."""
-
-    def __init__(self, store, keys):
-        self._store, self._keys = store, list(keys)
-
-    def keys(self):
-        return list(self._keys)
-
-    def __getitem__(self, key):
-        if key not in self._keys:
-            raise KeyError(key)
-        return np.asarray(self._store[key])  # an h5py dataset read whole
-
-    def __len__(self):
-        return len(self._keys)
 
 
 def _keras_random_rows(initializer, count: tf.Tensor, dim: int) -> Optional[tf.Tensor]:

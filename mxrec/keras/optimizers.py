@@ -38,7 +38,7 @@ import tensorflow as tf
 from mxrec._lib import loader
 from mxrec.core import tiers
 from mxrec.keras import _compat
-from mxrec.keras.checkpoint import TableSlots
+from mxrec.keras.checkpoint import StoreSubset, TableSlots
 
 _KERAS3 = _compat.keras_major() >= 3
 _SLOT_PREFIX = "mxrec."  # the table slots' names in Keras weights files
@@ -89,11 +89,9 @@ class _TableOptimizer:
             store[f"{_SLOT_PREFIX}{name}"] = power.numpy()
 
     def load_own_variables(self, store):
-        from mxrec.keras.layers import _Subset  # noqa: PLC0415 (layers imports this module)
-
         keys = list(store.keys())
-        super().load_own_variables(_Subset(store, [k for k in keys
-                                                   if not k.startswith(_SLOT_PREFIX)]))
+        super().load_own_variables(StoreSubset(store, [k for k in keys
+                                                       if not k.startswith(_SLOT_PREFIX)]))
         powers = dict(zip(("beta1_power", "beta2_power"),
                           getattr(self, "_table_beta_powers", ())))
         for key in keys:
@@ -130,12 +128,12 @@ class _TableOptimizer:
         where = f"mxrec.keras.optimizers.{type(self).__name__}"
         for grad, table in tables:
             variable = table.variable
+            # The components registered before _slots_of registers this optimizer's.
+            known = set(loader.engine().tier_components(table.table_key)) if table.tiered else ()
+            slots = self._slots_of(table)
             if table.tiered:
-                known = set(loader.engine().tier_components(table.table_key))
-                slots = self._slots_of(table)
                 resets = self._swap_slots(table, slots, table.lookups_for_update(where), known)
             else:
-                slots = self._slots_of(table)
                 reused = table.reused_for_update(where)
                 resets = []
                 for slot_name, slot in slots.items():
@@ -201,7 +199,7 @@ class _TableOptimizer:
                     slots[slot_name] = tf.Variable(
                         initial, trainable=False, name=f"{table.table_name}/{slot_name}")
                     setattr(self.mxrec_tables, f"{key}__{slot_name}", slots[slot_name])
-                    if getattr(table, "tiered", False):
+                    if table.tiered:
                         loader.engine().tier_register(table.table_key,
                                                       self._tier_component(slot_name))
             self._table_slots[key] = slots
