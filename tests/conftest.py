@@ -1,5 +1,6 @@
 """Shared fixtures: TF1 graph mode, one mxrec init() per test, sessions."""
 
+import fnmatch
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -143,10 +144,46 @@ RANKS_EXTRA = (
     "tests/test_streaming_ranks_equal.py::test_the_plain_tensorflow_baseline_is_refused_on_ranks",
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
 )
-MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA}
+
+# Tests marked `one_tf`: their subject does not change with the TensorFlow version (the
+# launcher's stops, the trainer's kill-and-restart bookkeeping, the command line's refusals,
+# an atomic save under SIGKILL, setup's rebuild stamp), so CI runs them under the default
+# TensorFlow only. Same rules as VARIANTS.
+ONE_TF = (
+    "tests/test_streaming_trainer.py::test_exactly_once_across_kills",
+    "tests/test_streaming_trainer.py::test_watch_mode_bad_lines_and_cli_errors",
+    "tests/test_checkpoint.py::test_killed_during_save_leaves_a_loadable_version",
+    "tests/test_setup_rebuild.py::test_second_setup_does_not_compile_and_a_changed_input_rebuilds",
+    "tests/test_cli_errors.py::test_format_criteo_on_a_csv_with_a_header_names_criteo_csv[shared]",
+    "tests/test_cli_errors.py::test_watch_on_an_empty_folder_says_it_waits_and_for_what",
+    "tests/test_cli_errors.py::test_replay_prints_the_predictors_refusal",
+    "tests/test_cli_errors.py::test_train_on_flat_files_names_them",
+    "tests/test_cli_errors.py::test_train_on_an_empty_folder_says_what_it_expects",
+    "tests/test_launch_stop.py::test_a_failed_rank_stops_every_rank_within_the_grace",
+    "tests/test_launch_stop.py::test_sigterm_to_the_launcher_stops_every_rank",
+)
+MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA, "one_tf": ONE_TF}
+
+# Files whose tests start several processes of their own (ranks under mxrec.launch or mpirun)
+# or time a launcher's stop: marked `serial`. With MXREC_TEST_JOBS=N (CI: 2) scripts/test.sh
+# runs the rest on N pytest-xdist workers, then these alone, so that a rank never shares the
+# machine's cores with another test's work and no deadline of theirs is measured under load.
+SERIAL_FILES = (
+    "tests/test_multiworker*.py",
+    "tests/test_streaming_ranks_*.py",
+    "tests/compat/test_mx_rec_ranks_script.py",
+    "tests/test_mpi_ops.py",
+    "tests/test_checkpoint_retention.py",
+    "tests/test_launch_stop.py",
+    "tests/test_launch_report.py",
+)
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "one_tf: does not depend on the TensorFlow version (see tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", "serial: starts processes of its own; run alone (see tests/conftest.py)")
     config.addinivalue_line(
         "markers", "variant: a further case of a path other tests take (see tests/conftest.py)")
     config.addinivalue_line(
@@ -158,12 +195,16 @@ def pytest_collection_modifyitems(session, config, items):
     used = set()
     for item in items:
         base = item.nodeid.split("[", 1)[0]
+        if any(fnmatch.fnmatch(base.split("::", 1)[0], pattern) for pattern in SERIAL_FILES):
+            item.add_marker(pytest.mark.serial)
         for entry in (item.nodeid, base):
             for mark, entries in MARKS.items():
                 if entry in entries:
                     item.add_marker(getattr(pytest.mark, mark))
                     used.add(entry)
     whole_suite = [str(a).rstrip("/") for a in config.args] in (["tests"], [])
-    stale = sorted((set(VARIANTS) | set(RANKS_EXTRA)) - used)
-    if whole_suite and not config.option.markexpr and stale:
-        raise pytest.UsageError(f"tests/conftest.py VARIANTS / RANKS_EXTRA name no test: {stale}")
+    stale = sorted(set().union(*MARKS.values()) - used)
+    # Checked whenever the whole suite is collected: -m deselects only after this hook.
+    if whole_suite and stale:
+        raise pytest.UsageError(
+            f"tests/conftest.py VARIANTS / RANKS_EXTRA / ONE_TF name no test: {stale}")
