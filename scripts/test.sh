@@ -22,21 +22,24 @@ fi
 marks="" rest=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -m|--markexpr) marks=$2; shift 2 ;;
+    -m|--markexpr)
+      [ $# -ge 2 ] || { echo "scripts/test.sh: $1 needs a mark expression" >&2; exit 2; }
+      marks=$2; shift 2 ;;
     --markexpr=*) marks=${1#--markexpr=}; shift ;;
     -m*) marks=${1#-m}; shift ;;
     *) rest+=("$1"); shift ;;
   esac
 done
-both() {  # the run's own mark expression combined with the caller's
-  if [ -n "$marks" ]; then echo "($marks) and $1"; else echo "$1"; fi
+run() {  # pytest on the tests of mark expression $1 (and the caller's), more arguments after it
+  local expr=$1 code=0
+  shift
+  [ -z "$marks" ] || expr="($marks) and $expr"
+  "${pytest[@]}" -m "$expr" "$@" ${rest[@]+"${rest[@]}"} || code=$?
+  # pytest's exit status 5: no test selected (every test of the selection is serial, or none is).
+  [ "$code" = 5 ] && return 0
+  return "$code"
 }
-# pytest's exit status 5: no test selected (every test of the selection is serial, or none is).
 status=0
-"${pytest[@]}" -n "$jobs" -m "$(both "not serial")" ${rest[@]+"${rest[@]}"} || status=$?
-[ "$status" = 5 ] && status=0
-serial=0
-"${pytest[@]}" -m "$(both serial)" ${rest[@]+"${rest[@]}"} || serial=$?
-[ "$serial" = 5 ] && serial=0
-[ "$status" = 0 ] && status=$serial
+run "not serial" -n "$jobs" || status=$?
+run serial || status=$?
 exit "$status"
