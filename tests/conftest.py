@@ -142,6 +142,8 @@ RANKS_EXTRA = (
     "tests/test_streaming_ranks_equal.py::test_batch_validation_gathers_every_rank",
     "tests/test_streaming_ranks_equal.py::test_plain_mpirun_trains_the_same_versions",
     "tests/test_streaming_ranks_equal.py::test_the_plain_tensorflow_baseline_is_refused_on_ranks",
+    "tests/test_streaming_ranks_equal.py::test_random_rows_by_row_differ_on_ranks",
+    "tests/test_multiworker.py::test_ranks_equal_one_process[adagrad-2-host_tier-init_by_id]",
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
 )
 

@@ -130,6 +130,10 @@ CASES = {
     "adagrad-2-host_tier": (2, ["--optimizer", "adagrad", "--capacity", "150",
                                 "--host", "1000"]),
     "sgd-2-send_count": (2, ["--optimizer", "sgd", "--send_count", "80"]),
+    # Random rows drawn by ID (init_by_id): the owner starts an ID where one process does;
+    # the host tier swaps new IDs in from their draws.
+    "adagrad-2-host_tier-init_by_id": (2, ["--optimizer", "adagrad", "--capacity", "150",
+                                           "--host", "1000", "--init_by_id"]),
     # Dynamic expansion: each owner's store grows with its IDs, trained by address.
     "lazy_adam-2-dynamic-admission": (2, ["--optimizer", "lazy_adam", "--dynamic",
                                           "--threshold", "2"]),
@@ -176,6 +180,11 @@ MODIFY_GRAPH_CASES = {
     "lazy_adam-2-prefetch1-admission-eviction": (
         2, 1, ["--optimizer", "lazy_adam", "--threshold", "2", "--eviction", "40"],
         ["--modify_graph", "--prefetch", "1"]),
+    # init_by_id with rows planned ahead and eviction: rows freed and handed to new IDs
+    # between plan and step are drawn from the IDs of the committed plan.
+    "lazy_adam-2-prefetch1-eviction-init_by_id": (
+        2, 1, ["--optimizer", "lazy_adam", "--threshold", "2", "--eviction", "40",
+               "--init_by_id"], ["--modify_graph", "--prefetch", "1"]),
     "adagrad-2-prefetch2-host_tier": (2, 2, ["--optimizer", "adagrad", "--capacity", "150",
                                              "--host", "1000"], []),
     # Dynamic expansion: the owner's planning subgraph grows its store, trained by address.

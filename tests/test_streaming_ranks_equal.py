@@ -6,9 +6,9 @@ admission, daily eviction, a host tier, partitions of two files, a partition of 
 (fewer lines than ranks: rank 0's slices are empty) and an empty partition; per-day shrink
 over three days; the MPI engine; --validation batch.
 
-The tables start from zeros (--init_stddev 0): with random rows an ID's initial row depends
-on where its owner puts it, so only zero (or constant) initial rows make N ranks equal one
-process bit for bit before training.
+The tables start from random rows (MODEL_FLAGS: --init_stddev 0.05) drawn by ID (the
+trainer's default --init_by_id), so an ID starts alike on its owner among 2 ranks and in one
+process; test_random_rows_by_row_differ_on_ranks shows that without it they do not.
 """
 
 import json
@@ -287,3 +287,18 @@ def test_plain_mpirun_trains_the_same_versions(runs, tmp_path):
     query = held_out(root / "held_out_mpirun")
     assert_same_versions(predictions(root / "export1", query),
                          predictions(tmp_path / "export", query), "plain mpirun")
+
+
+def test_random_rows_by_row_differ_on_ranks(runs, tmp_path):
+    """--no_init_by_id: new IDs take their row's initial value, which depends on where the
+    owner puts them, so 2 ranks no longer train one process's model (the test above fails
+    without init_by_id; this keeps it from passing for another reason)."""
+    root, _ = runs
+    extra = ["--no_init_by_id"]
+    check(train(1, root / "data", tmp_path / "work1", tmp_path / "export1", extra=extra))
+    check(train(2, root / "data", tmp_path / "work2", tmp_path / "export2", extra=extra))
+    query = held_out(root / "held_out_by_row")
+    one = predictions(tmp_path / "export1", query)
+    two = predictions(tmp_path / "export2", query)
+    newest = max(one)
+    assert np.max(np.abs(one[newest][1] - two[newest][1])) > 1e-4

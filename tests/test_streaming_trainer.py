@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA_SPEC = "y:label,d0:dense,d1:dense,c0:categorical,c1:categorical,c2:categorical"
 PARTITIONS = ["20240101/00", "20240101/01", "20240101/02", "20240102/00", "20240102/01"]
 MODEL_FLAGS = ["--model", "wide_deep", "--dim", "4", "--hidden", "8", "--vocabulary", "4000",
-               "--init_stddev", "0", "--access_threshold", "2", "--eviction_threshold", "3600",
+               "--init_stddev", "0.05", "--access_threshold", "2", "--eviction_threshold", "3600",
                "--evict_daily", "--batch_size", "64", "--threads", "1", "--no_tensorboard"]
 
 
@@ -82,7 +82,7 @@ def _reference(tmp_path, data):
                           export_base=str(tmp_path / "ref_export"), batch_size=64,
                           evict_daily=True, progress=False, tensorboard=False, threads=1)
     model = models.ModelConfig("wide_deep", dim=4, hidden=(8,), vocabulary=4000,
-                               init_stddev=0.0, access_threshold=2,
+                               init_stddev=0.05, access_threshold=2,
                                eviction_threshold=3600)
     assert args["--vocabulary"] == "4000"
     entries = StreamingTrainer(config, models.make_model_fn(model)).run()

@@ -152,8 +152,8 @@ DeviceCachePlanner::RowGrant DeviceCachePlanner::TakeDeviceRow(TierBatch& t, con
     grant.row = static_cast<int32_t>(rows_->next++);
     if (t.journal != nullptr) ++t.journal->fresh_rows;
     // A never used row holds the variable initializer's value already, as in
-    // device-only mode.
-    grant.refill = id.tier->in_host != 0;
+    // device-only mode (unless the table draws new IDs' values from the ID).
+    grant.refill = id.tier->in_host != 0 || options_.refill_new_rows;
     return grant;
   }
   const int64_t ahead = t.next_victim + kAhead;

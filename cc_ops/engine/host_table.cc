@@ -645,6 +645,9 @@ int32_t HostTable::DeviceSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan
       w.granted.emplace_back(id, true);
     } else if (rows_.next < rows_.device_capacity) {
       rec->row = static_cast<int32_t>(rows_.next++);
+      // A never used row holds the variable initializer's value, which is right
+      // unless the table draws each ID's first values from the ID itself.
+      if (options_.refill_new_rows) plan->reused_rows.push_back(rec->row);
       w.granted.emplace_back(id, false);
     } else {
       ++w.shortfall;

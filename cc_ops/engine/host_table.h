@@ -46,6 +46,10 @@ struct TableOptions {
   // (`ssd_vocabulary_size`, `ssd_data_path`); needs host_capacity > 0.
   int64_t ssd_capacity = 0;
   std::string ssd_path;
+  // Every row handed to a newly admitted ID is in the plan's reused_rows, also
+  // a never used one, so that the step writes the ID's first values into it
+  // (create_table(init_by_id=True): values drawn from the ID, not the row).
+  bool refill_new_rows = false;
 };
 
 // Feature admission; may change while training.
@@ -71,7 +75,8 @@ struct BatchPlan {
   // entries, e.g. the op's output tensor), so that it is not copied; `restore`
   // stays empty then.
   int32_t* restore_out = nullptr;
-  // Rows handed out in this batch that held another ID before: the step must
+  // Rows handed out in this batch that held another ID before (with
+  // refill_new_rows: every row handed to a new ID): the step must
   // re-initialise them (and their optimizer slots) before the lookup.
   std::vector<int32_t> reused_rows;
   int64_t new_ids = 0;

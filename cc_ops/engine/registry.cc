@@ -8,7 +8,8 @@ namespace {
 bool SameOptions(const TableOptions& a, const TableOptions& b) {
   return a.name == b.name && a.dim == b.dim && a.device_capacity == b.device_capacity &&
          a.padding_keys == b.padding_keys && a.host_capacity == b.host_capacity &&
-         a.ssd_capacity == b.ssd_capacity && a.ssd_path == b.ssd_path;
+         a.ssd_capacity == b.ssd_capacity && a.ssd_path == b.ssd_path &&
+         a.refill_new_rows == b.refill_new_rows;
 }
 }  // namespace
 

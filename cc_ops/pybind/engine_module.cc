@@ -199,7 +199,7 @@ void DefineTableCalls(py::module_& m) {
       [](const std::string& key, const std::string& name, int64_t dim, int64_t device_capacity,
          const std::vector<int64_t>& padding_keys, double access_threshold,
          double faae_coefficient, int64_t host_capacity, int64_t ssd_capacity,
-         const std::string& ssd_path) {
+         const std::string& ssd_path, bool refill_new_rows) {
         TableOptions options;
         options.name = name;
         options.dim = dim;
@@ -208,6 +208,7 @@ void DefineTableCalls(py::module_& m) {
         options.host_capacity = host_capacity;
         options.ssd_capacity = ssd_capacity;
         options.ssd_path = ssd_path;
+        options.refill_new_rows = refill_new_rows;
         CreateTable(key, options, access_threshold, faae_coefficient);
       },
       // "capacity": the device rows (mx_rec's device_vocabulary_size), the
@@ -215,7 +216,8 @@ void DefineTableCalls(py::module_& m) {
       py::arg("key"), py::arg("name"), py::arg("dim"), py::arg("capacity"),
       py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
       py::arg("faae_coefficient") = 1.0, py::arg("host_capacity") = 0,
-      py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "");
+      py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "",
+      py::arg("refill_new_rows") = false);
   m.def("is_tiered", [](const std::string& key) { return Table(key)->tiered(); });
   m.def("drop_prefix", [](const std::string& prefix) { return Registry::Global().DropPrefix(prefix); });
   m.def("table_keys", [] { return Registry::Global().Keys(); });

@@ -122,11 +122,15 @@ def build(args, rank: int, size: int, first_step: int):
     batch = iterator.get_next()
     label = batch[1]
     dim = args.dim_on_rank1 if rank == 1 and args.dim_on_rank1 else args.dim
-    table = create_table(tf.int64, dim, "emb", _v1.constant_initializer(0.05),
+    # --init_by_id: random rows, each drawn from its ID, so the owner among N ranks starts
+    # an ID where one process does; otherwise a constant (equal on any rank count too).
+    initializer = (_v1.truncated_normal_initializer(0.05, 0.05, seed=3) if args.init_by_id
+                   else _v1.constant_initializer(0.05))
+    table = create_table(tf.int64, dim, "emb", initializer,
                          device_vocabulary_size=args.capacity,
                          host_vocabulary_size=args.host,
                          all2all_gradients_op="sum_gradients_and_div_by_ranksize",
-                         is_dp=args.is_dp)
+                         is_dp=args.is_dp, init_by_id=args.init_by_id)
     eval_emb = None
     if args.eval_every:
         # An evaluation stream of 2 global batches, its own iterator and lookup (built before
@@ -258,6 +262,8 @@ def main(argv=None):
     parser.add_argument("--dynamic", action="store_true",
                         help="init(use_dynamic_expansion=True): the table grows in a store")
     parser.add_argument("--threshold", type=int, default=0, help="access_threshold")
+    parser.add_argument("--init_by_id", action="store_true",
+                        help="random rows drawn by ID (create_table(init_by_id=True))")
     parser.add_argument("--eviction", type=int, default=None, help="eviction_threshold (s)")
     parser.add_argument("--send_count", type=int, default=None,
                         help="static shapes: unique IDs per peer and step")

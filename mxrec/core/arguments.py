@@ -6,12 +6,12 @@ error naming the table, the value and the setting (docs/MX_REC_COMPAT.md says wh
 """
 
 import dataclasses
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from mxrec.core import dynamic, tiers
+from mxrec.core import dynamic, row_initializer, tiers
 from mxrec.util import ranks
 
 KEY_DTYPES = (tf.int32, tf.int64)
@@ -31,6 +31,7 @@ class TableConfig:
         padding_keys: IDs that look up as zeros (empty when padding_keys_mask=False).
         value_dtype: tf.float32.
         is_save, is_dp, all2all_gradients_op: as create_table's.
+        by_id: create_table(init_by_id=True)'s draw of new IDs' first values, or None.
     """
 
     name: str
@@ -46,6 +47,7 @@ class TableConfig:
     is_save: bool
     is_dp: bool
     all2all_gradients_op: str
+    by_id: Optional[row_initializer.ByIdSpec] = None
 
     @property
     def tiered(self) -> bool:
@@ -56,7 +58,7 @@ def table_config(runtime, key_dtype, dim, name, emb_initializer, device_vocabula
                  host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, is_save, is_dp,
                  init_param, all2all_gradients_op, enable_merge, padding_keys,
                  padding_keys_mask, padding_keys_len, value_dtype, shard_num,
-                 fusion_optimizer_var, hashtable_threshold) -> TableConfig:
+                 fusion_optimizer_var, hashtable_threshold, init_by_id=False) -> TableConfig:
     """create_table's arguments checked (in mx_rec's order of parameters) into a
     TableConfig; `runtime` is the ConfigInitializer in force."""
     _check_name(name)
@@ -85,6 +87,12 @@ def table_config(runtime, key_dtype, dim, name, emb_initializer, device_vocabula
             "cannot pad to one send_count; use init(use_dynamic=True), or is_dp=False (the "
             "default: the table sharded by ID, which trains the same model)")
     initializer = _scaled_initializer(name, emb_initializer, init_param)
+    if not isinstance(init_by_id, bool):
+        raise TypeError(f"create_table {name!r}: init_by_id must be True or False, "
+                        f"got {init_by_id!r}")
+    by_id = (row_initializer.by_id_spec(name, emb_initializer, init_param,
+                                        [int(device_vocabulary_size), int(dim)])
+             if init_by_id else None)
     if runtime.config.use_dynamic_expansion:
         dynamic.check_settings(name, host_vocabulary_size, ssd_vocabulary_size,
                                runtime.config.use_dynamic)
@@ -93,7 +101,7 @@ def table_config(runtime, key_dtype, dim, name, emb_initializer, device_vocabula
                        host_vocabulary_size=host_size, ssd_vocabulary_size=ssd_size,
                        ssd_path=ssd_path, padding_keys=padding_keys, value_dtype=value_dtype,
                        is_save=is_save, is_dp=bool(is_dp),
-                       all2all_gradients_op=all2all_gradients_op)
+                       all2all_gradients_op=all2all_gradients_op, by_id=by_id)
 
 
 def _check_key_dtype_and_dim(name, key_dtype, dim):

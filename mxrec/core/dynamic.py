@@ -51,6 +51,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     ID_OFFSET_COLLECTION,
     LOCAL_EMB_COLLECTION,
 )
+from mxrec.core import row_initializer
 from mxrec.core.host_state import HostStateSaveable
 from mxrec.core.table import SparseEmbedding, pad_to_send_count, restore_rows
 
@@ -126,6 +127,7 @@ class DynamicTable(SparseEmbedding):
         rows and send_count do not occur in this mode (rows are never reused, shapes are
         dynamic)."""
         del reused
+        planned_rows, planned_restore = rows, restore
         if send_count is not None:
             rows, restore = pad_to_send_count(self, rows, restore, send_count, scope)
         padded = None
@@ -144,9 +146,13 @@ class DynamicTable(SparseEmbedding):
                 with tf.control_dependencies(deps):
                     fresh = _ops().mxrec_dynamic_ensure_rows(addresses,
                                                              table_key=self.table_key)
+                fresh_ids = None
+                if self.by_id is not None:
+                    fresh_ids = row_initializer.ids_of_rows(ids, planned_rows, planned_restore,
+                                                            fresh)
                 values = self.initial_rows(
                     tf.size(fresh), required_for="with init(use_dynamic_expansion=True) new "
-                    "rows are initialised as they are admitted")
+                    "rows are initialised as they are admitted", ids=fresh_ids)
                 assign = _ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
                                                      table_key=self.table_key, dim=self.dim)
                 self.register_refill(graph, assign)

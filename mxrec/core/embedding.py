@@ -59,7 +59,8 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
                  padding_keys=None, padding_keys_mask: bool = True,
                  padding_keys_len: Optional[int] = None, value_dtype=tf.float32,
                  shard_num: int = 1, fusion_optimizer_var: bool = True,
-                 hashtable_threshold: int = 0, *, optimizer_list=None) -> SparseEmbedding:
+                 hashtable_threshold: int = 0, *, optimizer_list=None,
+                 init_by_id: bool = False) -> SparseEmbedding:
     """Creates a sparse table addressed by raw IDs.
 
     The parameters are mx_rec's, in its order (docs/MX_REC_COMPAT.md); storage choices
@@ -91,6 +92,13 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
         enable_merge, shard_num, hashtable_threshold: only False, 1 and 0.
         optimizer_list: (keyword only) the hash optimizers that will train the table; when
             given, another optimizer applying to the table is an error.
+        init_by_id: (keyword only, mxrec's) True draws each newly admitted ID's first
+            values from the ID itself, with emb_initializer's distribution (truncated
+            normal, normal, uniform or variance scaling) and seed: an ID then starts from
+            the same values whatever row it gets, so one process and N ranks, a run with
+            eviction or a tier and one without, a resumed run and an uninterrupted one,
+            give it the same start. False (the default, as mx_rec): a new ID takes its
+            row's initial value.
 
     Returns:
         The SparseEmbedding.
@@ -111,13 +119,14 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
         runtime, key_dtype, dim, name, emb_initializer, device_vocabulary_size,
         host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, is_save, is_dp, init_param,
         all2all_gradients_op, enable_merge, padding_keys, padding_keys_mask, padding_keys_len,
-        value_dtype, shard_num, fusion_optimizer_var, hashtable_threshold)
+        value_dtype, shard_num, fusion_optimizer_var, hashtable_threshold, init_by_id)
     graph = tf.compat.v1.get_default_graph()
     table_key = runtime.table_key(name)
     previous = graph_tables(graph).get(name)
     if previous is not None and previous.table_key == table_key:
         raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
     table = _make_table(runtime, config, table_key)
+    table.by_id = config.by_id
     if config.is_save and lookup_override(graph) is None:
         _register_saveable(runtime, config, table)
     table.all2all_gradients_op = config.all2all_gradients_op
@@ -140,10 +149,12 @@ def create_host_table(runtime, config: arguments.TableConfig, table_key: str) ->
         # store's addresses, and the store grows to hold them.
         engine.create_table(capacity=dynamic.HOST_CAPACITY, **common)
     else:
+        # init_by_id: every row handed to a new ID is refilled (from the ID) in the step;
+        # a dynamic table initialises its new rows as it makes them anyway.
         engine.create_table(capacity=config.device_vocabulary_size,
                             host_capacity=config.host_vocabulary_size,
                             ssd_capacity=config.ssd_vocabulary_size, ssd_path=config.ssd_path,
-                            **common)
+                            refill_new_rows=config.by_id is not None, **common)
     if runtime.config.use_combine_faae:
         # USE_COMBINE_FAAE: one admission count per ID over all tables.
         engine.share_counts(table_key, runtime.table_key("__combined_faae__"))

@@ -102,9 +102,11 @@ class TieredTable(DeviceTable):
         self.host_vocabulary_size = host_vocabulary_size
         self.ssd_vocabulary_size = ssd_vocabulary_size
 
-    def _refill(self, reused: tf.Tensor) -> tf.Operation:
-        # The rows change owner: old owners go to the host tier, new ones come from it.
-        return swap_embedding(self, reused)
+    def _refill(self, reused: tf.Tensor, reused_ids: Optional[tf.Tensor] = None
+                ) -> tf.Operation:
+        # The rows change owner: old owners go to the host tier, new ones come from it
+        # (or, new IDs, from the initializer: by their ID with init_by_id).
+        return swap_embedding(self, reused, reused_ids)
 
     def _rows_off_the_device(self, ids: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
         return read_host_rows(self, ids, emb)
@@ -201,14 +203,16 @@ def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
     return update
 
 
-def swap_embedding(table, reused: tf.Tensor) -> tf.Operation:
-    """The embedding's swap for one lookup; run it before the lookup's gather."""
+def swap_embedding(table, reused: tf.Tensor, reused_ids: Optional[tf.Tensor] = None
+                   ) -> tf.Operation:
+    """The embedding's swap for one lookup; run it before the lookup's gather.
+    reused_ids: the IDs the rows go to (init_by_id tables), or None."""
     count_training_lookup(table)
 
     def fresh_rows(count):
         return table.initial_rows(
             count, required_for="it has a host tier, so rows of new IDs are filled from its "
-            "initializer as they arrive")
+            "initializer as they arrive", ids=reused_ids)
 
     return _swap(table, table.variable, reused, EMBEDDING, fresh_rows)
 

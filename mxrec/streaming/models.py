@@ -40,9 +40,12 @@ class ModelConfig:
         hidden: widths of the deep MLP (the top MLP of dlrm).
         cross_layers: cross layers of dcn.
         vocabulary: device rows of each table (`device_vocabulary_size`).
-        init_stddev: standard deviation of new rows (truncated normal); 0 gives zeros,
-            which makes re-initialised (evicted, then re-admitted) rows independent of
-            random-op state across restarts.
+        init_stddev: standard deviation of new rows (truncated normal); 0 gives zeros.
+        init_by_id: new IDs' first values drawn from the ID (create_table(init_by_id=
+            True)): the same on 1 and N ranks, after a restart and after eviction, so
+            that those runs train the same model; False: from the row the ID gets (which
+            depends on the arrival order, the rank count and random-op state). No effect
+            with init_stddev 0 (zeros for every ID) or with buckets.
         access_threshold: admission count (None: every ID gets a row at once).
         eviction_threshold: seconds of data time an ID may stay unseen (None: no eviction).
         seed: seeds every initializer.
@@ -60,6 +63,7 @@ class ModelConfig:
     cross_layers: int = 2
     vocabulary: int = 200_000
     init_stddev: float = 0.01
+    init_by_id: bool = True
     access_threshold: Optional[int] = None
     eviction_threshold: Optional[int] = None
     seed: int = 0
@@ -88,14 +92,15 @@ class ModelConfig:
                              f"{self.eviction_threshold}")
 
 
-def table(name: str, dim: int, vocabulary: int, initializer, host_vocabulary: int = 0):
+def table(name: str, dim: int, vocabulary: int, initializer, host_vocabulary: int = 0,
+          init_by_id: bool = False):
     """The mxrec table `name` of the current runtime, created on first use (with a host
-    tier of `host_vocabulary` rows when > 0)."""
+    tier of `host_vocabulary` rows when > 0; init_by_id: create_table's)."""
     existing = get_config_initializer().tables.get(name)
     if existing is not None and existing.variable.graph is tf.compat.v1.get_default_graph():
         return existing
     return create_table(tf.int64, dim, name, initializer, device_vocabulary_size=vocabulary,
-                        host_vocabulary_size=host_vocabulary)
+                        host_vocabulary_size=host_vocabulary, init_by_id=init_by_id)
 
 
 def _lookup_config(config: ModelConfig):
@@ -150,8 +155,10 @@ def _bucket_lookup(name: str, dim: int, buckets: int, initializer, ids: tf.Tenso
 def _embed(config: ModelConfig, name: str, dim: int, initializer, sparse, is_train, access):
     if config.buckets is not None:
         return _bucket_lookup(name, dim, config.buckets, initializer, sparse)
+    # Constant (zeros) initializers give every ID the same values: nothing to key.
+    by_id = config.init_by_id and not isinstance(initializer, tf.compat.v1.zeros_initializer)
     return sparse_lookup(table(name, dim, config.vocabulary, initializer,
-                               config.host_vocabulary), sparse,
+                               config.host_vocabulary, by_id), sparse,
                          is_train=is_train, name=f"{name}_{'train' if is_train else 'eval'}",
                          access_and_evict_config=access)
 
