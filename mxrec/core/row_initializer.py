@@ -1,4 +1,5 @@
-"""Fresh rows for a table whose initializer's statistics depend on the shape it fills.
+"""Fresh rows for a table whose initializer's statistics depend on the shape it fills, and
+the rows create_table(init_by_id=True) draws from new IDs (at the end of this file).
 
 A variance-scaling initializer (tf.compat.v1.variance_scaling_initializer, the Glorot /
 He / LeCun ones, their TF2 and Keras forms) draws with a standard deviation computed from
@@ -86,7 +87,6 @@ def rows_like_table(initializer, table_shape: Sequence[int], count: tf.Tensor,
         limit = math.sqrt(3.0 * scale)
         return tf.random.uniform(shape, -limit, limit, dtype, seed=seed)
     raise ValueError(f"variance-scaling initializer: unknown distribution {distribution!r}")
-
 
 
 # create_table(init_by_id=True): a new ID's first values are drawn from the ID.

@@ -107,11 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "tier; the device rows become a cache); 0: none (default)")
     train.add_argument("--init_stddev", type=float, default=0.01,
                        help="stddev of new rows (0.01); 0: zeros")
-    by_id = train.add_mutually_exclusive_group()
-    by_id.add_argument("--init_by_id", dest="init_by_id", action="store_true", default=True,
+    # Flags of this parser take both spellings (_Parser); the later of the two flags wins.
+    train.add_argument("--init_by_id", dest="init_by_id", action="store_true", default=True,
                        help="draw each new ID's first values from the ID (default): 1 and N "
                             "ranks, a resumed and an uninterrupted run start every ID alike")
-    by_id.add_argument("--no_init_by_id", dest="init_by_id", action="store_false",
+    train.add_argument("--no_init_by_id", dest="init_by_id", action="store_false",
                        help="new IDs take their row's initial value (mx_rec's way)")
     train.add_argument("--access_threshold", type=int, default=None,
                        help="admission: a row once an ID is seen this often (default: at once)")
