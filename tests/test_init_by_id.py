@@ -39,9 +39,19 @@ def reference_row(seed, key, dim, distribution, a, b):
         state = (state + _GOLDEN) & _M
         return ((_mix(state) >> 11) + 0.5) * 2.0**-53
 
-    def normal():
-        u1, u2 = uniform(), uniform()
-        return math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+    spare = []
+
+    def normal():  # Marsaglia's polar method, both values of a pair in turn
+        if spare:
+            return spare.pop()
+        while True:
+            u, v = 2.0 * uniform() - 1.0, 2.0 * uniform() - 1.0
+            s = u * u + v * v
+            if 0.0 < s < 1.0:
+                break
+        m = math.sqrt(-2.0 * math.log(s) / s)
+        spare.append(v * m)
+        return u * m
 
     row = []
     for _ in range(dim):
@@ -261,3 +271,27 @@ def test_without_init_by_id_new_rows_keep_their_rows_value(mx, make_session):
     sess = make_session()
     initial = sess.run(table.variable)
     np.testing.assert_array_equal(sess.run(emb, {ids: [100, 200]}), initial[:2])
+
+
+def test_the_plan_op_draws_the_ids_its_plan_gives_the_rows():
+    """MxrecPlanRowsById finds each wanted row's ID from (ids, unique_rows, restore) and
+    draws it as MxrecRowsById does; a row outside the plan is an InvalidArgument."""
+    ops = loader.op_library()
+    ids = np.array([[40, -7], [40, 9]], np.int64)          # positions 0..3
+    unique_rows = np.array([12, 3, 30], np.int32)          # 40 -> 12, -7 -> 3, 9 -> 30
+    restore = np.array([0, 1, 0, 2], np.int32)
+    attrs = dict(dim=4, seed=77, distribution="normal", a=0.0, b=1.0)
+    got = ops.mxrec_plan_rows_by_id(ids.reshape(-1), unique_rows, restore,
+                                    np.array([30, 12], np.int32), **attrs)
+    want = ops.mxrec_rows_by_id(np.array([9, 40], np.int64), **attrs)
+    narrow = ops.mxrec_plan_rows_by_id(ids.reshape(-1).astype(np.int32), unique_rows,
+                                       restore, np.array([3], np.int32), **attrs)
+    bad = ops.mxrec_plan_rows_by_id(ids.reshape(-1), unique_rows, restore,
+                                    np.array([5], np.int32), **attrs)
+    with _v1.Session() as sess:
+        got, want, narrow, want_narrow = sess.run(
+            [got, want, narrow, ops.mxrec_rows_by_id(np.array([-7], np.int64), **attrs)])
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(narrow, want_narrow)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="wanted row 5 is not a row"):
+            sess.run(bad)

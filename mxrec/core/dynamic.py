@@ -51,7 +51,6 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     ID_OFFSET_COLLECTION,
     LOCAL_EMB_COLLECTION,
 )
-from mxrec.core import row_initializer
 from mxrec.core.host_state import HostStateSaveable
 from mxrec.core.table import SparseEmbedding, pad_to_send_count, restore_rows
 
@@ -146,13 +145,11 @@ class DynamicTable(SparseEmbedding):
                 with tf.control_dependencies(deps):
                     fresh = _ops().mxrec_dynamic_ensure_rows(addresses,
                                                              table_key=self.table_key)
-                fresh_ids = None
-                if self.by_id is not None:
-                    fresh_ids = row_initializer.ids_of_rows(ids, planned_rows, planned_restore,
-                                                            fresh)
-                values = self.initial_rows(
-                    tf.size(fresh), required_for="with init(use_dynamic_expansion=True) new "
-                    "rows are initialised as they are admitted", ids=fresh_ids)
+                values = self.reused_values(ids, planned_rows, planned_restore, fresh)
+                if values is None:
+                    values = self.initial_rows(
+                        tf.size(fresh), required_for="with init(use_dynamic_expansion=True) "
+                        "new rows are initialised as they are admitted")
                 assign = _ops().mxrec_dynamic_assign(fresh, tf.cast(values, tf.float32),
                                                      table_key=self.table_key, dim=self.dim)
                 self.register_refill(graph, assign)

@@ -166,30 +166,20 @@ def by_id_spec(table_name: str, initializer, init_param: float,
     return ByIdSpec(family, a, b, key, float(init_param))
 
 
-def rows_by_id(spec: ByIdSpec, ids: tf.Tensor, dim: int, dtype: tf.DType) -> tf.Tensor:
-    """[len(ids), dim] first values of `ids` (1-D) under `spec`."""
+def plan_rows_by_id(spec: ByIdSpec, ids: tf.Tensor, rows: tf.Tensor, restore: tf.Tensor,
+                    wanted: tf.Tensor, dim: int, dtype: tf.DType) -> tf.Tensor:
+    """[len(wanted), dim] first values of the IDs that the plan (rows [U], restore [N] over
+    ids [N]) gives the rows `wanted` (a subset of rows: those handed to new IDs), in one op
+    (MxrecPlanRowsById: the IDs found from the plan, then drawn as MxrecRowsById draws)."""
     with tf.device("/device:CPU:0"):
-        rows = loader.op_library().mxrec_rows_by_id(
-            tf.cast(tf.reshape(ids, [-1]), tf.int64), dim=int(dim), seed=spec.seed,
+        ids = tf.reshape(ids, [-1])
+        if ids.dtype not in (tf.int32, tf.int64):
+            ids = tf.cast(ids, tf.int64)
+        values = loader.op_library().mxrec_plan_rows_by_id(
+            ids, tf.cast(tf.reshape(rows, [-1]), tf.int32),
+            tf.cast(tf.reshape(restore, [-1]), tf.int32),
+            tf.cast(tf.reshape(wanted, [-1]), tf.int32), dim=int(dim), seed=spec.seed,
             distribution=spec.distribution, a=spec.a, b=spec.b)
         if spec.scale != 1.0:
-            rows = rows * spec.scale
-    return tf.cast(rows, dtype)
-
-
-def ids_of_rows(ids: tf.Tensor, rows: tf.Tensor, restore: tf.Tensor,
-                wanted: tf.Tensor) -> tf.Tensor:
-    """The IDs that the plan (rows [U], restore [N] over ids [N]) gives the rows `wanted`
-    (a subset of rows: the rows the plan hands to new IDs)."""
-    ids = tf.reshape(ids, [-1])
-    restore = tf.reshape(restore, [-1])
-    count = tf.size(rows)
-    # Every position of unique row u holds the same ID; restore == U (the default) and
-    # padding go to a segment of their own.
-    unique_ids = tf.math.unsorted_segment_max(tf.cast(ids, tf.int64),
-                                              tf.minimum(restore, count), count + 1)[:-1]
-    rows = tf.cast(rows, tf.int64)
-    order = tf.argsort(rows, stable=True)
-    where = tf.gather(order, tf.searchsorted(tf.gather(rows, order),
-                                             tf.cast(tf.reshape(wanted, [-1]), tf.int64)))
-    return tf.gather(unique_ids, where)
+            values = values * spec.scale
+    return tf.cast(values, dtype)

@@ -210,10 +210,10 @@ class SparseEmbedding:
         self.check_can_evict()
         return loader.engine().shrink(self.table_key, int(threshold))
 
-    def initial_rows(self, count: tf.Tensor, required_for: Optional[str] = None,
-                     ids: Optional[tf.Tensor] = None) -> Optional[tf.Tensor]:
-        """Fresh initializer values for `count` rows, [count, dim]; with init_by_id and
-        `ids` (the [count] IDs the rows are for), the IDs' own first values.
+    def initial_rows(self, count: tf.Tensor, required_for: Optional[str] = None
+                     ) -> Optional[tf.Tensor]:
+        """Fresh initializer values for `count` rows, [count, dim] (by position; an
+        init_by_id table's rows for new IDs come from `reused_values`).
 
         Some initializers cannot make rows for a count known only when the step
         runs (Keras' Glorot and Orthogonal need a static shape). Then the error
@@ -221,8 +221,6 @@ class SparseEmbedding:
         None, or, with `required_for` (what needs the rows), raises a ValueError
         that shows it.
         """
-        if self.by_id is not None and ids is not None:
-            return row_initializer.rows_by_id(self.by_id, ids, self.dim, self.value_dtype)
         shape = tf.stack([count, self.dim])
         value = getattr(self.initializer, "value", None)
         if value is not None and np.isscalar(value):
@@ -267,13 +265,13 @@ class SparseEmbedding:
                 f"table {self.table_name!r} cannot evict: re-initialising evicted rows needs "
                 f"fresh rows, which {self._initializer_failure()}") from self.initializer_error
 
-    def reused_ids(self, ids, rows, restore, reused) -> Optional[tf.Tensor]:
-        """With init_by_id, the IDs the plan hands the rows `reused` (before any padding
-        of rows and restore); None otherwise."""
+    def reused_values(self, ids, rows, restore, reused) -> Optional[tf.Tensor]:
+        """With init_by_id, the first values [R, dim] of the IDs the plan (before any
+        padding of rows and restore) hands the rows `reused`; None otherwise."""
         if self.by_id is None:
             return None
-        with tf.device("/device:CPU:0"):
-            return row_initializer.ids_of_rows(ids, rows, restore, reused)
+        return row_initializer.plan_rows_by_id(self.by_id, ids, rows, restore, reused,
+                                               self.dim, self.value_dtype)
 
     def register_refill(self, graph, op):
         self._refills.setdefault(graph, []).append(op)
@@ -352,10 +350,10 @@ class DeviceTable(SparseEmbedding):
 
     def lookup_planned(self, ids, rows, restore, reused, is_train, default=None, is_grad=True,
                        send_count=None, scope=""):
-        reused_ids = self.reused_ids(ids, rows, restore, reused) if is_train else None
+        by_id = self.reused_values(ids, rows, restore, reused) if is_train else None
         if send_count is not None:
             rows, restore = pad_to_send_count(self, rows, restore, send_count, scope)
-        deps = self._refills_before_gather(reused, reused_ids) if is_train else []
+        deps = self._refills_before_gather(reused, by_id) if is_train else []
         with tf.control_dependencies(deps):
             unique_emb = tf.gather(self.variable, rows)
         emb = restore_rows(unique_emb, restore, default, device=self.variable.device)
@@ -364,28 +362,29 @@ class DeviceTable(SparseEmbedding):
         return self._finish(ids, emb, default, is_grad)
 
     def _refills_before_gather(self, reused: tf.Tensor,
-                               reused_ids: Optional[tf.Tensor] = None) -> List[tf.Operation]:
+                               by_id: Optional[tf.Tensor] = None) -> List[tf.Operation]:
         """This lookup's refill of the rows changing owner, and the earlier lookups' of the
         step: an earlier lookup may have refilled a row that holds one of this lookup's IDs
         too, so the gather reads after every such refill."""
         graph = tf.compat.v1.get_default_graph()
         self.register_reused_rows(graph, reused)
-        refill = self._refill(reused, reused_ids)
+        refill = self._refill(reused, by_id)
         deps = self.refills(graph)
         if refill is not None:
             deps = deps + [refill]
             self.register_refill(graph, refill)
         return deps
 
-    def _refill(self, reused: tf.Tensor, reused_ids: Optional[tf.Tensor] = None
+    def _refill(self, reused: tf.Tensor, by_id: Optional[tf.Tensor] = None
                 ) -> Optional[tf.Operation]:
         """Rows freed by eviction and handed to new IDs start again from the initializer
         (the hash optimizers reset their slots, see slot_refills); with init_by_id every
-        new ID's row, from its ID (reused_ids)."""
+        new ID's row, with the values drawn from its ID (by_id, [R, dim])."""
         required = None
         if self.eviction_threshold is not None:
             required = "eviction (eviction_threshold) re-initialises evicted rows"
-        fresh = self.initial_rows(tf.size(reused), required_for=required, ids=reused_ids)
+        fresh = by_id if by_id is not None else self.initial_rows(tf.size(reused),
+                                                                  required_for=required)
         if fresh is None:
             return None
         return self.variable.scatter_update(tf.IndexedSlices(fresh, reused))

@@ -102,11 +102,11 @@ class TieredTable(DeviceTable):
         self.host_vocabulary_size = host_vocabulary_size
         self.ssd_vocabulary_size = ssd_vocabulary_size
 
-    def _refill(self, reused: tf.Tensor, reused_ids: Optional[tf.Tensor] = None
+    def _refill(self, reused: tf.Tensor, by_id: Optional[tf.Tensor] = None
                 ) -> tf.Operation:
         # The rows change owner: old owners go to the host tier, new ones come from it
-        # (or, new IDs, from the initializer: by their ID with init_by_id).
-        return swap_embedding(self, reused, reused_ids)
+        # (or, new IDs, from the initializer: drawn from their ID with init_by_id).
+        return swap_embedding(self, reused, by_id)
 
     def _rows_off_the_device(self, ids: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
         return read_host_rows(self, ids, emb)
@@ -203,16 +203,18 @@ def _swap(table, variable: tf.Variable, reused: tf.Tensor, component: str,
     return update
 
 
-def swap_embedding(table, reused: tf.Tensor, reused_ids: Optional[tf.Tensor] = None
+def swap_embedding(table, reused: tf.Tensor, by_id: Optional[tf.Tensor] = None
                    ) -> tf.Operation:
     """The embedding's swap for one lookup; run it before the lookup's gather.
-    reused_ids: the IDs the rows go to (init_by_id tables), or None."""
+    by_id: the arriving IDs' first values [R, dim] (init_by_id tables), or None."""
     count_training_lookup(table)
 
     def fresh_rows(count):
+        if by_id is not None:
+            return by_id
         return table.initial_rows(
             count, required_for="it has a host tier, so rows of new IDs are filled from its "
-            "initializer as they arrive", ids=reused_ids)
+            "initializer as they arrive")
 
     return _swap(table, table.variable, reused, EMBEDDING, fresh_rows)
 
