@@ -508,12 +508,14 @@ class StreamingTrainer:
         count_start = time.monotonic()  # the lines of the files: the passes' steps
         counted = self._train_feed.count(partition.files)
         count_seconds = time.monotonic() - count_start
+        validation_start = time.monotonic()
         if cfg.validation == "partition":
             _, labels, logits = self._run_pass(sess, self._eval_feed, self._eval_fetch,
                                                partition.files, partition, counter, True,
                                                counted)
             scored = metrics.evaluate(*self._gather(sess, labels, logits))
         train_start = time.monotonic()
+        validation_seconds = train_start - validation_start
         lines, labels, logits = self._run_pass(
             sess, self._train_feed,
             self._train_fetch_scored if cfg.validation == "batch" else self._train_fetch,
@@ -540,15 +542,19 @@ class StreamingTrainer:
             kind = "full" if new_day else "delta"
         else:
             kind = "full" if previous is None or (step - 1) % cfg.full_every == 0 else "delta"
+        save_start = time.monotonic()
         self._saver.save(sess, step, kind=kind)
+        save_seconds = time.monotonic() - save_start
         _fault("after_checkpoint", step)
         # Several ranks: the save returns once every rank's shard is in the version;
         # rank 0 alone delivers and records the partition.
         export_version = None
+        export_start = time.monotonic()
         if cfg.export_base:
             export_version = step
             if self._rank == 0:
                 self._export(step, kind, previous.get("export_version") if previous else None)
+        export_seconds = time.monotonic() - export_start
         _fault("after_export", step)
         rows = lines - bad_lines
         entry = {"partition": partition.name, "day": partition.day, "step": step,
@@ -559,6 +565,10 @@ class StreamingTrainer:
                  "exchange": None if self._size == 1 else (
                      "mpi" if communication.uses_mpi() else "grpc"),
                  "train_seconds": round(train_seconds, 4),
+                 # where the rest of the partition's time went (this rank's clock)
+                 "stage_seconds": {"validation": round(validation_seconds, 4),
+                                   "save": round(save_seconds, 4),
+                                   "export": round(export_seconds, 4)},
                  "seconds": round(time.monotonic() - start, 4), "time": time.time()}
         if self._rank == 0:
             donefile.append(cfg.donefile, entry)
