@@ -163,6 +163,7 @@ ONE_TF = (
     "tests/test_cli_errors.py::test_train_on_an_empty_folder_says_what_it_expects",
     "tests/test_launch_stop.py::test_a_failed_rank_stops_every_rank_within_the_grace",
     "tests/test_launch_stop.py::test_sigterm_to_the_launcher_stops_every_rank",
+    "tests/test_launch_stop.py::test_each_rank_gets_its_share_of_the_cores",
 )
 MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA, "one_tf": ONE_TF}
 

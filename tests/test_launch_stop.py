@@ -143,3 +143,46 @@ def test_grace_setting_is_checked(monkeypatch):
     monkeypatch.setenv("MXREC_LAUNCH_GRACE", "soon")
     with pytest.raises(ValueError, match="MXREC_LAUNCH_GRACE"):
         launch._grace(None)  # noqa: SLF001
+
+
+THREADS_PROBE = textwrap.dedent("""
+    import os
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("MXREC_RANK"))
+    names = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "KEY_PROCESS_THREAD_NUM",
+             "OMP_NUM_THREADS")
+    print("threads", rank, ",".join(os.environ.get(n, "-") for n in names), flush=True)
+""")
+
+
+@pytest.mark.parametrize("engine", _engines())
+def test_each_rank_gets_its_share_of_the_cores(tmp_path, engine, monkeypatch):
+    """N local ranks share the cores: each rank's pools default to cores // N (at least 1);
+    a variable the user set stays; --threads_per_rank 0 sets none."""
+    script = tmp_path / "probe.py"
+    script.write_text(THREADS_PROBE)
+    cores = len(os.sched_getaffinity(0))  # what the launcher's own process will see
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert launch.default_threads_per_rank(1) == 0
+    assert launch.default_threads_per_rank(2) == 4
+    assert launch.default_threads_per_rank(3) == 2
+    assert launch.default_threads_per_rank(16) == 1
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER", "MXREC_EXCHANGE",
+                 *launch.THREAD_VARIABLES):
+        env.pop(name, None)
+
+    def run(extra, **more):
+        result = subprocess.run(
+            [sys.executable, "-m", "mxrec.launch", "-n", "2", "--engine", engine, *extra,
+             str(script)], env=dict(env, **more), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return sorted(line.split("threads ", 1)[1] for line in result.stdout.splitlines()
+                      if "threads " in line)
+
+    assert run(["--threads_per_rank", "3"]) == ["0 3,3,3,3", "1 3,3,3,3"]
+    assert run(["--threads-per-rank", "3"], OMP_NUM_THREADS="7") == ["0 3,3,3,7", "1 3,3,3,7"]
+    assert run(["--threads_per_rank", "0"]) == ["0 -,-,-,-", "1 -,-,-,-"]
+    share = str(max(1, cores // 2))
+    assert run([]) == [f"0 {share},{share},{share},{share}", f"1 {share},{share},{share},{share}"]
+    with pytest.raises(ValueError, match="threads_per_rank must be >= 0"):
+        launch.launch(2, [sys.executable, str(script)], threads_per_rank=-1)

@@ -18,6 +18,13 @@ Output lines are prefixed with the rank. Stopping is bounded:
 - the exit status is the first failing rank's (128 + signal for a rank killed by a
   signal), 124 after `--timeout`, 0 only when every rank succeeded.
 Every process a rank starts lives in the rank's session, and the whole session is signalled.
+
+Threads: N ranks on one machine share its cores, so each rank gets a share of them
+(`--threads_per_rank`, default max(1, cores // N) for N > 1) as the sizes of its thread
+pools: TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS (TensorFlow's pools of a session
+whose ConfigProto leaves them at 0), KEY_PROCESS_THREAD_NUM (mxrec's key stage, unless
+`init(key_process_thread_num=...)` says otherwise) and OMP_NUM_THREADS. A variable already
+set in the launcher's environment is left as it is; `--threads_per_rank 0` sets none.
 """
 
 import argparse
@@ -171,6 +178,29 @@ def _status_of(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "KEY_PROCESS_THREAD_NUM",
+                    "OMP_NUM_THREADS")
+
+
+def default_threads_per_rank(num: int) -> int:
+    """Each of `num` local ranks' share of the cores (0: one rank, nothing to share)."""
+    if num <= 1:
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // num)
+
+
+def thread_env(base_env: dict, threads: int) -> dict:
+    """`base_env` with each thread pool variable the user did not set at `threads`."""
+    if threads <= 0:
+        return dict(base_env)
+    extra = {name: str(threads) for name in THREAD_VARIABLES if not base_env.get(name)}
+    return dict(base_env, **extra)
+
+
 def _start_ranks(job: "_Job", num: int, command: List[str], base_env: dict, engine: str):
     """Starts the ranks: one mpirun (its output tagged by rank) or `num` processes with the
     gRPC engine's MXREC_RANK/SIZE/CLUSTER; [(process, output relay)]."""
@@ -196,15 +226,25 @@ def _start_ranks(job: "_Job", num: int, command: List[str], base_env: dict, engi
 
 def launch(num: int, command: List[str], env: Optional[dict] = None,
            timeout: Optional[float] = None, engine: Optional[str] = None,
-           grace: Optional[float] = None) -> int:
-    """Runs `command` as `num` ranks; returns the exit status (the first failing rank's)."""
+           grace: Optional[float] = None, threads_per_rank: Optional[int] = None) -> int:
+    """Runs `command` as `num` ranks; returns the exit status (the first failing rank's).
+
+    threads_per_rank: each rank's thread pool sizes (module docstring); None: the cores'
+    share, 0: TensorFlow's and mxrec's own defaults."""
     if num < 1:
         raise ValueError(f"mxrec.launch: -n must be >= 1, got {num}")
+    if threads_per_rank is None:
+        threads_per_rank = default_threads_per_rank(num)
+    if threads_per_rank < 0:
+        raise ValueError(f"mxrec.launch: --threads_per_rank must be >= 0, got "
+                         f"{threads_per_rank}")
     engine = engine or default_engine()
     if engine not in ("mpi", "grpc"):
         raise ValueError(f"mxrec.launch: --engine must be 'mpi' or 'grpc', got {engine!r}")
     job = _Job(_grace(grace))
-    ranks = _start_ranks(job, num, command, dict(os.environ if env is None else env), engine)
+    ranks = _start_ranks(job, num, command,
+                         thread_env(dict(os.environ if env is None else env), threads_per_rank),
+                         engine)
     relays = [relay for _, relay in ranks]
     procs = [proc for proc, _ in ranks]
     received = []
@@ -290,6 +330,11 @@ def main(argv=None) -> int:
     parser.add_argument("--grace", type=float, default=None,
                         help=f"seconds between SIGTERM and SIGKILL when stopping ranks "
                              f"(default {_ENV_GRACE} or {DEFAULT_GRACE:g})")
+    parser.add_argument("--threads_per_rank", "--threads-per-rank", type=int, default=None,
+                        help="thread pool size of each rank (TensorFlow's intra- and inter-op "
+                             "pools, the key stage, OpenMP) where the environment does not set "
+                             "it; default: the cores / N (at least 1) for N > 1; 0: leave "
+                             "TensorFlow's and mxrec's defaults")
     parser.add_argument("-m", "--module", default=None,
                         help="run a module as a script (as `python -m MODULE`)")
     parser.add_argument("script", nargs="?", help="the training script")
@@ -307,7 +352,7 @@ def main(argv=None) -> int:
             parser.error(f"no such script: {args.script}")
         command = [sys.executable, args.script] + args.args
     return launch(args.num_ranks, command, timeout=args.timeout, engine=args.engine,
-                  grace=args.grace)
+                  grace=args.grace, threads_per_rank=args.threads_per_rank)
 
 
 if __name__ == "__main__":
