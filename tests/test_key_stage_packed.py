@@ -72,7 +72,7 @@ def _run_twins(engine, ref_keys, packed_keys, batches, dtype=tf.int64, deferred=
         for key, t in zip(ref_keys, ids):  # one call per table, in table order
             with tf.control_dependencies(previous):
                 (rows,), (restore,), (reused,), batch_id = ops.mxrec_key_stage(
-                    ids=[t], timestamp=stamp, table_keys=[key], is_train=is_train,
+                    ids=[t], timestamp=stamp, weights=[], table_keys=[key], is_train=is_train,
                     deferred=deferred)
             previous = [rows.op]
             ref.append((rows, restore, reused, batch_id[0]))

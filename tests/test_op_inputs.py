@@ -74,7 +74,7 @@ def _lib():
 
 
 def _key_stage(ph, k):
-    return _lib().mxrec_key_stage(ids=[ph["ids"]], timestamp=ph["timestamp"],
+    return _lib().mxrec_key_stage(ids=[ph["ids"]], timestamp=ph["timestamp"], weights=[],
                                   table_keys=[k["plain"]])
 
 

@@ -56,7 +56,8 @@ def test_exchange_all_equals_lookup_by_lookup(fake_ranks, lookups_used, size, is
         fused, times, (extra,) = sharding.exchange_all(
             lookups, routes, stamps, is_train, also=[tf.constant(-1, tf.int64)])
         single = [sharding.exchange(t, r, is_train, send_count) for t, r in zip(tables, routes)]
-        fields = ("chunk", "valid", "owned", "first")
+        fields = ("chunk", "valid", "owned", "first") + (("weights",) if is_train else ())
+        assert all(e.weights is None for e in fused + single) or is_train
         got, want, pairs, times, extra = sess.run(
             ([{f: getattr(e, f) for f in fields} for e in fused],
              [{f: getattr(e, f) for f in fields} for e in single],
@@ -67,10 +68,13 @@ def test_exchange_all_equals_lookup_by_lookup(fake_ranks, lookups_used, size, is
             np.testing.assert_array_equal(g[field], w[field], err_msg=f"lookup {i} {field}")
             assert g[field].dtype == w[field].dtype, (i, field)
         # NumPy: with the identity for an all-to-all, peer q's row holds this rank's bucket
-        # for q, so the owner receives every unique ID once, sorted by owner.
+        # for q, so the owner receives every unique ID once, sorted by owner; in training
+        # with its occurrences as its key-stage weight.
         ids, occurrences = pairs[i][:, 0], pairs[i][:, 1]
-        np.testing.assert_array_equal(
-            g["owned"], np.repeat(ids, occurrences) if is_train else ids)
+        np.testing.assert_array_equal(g["owned"], ids)
+        np.testing.assert_array_equal(g["first"], np.arange(len(ids)))
+        if is_train:
+            np.testing.assert_array_equal(g["weights"], occurrences)
         assert g["chunk"] == (send_count or max(1, max(
             np.bincount(sharding.owner_of_numpy(ids, size), minlength=size), default=0)))
 

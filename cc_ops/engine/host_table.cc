@@ -146,6 +146,7 @@ class Dedupe {
 // a batch allocates nothing once the batches stop growing.
 struct HostTable::BatchWork {
   const int64_t* keys = nullptr;
+  const int64_t* weights = nullptr;  // occurrences per position, or nullptr (one each)
   int64_t n = 0;
   bool train = false;
   int64_t timestamp = 0;
@@ -347,6 +348,7 @@ void HostTable::FindIds(BatchWork& w, ShardGroup shards) {
   // w.first of the group's positions and the shards' uniques.
   const bool has_padding = !options_.padding_keys.empty();
   const bool train = w.train;
+  const int64_t* const weights = w.weights;
   const int64_t n = w.n;
   // Always inlined: a call that only prefetches is deleted (KeyMap::Prefetch).
   auto prefetch = [this, &w](uint64_t h) __attribute__((always_inline)) {
@@ -380,9 +382,14 @@ void HostTable::FindIds(BatchWork& w, ShardGroup shards) {
       }
     }
     if (entry.local != kDefaultSlot) {
-      uint32_t overflow = 0;
-      entry.Count(&overflow);
-      if (overflow != 0) uniq[entry.local].occurrences += overflow;
+      if (weights != nullptr) {
+        // Process's caller bounds the sum of the weights below 2^31.
+        uniq[entry.local].occurrences += static_cast<uint32_t>(weights[p]);
+      } else {
+        uint32_t overflow = 0;
+        entry.Count(&overflow);
+        if (overflow != 0) uniq[entry.local].occurrences += overflow;
+      }
     }
     w.local[p] = entry.local;
   };
@@ -480,7 +487,8 @@ int32_t HostTable::EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& re
 }
 
 Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t timestamp,
-                          ThreadPool* pool, BatchPlan* plan, bool deferred) {
+                          ThreadPool* pool, BatchPlan* plan, bool deferred,
+                          const int64_t* weights) {
   plan->unique_rows.clear();
   plan->reused_rows.clear();
   if (plan->restore_out == nullptr) plan->restore.assign(n, 0);
@@ -503,6 +511,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   BatchWork& w = *lease.work;
   w.Reset();
   w.keys = keys;
+  w.weights = train ? weights : nullptr;
   w.n = n;
   w.train = train;
   w.timestamp = timestamp;
@@ -578,19 +587,21 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   int32_t* restore = plan->restore_out != nullptr ? plan->restore_out : plan->restore.data();
   std::atomic<int64_t> non_padding{0};
   std::atomic<int64_t> defaults{0};
+  const int64_t* const weights = w.weights;
   ForChunks(w.n, w.parallel, pool, [&](int64_t begin, int64_t end) {
     int64_t seen = 0;
     int64_t rejected = 0;
     for (int64_t p = begin; p < end; ++p) {
       const int32_t l = w.local[p];
+      const int64_t occurrences = weights != nullptr ? weights[p] : 1;
       int32_t g = kDefaultSlot;
       if (l != kDefaultSlot) {
-        ++seen;
+        seen += occurrences;
         g = w.global[w.hashes[p] >> kShardShift][l];
       }
       if (g == kDefaultSlot) {
         g = default_index;
-        if (l != kDefaultSlot) ++rejected;
+        if (l != kDefaultSlot) rejected += occurrences;
       }
       restore[p] = g;
     }

@@ -174,8 +174,16 @@ class HostTable {
   // admitted by a pending batch as unseen (and, tiered, values where they
   // physically are), and Evict/Shrink never remove an ID a pending batch uses.
   // Evaluation batches are never pending.
+  //
+  // `weights` (training only, else nullptr): position p stands for weights[p]
+  // occurrences of its ID (each >= 1, their sum < 2^31), as if the ID were
+  // repeated that many times in place: admission counts, ids_seen and
+  // rejected add weights[p], and the plan is that of the repeated batch with
+  // each run of copies collapsed into its one position. The owner of a
+  // sharded table plans the unique IDs it received with their counts so.
   Status Process(const int64_t* keys, int64_t n, bool train, int64_t timestamp,
-                 ThreadPool* pool, BatchPlan* plan, bool deferred = false);
+                 ThreadPool* pool, BatchPlan* plan, bool deferred = false,
+                 const int64_t* weights = nullptr);
 
   // The step of deferred batch `batch_id` runs: it stops being pending, and so
   // does every older pending batch (planned before it by the same pipeline and

@@ -30,7 +30,7 @@ Status RunKeyStage(const std::vector<HostTable*>& tables, const std::vector<KeyS
         tables[i]->options().name,
         internal::StrCat("planning a batch of ", spans[i].size, " IDs"), [&] {
           return tables[i]->Process(spans[i].keys, spans[i].size, train, timestamp, pool,
-                                    &(*plans)[i], deferred);
+                                    &(*plans)[i], deferred, spans[i].weights);
         });
   };
   // Tables that share admission counts run one after another, in order, so

@@ -14,6 +14,9 @@ namespace mxrec {
 struct KeySpan {
   const int64_t* keys = nullptr;
   int64_t size = 0;
+  // Occurrences of each position's ID (training; see HostTable::Process), or
+  // nullptr: each position is one occurrence.
+  const int64_t* weights = nullptr;
 };
 
 // Seconds since the Unix epoch; the batch time when the data gives none.

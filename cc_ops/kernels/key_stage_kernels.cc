@@ -59,6 +59,13 @@ class MxrecKeyStageOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("is_train", &is_train_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
     OP_REQUIRES_OK(ctx, LookupTables(ctx, "MxrecKeyStage", false, &tables_, &table_names_));
+    int weights = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("W", &weights));
+    OP_REQUIRES(ctx, weights == 0 || is_train_,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecKeyStage (tables ", table_names_,
+                    "): weights count occurrences for admission, and an evaluation batch "
+                    "counts nothing; plan evaluation batches without weights")));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -87,6 +94,31 @@ class MxrecKeyStageOp : public OpKernel {
       }
       spans[i].size = flat.size();
       tables[i] = tables_[i].get();
+    }
+    OpInputList weights;
+    OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
+    for (int i = 0; i < weights.size(); ++i) {
+      const std::string& name = tables_[i]->options().name;
+      OP_REQUIRES(ctx, weights[i].shape() == ids[i].shape(),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "MxrecKeyStage: the weights of table '", name, "' have shape ",
+                      weights[i].shape().DebugString(), ", its IDs ",
+                      ids[i].shape().DebugString(), "; give one weight per ID")));
+      const auto flat = weights[i].flat<int64_t>();
+      int64_t total = 0;
+      for (int64_t p = 0; p < flat.size(); ++p) {
+        OP_REQUIRES(ctx, flat(p) >= 1,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "MxrecKeyStage: weight ", flat(p), " at position ", p, " of table '",
+                        name, "'; a weight is the number of occurrences a position stands "
+                        "for, at least 1")));
+        total += flat(p);
+        OP_REQUIRES(ctx, total <= INT32_MAX,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "MxrecKeyStage: the weights of table '", name, "' add up to more than "
+                        "2^31 - 1 occurrences in one batch; plan smaller batches")));
+      }
+      spans[i].weights = flat.data();
     }
     // The restore index goes straight into its output tensor.
     std::vector<mxrec::BatchPlan> plans(n);

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -14,11 +15,13 @@ using shape_inference::ShapeHandle;
 REGISTER_OP("MxrecKeyStage")
     .Input("ids: N * Tids")
     .Input("timestamp: int64")
+    .Input("weights: W * int64")
     .Output("unique_rows: N * int32")
     .Output("restore: N * int32")
     .Output("reused_rows: N * int32")
     .Output("batch_ids: int64")
     .Attr("N: int >= 1")
+    .Attr("W: int >= 0 = 0")
     .Attr("Tids: {int32, int64}")
     .Attr("table_keys: list(string)")
     .Attr("is_train: bool = true")
@@ -26,12 +29,20 @@ REGISTER_OP("MxrecKeyStage")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       int n = 0;
+      int w = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("W", &w));
+      if (w != 0 && w != n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MxrecKeyStage: ", w, " weight tensors for ", n,
+            " ID tensors; give one per ID tensor or none"));
+      }
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 0, &unused));
       for (int i = 0; i < n; ++i) {
         ShapeHandle ids;
         TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &ids));
+        if (w != 0) TF_RETURN_IF_ERROR(c->Merge(ids, c->input(n + 1 + i), &ids));
         c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
         c->set_output(n + i, ids);
         c->set_output(2 * n + i, c->Vector(InferenceContext::kUnknownDim));
@@ -46,6 +57,11 @@ the rows of the batch's admitted IDs in order of first occurrence, an index per
 input position into those rows (len(unique_rows) means the default value), and
 the rows that were reused after eviction and must be re-initialised.
 timestamp: the batch time in seconds; negative means the wall clock.
+weights: none, or one per ID tensor (training only): weights[i][p] >= 1 is how
+  many occurrences position p of table i stands for, as if its ID were repeated
+  that many times in place (admission counts, statistics); the sum of one
+  tensor's weights must be below 2^31. The owner of a sharded table plans the
+  unique IDs it received with their occurrence counts so.
 deferred: the batch is planned ahead of its step (in the input pipeline); each
   table keeps a training batch pending until MxrecCommitBatches gets its id.
 batch_ids: per table, the pending batch's id (0 when not deferred or not training).

@@ -131,11 +131,13 @@ def batch_timestamp(is_train: bool = True) -> Optional[tf.Tensor]:
                          lambda: tf.cast(tf.reduce_max(latest), tf.int64))
 
 
-def run_key_stage(table, ids: tf.Tensor, is_train: bool, timestamp):
+def run_key_stage(table, ids: tf.Tensor, is_train: bool, timestamp, weights=None):
     """The key stage of `table` on flat `ids`: (rows, restore, reused), ordered after the
-    table's previous key stage of this graph and mode."""
+    table's previous key stage of this graph and mode. `weights`: None, or (training) the
+    occurrences each ID stands for (mxrec.util.ops.key_stage)."""
     (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-        [ids], [table.table_key], is_train, timestamp=timestamp)
+        [ids], [table.table_key], is_train, timestamp=timestamp,
+        weights=None if weights is None else [weights])
     previous = table.key_stage_dependency(tf.compat.v1.get_default_graph(), is_train, rows.op)
     if previous is not None:
         rows.op._add_control_input(previous)  # noqa: SLF001 (no public API adds one)

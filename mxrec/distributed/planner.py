@@ -58,7 +58,7 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
         routed = router(ids, communication.get_rank_size())
         exchanged = sharding.exchange(table, routed, is_train, request.pad_to)
         rows, restore, reused = planners.run_key_stage(table, exchanged.owned, is_train,
-                                                       timestamp)
+                                                       timestamp, weights=exchanged.weights)
         # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out of the
         # by-address optimizers' collections.
         owned_emb = table.lookup_planned(exchanged.owned, rows, restore, reused, is_train,

@@ -204,7 +204,8 @@ def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next:
             rows, restore, reused, ids = mxrec_ops.key_stage(
                 [exchanges[i].owned for i in members],
                 [lookups[i].record.table.table_key for i in members], is_train,
-                timestamp=timestamps[members[0]], deferred=True)
+                timestamp=timestamps[members[0]], deferred=True,
+                weights=[exchanges[i].weights for i in members] if is_train else None)
         previous = [rows[0].op]
         batch_ids.append(ids)
         for n, i in enumerate(members):

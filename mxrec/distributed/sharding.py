@@ -9,9 +9,9 @@ collectives that bring the IDs to their owners), the owner's key stage and devic
         ─► buckets [N, chunk, 2] of (ID, occurrence count) (chunk: the largest bucket of any
            rank, from an all-reduce; send_count under init(use_dynamic=False))
         ─► one all-to-all: rank r receives every rank's IDs that r owns
-        ─► owner: the IDs repeated by their occurrences ─► the table's own key stage and
-           device lookup (admission counts every occurrence of the global batch; eviction,
-           tiers and reused rows run on the owner as in one process)
+        ─► owner: the received IDs with their occurrence counts as weights ─► the table's
+           own key stage and device lookup (admission counts every occurrence of the global
+           batch; eviction, tiers and reused rows run on the owner as in one process)
         ─► embeddings [N, chunk, dim] ─► all-to-all back ─► one gather: each flat ID's row
            (`positions`: owner x chunk + slot of its unique ID)
     backward: the gradient takes the same path in reverse (the transpose of an equal-chunk
@@ -155,9 +155,12 @@ class Exchange:
     Attributes:
         chunk: scalar int32, rows per peer of this step's ID all-to-all for this lookup.
         valid: [V] int32, the received slots that hold an ID.
-        owned: [M] int64, the IDs to plan on the owner (training: each repeated by its
-            occurrences over the global batch).
-        first: [V] int32, the position in `owned` of each received ID's first copy.
+        owned: [M] int64, the IDs to plan on the owner: the received ones, M = V (an ID
+            that several ranks sent is there once per rank).
+        weights: [M] int64 (training), each owned ID's occurrences in the sending rank's
+            batch, which the owner's key stage counts (as if the ID were repeated that
+            many times: mxrec.util.ops.key_stage); None in evaluation.
+        first: [V] int32, the position in `owned` of each received ID.
         spot: [V] int32, each received ID's row in the send-back buffer [N * group_chunk].
         group_chunk: scalar int32, rows per peer of that buffer.
         group_offset: scalar int32, this lookup's first row per peer in it.
@@ -178,6 +181,7 @@ class Exchange:
     valid: tf.Tensor
     owned: tf.Tensor
     first: tf.Tensor
+    weights: Optional[tf.Tensor] = None
     spot: Optional[tf.Tensor] = None
     group_chunk: Optional[tf.Tensor] = None
     group_offset: Optional[tf.Tensor] = None
@@ -689,25 +693,21 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
     valid = peer * tf.gather(chunks, lookup) + column - tf.gather(offsets, lookup)
     per_lookup = tf.math.unsorted_segment_sum(tf.ones_like(lookup), lookup, count)
     ids, occurrences = pairs[:, 0], pairs[:, 1]
-    if is_train:
-        # Every occurrence of the global batch counts for admission, as in one process.
-        owned = repeat_by_counts(ids, occurrences)
-        owned_sizes = tf.cast(tf.math.unsorted_segment_sum(occurrences, lookup, count),
-                              tf.int32)
-        starts = tf.cast(tf.cumsum(owned_sizes, exclusive=True), tf.int64)
-        first = tf.cast(tf.cumsum(occurrences, exclusive=True) - tf.gather(starts, lookup),
-                        tf.int32)
-    else:
-        owned, owned_sizes = ids, per_lookup
-        first = tf.range(tf.size(lookup)) - tf.gather(tf.cumsum(per_lookup, exclusive=True),
-                                                      lookup)
+    # Every received ID is planned once; in training with its occurrences as its weight
+    # (admission counts every occurrence of the global batch, as in one process).
+    owned_sizes = per_lookup
+    first = tf.range(tf.size(lookup)) - tf.gather(tf.cumsum(per_lookup, exclusive=True),
+                                                  lookup)
     valid_parts = tf.split(valid, per_lookup, num=count)
     first_parts = tf.split(first, per_lookup, num=count)
-    owned_parts = tf.split(owned, owned_sizes, num=count)
+    owned_parts = tf.split(ids, per_lookup, num=count)
+    weight_parts = (tf.split(occurrences, per_lookup, num=count) if is_train
+                    else [None] * count)
     chunk_parts = tf.unstack(chunks, num=count)
-    exchanges = [Exchange(chunk=chunk, valid=v, owned=o, first=f, owned_size=m)
-                 for chunk, v, o, f, m in zip(chunk_parts, valid_parts, owned_parts,
-                                              first_parts, tf.unstack(owned_sizes, num=count))]
+    exchanges = [Exchange(chunk=chunk, valid=v, owned=o, first=f, weights=w, owned_size=m)
+                 for chunk, v, o, f, w, m in zip(chunk_parts, valid_parts, owned_parts,
+                                                 first_parts, weight_parts,
+                                                 tf.unstack(owned_sizes, num=count))]
     if groups is not None and any(len(g) > 1 for g in groups):
         # Each lookup's rows in its send group's buffer: per peer after its group's earlier
         # lookups (`group_offset`) in rows of the group's width (`group_chunk`).
@@ -783,12 +783,8 @@ def _received(received: tf.Tensor, chunk: tf.Tensor, is_train: bool) -> Exchange
     recv_ids, recv_occ = received[:, 0], received[:, 1]
     valid = tf.cast(tf.where(recv_occ > 0)[:, 0], tf.int32)
     owned = tf.gather(recv_ids, valid)
-    owned_occ = tf.gather(recv_occ, valid)
-    if is_train:
-        # Every occurrence of the global batch counts for admission, as in one process.
-        repeated = repeat_by_counts(owned, owned_occ)
-        first = tf.cast(tf.cumsum(owned_occ, exclusive=True), tf.int32)
-    else:
-        repeated = owned
-        first = tf.range(tf.size(owned))
-    return Exchange(chunk=chunk, valid=valid, owned=repeated, first=first)
+    # In training each received ID counts its occurrences over the sender's batch for
+    # admission (the key stage's weights), as if repeated: as in one process.
+    weights = tf.gather(recv_occ, valid) if is_train else None
+    return Exchange(chunk=chunk, valid=valid, owned=owned, first=tf.range(tf.size(owned)),
+                    weights=weights)

@@ -26,7 +26,7 @@ def register_runtime(provider: Callable[[], object]) -> None:
 
 def key_stage(
     ids: Sequence[tf.Tensor], table_keys: Sequence[str], is_train: bool, timestamp=None,
-    deferred: bool = False,
+    deferred: bool = False, weights: Optional[Sequence[tf.Tensor]] = None,
 ) -> Tuple[List[tf.Tensor], List[tf.Tensor], List[tf.Tensor], tf.Tensor]:
     """Runs the host key stage on one 1-D ID tensor per table.
 
@@ -34,6 +34,10 @@ def key_stage(
         deferred: the batch is planned ahead of its step (in the input pipeline);
             a training batch then stays pending in each table until
             `commit_batches` runs with its batch id in the step.
+        weights: None, or (training only) one int64 tensor per ID tensor, its shape:
+            how many occurrences each position stands for (>= 1), as if its ID were
+            repeated that many times in place. The owner of a sharded table plans the
+            unique IDs it received with their occurrence counts over the global batch.
 
     Returns:
         (unique_rows, restore, reused_rows, batch_ids): one int32 tensor per
@@ -44,8 +48,8 @@ def key_stage(
         timestamp = tf.constant(-1, tf.int64)
     with tf.device("/device:CPU:0"):
         return loader.op_library().mxrec_key_stage(
-            ids=list(ids), timestamp=timestamp, table_keys=list(table_keys), is_train=is_train,
-            deferred=deferred)
+            ids=list(ids), timestamp=timestamp, weights=list(weights or []),
+            table_keys=list(table_keys), is_train=is_train, deferred=deferred)
 
 
 class PackedKeyStage(NamedTuple):
