@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from mxrec.core.graph_state import shared_tensor
 from mxrec.distributed import communication
+from mxrec.util import ops as mxrec_ops
 from mxrec.util.gradients import custom_gradient
 
 # 0x9E3779B97F4A7C15 as a signed 64-bit integer (TF multiplies int64 with wrap-around).
@@ -201,7 +202,16 @@ class Exchange:
 
 
 def route(ids: tf.Tensor, size: int) -> Route:
-    """Local dedupe, occurrence counts and owner buckets of `ids` (any rank >= 1)."""
+    """Local dedupe, occurrence counts and owner buckets of `ids` (any rank >= 1), in one
+    op (MxrecRoute, on the CPU): the values of `route_reference`, bit for bit."""
+    pairs, counts, where, order, index = mxrec_ops.route(tf.cast(ids, tf.int64), size)
+    return Route(pairs=pairs, counts=counts, where=where, order=order, index=index)
+
+
+def route_reference(ids: tf.Tensor, size: int) -> Route:
+    """`route` composed of TensorFlow ops: the reference the op is tested against
+    (tests/test_route_op.py). Unique IDs in first-occurrence order (tf.unique), sorted by
+    owner with a stable sort, so an owner's IDs keep that order."""
     flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
     uniq, index = tf.unique(flat, out_idx=tf.int32)
     num = tf.size(uniq)

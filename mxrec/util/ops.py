@@ -1,5 +1,6 @@
 """Python wrappers of mxrec's TensorFlow ops."""
 
+import numbers
 import os
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -145,6 +146,31 @@ def after_commit(tensors: Sequence[tf.Tensor], batch_ids: tf.Tensor,
     commit = commit_batches(batch_ids, table_keys)
     with tf.device("/device:CPU:0"), tf.control_dependencies([commit]):
         return [tf.identity(t) for t in tensors]
+
+
+def route(ids: tf.Tensor, size: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor,
+                                               tf.Tensor]:
+    """The rank-local part of a sharded lookup in one op (MxrecRoute): `ids` (int64, any
+    shape, read flat) deduplicated and bucketed by owner over `size` ranks.
+
+    Returns:
+        (pairs, counts, where, order, index), the fields of mxrec.distributed.sharding.Route
+        with the values of its `route_reference`: pairs [U, 2] int64, counts [size] int32,
+        where [U, 2] int32, order [U] int32, index [n] int32.
+
+    Raises:
+        ValueError: size is not an integer >= 1.
+
+    Example:
+        >>> pairs, counts, where, order, index = route(tf.constant([[7, 3], [7, 9]],
+        ...                                                        tf.int64), 2)
+        >>> # pairs [3, 2], counts [2], where [3, 2], order [3], index [4]
+    """
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        raise ValueError(f"route: size (the number of ranks) must be an integer >= 1, "
+                         f"got {size!r}")
+    with tf.device("/device:CPU:0"):
+        return tuple(loader.op_library().mxrec_route(ids=ids, size=int(size)))
 
 
 class HostPipelineOps:
