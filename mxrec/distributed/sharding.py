@@ -689,19 +689,10 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
     send = tf.scatter_nd(slots, tf.concat([r.pairs for r in routes], axis=0),
                          tf.stack([size, total, 2]))
     received = tf.reshape(communication.alltoall(send), [-1, 2])
-    # The received slots that hold an ID, grouped by lookup (a stable sort keeps each
-    # lookup's slots in peer-then-column order, the order of `exchange`'s tf.where).
-    filled = tf.where(received[:, 1] > 0)[:, 0]
-    filled = tf.cast(filled, tf.int32)
-    peer, column = filled // total, filled % total
-    column_lookup = repeat_by_counts(lookup_range, chunks)
-    lookup = tf.gather(column_lookup, column)
-    order = tf.argsort(lookup, stable=True)
-    lookup = tf.gather(lookup, order)
-    peer, column = tf.gather(peer, order), tf.gather(column, order)
-    pairs = tf.gather(received, tf.gather(filled, order))
-    valid = peer * tf.gather(chunks, lookup) + column - tf.gather(offsets, lookup)
-    per_lookup = tf.math.unsorted_segment_sum(tf.ones_like(lookup), lookup, count)
+    # The received slots that hold an ID, grouped by lookup, in peer-then-column order
+    # within a lookup (the order of `exchange`'s tf.where), in one op.
+    pairs, lookup, peer, valid, per_lookup = mxrec_ops.exchange_received(received, chunks,
+                                                                         size)
     ids, occurrences = pairs[:, 0], pairs[:, 1]
     # Every received ID is planned once; in training with its occurrences as its weight
     # (admission counts every occurrence of the global batch, as in one process).
@@ -732,6 +723,38 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
             ex.spot, ex.group_first, ex.group_chunk, ex.group_offset = sp, gf, w, o
     return exchanges, _agreed_stamps(summary, stamps, distinct, count), \
         [summary[base + 2 * count + i] for i in range(len(also))]
+
+
+def _received_slots_reference(received: tf.Tensor, chunks: tf.Tensor):
+    """exchange_all's grouping of the received slots composed of TensorFlow ops: the
+    reference MxrecExchangeReceived (mxrec_ops.exchange_received) is tested against
+    (tests/test_exchange_received_op.py). `received` [N * sum(chunks), 2] int64 (ID,
+    occurrences; 0 in an empty slot), per peer the lookups' columns concatenated; `chunks`
+    [L] int32, each lookup's columns per peer. Unlike the op it checks neither N * sum(chunks)
+    against received's length nor the signs of chunks and counts (a negative count reads as
+    an empty slot).
+
+    Returns:
+        (pairs, lookup, peer, valid, per_lookup): the filled slots' pairs [V, 2] grouped by
+        lookup (a stable sort keeps each lookup's slots in peer-then-column order), their
+        lookup, peer and slot within the lookup's own [N * chunk] buffer [V] int32, and
+        the filled slots per lookup [L] int32.
+    """
+    count = tf.size(chunks)
+    total = tf.reduce_sum(chunks)
+    offsets = tf.cumsum(chunks, exclusive=True)
+    filled = tf.where(received[:, 1] > 0)[:, 0]
+    filled = tf.cast(filled, tf.int32)
+    peer, column = filled // total, filled % total
+    column_lookup = repeat_by_counts(tf.range(count), chunks)
+    lookup = tf.gather(column_lookup, column)
+    order = tf.argsort(lookup, stable=True)
+    lookup = tf.gather(lookup, order)
+    peer, column = tf.gather(peer, order), tf.gather(column, order)
+    pairs = tf.gather(received, tf.gather(filled, order))
+    valid = peer * tf.gather(chunks, lookup) + column - tf.gather(offsets, lookup)
+    per_lookup = tf.math.unsorted_segment_sum(tf.ones_like(lookup), lookup, count)
+    return pairs, lookup, peer, valid, per_lookup
 
 
 def _within_groups(values: tf.Tensor, groups, count: int):

@@ -173,6 +173,42 @@ def route(ids: tf.Tensor, size: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, t
         return tuple(loader.op_library().mxrec_route(ids=ids, size=int(size)))
 
 
+def exchange_received(received: tf.Tensor, chunks: tf.Tensor, size: int) -> Tuple[
+        tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The owner's side of the fused ID exchange in one op (MxrecExchangeReceived): the
+    filled slots of `received` grouped by lookup.
+
+    Args:
+        received: [size * sum(chunks), 2] int64 (ID, occurrences), per peer the lookups'
+            columns concatenated; empty slots have 0 occurrences.
+        chunks: [L] int32, each lookup's columns per peer.
+        size: the number of ranks (peers).
+
+    Returns:
+        (pairs, lookup, peer, valid, per_lookup), the values of
+        mxrec.distributed.sharding._received_slots_reference: pairs [V, 2] int64 of the V
+        filled slots, grouped by lookup and in peer-then-column order within one; lookup,
+        peer and valid (the slot within the lookup's own [size * chunk] buffer) [V] int32;
+        per_lookup [L] int32.
+
+    Raises:
+        ValueError: size is not an integer >= 1.
+
+    Example:
+        >>> received = tf.constant([[7, 1], [0, 0], [9, 2], [4, 1]], tf.int64)
+        >>> pairs, lookup, peer, valid, per_lookup = exchange_received(
+        ...     received, tf.constant([1, 1]), 2)
+        >>> # pairs [[7, 1], [9, 2], [4, 1]], lookup [0, 0, 1], peer [0, 1, 1],
+        >>> # valid [0, 1, 1], per_lookup [2, 1]
+    """
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        raise ValueError(f"exchange_received: size (the number of ranks) must be an integer "
+                         f">= 1, got {size!r}")
+    with tf.device("/device:CPU:0"):
+        return tuple(loader.op_library().mxrec_exchange_received(
+            received=received, chunks=chunks, size=int(size)))
+
+
 class HostPipelineOps:
     """mx_rec's `import_host_pipeline_ops()` object.
 
