@@ -144,6 +144,14 @@ def fused_collectives(out, env, steps: int = 12, batch: int = 1024, pool: int = 
                        round(results[2]["bytes_sent"] / minimum, 2))
             out.figure(f"fused {name}: 2 ranks / 1 process samples/s", round(ratio, 2))
             out.figure(f"fused {name}: ops run per step (2 ranks, rank 0)", results[2]["ops_run"])
+            # Issue 21's goals for the fused exchange: collectives per step independent of
+            # the tables (3 all-to-alls + the agreement + the dense all-reduce) and bytes
+            # per rank and step <= 1.2 x the minimum. The samples/s goal is bench_engines'
+            # (medians of rounds); this short run's ratio is a figure only.
+            out.goal(f"fused {name}: collectives per step, 2 ranks (<=)",
+                     exchanges + kinds["allreduce"], 5, lower_is_better=True)
+            out.goal(f"fused {name}: bytes per rank and step / minimum, 2 ranks (<=)",
+                     results[2]["bytes_sent"] / minimum, 1.2, lower_is_better=True)
     return 0
 
 
