@@ -166,11 +166,8 @@ def route(ids: tf.Tensor, size: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, t
         ...                                                        tf.int64), 2)
         >>> # pairs [3, 2], counts [2], where [3, 2], order [3], index [4]
     """
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-        raise ValueError(f"route: size (the number of ranks) must be an integer >= 1, "
-                         f"got {size!r}")
     with tf.device("/device:CPU:0"):
-        return tuple(loader.op_library().mxrec_route(ids=ids, size=int(size)))
+        return tuple(loader.op_library().mxrec_route(ids=ids, size=_ranks("route", size)))
 
 
 def exchange_received(received: tf.Tensor, chunks: tf.Tensor, size: int) -> Tuple[
@@ -201,12 +198,18 @@ def exchange_received(received: tf.Tensor, chunks: tf.Tensor, size: int) -> Tupl
         >>> # pairs [[7, 1], [9, 2], [4, 1]], lookup [0, 0, 1], peer [0, 1, 1],
         >>> # valid [0, 1, 1], per_lookup [2, 1]
     """
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-        raise ValueError(f"exchange_received: size (the number of ranks) must be an integer "
-                         f">= 1, got {size!r}")
     with tf.device("/device:CPU:0"):
         return tuple(loader.op_library().mxrec_exchange_received(
-            received=received, chunks=chunks, size=int(size)))
+            received=received, chunks=chunks, size=_ranks("exchange_received", size)))
+
+
+def _ranks(what: str, size) -> int:
+    """`size` (a number of ranks) as an int, or ValueError naming `what` unless it is an
+    integer >= 1."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        raise ValueError(f"{what}: size (the number of ranks) must be an integer >= 1, "
+                         f"got {size!r}")
+    return int(size)
 
 
 class HostPipelineOps:
