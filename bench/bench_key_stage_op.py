@@ -147,8 +147,8 @@ def op_contender(engine, workload: Workload, run_id: int, packed: bool):
     def build():
         def plan(ids):
             unique_rows, restore, _, _ = ops.mxrec_key_stage(
-                ids=ids, timestamp=tf.constant(_TIMESTAMP, tf.int64), table_keys=keys,
-                is_train=True, deferred=False)
+                ids=ids, timestamp=tf.constant(_TIMESTAMP, tf.int64), weights=[],
+                table_keys=keys, is_train=True, deferred=False)
             return list(unique_rows) + list(restore)
 
         return plan

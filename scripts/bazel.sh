@@ -36,7 +36,8 @@ ops = loader.op_library()  # tf.load_op_library of Bazel's _mxrec_ops.so
 key = "bazel_check/t"
 engine.create_table(key=key, name="t", dim=4, capacity=16)
 unique_rows, restore, _, _ = ops.mxrec_key_stage(
-    ids=[tf.constant([7, -3, 7], tf.int64)], timestamp=tf.constant(0, tf.int64), table_keys=[key])
+    ids=[tf.constant([7, -3, 7], tf.int64)], timestamp=tf.constant(0, tf.int64), weights=[],
+    table_keys=[key])
 np.testing.assert_array_equal(unique_rows[0].numpy(), [0, 1])
 np.testing.assert_array_equal(restore[0].numpy(), [0, 1, 0])
 # The kernel planned into the table that pybind created: one engine library under both.
