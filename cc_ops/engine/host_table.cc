@@ -28,27 +28,27 @@ HostTable::HostTable(TableOptions options)
 }
 
 void HostTable::ConfigureAdmission(const AdmissionOptions& admission) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   admission_ = admission;
 }
 
 void HostTable::ShareCounts(std::shared_ptr<SharedCounts> counts) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   shared_counts_ = std::move(counts);
 }
 
 bool HostTable::shares_counts() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   return shared_counts_ != nullptr;
 }
 
 AdmissionOptions HostTable::admission() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   return admission_;
 }
 
 int64_t HostTable::newest_timestamp() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   return BoundaryNewest();
 }
 
@@ -495,7 +495,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   plan->new_ids = 0;
   plan->batch_id = 0;
 
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   if (train) {
     ++stats_.train_batches;
   } else {
@@ -708,41 +708,52 @@ void HostTable::JournalGrants(BatchWork& w) {
 }
 
 Status HostTable::Commit(uint64_t batch_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find_if(pending_.begin(), pending_.end(),
-                         [batch_id](const PendingBatch& b) { return b.id == batch_id; });
-  if (it == pending_.end()) {
-    if (batch_id < import_barrier_) {
-      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                         "': a batch planned before the table was restored reached its step; "
-                         "its rows refer to the state the restore replaced. Restore before the "
-                         "input pipeline starts, or re-run the iterator initializer "
-                         "(mxrec.util.initialize.get_initializer) after restoring.");
-    }
-    // Retired already by a later batch's commit (two lookups of the table in
-    // one step commit in any order).
-    return Status::Ok();
+  if (batch_id < import_barrier_.load(std::memory_order_acquire)) {
+    // ImportState dropped every batch planned before it, so a batch below the
+    // barrier is one planned before the restore.
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': a batch planned before the table was restored reached its step; "
+                       "its rows refer to the state the restore replaced. Restore before the "
+                       "input pipeline starts, or re-run the iterator initializer "
+                       "(mxrec.util.initialize.get_initializer) after restoring.");
   }
-  ++it;
-  for (auto done = pending_.begin(); done != it; ++done) {
+  // Two lookups of the table in one step commit in any order: keep the newest.
+  uint64_t seen = committed_through_.load(std::memory_order_relaxed);
+  while (seen < batch_id &&
+         !committed_through_.compare_exchange_weak(seen, batch_id, std::memory_order_release,
+                                                   std::memory_order_relaxed)) {
+  }
+  return Status::Ok();
+}
+
+std::unique_lock<std::mutex> HostTable::Lock() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  RetireCommittedLocked();
+  return lock;
+}
+
+void HostTable::RetireCommittedLocked() const {
+  const uint64_t through = committed_through_.load(std::memory_order_acquire);
+  auto done = pending_.begin();
+  while (done != pending_.end() && done->id <= through) {
     for (int64_t key : done->admitted) {
       auto entry = pending_admitted_.find(key);
       if (entry != pending_admitted_.end() && entry->second == done->id) {
         pending_admitted_.erase(entry);
       }
     }
+    ++done;
   }
-  pending_.erase(pending_.begin(), it);
-  return Status::Ok();
+  pending_.erase(pending_.begin(), done);
 }
 
 int64_t HostTable::pending_batches() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   return static_cast<int64_t>(pending_.size());
 }
 
 void HostTable::SetThreshold(double threshold) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   if (threshold == 0.0) {
     counting_frozen_ = true;
   } else {
@@ -815,7 +826,7 @@ int64_t HostTable::EraseUnpending(const std::function<bool(const KeyMap&, uint32
 }
 
 int64_t HostTable::Evict(int64_t max_age) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   const int64_t newest = BoundaryNewest();
   if (newest < 0) return 0;
   const int64_t oldest_kept = newest - max_age;
@@ -825,7 +836,7 @@ int64_t HostTable::Evict(int64_t max_age) {
 }
 
 int64_t HostTable::Shrink(int threshold) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   // The maps keep ages from the first shrink on (a table that never shrinks
   // pays nothing for them).
   for (auto& shard : ids_) shard.PrepareAges();
@@ -846,7 +857,7 @@ int64_t HostTable::Shrink(int threshold) {
 }
 
 TableStats HostTable::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   TableStats stats = stats_;
   stats.rows_in_use = rows_.in_use();
   stats.tier_ids = cache_ != nullptr ? cache_->tier_ids() : 0;
@@ -860,7 +871,7 @@ TableStats HostTable::Stats() const {
 }
 
 void HostTable::SetSwapProtect(uint32_t batches) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   if (cache_ != nullptr) cache_->SetSwapProtect(batches);
 }
 
@@ -868,7 +879,7 @@ Status HostTable::ReadTier(int component, const int64_t* keys, int64_t n, float*
                            bool* found) {
   std::vector<int32_t> slots;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    const auto lock = Lock();
     MXREC_RETURN_IF_ERROR(cache_->HostSlots(component, keys, n, &slots));
   }
   // Outside the table's lock: the tier has its own.

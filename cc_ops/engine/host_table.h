@@ -8,6 +8,7 @@
 #ifndef MXREC_ENGINE_HOST_TABLE_H_
 #define MXREC_ENGINE_HOST_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -191,6 +192,12 @@ class HostTable {
   // longer pending is an error when the table was restored since the batch
   // was planned (its rows refer to the state replaced), and a no-op otherwise
   // (a later batch's commit retired it).
+  //
+  // Commit takes no lock: it raises the newest committed batch id, and the
+  // next holder of the table's lock (Lock(): the key stage planning the next
+  // batch, a save, an eviction, an evaluation batch) retires the batches up
+  // to it before it reads anything. So a step never waits for the key stage
+  // planning a later batch, and every reader still sees the step boundary.
   Status Commit(uint64_t batch_id);
   // Deferred training batches planned and not committed.
   int64_t pending_batches() const;
@@ -326,6 +333,11 @@ class HostTable {
   bool IsPadding(int64_t key) const;
   // Keys of every pending batch.
   std::vector<int64_t> PendingKeys() const;
+  // mu_, taken after Commit's record is applied: the batches committed since
+  // the last holder leave pending_ (RetireCommittedLocked). Every method
+  // takes the table's lock through it.
+  std::unique_lock<std::mutex> Lock() const;
+  void RetireCommittedLocked() const;
   // Erases records matching pred, except IDs of pending batches.
   int64_t EraseUnpending(const std::function<bool(const KeyMap&, uint32_t)>& pred);
   // The maps of an empty table (tiered tables: with tier records).
@@ -373,13 +385,16 @@ class HostTable {
   std::vector<std::pair<int64_t, uint32_t>> removed_log_;
   bool track_removals_ = false;  // a delta chain exists (ExportState delta_chain)
   int64_t newest_timestamp_ = -1;
-  // Deferred training batches planned and not committed, oldest first; IDs
-  // their batches admitted (-> batch id); the first batch id not dropped by
-  // ImportState.
-  std::deque<PendingBatch> pending_;
-  std::unordered_map<int64_t, uint64_t> pending_admitted_;
+  // Deferred training batches planned and not retired, oldest first (ids
+  // increasing); IDs their batches admitted (-> batch id). Both are mutable:
+  // a const reader retires committed batches first (Lock()).
+  mutable std::deque<PendingBatch> pending_;
+  mutable std::unordered_map<int64_t, uint64_t> pending_admitted_;
   uint64_t next_batch_id_ = 1;
-  uint64_t import_barrier_ = 1;
+  // Outside mu_: the newest batch id a step committed (Commit), and the first
+  // batch id not dropped by ImportState (written under mu_).
+  std::atomic<uint64_t> committed_through_{0};
+  std::atomic<uint64_t> import_barrier_{1};
   TableStats stats_;
   // Tiered tables only (null otherwise): the device cache over the host tier.
   std::unique_ptr<DeviceCachePlanner> cache_;

@@ -36,7 +36,7 @@ struct HostTable::ExportedRecord {
 };
 
 Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState* state) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   Boundary boundary;
   MXREC_RETURN_IF_ERROR(ViewBoundary(&boundary));
   const std::vector<ExportedRecord> records = CollectRecords(boundary, since_epoch);
@@ -155,21 +155,21 @@ void HostTable::MarkPendingChanged(const Boundary& boundary) {
 }
 
 void HostTable::PruneRemovedLog(uint32_t epoch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   removed_log_.erase(std::remove_if(removed_log_.begin(), removed_log_.end(),
                                     [epoch](const auto& entry) { return entry.second <= epoch; }),
                      removed_log_.end());
 }
 
 int64_t HostTable::removed_log_size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   return static_cast<int64_t>(removed_log_.size());
 }
 
 Status HostTable::ImportState(const TableState& state) {
   // One critical section: nothing plans a batch between the checks and the
   // replacement.
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   MXREC_RETURN_IF_ERROR(CheckTierFlags(state));
   MXREC_RETURN_IF_ERROR(CheckRows(state));
   std::vector<int64_t> host_keys;  // tiered: the IDs in the host tier, in state order
@@ -332,7 +332,7 @@ void SortedByRow(std::vector<std::pair<int32_t, int64_t>>* pairs, std::vector<in
 }  // namespace
 
 void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   std::vector<std::pair<int32_t, int64_t>> pairs;
   for (const auto& shard : ids_) {
     shard.ForEach([&](int64_t key, uint32_t index) {
@@ -344,7 +344,7 @@ void HostTable::ExportRows(std::vector<int64_t>* keys, std::vector<int32_t>* row
 }
 
 Status HostTable::ExportBoundaryRows(std::vector<int64_t>* keys, std::vector<int32_t>* rows) {
-  std::lock_guard<std::mutex> lock(mu_);
+  const auto lock = Lock();
   Boundary boundary;
   MXREC_RETURN_IF_ERROR(ViewBoundary(&boundary));
   std::vector<std::pair<int32_t, int64_t>> pairs;
