@@ -414,3 +414,35 @@ def test_failed_restore_leaves_the_table_as_it_was(tmp_path, engine):
     (tmp_path / "elsewhere").rename(ssd)
     _import_snapshot(engine, key, np.arange(11, 18, dtype=np.int64), 2.0)
     assert _host_state(engine, key)[1] == {i: [float(i), 2.0] for i in range(13, 18)}
+
+
+def test_restoring_the_current_checkpoint_keeps_a_batch_planned_after_the_save(tmp_path, engine):
+    """An Estimator's evaluation restores the checkpoint training has just written while
+    training has batches planned ahead. A batch planned after the save moved its IDs to the
+    recency list's tail (the one part of the export that planned batches keep), so the
+    restore must still see the checkpoint as the current state: the planned batch stays and
+    its step commits (importing would drop it: "planned before the table was restored")."""
+    with tf.Graph().as_default():
+        table, train_op, start, _ = _build("sgd")
+        key = table.table_key
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            sess.run(start)
+            for _ in range(4):  # the cache of 20 rows fills and swaps
+                sess.run(train_op)
+            path = _v1.train.Saver().save(sess, str(tmp_path / "model"))
+            before = engine.export_state(key)
+            # A batch planned ahead of its step (IDs on the device and in the host tier).
+            on_device = engine.export_rows(key)[0][:3]
+            in_host = before["keys"][before["rows"] < 0][:3]
+            (_, _, _, planned), = engine.process(
+                [key], [np.concatenate([on_device, in_host]).astype(np.int64)], True, 0,
+                deferred=True)
+            after = engine.export_state(key)
+            assert not np.array_equal(before["lru_rows"], after["lru_rows"]) or \
+                not np.array_equal(before["lru_ages"], after["lru_ages"])
+            _v1.train.Saver().restore(sess, path)
+            assert engine.pending_batches(key) == 1
+            engine.commit(key, planned)
+            assert engine.pending_batches(key) == 0
+    terminate_config_initializer()

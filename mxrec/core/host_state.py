@@ -42,6 +42,8 @@ _TIER_FIELDS = (
     ("tier_values", tf.float32),
 )
 TIER_FIELDS = _TIER_FIELDS  # mxrec.keras saves them too
+# The device cache's recency order, which batches planned ahead of their steps change.
+_RECENCY_FIELDS = ("lru_rows", "lru_ages")
 
 
 class HostStateSaveable(saveable_object.SaveableObject):
@@ -86,6 +88,12 @@ class HostStateSaveable(saveable_object.SaveableObject):
         step boundary already, so importing it would change nothing but drop the planned
         batches, and training would then stop at the next one. Any other snapshot replaces
         the state (and drops the planned batches: their plans refer to the old state).
+
+        The device cache's recency order (lru_rows, lru_ages) is left out of the comparison:
+        it is the one part of the export that batches planned ahead keep (their IDs became
+        the most recent when they were planned), so it differs from the checkpoint by as many
+        batches as the pipeline planned since the save. A snapshot equal in everything else
+        is the state at the step boundary, and the planned batches' order is the one to keep.
         """
         del restored_shapes
         fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
@@ -96,7 +104,9 @@ class HostStateSaveable(saveable_object.SaveableObject):
                       for t, (_, dtype) in zip(restored_tensors, fields)]
             current = loader.op_library().mxrec_export_table(
                 table_key=self._table_key, name="current_host_state")[:len(fields)]
-            same = tf.reduce_all(tf.stack([_same(a, b) for a, b in zip(inputs, current)]))
+            same = tf.reduce_all(tf.stack([
+                _same(a, b) for a, b, (name, _) in zip(inputs, current, fields)
+                if name not in _RECENCY_FIELDS]))
             return tf.cond(same, tf.no_op, lambda: self._import_host(inputs),
                            name="restore_unless_current")
 
