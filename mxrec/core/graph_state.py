@@ -7,7 +7,7 @@ by the graph, the state and the graph form one cycle that Python's collector fre
 as nothing else holds the graph (an Estimator builds a graph per `train`/`evaluate`).
 """
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Set
 
 _ATTRIBUTE = "_mxrec_graph_state"
 
@@ -30,6 +30,10 @@ class GraphState:
             given} (mx_rec's get_target_batch).
         shared: {key: a tensor built once and read by every lookup that asks for the same
             key} (`shared_tensor`: a batch time, its all-reduce across the ranks).
+        distinct_rows: names of the tensors of table rows known to hold no row twice (a
+            training lookup's unique rows, unpadded), which a table's gather reads; the hash
+            optimizers update such rows without summing duplicates first
+            (mxrec.optimizers.base.distinct_indices).
     """
 
     def __init__(self):
@@ -43,6 +47,7 @@ class GraphState:
         self.default_savers: Dict[tuple, object] = {}
         self.target_batches: Dict[bool, object] = {}
         self.shared: Dict[tuple, object] = {}
+        self.distinct_rows: Set[str] = set()
 
 
 def graph_state(graph) -> GraphState:

@@ -356,6 +356,10 @@ class DeviceTable(SparseEmbedding):
         deps = self._refills_before_gather(reused, by_id) if is_train else []
         with tf.control_dependencies(deps):
             unique_emb = tf.gather(self.variable, rows)
+        if send_count is None:
+            # The key stage gives each distinct ID one row: the gradient's rows are
+            # distinct, and the optimizer need not sum duplicates (padding repeats a row).
+            graph_state(rows.graph).distinct_rows.add(rows.name)
         emb = restore_rows(unique_emb, restore, default, device=self.variable.device)
         if not is_train:
             emb = self._rows_off_the_device(ids, emb)

@@ -6,6 +6,7 @@ from collections import defaultdict
 import tensorflow as tf
 
 from mxrec.core import wing
+from mxrec.core.graph_state import graph_state
 
 
 class HashOptimizerMixin:
@@ -20,6 +21,8 @@ class HashOptimizerMixin:
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         with tf.control_dependencies(_slot_refills(self, handle)):
+            if distinct_indices(indices) and _next_sums_duplicates(type(self), HashOptimizerMixin):
+                return self._resource_apply_sparse(grad, handle, indices, **kwargs)
             return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices,
                                                                     **kwargs)
 
@@ -28,6 +31,37 @@ class HashOptimizerMixin:
         update = super().apply_gradients(grads_and_vars, global_step=global_step, name=name)
         wing.current().slots_created(self, [var for _, var in grads_and_vars])
         return update
+
+
+def distinct_indices(indices: tf.Tensor) -> bool:
+    """Whether a table gradient's `indices` are a lookup's unique rows (no row twice).
+
+    TF's sparse optimizers sum the values of repeated indices first (Unique and
+    UnsortedSegmentSum over the step's rows) before the update. A table's gradient
+    from one unpadded training lookup has one index per row already: the key stage's
+    unique rows, which the gather's gradient reshapes (TF's ResourceGather gradient).
+    Summing a row's one value leaves it as it is, and Unique keeps first-occurrence
+    order, so skipping the sum changes no bit of the update. Anything else (two lookups
+    of a table, whose gradients are concatenated; padded rows; a user's own indices)
+    is summed as TF does.
+    """
+    if not isinstance(indices, tf.Tensor) or tf.executing_eagerly():
+        return False
+    source = indices
+    while source.op.type in ("Reshape", "Identity"):
+        source = source.op.inputs[0]
+    return source.name in graph_state(source.graph).distinct_rows
+
+
+def _next_sums_duplicates(cls, after) -> bool:
+    """Whether the `_resource_apply_sparse_duplicate_indices` that `cls` reaches past
+    `after` in its MRO is TF's base one, which sums duplicates and then calls
+    `_resource_apply_sparse` (GradientDescentOptimizer's scatter-adds instead)."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(after) + 1:]:
+        if "_resource_apply_sparse_duplicate_indices" in klass.__dict__:
+            return klass is tf.compat.v1.train.Optimizer
+    return False
 
 
 def _slot_refills(optimizer, handle):
@@ -175,6 +209,8 @@ def _customized_update(cls):
                 summed = tf.math.unsorted_segment_sum(grad, positions, tf.size(unique))
                 return self._apply_sparse(tf.IndexedSlices(summed, unique, slices.dense_shape),
                                           handle)
+            if distinct_indices(indices) and _next_sums_duplicates(type(self), cls):
+                return self._resource_apply_sparse(grad, handle, indices, **kwargs)
             return super(cls, self)._resource_apply_sparse_duplicate_indices(
                 grad, handle, indices, **kwargs)
 
