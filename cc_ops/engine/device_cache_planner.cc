@@ -22,7 +22,7 @@ DeviceCachePlanner::DeviceCachePlanner(const TableOptions& options, IdMap* ids, 
   tier.ssd_path = options_.ssd_path;
   tier_ = std::make_unique<HostTier>(std::move(tier));
   const size_t device_rows = static_cast<size_t>(options_.device_capacity);
-  row_key_.assign(device_rows, 0);
+  row_owner_.assign(device_rows, RecordRef{});
   row_stamp_.assign(device_rows, 0);
   row_count_.assign(device_rows, 0.0f);
   lru_prev_.assign(device_rows, -1);
@@ -33,10 +33,8 @@ DeviceCachePlanner::DeviceCachePlanner(const TableOptions& options, IdMap* ids, 
 struct DeviceCachePlanner::TierBatch {
   PendingBatch* journal = nullptr;  // deferred training batches
   uint32_t epoch = 0;               // the save epoch victims and arrivals get
-  // Rows to take from their owners, in the order they are handed out, and
-  // the hashes of those owners' IDs.
+  // Rows to take from their owners, in the order they are handed out.
   std::vector<int32_t> victims;
-  std::vector<uint64_t> victim_hash;
   int64_t next_victim = 0;
   SwapPlan swaps;
 };
@@ -121,22 +119,19 @@ Status DeviceCachePlanner::CheckRoom(const std::vector<RecordRef>& need) const {
 
 Status DeviceCachePlanner::PickVictims(int64_t count, TierBatch& t) {
   t.victims.resize(static_cast<size_t>(count));
-  t.victim_hash.resize(static_cast<size_t>(count));
   for (int64_t v = 0; v < count; ++v) {
     const int32_t row = PickVictim();
-    if (row < 0) {
+    if (row < 0 || row_owner_[row].rec == nullptr) {
       // Put the rows back at the head, least recent first, as they were.
       for (int64_t u = v - 1; u >= 0; --u) LruPushHead(t.victims[u]);
-      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
-                         "': no swap victim although the cache count said there was one");
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name, "': ",
+                         row < 0 ? "no swap victim although the cache count said there was one"
+                                 : "a device row in the recency list has no owner record");
     }
     LruUnlink(row);
     t.victims[v] = row;
-    t.victim_hash[v] = HashKey(row_key_[row]);
   }
-  for (int64_t v = 0; v < std::min(count, kAhead); ++v) {
-    (*ids_)[IdMap::ShardOf(t.victim_hash[v])].Prefetch(t.victim_hash[v]);
-  }
+  for (int64_t v = 0; v < std::min(count, kAhead); ++v) PrefetchOwner(t.victims[v]);
   return Status::Ok();
 }
 
@@ -157,14 +152,9 @@ DeviceCachePlanner::RowGrant DeviceCachePlanner::TakeDeviceRow(TierBatch& t, con
     return grant;
   }
   const int64_t ahead = t.next_victim + kAhead;
-  if (ahead < static_cast<int64_t>(t.victims.size())) {
-    (*ids_)[IdMap::ShardOf(t.victim_hash[ahead])].Prefetch(t.victim_hash[ahead]);
-  }
-  const uint64_t hash = t.victim_hash[t.next_victim];
+  if (ahead < static_cast<int64_t>(t.victims.size())) PrefetchOwner(t.victims[ahead]);
   grant.row = t.victims[t.next_victim++];
-  const int s = IdMap::ShardOf(hash);
-  const int64_t victim_key = row_key_[grant.row];
-  const RecordRef victim = ids_->Ref(s, victim_key, (*ids_)[s].Find(victim_key, hash));
+  const RecordRef victim = row_owner_[grant.row];
   MoveToHost(victim, t.epoch);
   grant.has_out = true;
   grant.out_key = victim.key;
@@ -186,7 +176,7 @@ void DeviceCachePlanner::PlaceArrival(const RecordRef& id, const RowGrant& grant
                                       TierBatch& t, BatchPlan* plan) {
   const int32_t row = grant.row;
   id.rec->row = row;
-  row_key_[row] = id.key;
+  row_owner_[row] = id;
   row_stamp_[row] = stamp_;
   row_count_[row] = id.rec->count;
   LruPushTail(row);
@@ -390,16 +380,16 @@ Status DeviceCachePlanner::Restore(const TableState& state, const std::vector<in
     ++host_resident_;
     if (options_.ssd_capacity > 0) host_arrival_.emplace_back(host_keys[i], host_slots[i]);
   }
-  stamp_ = RebuildRecency(state);
+  stamp_ = RebuildRecency(state, maps);
   tier_ids_ = static_cast<int64_t>(host_keys.size());
   return Status::Ok();
 }
 
-uint32_t DeviceCachePlanner::RebuildRecency(const TableState& state) {
+uint32_t DeviceCachePlanner::RebuildRecency(const TableState& state, std::vector<KeyMap>* maps) {
   uint32_t max_age = 0;
   for (uint32_t age : state.lru_ages) max_age = std::max(max_age, age);
   const uint32_t stamp = max_age + 1;
-  std::fill(row_key_.begin(), row_key_.end(), 0);
+  std::fill(row_owner_.begin(), row_owner_.end(), RecordRef{});
   std::fill(row_stamp_.begin(), row_stamp_.end(), 0);
   std::fill(row_count_.begin(), row_count_.end(), 0.0f);
   std::fill(lru_prev_.begin(), lru_prev_.end(), -1);
@@ -407,7 +397,13 @@ uint32_t DeviceCachePlanner::RebuildRecency(const TableState& state) {
   lru_head_ = lru_tail_ = -1;
   for (size_t i = 0; i < state.keys.size(); ++i) {
     if (state.rows[i] >= 0) {
-      row_key_[state.rows[i]] = state.keys[i];
+      const int64_t key = state.keys[i];
+      const uint64_t hash = HashKey(key);
+      KeyMap& map = (*maps)[IdMap::ShardOf(hash)];
+      const uint32_t index = map.Find(key, hash);  // BuildMaps put every key in
+      if (index != KeyMap::kNoRecord) {
+        row_owner_[state.rows[i]] = RecordRef{key, &map.record(index), &map.tier(index)};
+      }
       row_count_[state.rows[i]] = state.counts[i];
     }
   }

@@ -164,18 +164,27 @@ class DeviceCachePlanner {
   // over host_vocabulary_size (SSD tier only), adding them to `plan`.
   void PlanSpills(SwapPlan* plan);
   // The recency list from the state (rows keep their order and their ages in
-  // batches); returns the batch stamp to continue from.
-  uint32_t RebuildRecency(const TableState& state);
+  // batches), and each device row's owner in the new maps; returns the batch
+  // stamp to continue from.
+  uint32_t RebuildRecency(const TableState& state, std::vector<KeyMap>* maps);
+  // Loads the records of `row`'s owner, which is about to leave the row.
+  void PrefetchOwner(int32_t row) const {
+    __builtin_prefetch(row_owner_[row].rec, 1);
+    __builtin_prefetch(row_owner_[row].tier, 1);
+  }
 
   const TableOptions& options_;
   IdMap* const ids_;
   DeviceRows* const rows_;
   std::unique_ptr<HostTier> tier_;
   uint32_t stamp_ = 0;  // training batches planned
-  // The owner ID of each device row, the batch stamp that last used it, its
-  // owner's admission count (victim choice), and a recency list of owned
-  // rows (head: least recently used), which is also ordered by stamp.
-  std::vector<int64_t> row_key_;
+  // The owner of each device row (its ID and records: a victim's records
+  // need no lookup by ID; records never move, and a row whose owner is
+  // erased leaves the recency list until it is handed out again), the batch
+  // stamp that last used it, its owner's admission count (victim choice), and
+  // a recency list of owned rows (head: least recently used), which is also
+  // ordered by stamp.
+  std::vector<RecordRef> row_owner_;
   std::vector<uint32_t> row_stamp_;
   std::vector<float> row_count_;
   std::vector<int32_t> lru_prev_;
