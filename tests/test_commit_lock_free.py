@@ -56,7 +56,7 @@ def test_commit_does_not_wait_for_the_key_stage(engine, table):
     took = time.perf_counter() - start
     planner.join()
     left = times["planned"] - start
-    assert took < left / 4, (f"the commit took {took:.3f} s, waiting for the key stage, which "
+    assert took < left / 2, (f"the commit took {took:.3f} s, waiting for the key stage, which "
                              f"planned its batch {left:.3f} s after the commit began")
     # The commit took effect for the next holder of the lock: only the big batch is pending.
     assert engine.pending_batches(key) == 1
