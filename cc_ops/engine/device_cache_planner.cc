@@ -11,6 +11,19 @@
 #include "host_table.h"
 
 namespace mxrec {
+namespace {
+
+// `key`'s records in the tiered maps `maps` (a restore's new ones); rec is
+// null where the maps hold no record of it.
+RecordRef FindIn(std::vector<KeyMap>* maps, int64_t key) {
+  const uint64_t hash = HashKey(key);
+  KeyMap& map = (*maps)[IdMap::ShardOf(hash)];
+  const uint32_t index = map.Find(key, hash);
+  if (index == KeyMap::kNoRecord) return RecordRef{key, nullptr, nullptr};
+  return RecordRef{key, &map.record(index), &map.tier(index)};
+}
+
+}  // namespace
 
 DeviceCachePlanner::DeviceCachePlanner(const TableOptions& options, IdMap* ids, DeviceRows* rows)
     : options_(options), ids_(ids), rows_(rows) {
@@ -360,11 +373,7 @@ Status DeviceCachePlanner::Restore(const TableState& state, const std::vector<in
   // The new tier records of host_keys, in order (records never move).
   std::vector<TierRecord*> host_records;
   host_records.reserve(host_keys.size());
-  for (int64_t key : host_keys) {
-    const uint64_t hash = HashKey(key);
-    KeyMap& map = (*maps)[IdMap::ShardOf(hash)];
-    host_records.push_back(&map.tier(map.Find(key, hash)));
-  }
+  for (int64_t key : host_keys) host_records.push_back(FindIn(maps, key).tier);
   std::vector<int32_t> host_slots;
   MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
                                        state.tier_values, &host_slots));
@@ -397,13 +406,8 @@ uint32_t DeviceCachePlanner::RebuildRecency(const TableState& state, std::vector
   lru_head_ = lru_tail_ = -1;
   for (size_t i = 0; i < state.keys.size(); ++i) {
     if (state.rows[i] >= 0) {
-      const int64_t key = state.keys[i];
-      const uint64_t hash = HashKey(key);
-      KeyMap& map = (*maps)[IdMap::ShardOf(hash)];
-      const uint32_t index = map.Find(key, hash);  // BuildMaps put every key in
-      if (index != KeyMap::kNoRecord) {
-        row_owner_[state.rows[i]] = RecordRef{key, &map.record(index), &map.tier(index)};
-      }
+      // BuildMaps put every key in the maps.
+      row_owner_[state.rows[i]] = FindIn(maps, state.keys[i]);
       row_count_[state.rows[i]] = state.counts[i];
     }
   }
