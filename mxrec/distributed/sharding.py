@@ -267,11 +267,12 @@ def positions(routed: Route, chunk: tf.Tensor, offset=0) -> tf.Tensor:
     unique ID's (owner, slot), as owner * chunk + offset + slot (`offset`: the lookup's first
     row per peer in a buffer it shares). One gather by these rows replaces the gather_nd by
     `where`, the inverse of `order` and the gather by `index` (and their three gradients by
-    one segment sum, over the same terms in the same order)."""
-    flat = routed.where[:, 0] * chunk + routed.where[:, 1]
-    if not isinstance(offset, int) or offset:
-        flat = flat + offset
-    return tf.gather(tf.gather(flat, tf.math.invert_permutation(routed.order)), routed.index)
+    one segment sum, over the same terms in the same order). One op (MxrecSendPositions)
+    computes them: the value of gather(gather(flat, invert_permutation(order)), index)."""
+    (position,) = mxrec_ops.send_positions(
+        [routed.where], [routed.order], [routed.index], tf.reshape(chunk, [1]),
+        tf.reshape(tf.cast(offset, tf.int32), [1]), [0], 1)
+    return position
 
 
 @dataclasses.dataclass
@@ -346,31 +347,17 @@ def plan_send_backs(exchanges, routes, groups):
     rt = [routes[i] for i in members]
     width = tf.stack([e.group_chunk for e in ex])
     offset = tf.stack([e.group_offset for e in ex])
-    uniques = tf.reduce_sum(tf.stack([r.counts for r in rt]), axis=1)  # [k] unique IDs
-    unique_start = tf.cumsum(uniques, exclusive=True)
     flat_sizes = tf.stack([tf.size(r.index, out_type=tf.int32) for r in rt])
     owned_sizes = tf.stack([tf.size(e.owned, out_type=tf.int32) if e.owned_size is None
                             else e.owned_size for e in ex])
-    lookup_range = tf.range(count)
-    # positions() of every member at once: the routes' permutations, shifted by each
-    # lookup's first unique ID, form one block-diagonal permutation.
-    row_lookup = repeat_by_counts(lookup_range, uniques)
-    where = tf.concat([r.where for r in rt], axis=0)
-    flat = (where[:, 0] * tf.gather(width, row_lookup) + where[:, 1]
-            + tf.gather(offset, row_lookup))
-    order = tf.concat([r.order for r in rt], axis=0) + tf.gather(unique_start, row_lookup)
-    by_unique = tf.gather(flat, tf.math.invert_permutation(order))
-    id_lookup = repeat_by_counts(lookup_range, flat_sizes)
-    index = tf.concat([r.index for r in rt], axis=0) + tf.gather(unique_start, id_lookup)
-    position = tf.gather(by_unique, index)
-    if len(groups) == 1:
-        positions_of = [position]
-    else:
-        group_of = np.zeros(count, np.int32)
-        for number, g in enumerate(groups):
-            group_of[[slot[i] for i in g]] = number
-        positions_of = tf.dynamic_partition(position, tf.gather(group_of, id_lookup),
-                                            len(groups))
+    # positions() of every member at once, each group's in member order (one op over the
+    # routes: the TF composition took a dozen ops over every flat ID of the step).
+    group_of = np.zeros(count, np.int64)
+    for number, g in enumerate(groups):
+        group_of[[slot[i] for i in g]] = number
+    positions_of = mxrec_ops.send_positions(
+        [r.where for r in rt], [r.order for r in rt], [r.index for r in rt],
+        tf.cast(width, tf.int32), tf.cast(offset, tf.int32), group_of.tolist(), len(groups))
     plans = []
     for g, group_position in zip(groups, positions_of):
         rows = [slot[i] for i in g]
@@ -427,11 +414,19 @@ def _alltoall_parts(parts, name: str):
         return tf.split(moved, widths, axis=1, num=len(parts))
 
 
+# Embedding dtypes with one-op kernels for the owner's side of the send-back (MxrecScatterRows,
+# MxrecGatherSumRows); others take the TF composition they equal.
+_FUSED_DTYPES = (tf.float32, tf.float64)
+
+
 def _scatter_out(plan: SendPlan, emb: tf.Tensor, dim: int, size: int) -> tf.Tensor:
     """The owner's side forward: the group's owned embeddings [M, dim] into the buffer,
     [N, chunk * dim]."""
-    rows = tf.gather(emb, plan.first)
-    slots = tf.scatter_nd(plan.spots[:, None], rows, tf.stack([size * plan.chunk, dim]))
+    if emb.dtype in _FUSED_DTYPES:
+        slots = mxrec_ops.scatter_rows(emb, plan.first, plan.spots, size * plan.chunk)
+    else:
+        rows = tf.gather(emb, plan.first)
+        slots = tf.scatter_nd(plan.spots[:, None], rows, tf.stack([size * plan.chunk, dim]))
     return tf.reshape(slots, tf.stack([size, plan.chunk * dim]))
 
 
@@ -451,6 +446,8 @@ def _gather_grad(plan: SendPlan, moved: tf.Tensor, dim: int, scale) -> tf.Tensor
     """The owner's side backward: the buffer of gradients that came back, times `scale`,
     summed into the owned rows, [M, dim] (the transpose of `_scatter_out`)."""
     moved = tf.reshape(moved, [-1, dim])
+    if moved.dtype in _FUSED_DTYPES:
+        return mxrec_ops.gather_sum_rows(moved, plan.spots, plan.first, plan.owned, scale)
     if scale is not None:
         moved = moved * scale
     return tf.math.unsorted_segment_sum(tf.gather(moved, plan.spots), plan.first, plan.owned)

@@ -203,6 +203,65 @@ def exchange_received(received: tf.Tensor, chunks: tf.Tensor, size: int) -> Tupl
             received=received, chunks=chunks, size=_ranks("exchange_received", size)))
 
 
+def send_positions(wheres: Sequence[tf.Tensor], orders: Sequence[tf.Tensor],
+                   indices: Sequence[tf.Tensor], width: tf.Tensor, offset: tf.Tensor,
+                   group_of: Sequence[int], num_groups: int) -> List[tf.Tensor]:
+    """Each flat ID's row in the buffer of embeddings that comes back, for several lookups
+    in one op (MxrecSendPositions).
+
+    Args:
+        wheres, orders, indices: per lookup its route's `where` [U, 2], `order` [U] and
+            `index` [n] (int32; mxrec.distributed.sharding.Route).
+        width, offset: [L] int32, per lookup its buffer's rows per peer and its first row
+            per peer in it.
+        group_of: per lookup its output, in [0, num_groups).
+        num_groups: the number of outputs.
+
+    Returns:
+        num_groups int32 vectors: output g holds, lookup after lookup in increasing order,
+        the rows (owner * width + offset + slot of each flat ID's unique ID) of the lookups
+        with group_of == g, the value of mxrec.distributed.sharding.positions.
+
+    Example:
+        >>> (position,) = send_positions([tf.constant([[0, 0], [1, 0]])], [tf.constant([1, 0])],
+        ...                              [tf.constant([0, 1, 0])], tf.constant([2]),
+        ...                              tf.constant([0]), [0], 1)
+        >>> # position [2, 0, 2]: unique ID 0 is the second in owner order, (owner 1, slot 0)
+    """
+    with tf.device("/device:CPU:0"):
+        return list(loader.op_library().mxrec_send_positions(
+            where=list(wheres), order=list(orders), index=list(indices), width=width,
+            offset=offset, group_of=[int(g) for g in group_of], num_groups=int(num_groups)))
+
+
+def scatter_rows(emb: tf.Tensor, first: tf.Tensor, spots: tf.Tensor, rows) -> tf.Tensor:
+    """[rows, dim]: zeros with emb[first[i]] added to row spots[i] (MxrecScatterRows; the
+    value of scatter_nd(spots[:, None], gather(emb, first), [rows, dim])). Not
+    differentiable: its users build the transpose themselves (gather_sum_rows)."""
+    with tf.device("/device:CPU:0"):
+        return loader.op_library().mxrec_scatter_rows(emb=emb, first=first, spots=spots,
+                                                      rows=rows)
+
+
+def gather_sum_rows(buffer: tf.Tensor, spots: tf.Tensor, first: tf.Tensor, owned,
+                    scale: Optional[float] = None) -> tf.Tensor:
+    """[owned, dim]: buffer[spots[i]] (times `scale` where given) summed into row first[i],
+    in increasing i (MxrecGatherSumRows; the same floats as
+    unsorted_segment_sum(gather(buffer * scale, spots), first, owned)). Not differentiable."""
+    with tf.device("/device:CPU:0"):
+        return loader.op_library().mxrec_gather_sum_rows(
+            buffer=buffer, spots=spots, first=first, owned=owned,
+            scale=tf.constant(1 if scale is None else scale, buffer.dtype),
+            scaled=scale is not None)
+
+
+for _name in ("MxrecSendPositions", "MxrecScatterRows", "MxrecGatherSumRows"):
+    try:
+        tf.no_gradient(_name)
+    except KeyError:  # registered by an earlier import of this module
+        pass
+
+
 def _ranks(what: str, size) -> int:
     """`size` (a number of ranks) as an int, or ValueError naming `what` unless it is an
     integer >= 1."""
