@@ -191,3 +191,48 @@ def test_the_ops_have_no_gradient():
 
     with tf.Graph().as_default():
         assert build() == [True]
+
+
+def test_pack_send_equals_scatter_nd_over_every_lookup():
+    rng = np.random.default_rng(11)
+    size = 3
+    chunks = np.array([4, 0, 6, 1], np.int32)
+    wheres, pairs = [], []
+    for chunk in chunks:
+        cells = [(o, s) for o in range(size) for s in range(chunk)]
+        u = int(rng.integers(0, len(cells) + 1)) if cells else 0
+        picked = [cells[i] for i in rng.permutation(len(cells))[:u]]
+        wheres.append(np.array(picked, np.int32).reshape(-1, 2))
+        pairs.append(np.stack([rng.integers(-2**63, 2**63 - 1, u, dtype=np.int64),
+                               rng.integers(1, 9, u)], axis=1).astype(np.int64).reshape(-1, 2))
+
+    def build():
+        op = mxrec_ops.pack_send([tf.constant(w) for w in wheres],
+                                 [tf.constant(p) for p in pairs], tf.constant(chunks), size)
+        # The composition exchange_all used before the op.
+        offsets = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+        slots = np.concatenate([w + [0, o] for w, o in zip(wheres, offsets)]).astype(np.int32)
+        ref = tf.scatter_nd(slots, np.concatenate(pairs), [size, int(chunks.sum()), 2])
+        return op, ref
+
+    got, ref = _run(build)
+    want = np.zeros((size, int(chunks.sum()), 2), np.int64)
+    offset = 0
+    for w, p, chunk in zip(wheres, pairs, chunks):
+        for (owner, slot), pair in zip(w, p):
+            want[owner, offset + slot] = pair
+        offset += chunk
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ref, want)
+
+
+@pytest.mark.parametrize("where,message", [
+    ([[2, 0]], "\\(2, 0\\) is outside the 2 owners x 3 columns of lookup 0"),
+    ([[0, 3]], "\\(0, 3\\) is outside"),
+    ([[-1, 0]], "\\(-1, 0\\) is outside"),
+])
+def test_pack_send_refuses_a_cell_outside(where, message):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        _run(lambda: mxrec_ops.pack_send([tf.constant(where, tf.int32)],
+                                         [tf.constant([[5, 1]], tf.int64)],
+                                         tf.constant([3]), 2))

@@ -1,4 +1,4 @@
-// CPU kernels of MxrecSendPositions, MxrecScatterRows and MxrecGatherSumRows
+// CPU kernels of MxrecPackSend, MxrecSendPositions, MxrecScatterRows and MxrecGatherSumRows
 // (see ../ops/send_plan_ops.cc). Each is one pass on one thread: a step runs
 // them beside the dense model and the other ranks on the same cores, where the
 // composition they replace spent most of its time in a dozen ops' set-up and
@@ -130,6 +130,64 @@ class SendPositionsOp : public OpKernel {
   int num_groups_ = 1;
 };
 
+class PackSendOp : public OpKernel {
+ public:
+  explicit PackSendOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList where, pairs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("where", &where));
+    OP_REQUIRES_OK(ctx, ctx->input_list("pairs", &pairs));
+    const int n = where.size();
+    const Tensor& chunks_tensor = ctx->input(2 * n);
+    OP_REQUIRES(ctx, chunks_tensor.dims() == 1 && chunks_tensor.dim_size(0) == n,
+                Invalid(*this, absl::StrCat("chunks must be a vector of the ", n,
+                                            " lookups' columns per peer, got shape ",
+                                            chunks_tensor.shape().DebugString())));
+    const int32_t* chunks = chunks_tensor.flat<int32_t>().data();
+    std::vector<int64_t> offsets(n);
+    int64_t total = 0;
+    for (int l = 0; l < n; ++l) {
+      OP_REQUIRES(ctx, chunks[l] >= 0,
+                  Invalid(*this, absl::StrCat("chunks[", l, "] = ", chunks[l], " < 0")));
+      offsets[l] = total;
+      total += chunks[l];
+      OP_REQUIRES(ctx, where[l].dims() == 2 && where[l].dim_size(1) == 2 &&
+                           pairs[l].dims() == 2 && pairs[l].dim_size(1) == 2 &&
+                           pairs[l].dim_size(0) == where[l].dim_size(0),
+                  Invalid(*this, absl::StrCat("where[", l, "] and pairs[", l, "] must be [U, 2] "
+                                              "each, got shapes ",
+                                              where[l].shape().DebugString(), " and ",
+                                              pairs[l].shape().DebugString())));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({size_, total, 2}), &out));
+    int64_t* send = out->flat<int64_t>().data();
+    std::fill(send, send + size_ * total * 2, int64_t{0});
+    for (int l = 0; l < n; ++l) {
+      const int64_t u = where[l].dim_size(0);
+      const int32_t* place = where[l].flat<int32_t>().data();
+      const int64_t* value = pairs[l].flat<int64_t>().data();
+      for (int64_t k = 0; k < u; ++k) {
+        const int64_t owner = place[2 * k];
+        const int64_t slot = place[2 * k + 1];
+        OP_REQUIRES(ctx, owner >= 0 && owner < size_ && slot >= 0 && slot < chunks[l],
+                    Invalid(*this, absl::StrCat("where[", l, "][", k, "] = (", owner, ", ", slot,
+                                                ") is outside the ", size_, " owners x ",
+                                                chunks[l], " columns of lookup ", l)));
+        int64_t* cell = send + 2 * (owner * total + offsets[l] + slot);
+        cell[0] += value[2 * k];
+        cell[1] += value[2 * k + 1];
+      }
+    }
+  }
+
+ private:
+  int64_t size_ = 1;
+};
+
 // InvalidArgument unless every value of `indices` lies in [0, bound).
 absl::Status CheckIndices(const OpKernel& kernel, const char* input, const int32_t* indices,
                           int64_t count, int64_t bound, const char* of) {
@@ -234,6 +292,7 @@ class GatherSumRowsOp : public OpKernel {
   bool scaled_ = false;
 };
 
+REGISTER_KERNEL_BUILDER(Name("MxrecPackSend").Device(tensorflow::DEVICE_CPU), PackSendOp);
 REGISTER_KERNEL_BUILDER(Name("MxrecSendPositions").Device(tensorflow::DEVICE_CPU),
                         SendPositionsOp);
 #define MXREC_REGISTER_SEND_PLAN(T)                                                   \

@@ -1,6 +1,8 @@
 // Registrations of the send-back plan of the sharded exchange
 // (mxrec/distributed/sharding.py), each one op where the TensorFlow
 // composition took a dozen over every flat ID of the step:
+//   MxrecPackSend       every lookup's (ID, count) pairs into the buffer of the
+//                       ID all-to-all (exchange, exchange_all)
 //   MxrecSendPositions  each flat ID's row in the buffer of embeddings that
 //                       comes back (positions / plan_send_backs)
 //   MxrecScatterRows    the owner's embeddings into that buffer (_scatter_out)
@@ -58,6 +60,40 @@ the value of gather(gather(where[:, 0] * width[l] + where[:, 1] + offset[l],
 invert_permutation(order)), index). Output g is the concatenation, in
 increasing l, of the position_l of the lookups with group_of[l] == g.
 A bad route or a row past int32 is an InvalidArgument.
+)doc");
+
+REGISTER_OP("MxrecPackSend")
+    .Input("where: N * int32")
+    .Input("pairs: N * int64")
+    .Input("chunks: int32")
+    .Output("send: int64")
+    .Attr("N: int >= 1")
+    .Attr("size: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      int n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      int64_t size = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
+      for (int l = 0; l < n; ++l) {
+        ShapeHandle where;
+        ShapeHandle pairs;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(l), 2, &where));
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + l), 2, &pairs));
+        DimensionHandle unused;
+        TF_RETURN_IF_ERROR(c->Merge(c->Dim(where, 0), c->Dim(pairs, 0), &unused));
+      }
+      ShapeHandle chunks;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n), 1, &chunks));
+      c->set_output(0, c->MakeShape({c->MakeDim(size), c->UnknownDim(), c->MakeDim(2)}));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The buffer of the ID all-to-all, send [size, total, 2] (total = the sum of
+chunks): per peer the N lookups' columns concatenated, lookup l's chunks[l]
+columns after the earlier lookups'. Zeros, then pairs[l][u] (ID, occurrences)
+added at send[owner, offset_l + slot] for where[l][u] = (owner, slot), u in
+increasing order; the value of scatter_nd over all lookups' slots. An owner
+outside [0, size) or a slot outside [0, chunks[l]) is an InvalidArgument.
 )doc");
 
 REGISTER_OP("MxrecScatterRows")

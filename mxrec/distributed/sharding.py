@@ -239,8 +239,7 @@ def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) ->
     largest = agreed_max(table, tf.reduce_max(counts), _fingerprint(table, send_count, is_train),
                          "table name, dim, key dtype, send_count or is_train")
     chunk = _chunk(table, send_count, largest, counts, size)
-    shape = tf.stack([size, chunk])
-    send = tf.scatter_nd(routed.where, routed.pairs, tf.concat([shape, [2]], axis=0))
+    send = mxrec_ops.pack_send([routed.where], [routed.pairs], tf.reshape(chunk, [1]), size)
     received = tf.reshape(communication.alltoall(send), [-1, 2])
     return _received(received, chunk, is_train)
 
@@ -671,20 +670,14 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
             for i, (lk, r) in enumerate(zip(lookups, routes))])
     if count == 1:  # nothing to group: the single lookup's own exchange
         route, chunk = routes[0], chunks[0]
-        send = tf.scatter_nd(route.where, route.pairs, tf.stack([size, chunk, 2]))
+        send = mxrec_ops.pack_send([route.where], [route.pairs], chunks, size)
         exchanges = [_received(tf.reshape(communication.alltoall(send), [-1, 2]), chunk,
                                is_train)]
         return exchanges, _agreed_stamps(summary, stamps, distinct, count), \
             [summary[base + 2 * count + i] for i in range(len(also))]
-    total = tf.reduce_sum(chunks)
-    offsets = tf.cumsum(chunks, exclusive=True)  # each lookup's first column per peer
-    lookup_range = tf.range(count)
-    # Every lookup's (ID, count) pairs into its columns of one [N, total, 2] buffer.
-    where = tf.concat([r.where for r in routes], axis=0)
-    row_lookup = repeat_by_counts(lookup_range, tf.reduce_sum(counts, axis=1))
-    slots = tf.stack([where[:, 0], where[:, 1] + tf.gather(offsets, row_lookup)], axis=1)
-    send = tf.scatter_nd(slots, tf.concat([r.pairs for r in routes], axis=0),
-                         tf.stack([size, total, 2]))
+    # Every lookup's (ID, count) pairs into its columns of one [N, sum(chunks), 2] buffer.
+    send = mxrec_ops.pack_send([r.where for r in routes], [r.pairs for r in routes], chunks,
+                               size)
     received = tf.reshape(communication.alltoall(send), [-1, 2])
     # The received slots that hold an ID, grouped by lookup, in peer-then-column order
     # within a lookup (the order of `exchange`'s tf.where), in one op.

@@ -203,6 +203,32 @@ def exchange_received(received: tf.Tensor, chunks: tf.Tensor, size: int) -> Tupl
             received=received, chunks=chunks, size=_ranks("exchange_received", size)))
 
 
+def pack_send(wheres: Sequence[tf.Tensor], pairs: Sequence[tf.Tensor], chunks: tf.Tensor,
+              size: int) -> tf.Tensor:
+    """The buffer of the ID all-to-all for several lookups in one op (MxrecPackSend).
+
+    Args:
+        wheres, pairs: per lookup its route's `where` [U, 2] int32 (owner, slot) and
+            `pairs` [U, 2] int64 (ID, occurrences) (mxrec.distributed.sharding.Route).
+        chunks: [L] int32, each lookup's columns per peer.
+        size: the number of ranks (peers).
+
+    Returns:
+        send [size, sum(chunks), 2] int64: per peer the lookups' columns concatenated, each
+        unique ID's pair at (owner, the lookup's first column + slot), zeros elsewhere (the
+        value of scatter_nd over all lookups' slots).
+
+    Example:
+        >>> send = pack_send([tf.constant([[1, 0]])], [tf.constant([[7, 2]], tf.int64)],
+        ...                  tf.constant([1]), 2)
+        >>> # send [[[0, 0]], [[7, 2]]]
+    """
+    with tf.device("/device:CPU:0"):
+        return loader.op_library().mxrec_pack_send(
+            where=list(wheres), pairs=list(pairs), chunks=chunks,
+            size=_ranks("pack_send", size))
+
+
 def send_positions(wheres: Sequence[tf.Tensor], orders: Sequence[tf.Tensor],
                    indices: Sequence[tf.Tensor], width: tf.Tensor, offset: tf.Tensor,
                    group_of: Sequence[int], num_groups: int) -> List[tf.Tensor]:
@@ -255,7 +281,7 @@ def gather_sum_rows(buffer: tf.Tensor, spots: tf.Tensor, first: tf.Tensor, owned
             scaled=scale is not None)
 
 
-for _name in ("MxrecSendPositions", "MxrecScatterRows", "MxrecGatherSumRows"):
+for _name in ("MxrecPackSend", "MxrecSendPositions", "MxrecScatterRows", "MxrecGatherSumRows"):
     try:
         tf.no_gradient(_name)
     except KeyError:  # registered by an earlier import of this module
