@@ -475,7 +475,7 @@ int32_t HostTable::EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& re
                             BatchPlan* plan) const {
   // The step boundary: an ID admitted by a pending batch has no row yet, and
   // an ID a pending swap plan moves is still where it was.
-  if (!pending_.empty() && pending_admitted_.count(key) > 0) return kDefaultSlot;
+  if (!pending_admitted_.empty() && pending_admitted_.count(key) > 0) return kDefaultSlot;
   int32_t row = rec.row;
   if (!w.physical.empty()) {
     auto it = w.physical.find(key);
@@ -523,7 +523,6 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     journal.newest_before = newest_timestamp_;
     w.journal = &journal;
   }
-  if (!train) PendingAdmittedLocked();
   if (!train && cache_ != nullptr && cache_->tier()->pending_plans() > 0) {
     // Evaluation reads the embedding (component 0) where its values are.
     MXREC_RETURN_IF_ERROR(cache_->PhysicalView(&w.physical, nullptr, 0));
@@ -536,6 +535,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     for (const auto& part : w.undo) {
       journal.undo.insert(journal.undo.end(), part.begin(), part.end());
     }
+    for (int64_t key : journal.admitted) pending_admitted_[key] = journal.id;
     plan->batch_id = journal.id;
     ++next_batch_id_;
     pending_.push_back(std::move(journal));
@@ -735,28 +735,16 @@ std::unique_lock<std::mutex> HostTable::Lock() const {
 void HostTable::RetireCommittedLocked() const {
   const uint64_t through = committed_through_.load(std::memory_order_acquire);
   auto done = pending_.begin();
-  while (done != pending_.end() && done->id <= through) ++done;
+  while (done != pending_.end() && done->id <= through) {
+    for (int64_t key : done->admitted) {
+      auto entry = pending_admitted_.find(key);
+      if (entry != pending_admitted_.end() && entry->second == done->id) {
+        pending_admitted_.erase(entry);
+      }
+    }
+    ++done;
+  }
   pending_.erase(pending_.begin(), done);
-}
-
-void HostTable::PendingAdmittedLocked() {
-  if (pending_.empty()) {
-    pending_admitted_.clear();
-    pending_admitted_first_ = pending_admitted_last_ = 0;
-    return;
-  }
-  // Batch ids are never reused and pending_ holds consecutive ones, so its
-  // first and last ids name its batches.
-  if (pending_.front().id == pending_admitted_first_ &&
-      pending_.back().id == pending_admitted_last_) {
-    return;
-  }
-  pending_admitted_.clear();
-  for (const PendingBatch& batch : pending_) {
-    pending_admitted_.insert(batch.admitted.begin(), batch.admitted.end());
-  }
-  pending_admitted_first_ = pending_.front().id;
-  pending_admitted_last_ = pending_.back().id;
 }
 
 int64_t HostTable::pending_batches() const {

@@ -17,7 +17,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "batch_journal.h"
@@ -339,8 +338,6 @@ class HostTable {
   // takes the table's lock through it.
   std::unique_lock<std::mutex> Lock() const;
   void RetireCommittedLocked() const;
-  // Brings pending_admitted_ up to the pending batches (evaluation, under mu_).
-  void PendingAdmittedLocked();
   // Erases records matching pred, except IDs of pending batches.
   int64_t EraseUnpending(const std::function<bool(const KeyMap&, uint32_t)>& pred);
   // The maps of an empty table (tiered tables: with tier records).
@@ -389,16 +386,10 @@ class HostTable {
   bool track_removals_ = false;  // a delta chain exists (ExportState delta_chain)
   int64_t newest_timestamp_ = -1;
   // Deferred training batches planned and not retired, oldest first (ids
-  // increasing by one, never reused). Mutable: a const reader retires
-  // committed batches first (Lock()).
+  // increasing); IDs their batches admitted (-> batch id). Both are mutable:
+  // a const reader retires committed batches first (Lock()).
   mutable std::deque<PendingBatch> pending_;
-  // The IDs the pending batches admitted, for evaluation only (EvalSlot):
-  // built by an evaluation batch when the pending batches differ from those
-  // it was built for (their first and last ids), so that training batches and
-  // their retirement do no per-ID work for it.
-  std::unordered_set<int64_t> pending_admitted_;
-  uint64_t pending_admitted_first_ = 0;
-  uint64_t pending_admitted_last_ = 0;
+  mutable std::unordered_map<int64_t, uint64_t> pending_admitted_;
   uint64_t next_batch_id_ = 1;
   // Outside mu_: the newest batch id a step committed (Commit), and the first
   // batch id not dropped by ImportState (written under mu_).

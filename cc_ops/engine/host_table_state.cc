@@ -191,7 +191,6 @@ Status HostTable::ImportState(const TableState& state) {
   // is an error (Commit), and HostTier::Replace dropped their swap plans.
   pending_.clear();
   pending_admitted_.clear();
-  pending_admitted_first_ = pending_admitted_last_ = 0;
   import_barrier_ = next_batch_id_;
   return Status::Ok();
 }
