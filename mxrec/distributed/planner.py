@@ -55,8 +55,12 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
         default = default_values(table, request.serving_default_value)
         local_time = request.local_time()
         timestamp = sharding.batch_time(local_time)
-        routed = router(ids, communication.get_rank_size())
-        exchanged = sharding.exchange(table, routed, is_train, request.pad_to)
+        if request.modify_graph:  # the modifier replans each recorded lookup on its own
+            routed = router(ids, communication.get_rank_size())
+            exchanged = sharding.exchange(table, routed, is_train, request.pad_to)
+        else:
+            routed, exchanged = sharding.shared_exchange(table, ids, is_train, request.pad_to,
+                                                         router)
         rows, restore, reused = planners.run_key_stage(table, exchanged.owned, is_train,
                                                        timestamp, weights=exchanged.weights)
         # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out of the

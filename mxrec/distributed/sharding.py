@@ -176,6 +176,8 @@ class Exchange:
             (mxrec.distributed.replicated), [N, chunk, dim] each.
         position: [n] int32, each flat ID's row in the [N * group_chunk] buffer that comes
             back (`positions`; set by send_back).
+        plan: the SendPlan send_back made (reused by a lookup sharing this exchange,
+            `shared_exchange`).
     """
 
     chunk: tf.Tensor
@@ -193,6 +195,7 @@ class Exchange:
     backward: list = dataclasses.field(default_factory=list)
     peer_backward: list = dataclasses.field(default_factory=list)
     position: Optional[tf.Tensor] = None
+    plan: Optional["SendPlan"] = None
 
     def __post_init__(self):
         # Alone in its buffer unless exchange_all placed it in a group's.
@@ -242,6 +245,37 @@ def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) ->
     send = mxrec_ops.pack_send([routed.where], [routed.pairs], tf.reshape(chunk, [1]), size)
     received = tf.reshape(communication.alltoall(send), [-1, 2])
     return _received(received, chunk, is_train)
+
+
+def shared_exchange(table, ids: tf.Tensor, is_train: bool, send_count: Optional[int],
+                    router=None):
+    """(route, exchange) of a direct-path lookup of `ids`: built once per IDs tensor and
+    shared by every lookup of the same `ids` (same is_train, send_count and router), each
+    with an Exchange of its own that starts from the first one's, send plan included.
+
+    A wide & deep model looks its IDs up in two tables; the second lookup then runs no
+    routing, no agreement all-reduce, no ID all-to-all and no send-back planning of its
+    own: the owners receive the same IDs with the same counts, so its key stage and its
+    embeddings' way back are the first lookup's (the values are those of its own exchange,
+    bit for bit). The first lookup's fingerprint is the one the ranks compare."""
+    router = router or route
+    size = communication.get_rank_size()
+    key = ("shared_exchange", ids.name, bool(is_train), send_count, router.__module__,
+           router.__name__, size)
+    made = []
+
+    def make():
+        routed = router(ids, size)
+        made.append(exchange(table, routed, is_train, send_count))
+        return routed, made[0]
+
+    # The graph being built: a lookup inside a cond branch or a function builds its own.
+    routed, first = shared_tensor(tf.compat.v1.get_default_graph(), key, make)
+    if made:
+        return routed, first
+    # The first lookup's send-back set `plan`/`position`; the per-lookup records start empty.
+    return routed, dataclasses.replace(first, emb=None, out=None, backward=[],
+                                       peer_backward=[])
 
 
 def repeat_by_counts(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
@@ -459,8 +493,8 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, i
     gradient takes the same path in reverse (one custom gradient over the whole send-back,
     recorded in `exchanged.backward` for `send_back_all`)."""
     size, dim = communication.get_rank_size(), table.dim
-    plan = plan_send_back([exchanged], [routed])
-    exchanged.position = plan.position
+    plan = exchanged.plan if exchanged.plan is not None else plan_send_back([exchanged], [routed])
+    exchanged.position, exchanged.plan = plan.position, plan
 
     @custom_gradient
     def moved(emb):
