@@ -18,7 +18,8 @@ and 4 dim back (embedding) plus 4 dim out (gradient).
 With --collectives (or in every run but --no-collectives) it also runs
 examples/multiworker/tables.py through the graph modifier (the fused exchange, prefetch 1)
 for 1 table x 26 features and 26 tables x 1 feature, global batch 4096, on 1 process and on
-2 and 4 ranks (--quick: 2), in rounds (3; --quick 1): samples/s against one process of the
+2 and 4 ranks (--quick: 2), 100 steps each (--fused_steps; --quick 16), in rounds (3;
+--quick 1): samples/s against one process of the
 same configuration in the same round (issue 21's goals: 2 ranks >= 0.8, 4 ranks >= 0.5,
 medians of the rounds' ratios), and from the first round's 2-rank run the collectives of one
 traced step by kind, the ops it ran and the bytes this rank's all-to-alls sent to the other
@@ -123,7 +124,10 @@ def fused_collectives(out, env, quick: bool = False, rounds: Optional[int] = Non
                       "26 tables x 1 feature": ["--tables", "26", "--features", "1"]}
     rounds = rounds if rounds is not None else (1 if quick else 3)
     ranks_list = ranks_list or ([2] if quick else [2, 4])
-    steps = steps or (16 if quick else 40)
+    # 100 steps: with 40 (about 0.4 s of timed steps at 1 table x 26 features) the
+    # medians of 3 rounds of one build swung between 0.67 and 0.85 (26 tables x 1) and
+    # 0.79 and 0.91 (1 table x 26) from run to run on this machine.
+    steps = steps or (16 if quick else 100)
     common = ["--dims", "16", "--steps", str(steps), "--batch", str(batch), "--pool", str(pool),
               "--modify_graph", "--prefetch", "1"]
     print(f"fused exchange (graph modifier, prefetch 1): global batch {batch}, dim 16, "
@@ -209,6 +213,9 @@ def main(argv=None) -> int:
                         help="only the fused exchange's collectives and bytes per step")
     parser.add_argument("--no-collectives", dest="no_collectives", action="store_true",
                         help="skip the fused exchange's collectives and bytes per step")
+    parser.add_argument("--fused_steps", type=int, default=None,
+                        help="steps of each fused-exchange run, the first 3 untimed (100; "
+                             "--quick 16)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds of the fused exchange's runs; its goals are the medians "
                              "of the rounds' ratios (3; --quick 1)")
@@ -223,7 +230,11 @@ def main(argv=None) -> int:
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if not args.no_collectives and fused_collectives(out, env, args.quick, args.rounds) != 0:
+    if args.fused_steps is not None and args.fused_steps < 5:
+        parser.error(f"--fused_steps must be at least 5 (3 untimed, 1 traced), got "
+                     f"{args.fused_steps}")
+    if not args.no_collectives and fused_collectives(out, env, args.quick, args.rounds,
+                                                             steps=args.fused_steps) != 0:
         return 1
     if args.collectives:
         out.write(args.json)
