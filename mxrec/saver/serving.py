@@ -138,21 +138,25 @@ class _SaverCheckpoint:
 
     def __init__(self, checkpoint: str, location):
         self.name = checkpoint
-        versions = merge.read_chain(*location)
-        self._state = merge.whole_tables(versions)
-        self._dims = {name: meta["dim"] for _, manifest, _ in versions
+        self._versions = merge.read_chain(*location)
+        self._names = merge.table_names(self._versions)
+        self._dims = {name: meta["dim"] for _, manifest, _ in self._versions
                       for name, meta in manifest["tables"].items()}
-        self._dense = versions[-1][2]["dense.npz"]
+        self._dense = self._versions[-1][2]["dense.npz"]
+        self._tables: Dict[str, sparse.TableArrays] = {}
 
     def table_names(self):
-        return sorted(self._state)
+        return list(self._names)
 
     def table_dim(self, name: str) -> Optional[int]:
-        return self._dims.get(name) if name in self._state else None
+        return self._dims.get(name) if name in self._names else None
 
     def table_arrays(self, name: str) -> sparse.TableArrays:
-        ids, embeddings = merge.admitted_values(self._state[name], self._dims[name])
-        return {"ids": ids, "embeddings": embeddings}
+        # Folded once per export (each signature's lookups of a table ask again).
+        if name not in self._tables:
+            ids, embeddings = merge.admitted_arrays(self._versions, name, self._dims[name])
+            self._tables[name] = {"ids": ids, "embeddings": embeddings}
+        return self._tables[name]
 
     def dense(self, name: str) -> Optional[np.ndarray]:
         return self._dense.get(name)

@@ -145,16 +145,16 @@ def table_arrays_from_reader(reader, name: str, checkpoint: str) -> TableArrays:
 
 def _from_saver_versions(names, checkpoint, location) -> Dict[str, TableArrays]:
     versions = merge.read_chain(*location)
-    state = merge.whole_tables(versions)
+    tables = merge.table_names(versions)
     dims = {name: meta["dim"] for _, manifest, _ in versions
             for name, meta in manifest["tables"].items()}
-    missing = [n for n in names or () if n not in state]
+    missing = [n for n in names or () if n not in tables]
     if missing:
         raise ValueError(f"export: no table named {missing} in checkpoint {checkpoint!r}; "
-                         f"tables: {sorted(state)}")
+                         f"tables: {tables}")
     out = {}
-    for name in names or sorted(state):
-        ids, embeddings = merge.admitted_values(state[name], dims[name])
+    for name in names or tables:
+        ids, embeddings = merge.admitted_arrays(versions, name, dims[name])
         out[name] = {"ids": ids, "embeddings": embeddings}
     return out
 
