@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
-from mxrec.core import gather, row_initializer, wing
+from mxrec.core import gather, initial_values, row_initializer, wing
 from mxrec.core.graph_state import existing_state, graph_state
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).
@@ -340,7 +340,8 @@ class DeviceTable(SparseEmbedding):
                 name,
                 shape=[rows, dim],
                 dtype=value_dtype,
-                initializer=initializer,
+                # a constant fill stays a Fill op (its buffer the variable's alone)
+                initializer=initial_values.unfolded_initializer(initializer),
                 trainable=False,
                 use_resource=True,
                 collections=[wing.current().variables_collection(), SPARSE_TABLE_COLLECTION],

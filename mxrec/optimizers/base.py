@@ -5,7 +5,7 @@ from collections import defaultdict
 
 import tensorflow as tf
 
-from mxrec.core import wing
+from mxrec.core import initial_values, wing
 from mxrec.core.graph_state import graph_state
 
 
@@ -18,6 +18,36 @@ class HashOptimizerMixin:
 
     def _slot_initial_values(self):
         return {}
+
+    # A table's slots start as a Fill of the slot's initial value (`_slot_initial_values`)
+    # that no constant folding turns into a constant whose buffer the slot would share
+    # (mxrec.core.initial_values: the first sparse update would copy the whole slot, and
+    # the constant would stay resident beside it). Other slots as TF makes them.
+    def _table_slot_initializer(self, var, slot_name):
+        value = self._slot_initial_values().get(slot_name)
+        if not hasattr(var, "_mxrec_table") or value is None:
+            return None
+        return initial_values.FilledInitializer(value)
+
+    def _zeros_slot(self, var, slot_name, op_name):
+        if (self._table_slot_initializer(var, slot_name) is not None
+                and var.get_shape().is_fully_defined()):
+            return self._get_or_make_slot_with_initializer(
+                var, None, var.get_shape(), var.dtype.base_dtype, slot_name, op_name)
+        return super()._zeros_slot(var, slot_name, op_name)
+
+    def _get_or_make_slot(self, var, val, slot_name, op_name):
+        if (self._table_slot_initializer(var, slot_name) is not None
+                and var.get_shape().is_fully_defined()):
+            return self._get_or_make_slot_with_initializer(
+                var, None, var.get_shape(), val.dtype.base_dtype, slot_name, op_name)
+        return super()._get_or_make_slot(var, val, slot_name, op_name)
+
+    def _get_or_make_slot_with_initializer(self, var, initializer, shape, dtype, slot_name,
+                                           op_name):
+        initializer = self._table_slot_initializer(var, slot_name) or initializer
+        return super()._get_or_make_slot_with_initializer(var, initializer, shape, dtype,
+                                                          slot_name, op_name)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         with tf.control_dependencies(_slot_refills(self, handle)):
