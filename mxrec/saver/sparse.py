@@ -236,9 +236,13 @@ def apply_delta_arrays(base: TableArrays, delta: TableArrays, table_name: str = 
         raise ValueError(f"{label}: IDs {both[:5].tolist()} are both changed and removed")
     keep = ~np.isin(ids, removed)
     ids, emb = ids[keep], emb[keep].copy()
-    position = {int(k): i for i, k in enumerate(ids.tolist())}
-    changed = np.array([position.get(int(k), -1) for k in d_ids.tolist()], np.int64)
-    is_old = changed >= 0
-    emb[changed[is_old]] = d_emb[is_old]
+    # Each delta ID's position in the base (the last one, should an ID repeat there), by a
+    # binary search of the base's IDs in sorted order: no Python object per ID.
+    order = np.argsort(ids, kind="stable")
+    in_order = ids[order]
+    found = np.searchsorted(in_order, d_ids, side="right") - 1
+    is_old = found >= 0
+    is_old[is_old] = in_order[found[is_old]] == d_ids[is_old]
+    emb[order[found[is_old]]] = d_emb[is_old]
     return {"ids": np.concatenate([ids, d_ids[~is_old]]),
             "embeddings": np.concatenate([emb, d_emb[~is_old]], axis=0)}
