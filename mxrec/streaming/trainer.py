@@ -466,7 +466,8 @@ class StreamingTrainer:
         staging = serving_versions.staging_dir(cfg.export_base, step)
         previous_dir = self._good_base(previous_version) if kind == "delta" else None
         if previous_dir is not None:
-            _, arrays = checkpoint_manifest.read_version(cfg.checkpoint_dir, "delta", step)
+            _, arrays = checkpoint_manifest.read_version(cfg.checkpoint_dir, "delta", step,
+                                                         only=["dense.npz"])
             tables, dense = self._saver.serving_delta(step), arrays["dense.npz"]
             if cfg.delta_export == "savedmodel":
                 serving.apply_delta(previous_dir, tables, staging, dense=dense)
