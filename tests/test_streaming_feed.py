@@ -70,6 +70,18 @@ def _drain(sess, batch):
             return out
 
 
+@pytest.mark.parametrize("piece", [1, 2, 7, 64, parsers.COUNT_PIECE])
+def test_count_lines_across_pieces(files, tmp_path, monkeypatch, piece):
+    """Pieces smaller than a line, ending at a newline or inside a line, the last one
+    partial; a local path and the same file through a scheme (tf.io.gfile)."""
+    monkeypatch.setattr(parsers, "COUNT_PIECE", piece)
+    for header in (False, True):
+        for name, path in files.items():
+            expected = _lines_by_python(path, header)
+            assert parsers.count_lines(path, header) == expected, (name, header, piece)
+            assert parsers.count_lines("file://" + os.path.abspath(path), header) == expected
+
+
 def test_count_lines_matches_text_line_dataset(files):
     for header in (False, True):
         for name, path in files.items():

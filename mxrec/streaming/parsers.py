@@ -434,17 +434,38 @@ def _file_batches(name, index, schema: Schema, batch_size: int, rank: int, size:
     return batches if size == 1 else batches.map(own_slice)
 
 
+COUNT_PIECE = 4 << 20  # count_lines reads files in pieces of this many bytes
+
+
 def count_lines(path: str, header: bool = False) -> int:
     """The records TextLineDataset yields for `path` (lines split at \\n, a last line
-    without one counted, the header line left out when `header`), read in 4 MiB pieces."""
+    without one counted, the header line left out when `header`), read in COUNT_PIECE
+    pieces: a local file into one reused buffer (no bytes object per piece; half the time
+    of a GFile read), a path with a scheme (hdfs://, gs://) through tf.io.gfile."""
     lines, last = 0, b"\n"
-    with tf.io.gfile.GFile(path, "rb") as f:
-        while True:
-            piece = f.read(4 << 20)
-            if not piece:
-                break
-            lines += piece.count(b"\n")
-            last = piece[-1:]
+    local = None
+    if "://" not in path:
+        try:
+            local = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below)
+        except OSError:
+            local = None  # tf.io.gfile raises TensorFlow's error for it (NotFoundError, ...)
+    if local is None:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            while True:
+                piece = f.read(COUNT_PIECE)
+                if not piece:
+                    break
+                lines += piece.count(b"\n")
+                last = piece[-1:]
+    else:
+        buffer = bytearray(COUNT_PIECE)
+        with local as f:
+            while True:
+                size = f.readinto(buffer)
+                if not size:
+                    break
+                lines += (buffer if size == len(buffer) else buffer[:size]).count(b"\n")
+                last = buffer[size - 1:size]
     lines += last != b"\n"
     return max(lines - 1, 0) if header else lines
 
