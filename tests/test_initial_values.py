@@ -125,6 +125,12 @@ def test_unfolded_initializer_passes_partition_info_only_when_given():
     a = initial_values.unfolded_initializer(v1_style)([200, 8], tf.float32, partition_info=None)
     b = initial_values.unfolded_initializer(v2_style)([200, 8], tf.float32)
     assert seen == {"partition_info": None}
+    info = object()
+    initial_values.unfolded_initializer(v1_style)([200, 8], tf.float32, partition_info=info)
+    assert seen == {"partition_info": info}
+    # a TF2 initializer is called without it, as get_variable would call it
+    c = initial_values.unfolded_initializer(v2_style)([200, 8], tf.float32, partition_info=info)
+    assert c.op.type == "Fill"
     with _v1.Session() as sess:
         np.testing.assert_array_equal(sess.run(a), np.zeros([200, 8], np.float32))
         np.testing.assert_array_equal(sess.run(b), np.ones([200, 8], np.float32))

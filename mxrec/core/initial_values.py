@@ -79,8 +79,11 @@ class UnfoldedInitializer:
         self.initializer = initializer
 
     def __call__(self, shape, dtype=None, partition_info=None):
+        # As get_variable calls the initializer: partition_info only where it takes one
+        # (TF2 and Keras initializers do not).
         kwargs = {} if dtype is None else {"dtype": dtype}
-        if partition_info is not None:
+        if (partition_info is not None
+                and "partition_info" in tf_inspect.getfullargspec(self.initializer).args):
             kwargs["partition_info"] = partition_info
         return unfolded(self.initializer(shape, **kwargs))
 
