@@ -44,12 +44,18 @@ def unfolded(value: tf.Tensor) -> tf.Tensor:
         dims = tf.constant(value.shape.as_list(), tf.int64)
     else:
         return value
-    with tf.control_dependencies(None), tf.name_scope(op.name.rsplit("/", 1)[-1] + "_unfolded"):
-        with tf.device("/device:CPU:0"):  # a scalar; DeepCopy has CPU kernels for every type
-            scalar = tf.raw_ops.DeepCopy(x=scalar)
-        fresh = tf.fill(dims, scalar)
+    with tf.name_scope(op.name.rsplit("/", 1)[-1] + "_unfolded"):
+        fresh = _fill(dims, scalar)
     fresh.set_shape(value.shape)
     return fresh
+
+
+def _fill(dims, scalar) -> tf.Tensor:
+    """Fill(dims, DeepCopy(scalar)): no constant folding folds it."""
+    with tf.control_dependencies(None):
+        with tf.device("/device:CPU:0"):  # a scalar; DeepCopy has CPU kernels for every type
+            scalar = tf.raw_ops.DeepCopy(x=scalar)
+        return tf.fill(dims, scalar)
 
 
 def _broadcast_scalar(op):
@@ -97,7 +103,7 @@ class FilledInitializer:
 
     def __call__(self, shape, dtype=tf.float32, partition_info=None):
         del partition_info
-        return unfolded(tf.fill(shape, tf.constant(self.value, tf.as_dtype(dtype))))
+        return _fill(shape, tf.constant(self.value, tf.as_dtype(dtype)))
 
 
 def unfolded_initializer(initializer):

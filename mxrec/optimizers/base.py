@@ -29,19 +29,22 @@ class HashOptimizerMixin:
             return None
         return initial_values.FilledInitializer(value)
 
+    def _table_slot(self, var, slot_name, op_name, dtype):
+        """A table's slot with its FilledInitializer, or None for TF's own way."""
+        initializer = self._table_slot_initializer(var, slot_name)
+        if initializer is None or not var.get_shape().is_fully_defined():
+            return None
+        return super()._get_or_make_slot_with_initializer(var, initializer, var.get_shape(),
+                                                          dtype, slot_name, op_name)
+
     def _zeros_slot(self, var, slot_name, op_name):
-        if (self._table_slot_initializer(var, slot_name) is not None
-                and var.get_shape().is_fully_defined()):
-            return self._get_or_make_slot_with_initializer(
-                var, None, var.get_shape(), var.dtype.base_dtype, slot_name, op_name)
-        return super()._zeros_slot(var, slot_name, op_name)
+        slot = self._table_slot(var, slot_name, op_name, var.dtype.base_dtype)
+        return slot if slot is not None else super()._zeros_slot(var, slot_name, op_name)
 
     def _get_or_make_slot(self, var, val, slot_name, op_name):
-        if (self._table_slot_initializer(var, slot_name) is not None
-                and var.get_shape().is_fully_defined()):
-            return self._get_or_make_slot_with_initializer(
-                var, None, var.get_shape(), val.dtype.base_dtype, slot_name, op_name)
-        return super()._get_or_make_slot(var, val, slot_name, op_name)
+        slot = self._table_slot(var, slot_name, op_name, val.dtype.base_dtype)
+        return slot if slot is not None else super()._get_or_make_slot(var, val, slot_name,
+                                                                        op_name)
 
     def _get_or_make_slot_with_initializer(self, var, initializer, shape, dtype, slot_name,
                                            op_name):
