@@ -355,6 +355,8 @@ class HostTable {
   // The IDs to export (since_epoch > 0: those changed after it), ordered by
   // (row, key) at the boundary.
   std::vector<ExportedRecord> CollectRecords(const Boundary& boundary, uint32_t since_epoch);
+  // Sorts `records` by (device row, key): rows -1 first (see CollectRecords).
+  static void OrderByRowThenKey(std::vector<ExportedRecord>* records);
   // Tiered tables: in_host flags, the device cache's recency order and the
   // host-tier values of `records`.
   Status ExportTier(const std::vector<ExportedRecord>& records, const Boundary& boundary,

@@ -41,6 +41,10 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   MXREC_RETURN_IF_ERROR(ViewBoundary(&boundary));
   const std::vector<ExportedRecord> records = CollectRecords(boundary, since_epoch);
   *state = TableState();
+  state->keys.reserve(records.size());
+  state->rows.reserve(records.size());
+  state->counts.reserve(records.size());
+  state->last_seen.reserve(records.size());
   for (const ExportedRecord& e : records) {
     state->keys.push_back(e.key);
     state->rows.push_back(e.where.row);
@@ -92,7 +96,7 @@ std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary&
                                                                  uint32_t since_epoch) {
   const auto physical_of = [&boundary](const RecordRef& id) {
     Physical now;
-    auto it = boundary.physical.find(id.key);
+    auto it = boundary.physical.empty() ? boundary.physical.end() : boundary.physical.find(id.key);
     if (it != boundary.physical.end()) {
       now = it->second;
     } else {
@@ -106,11 +110,18 @@ std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary&
     return now;
   };
   std::vector<ExportedRecord> records;
+  int64_t known = 0;
+  for (int s = 0; s < kNumShards; ++s) known += ids_[s].size();
+  records.reserve(static_cast<size_t>(known));
+  const bool undone = !boundary.before.empty();
   for (int s = 0; s < kNumShards; ++s) {
     ids_[s].ForEach([&](int64_t key, uint32_t index) {
       const RecordRef id = ids_.Ref(s, key, index);
-      auto it = boundary.before.find(key);
-      const Undo* undo = it == boundary.before.end() ? nullptr : it->second;
+      const Undo* undo = nullptr;
+      if (undone) {
+        auto it = boundary.before.find(key);
+        if (it != boundary.before.end()) undo = it->second;
+      }
       if (undo != nullptr && undo->inserted) return;  // not known at the boundary
       const uint32_t epoch = undo != nullptr ? undo->epoch : id.rec->epoch;
       if (since_epoch == 0 || epoch > since_epoch) {
@@ -118,10 +129,57 @@ std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary&
       }
     });
   }
-  std::sort(records.begin(), records.end(), [](const ExportedRecord& a, const ExportedRecord& b) {
-    return a.where.row != b.where.row ? a.where.row < b.where.row : a.key < b.key;
-  });
+  OrderByRowThenKey(&records);
   return records;
+}
+
+void HostTable::OrderByRowThenKey(std::vector<ExportedRecord>* records) {
+  const auto by_row_then_key = [](const ExportedRecord& a, const ExportedRecord& b) {
+    return a.where.row != b.where.row ? a.where.row < b.where.row : a.key < b.key;
+  };
+  // At the boundary every device row has one owner, so the records with a row are
+  // ordered by placing each at its row, not by a sort; those without one (row -1:
+  // not admitted, or in a host tier) are sorted. A row held twice, or rows spread far
+  // wider than the records, fall back to one sort of them all (the same order).
+  const size_t n = records->size();
+  int64_t max_row = -1;
+  size_t rowless = 0;
+  for (const ExportedRecord& e : *records) {
+    if (e.where.row < 0) {
+      ++rowless;
+    } else if (e.where.row > max_row) {
+      max_row = e.where.row;
+    }
+  }
+  if (max_row + 1 > static_cast<int64_t>(4 * n + 4096)) {
+    std::sort(records->begin(), records->end(), by_row_then_key);
+    return;
+  }
+  constexpr uint32_t kNone = 0xFFFFFFFFu;
+  std::vector<uint32_t> at_row(static_cast<size_t>(max_row + 1), kNone);
+  std::vector<uint32_t> without_row;
+  without_row.reserve(rowless);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t row = (*records)[i].where.row;
+    if (row < 0) {
+      without_row.push_back(static_cast<uint32_t>(i));
+    } else if (at_row[row] != kNone) {
+      std::sort(records->begin(), records->end(), by_row_then_key);
+      return;
+    } else {
+      at_row[row] = static_cast<uint32_t>(i);
+    }
+  }
+  std::sort(without_row.begin(), without_row.end(), [records, &by_row_then_key](uint32_t a, uint32_t b) {
+    return by_row_then_key((*records)[a], (*records)[b]);
+  });
+  std::vector<ExportedRecord> ordered;
+  ordered.reserve(n);
+  for (uint32_t i : without_row) ordered.push_back((*records)[i]);
+  for (uint32_t i : at_row) {
+    if (i != kNone) ordered.push_back((*records)[i]);
+  }
+  *records = std::move(ordered);
 }
 
 Status HostTable::ExportTier(const std::vector<ExportedRecord>& records, const Boundary& boundary,

@@ -61,8 +61,10 @@ Example:
     >>> Saver("/data/ckpt").restore(sess)            # full@100 + delta@110
 """
 
+import functools
 import time
 import warnings
+from concurrent import futures
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -274,35 +276,24 @@ class Saver:
             raise CheckpointError("Saver.save(kind='delta') needs a full save (or a restore) "
                                   "first: a delta holds only what changed since the last save")
         step = int(step)
-        engine = loader.engine()
+        # Each table's file (its engine state, its rows read from the variables, the npz
+        # and its digest) is built on a thread of its own: the engine's export, the
+        # session's reads and the digest run without the GIL, so tables overlap. The
+        # engine's state is at the step boundary whichever table is first.
+        jobs = [functools.partial(self._table_file, session, index, io_, kind)
+                for index, io_ in enumerate(self._tables)]
+        jobs.append(functools.partial(self._dense_file, session))
+        built = _run_jobs(jobs, parallel=session is not None)
         files: Dict[str, bytes] = {}
+        digests: Dict[str, Dict] = {}
         tables_meta = {}
         epochs = {}
-        for index, io_ in enumerate(self._tables):
-            table = io_.table
-            since = 0 if kind == "full" else self._last_epochs.get(table.table_name, 0)
-            host = engine.export_state(table.table_key, since, delta_chain=True)
-            epochs[table.table_name] = int(host["epoch"])
-            admitted = host["rows"] >= 0
-            rows = host["rows"][admitted]
-            values = io_.read_rows(session, rows) if len(rows) else {
-                name: np.zeros((0, table.dim), np.float32) for name in io_.state_names()}
-            arrays = {schema.host_key(k): host[k] for k in schema.HOST_ARRAYS}
-            arrays[schema.SCALARS_KEY] = schema.pack_scalars(host)
-            arrays[schema.ACCESS_THRESHOLD_KEY] = np.array(host["access_threshold"], np.float64)
-            arrays.update({schema.state_key(name): value for name, value in values.items()})
-            if "in_host" in host:  # a table with a host tier: its host-tier rows too
-                arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
-            file_name = (f"table-{index:03d}.npz" if self._size == 1
-                         else f"table-{index:03d}-rank{self._rank:05d}.npz")
-            files[file_name] = npz_bytes(arrays)
-            tables_meta[table.table_name] = {"file": file_name, "dim": table.dim,
-                                             "ids": int(len(host["keys"])),
-                                             "removed": int(len(host["removed"])),
-                                             "state": io_.state_names()}
-        dense_values = self._read_dense(session)
+        for io_, (file_name, data, digest, meta, epoch) in zip(self._tables, built[:-1]):
+            files[file_name], digests[file_name] = data, digest
+            tables_meta[io_.table.table_name] = meta
+            epochs[io_.table.table_name] = epoch
         if self._rank == 0:  # dense variables are the same on every rank
-            files["dense.npz"] = npz_bytes(dense_values)
+            files["dense.npz"], digests["dense.npz"] = built[-1]
         manifest = {
             "format": FORMAT_VERSION,
             "kind": kind,
@@ -311,8 +302,7 @@ class Saver:
             "previous": None if kind == "full" else self._last_step,
             "time": time.time(),
             "tables": tables_meta,
-            "files": {name: {"bytes": len(data), "sha256": sha256(data)}
-                      for name, data in files.items()},
+            "files": digests,
         }
         if self._size == 1:
             path = self._write_atomically(version_name(kind, step), files, manifest)
@@ -323,6 +313,7 @@ class Saver:
         self._last_epochs = epochs
         self._last_step = step
         # The next delta starts from this save: removals it holds are done with.
+        engine = loader.engine()
         for io_ in self._tables:
             engine.prune_removed_log(io_.table.table_key, epochs[io_.table.table_name])
         if kind == "full":
@@ -331,6 +322,37 @@ class Saver:
                 self._delete_old_versions()
         logging.info("mxrec checkpoint: wrote %s", path)
         return path
+
+    def _table_file(self, session, index: int, io_, kind: str):
+        """(file name, npz bytes, their size and digest, manifest entry, epoch) of one
+        table's part of a save."""
+        table = io_.table
+        since = 0 if kind == "full" else self._last_epochs.get(table.table_name, 0)
+        host = loader.engine().export_state(table.table_key, since, delta_chain=True)
+        admitted = host["rows"] >= 0
+        rows = host["rows"][admitted]
+        values = io_.read_rows(session, rows) if len(rows) else {
+            name: np.zeros((0, table.dim), np.float32) for name in io_.state_names()}
+        arrays = {schema.host_key(k): host[k] for k in schema.HOST_ARRAYS}
+        arrays[schema.SCALARS_KEY] = schema.pack_scalars(host)
+        arrays[schema.ACCESS_THRESHOLD_KEY] = np.array(host["access_threshold"], np.float64)
+        arrays.update({schema.state_key(name): value for name, value in values.items()})
+        if "in_host" in host:  # a table with a host tier: its host-tier rows too
+            arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
+        file_name = (f"table-{index:03d}.npz" if self._size == 1
+                     else f"table-{index:03d}-rank{self._rank:05d}.npz")
+        meta = {"file": file_name, "dim": table.dim, "ids": int(len(host["keys"])),
+                "removed": int(len(host["removed"])), "state": io_.state_names()}
+        data = npz_bytes(arrays)
+        return file_name, data, _digest(data), meta, int(host["epoch"])
+
+    def _dense_file(self, session) -> Optional[Tuple[bytes, Dict]]:
+        """dense.npz and its digest on rank 0; None on the others (the dense variables
+        are the same on every rank)."""
+        if self._rank != 0:
+            return None
+        data = npz_bytes(self._read_dense(session))
+        return data, _digest(data)
 
     def _write_atomically(self, name: str, files: Dict[str, bytes], manifest: Dict) -> str:
         return manifest_io.write_version(self.directory, name, files, manifest)
@@ -526,6 +548,28 @@ def shard_of(table_state: Dict, table, rank: int, size: int) -> Dict:
 
     return merge.reshard(table_state, keep, tiered=getattr(table, "host_vocabulary_size", 0) > 0,
                          capacity=capacity, name=table.table_name)
+
+
+# Threads that build a save's files (tables and dense.npz) at once.
+SAVE_THREADS = 4
+
+
+def _digest(data: bytes) -> Dict:
+    """A file's entry in a manifest: its size and SHA-256."""
+    return {"bytes": len(data), "sha256": sha256(data)}
+
+
+def _run_jobs(jobs: List, parallel: bool) -> List:
+    """[job() for job in jobs], on up to SAVE_THREADS threads when `parallel` (graph
+    sessions are thread-safe; eager reads stay on the caller's thread). The first
+    failure, in job order, is raised."""
+    threads = min(len(jobs), SAVE_THREADS)
+    if not parallel or threads <= 1:
+        return [job() for job in jobs]
+    with futures.ThreadPoolExecutor(max_workers=threads,
+                                    thread_name_prefix="mxrec_save") as pool:
+        pending = [pool.submit(job) for job in jobs]
+        return [future.result() for future in pending]
 
 
 def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.ndarray]:
