@@ -503,3 +503,30 @@ def test_saver_finds_a_table_that_a_later_graph_rebuilt(tmp_path):
         sess.run(emb)
         saver.save(sess, 1)
     assert saver._read_version("full", 1)[0]["tables"]["t"]["ids"] == 2
+
+
+def test_last_seen_times_past_float64_come_back_exact(tmp_path):
+    """The engine keeps any int64 time exactly; a restore must too (times past 2**53 are
+    not float64 integers)."""
+    from mxrec._lib import loader
+
+    base = 2**62 + 12_344
+    states = []
+    for restore in (False, True):
+        with tf.Graph().as_default():
+            model = Model("adagrad")
+            saver = Saver(str(tmp_path))
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                if restore:
+                    saver.restore(sess)
+                else:
+                    for i, batch in enumerate(_batches()[:4]):
+                        sess.run(model.train, {model.ids: batch, model.time: base + 2 * i + 1})
+                    saver.save(sess, 4)
+                states.append(loader.engine().export_state(model.table.table_key, 0))
+            terminate_config_initializer()
+    want, got = states
+    assert want["last_seen"].max() > 2**53 and (want["last_seen"] % 2 == 1).all()
+    for field in ("keys", "rows", "counts", "last_seen"):
+        np.testing.assert_array_equal(got[field], want[field])

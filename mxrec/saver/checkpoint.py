@@ -62,6 +62,7 @@ Example:
 """
 
 import functools
+import operator
 import time
 import warnings
 from concurrent import futures
@@ -449,6 +450,7 @@ def table_io(table):
     return _DynamicTableIO(table) if isinstance(table, dynamic.DynamicTable) else _TableIO(table)
 
 
+@merge.paused_gc()
 def load_table_state(session, io_, table_state: Dict, missing_states: str = "error") -> None:
     """Imports one table's folded state (`merge`) into its host table, then writes the rows
     and slot rows of its device IDs.
@@ -461,10 +463,12 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
     engine = loader.engine()
     records = table_state["records"]
     keys = np.fromiter(records.keys(), np.int64, len(records))
-    fields = np.array(list(records.values()), dtype=np.float64).reshape(
-        -1, len(schema.Record._fields))
-    column = {name: fields[:, i] for i, name in enumerate(schema.Record._fields)}
-    rows = column["row"].astype(np.int32)
+    # Column by column in each field's own type (an int64 last-seen time stays exact).
+    column = {field: np.fromiter(map(operator.itemgetter(i), records.values()), dtype,
+                                 len(records))
+              for i, (field, dtype) in enumerate(zip(schema.Record._fields, (
+                  np.int32, np.float32, np.int64, np.uint8)))}
+    rows = column["row"]
     in_host = column["in_host"].astype(bool)
     scalars = table_state["scalars"]
     tier_args = {}
@@ -487,8 +491,8 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
             tier_components=names, tier_present=present, tier_values=packed)
     engine.import_state(
         io_.table.table_key, keys=keys, rows=rows,
-        counts=column["count"].astype(np.float32),
-        last_seen=column["last_seen"].astype(np.int64), free_rows=table_state["free_rows"],
+        counts=column["count"], last_seen=column["last_seen"],
+        free_rows=table_state["free_rows"],
         next_row=schema.scalar(scalars, "next_row"),
         newest_timestamp=schema.scalar(scalars, "newest_timestamp"),
         counting_frozen=bool(schema.scalar(scalars, "counting_frozen")),
@@ -504,11 +508,16 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
                               "was it saved with another optimizer?")
     if missing and io_.variables_in_graph:
         current = io_.read_rows(session, rows[device])
-    device_keys = keys[device].tolist()
-    written = {state_name: np.stack([values[key][state_name] for key in device_keys])
+    device_values = list(map(values.__getitem__, keys[device].tolist()))
+    written = {state_name: _stacked(list(map(operator.itemgetter(state_name), device_values)))
                for state_name in io_.state_names() if state_name not in missing}
     written.update(current)  # a dynamic table's store starts a slot it lacks at its initial
     io_.write_rows(session, rows[device], written)
+
+
+def _stacked(rows: List[np.ndarray]) -> np.ndarray:
+    """np.stack of equal 1-D rows, by one concatenate (no per-row reshape)."""
+    return np.concatenate(rows).reshape(len(rows), -1) if rows else np.stack(rows)
 
 
 def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]:

@@ -77,7 +77,8 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
 
     Each rank writes its own files (and a `rank-R.json` listing them) into one temporary
     folder; rank 0 then writes the manifest of all of them and renames the folder into
-    place. `barrier()` returns once every rank has called it.
+    place. `barrier()` returns once every rank has called it. A file whose size and
+    SHA-256 `manifest["files"]` already holds (taken where it was built) is not hashed again.
     """
     gfile = tf.io.gfile
     final = posixpath.join(directory, name)
@@ -93,7 +94,9 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
     for file_name, data in files.items():
         with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
             f.write(data)
-    part = dict(manifest, files={n: {"bytes": len(d), "sha256": sha256(d)}
+    known = manifest.get("files", {})  # digests the caller already took (Saver.save)
+    part = dict(manifest, files={n: known[n] if n in known and known[n]["bytes"] == len(d)
+                                 else {"bytes": len(d), "sha256": sha256(d)}
                                  for n, d in files.items()})
     with gfile.GFile(posixpath.join(tmp, f"rank-{rank}.json"), "w") as f:
         f.write(json.dumps(part, sort_keys=True))

@@ -9,6 +9,8 @@ into the state of the whole table (what one process would hold), which WarmStart
 the serving export and a restore on another rank count start from.
 """
 
+import contextlib
+import gc
 import posixpath
 import re
 from typing import Callable, Dict, List, Optional, Tuple
@@ -22,6 +24,21 @@ from mxrec.saver.manifest import CheckpointError
 
 _VERSION_DIR = re.compile(r"^(full|delta)-(\d{12})$")
 Version = Tuple[str, Dict, Dict[str, Dict[str, np.ndarray]]]  # kind, manifest, files
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """Python's cyclic garbage collector paused (if it was running): folding a table makes
+    a few objects per ID, none of them in a cycle, and with the collector on, each
+    collection it triggers walks every object made so far (half the time of a fold of
+    600k IDs here)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def locate(path: str) -> Optional[Tuple[str, Optional[int]]]:
@@ -74,6 +91,7 @@ def read_chain(directory: str, version: Optional[int] = None,
     return out
 
 
+@paused_gc()
 def whole_tables(versions: List[Version]) -> Dict[str, Dict]:
     """Each table's state folded over the versions and over every rank's file of each."""
     state: Dict[str, Dict] = {}
@@ -84,6 +102,7 @@ def whole_tables(versions: List[Version]) -> Dict[str, Dict]:
     return state
 
 
+@paused_gc()
 def admitted_values(table_state: Dict, dim: int, state_name: str = "embedding"
                     ) -> Tuple[np.ndarray, np.ndarray]:
     """(ids [K] int64 sorted, values [K, dim] float32) of one state (the embedding, or a
@@ -240,6 +259,11 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
     {state: row} of IDs with a device row; tier_values: the same for IDs in the host tier
     (a state absent where the tier held no value for it).
     """
+    with paused_gc():
+        _merge_table(table_state, arrays, kind, name)
+
+
+def _merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, name: str):
     if kind == "full":
         table_state.clear()
         table_state["records"] = {}
@@ -255,24 +279,42 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
         values.pop(key, None)
         tier_values.pop(key, None)
     state_names = schema.names_with_prefix(arrays, "state")
-    keys, rows, counts, last_seen = (arrays[schema.host_key(k)].tolist()
-                                     for k in ("keys", "rows", "counts", "last_seen"))
-    in_host = (arrays[schema.host_key("in_host")].tolist()
-               if schema.host_key("in_host") in arrays else [0] * len(keys))
-    tier_names = schema.names_with_prefix(arrays, "tier")
-    device_index = 0
-    tier_index = 0
-    for key, row, count, seen, host in zip(keys, rows, counts, last_seen, in_host):
-        records[key] = schema.Record(row, count, seen, int(host))
-        values.pop(key, None)
-        tier_values.pop(key, None)
-        if row >= 0:
-            values[key] = {n: arrays[schema.state_key(n)][device_index] for n in state_names}
-            device_index += 1
-        elif host:
-            tier_values[key] = {n: arrays[schema.tier_key(n)][tier_index] for n in tier_names
-                                if arrays[schema.tier_mask_key(n)][tier_index]}
-            tier_index += 1
+    key_array, row_array = arrays[schema.host_key("keys")], arrays[schema.host_key("rows")]
+    keys = key_array.tolist()
+    in_host = (arrays[schema.host_key("in_host")].astype(np.int64)
+               if schema.host_key("in_host") in arrays else np.zeros(len(keys), np.int64))
+    device = row_array >= 0
+    in_tier = ~device & (in_host != 0)
+    # A delta: what it holds replaces the IDs' earlier values (those with a device row or a
+    # host-tier row below are written over; the others lose what they had there).
+    if values:
+        for key in key_array[~device].tolist():
+            values.pop(key, None)
+    if tier_values:
+        for key in key_array[~in_tier].tolist():
+            tier_values.pop(key, None)
+    # Built by zips over whole columns (no indexing per ID): the records, then the
+    # values of the IDs with a device row (the state arrays' rows, in record order)
+    # and of those in the host tier (the tier arrays' rows, the same way).
+    records.update(zip(keys, map(schema.Record._make, zip(
+        row_array.tolist(), arrays[schema.host_key("counts")].tolist(),
+        arrays[schema.host_key("last_seen")].tolist(), in_host.tolist()))))
+    columns = [list(arrays[schema.state_key(n)]) for n in state_names]
+    _check_rows(name, "device", int(device.sum()), {n: len(c) for n, c in zip(state_names,
+                                                                               columns)})
+    values.update(zip(key_array[device].tolist(),
+                      (dict(zip(state_names, row)) for row in zip(*columns)))
+                  if columns else ((key, {}) for key in key_array[device].tolist()))
+    tier_keys = key_array[in_tier].tolist()
+    if tier_keys:
+        tier_names = schema.names_with_prefix(arrays, "tier")
+        tier_columns = [(n, arrays[schema.tier_key(n)], arrays[schema.tier_mask_key(n)])
+                        for n in tier_names]
+        _check_rows(name, "host-tier", len(tier_keys),
+                    {n: min(len(c), len(m)) for n, c, m in tier_columns})
+        for index, key in enumerate(tier_keys):
+            tier_values[key] = {n: column[index] for n, column, mask in tier_columns
+                                if mask[index]}
     table_state["free_rows"] = arrays[schema.host_key("free_rows")]
     table_state["scalars"] = arrays[schema.SCALARS_KEY]
     table_state["access_threshold"] = arrays[schema.ACCESS_THRESHOLD_KEY]
@@ -280,6 +322,14 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
     for field in ("lru_rows", "lru_ages"):
         if schema.host_key(field) in arrays:
             table_state[field] = arrays[schema.host_key(field)]
+
+
+def _check_rows(name: str, where: str, ids: int, lengths: Dict[str, int]) -> None:
+    short = {n: length for n, length in lengths.items() if length < ids}
+    if short:
+        raise CheckpointError(f"table {name!r}: the checkpoint has {ids} IDs with a {where} "
+                              f"row but only {short} rows of their values; the file is "
+                              "damaged (restore an earlier version)")
 
 
 def merge_ranks(table_state: Dict, files: List[Dict[str, np.ndarray]], kind: str, name: str):
@@ -293,6 +343,7 @@ def merge_ranks(table_state: Dict, files: List[Dict[str, np.ndarray]], kind: str
     table_state["newest"] = newest
 
 
+@paused_gc()
 def reshard(table_state: Dict, keep: Callable[[np.ndarray], np.ndarray], tiered: bool,
             capacity: int, name: str) -> Dict:
     """The part of a whole table's state that one rank owns now (`keep(keys)` is a mask),
