@@ -474,16 +474,9 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
     tier_args = {}
     if in_host.any() or "lru_rows" in table_state:
         tier_keys = keys[in_host]
-        tier_values = table_state["tier_values"]
-        names = sorted({n for key in tier_keys.tolist() for n in tier_values[key]})
-        present = np.zeros(len(tier_keys), np.uint32)
-        packed = np.zeros((len(tier_keys), len(names), io_.table.dim), np.float32)
-        for i, key in enumerate(tier_keys.tolist()):
-            for c, state_name in enumerate(names):
-                value = tier_values[key].get(state_name)
-                if value is not None:
-                    present[i] |= np.uint32(1 << c)
-                    packed[i, c] = value
+        names, present, packed = tier_components(
+            list(map(table_state["tier_values"].__getitem__, tier_keys.tolist())),
+            io_.table.dim)
         tier_args = dict(
             in_host=in_host.astype(np.uint8),
             lru_rows=table_state.get("lru_rows", np.zeros(0, np.int32)),
@@ -513,6 +506,23 @@ def load_table_state(session, io_, table_state: Dict, missing_states: str = "err
                for state_name in io_.state_names() if state_name not in missing}
     written.update(current)  # a dynamic table's store starts a slot it lacks at its initial
     io_.write_rows(session, rows[device], written)
+
+
+def tier_components(entries: List[Dict[str, np.ndarray]], dim: int
+                    ) -> Tuple[List[str], np.ndarray, np.ndarray]:
+    """The host-tier values of a folded table in the engine's import form: (component names,
+    sorted; [N] uint32 bit c set where entry i holds component c; [N, C, dim] float32 values,
+    zero where absent), from one {component: row} dict per host-tier ID."""
+    names = sorted(set().union(*entries))
+    present = np.zeros(len(entries), np.uint32)
+    packed = np.zeros((len(entries), len(names), dim), np.float32)
+    for c, name in enumerate(names):  # a component at a time, not an ID at a time
+        found = list(map(operator.methodcaller("get", name), entries))
+        held = np.fromiter((value is not None for value in found), bool, len(found))
+        present |= held.astype(np.uint32) << np.uint32(c)
+        if held.any():
+            packed[held, c] = _stacked([value for value in found if value is not None])
+    return names, present, packed
 
 
 def _stacked(rows: List[np.ndarray]) -> np.ndarray:
