@@ -82,7 +82,6 @@ from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSIO
     FORMAT_VERSION,
     CheckpointError,
     npz_bytes,
-    sha256,
     version_name,
 )
 from mxrec.util import ranks
@@ -345,7 +344,7 @@ class Saver:
         meta = {"file": file_name, "dim": table.dim, "ids": int(len(host["keys"])),
                 "removed": int(len(host["removed"])), "state": io_.state_names()}
         data = npz_bytes(arrays)
-        return file_name, data, _digest(data), meta, int(host["epoch"])
+        return file_name, data, manifest_io.file_entry(data), meta, int(host["epoch"])
 
     def _dense_file(self, session) -> Optional[Tuple[bytes, Dict]]:
         """dense.npz and its digest on rank 0; None on the others (the dense variables
@@ -353,7 +352,7 @@ class Saver:
         if self._rank != 0:
             return None
         data = npz_bytes(self._read_dense(session))
-        return data, _digest(data)
+        return data, manifest_io.file_entry(data)
 
     def _write_atomically(self, name: str, files: Dict[str, bytes], manifest: Dict) -> str:
         return manifest_io.write_version(self.directory, name, files, manifest)
@@ -571,11 +570,6 @@ def shard_of(table_state: Dict, table, rank: int, size: int) -> Dict:
 
 # Threads that build a save's files (tables and dense.npz) at once.
 SAVE_THREADS = 4
-
-
-def _digest(data: bytes) -> Dict:
-    """A file's entry in a manifest: its size and SHA-256."""
-    return {"bytes": len(data), "sha256": sha256(data)}
 
 
 def _run_jobs(jobs: List, parallel: bool) -> List:

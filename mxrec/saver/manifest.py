@@ -47,6 +47,11 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_entry(data: bytes) -> Dict:
+    """A file's entry in a manifest: its size and SHA-256."""
+    return {"bytes": len(data), "sha256": sha256(data)}
+
+
 def npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
@@ -96,7 +101,7 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
             f.write(data)
     known = manifest.get("files", {})  # digests the caller already took (Saver.save)
     part = dict(manifest, files={n: known[n] if n in known and known[n]["bytes"] == len(d)
-                                 else {"bytes": len(d), "sha256": sha256(d)}
+                                 else file_entry(d)
                                  for n, d in files.items()})
     with gfile.GFile(posixpath.join(tmp, f"rank-{rank}.json"), "w") as f:
         f.write(json.dumps(part, sort_keys=True))

@@ -11,6 +11,7 @@ the serving export and a restore on another rank count start from.
 
 import contextlib
 import gc
+import itertools
 import posixpath
 import re
 from typing import Callable, Dict, List, Optional, Tuple
@@ -252,6 +253,7 @@ def chain(versions: List[Tuple[str, int]], version: Optional[int], directory: st
     return [("full", base)] + [(k, s) for k, s in versions if k == "delta" and s > base]
 
 
+@paused_gc()
 def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, name: str):
     """Folds one version's arrays of a table into the state being restored.
 
@@ -259,11 +261,6 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
     {state: row} of IDs with a device row; tier_values: the same for IDs in the host tier
     (a state absent where the tier held no value for it).
     """
-    with paused_gc():
-        _merge_table(table_state, arrays, kind, name)
-
-
-def _merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, name: str):
     if kind == "full":
         table_state.clear()
         table_state["records"] = {}
@@ -302,9 +299,9 @@ def _merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, na
     columns = [list(arrays[schema.state_key(n)]) for n in state_names]
     _check_rows(name, "device", int(device.sum()), {n: len(c) for n, c in zip(state_names,
                                                                                columns)})
+    state_rows = zip(*columns) if columns else itertools.repeat(())
     values.update(zip(key_array[device].tolist(),
-                      (dict(zip(state_names, row)) for row in zip(*columns)))
-                  if columns else ((key, {}) for key in key_array[device].tolist()))
+                      (dict(zip(state_names, row)) for row in state_rows)))
     tier_keys = key_array[in_tier].tolist()
     if tier_keys:
         tier_names = schema.names_with_prefix(arrays, "tier")
