@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from mxrec.distributed import communication, sharded_pipeline, sharding
+from mxrec.graph import modifier
 
 
 def _table(name, dim):
@@ -204,3 +205,65 @@ def test_send_back_all_refuses_a_mixed_group_and_a_lookup_without_send_back(fake
         exchanges[4].out = None
         with pytest.raises(ValueError, match=r"lookups \[4\] have no send-back"):
             sharding.send_back_all(exchanges, groups, plans, scales, lambda t: "")
+
+
+def _ancestors(tensors):
+    """Every op `tensors` depend on, through data and control edges."""
+    seen, stack = set(), [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def test_only_the_table_writes_wait_for_the_next_batchs_planning(fake_ranks):
+    """With `after` (the graph modifier's planning of batch k + p), the gradients' exchange
+    runs without waiting for it; the ops that write a gradient into a table do wait, and a
+    gradient that nothing writes is read through an identity that waits (so a step that
+    reads it still plans). Values are those of the ungated send-back."""
+    rng = np.random.default_rng(11)
+    lookups = _lookups(rng)
+    weights = _weights(rng, lookups)
+    with tf.Graph().as_default():
+        fake_ranks(2)
+        everything = [list(range(len(lookups)))]
+        _, _, (single,), _, _ = _build(lookups, weights, 2, True, False, everything)
+        exchanges, _, (per_pass,), groups, plans = _build(lookups, weights, 2, True, True,
+                                                          everything)
+        planned = tf.Variable(0, dtype=tf.int64)
+        after = tf.identity(planned.assign_add(1))  # a tensor, as the pipeline's planning is
+        tables, writes = {}, {}
+        for i in (0, 3, 5):  # written to a table; the others are left unapplied
+            old = per_pass[i]
+            tables[i] = tf.Variable(tf.zeros(tf.shape(old), old.dtype), shape=[None, None])
+            writes[i] = tf.raw_ops.ResourceScatterAdd(
+                resource=tables[i].handle, indices=tf.range(tf.shape(old)[0]), updates=old)
+        pairs, gated = sharding.send_back_all(
+            exchanges, groups, plans, [scale for _, _, _, scale in lookups],
+            sharded_pipeline._gradient_scope, after=[after])  # noqa: SLF001
+        assert gated
+        new = {old.ref(): value for old, value in pairs}
+        for old in per_pass.values():  # the writes read the fused gradients, as in the step
+            modifier._replace_uses(old, new[old.ref()])  # noqa: SLF001
+        for i in writes:
+            assert after.op in writes[i].control_inputs
+            # What the write reads (the gradient all-to-all and all before it) does not.
+            assert after.op not in _ancestors(list(writes[i].inputs))
+        unwritten = [new[old.ref()] for i, old in per_pass.items() if i not in writes]
+        assert unwritten and all(after.op in _ancestors([t]) for t in unwritten)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            reference = sess.run(single)
+            assert sess.run(planned) == 0
+            sess.run(list(writes.values()))
+            assert sess.run(planned) == 1  # the writes ran the planning
+            for i in writes:
+                np.testing.assert_array_equal(sess.run(tables[i]), reference[i])
+            got = sess.run(unwritten)
+            assert sess.run(planned) == 2
+        for value, i in zip(got, [i for i in per_pass if i not in writes]):
+            np.testing.assert_array_equal(value, reference[i])

@@ -414,8 +414,10 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
             plan["reused"].set_shape(record.reused.shape)
         # One embedding all-to-all forward and one gradient all-to-all per backward pass for
         # all lookups of the step (sharding.send_back_all, from the planned SendPlans); with
-        # prefetch p > 0 the backward pass (without one, the forward) waits for the planning
-        # of batch k + p (with prefetch 0 the dequeue waits for it already).
+        # prefetch p > 0 the writes of the gradients into the tables (without a backward
+        # pass, the forward send-back) wait for the planning of batch k + p, so the planning
+        # overlaps the step's exchanges and model (with prefetch 0 the dequeue waits for it
+        # already).
         fused, gated = sharding.send_back_all(
             [lookup.record.sharded.exchange for lookup in lookups], layout.groups, plans,
             [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope,

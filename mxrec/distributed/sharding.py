@@ -533,7 +533,8 @@ def send_back_all(exchanges, groups, plans, scales, gradient_scope, after=()):
             (planned ahead of the step).
         scales: per lookup the factor of its gradient, or None.
         gradient_scope: tensor -> the name scope of the tf.gradients call that built it.
-        after: ops the backward passes (without one: the forward) wait for.
+        after: ops the writes of the backward passes' gradients to the tables (without a
+            backward pass: the forward send-back) wait for.
     """
     size = communication.get_rank_size()
     _check_groups(groups, len(exchanges), "send_back_all")
@@ -584,8 +585,11 @@ def send_back_all(exchanges, groups, plans, scales, gradient_scope, after=()):
                     pairs.append((exchanges[i].out, piece))
     grouped = {i for g in groups for i in g}
     for grads in passes.values():
-        # A backward exchange, as the bench reads it ("gradients" in its name).
-        with tf.name_scope("gradients_fused"), tf.control_dependencies(list(after)):
+        # A backward exchange, as the bench reads it ("gradients" in its name). It does not
+        # wait for `after`: the ops that write the tables do (_gate_writers), so the
+        # gradients' exchange overlaps the planning of the next batch.
+        first = len(pairs)
+        with tf.name_scope("gradients_fused"):
             items = [(("group", g), exchanges[groups[g][0]].out.dtype)
                      for g in range(len(groups)) if any(i in grads for i in groups[g])]
             items += [(("peer", i), grads[i][0].dtype) for i in sorted(grads)
@@ -618,7 +622,57 @@ def send_back_all(exchanges, groups, plans, scales, gradient_scope, after=()):
                         if i in grads:
                             piece.set_shape(grads[i][1].shape)
                             pairs.append((grads[i][1], piece))
+        if after:
+            pairs[first:] = _gate_writers(pairs[first:], list(after))
     return pairs, bool(after) and (bool(passes) or bool(groups))
+
+
+def _table_writers(tensor: tf.Tensor, limit: int = 10_000):
+    """The stateful ops with a resource input (an optimizer's apply to a table, or to its
+    slots) that read `tensor` or what is computed from it, found by following data edges;
+    None where one of them sits in a control-flow context (a cond or loop body that an
+    outside control input cannot enter) or the search passes `limit` ops."""
+    found, seen, frontier = [], set(), list(tensor.consumers())
+    while frontier:
+        op = frontier.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if len(seen) > limit:
+            return None
+        if op.op_def is not None and op.op_def.is_stateful and any(
+                t.dtype == tf.resource for t in op.inputs):
+            if op._control_flow_context is not None:  # pylint: disable=protected-access
+                return None
+            found.append(op)
+            continue
+        for output in op.outputs:
+            frontier.extend(output.consumers())
+    return found
+
+
+def _gate_writers(pairs, after):
+    """Makes `after` a control input of the ops that apply each backward pass's gradient
+    (old, new) pair to its table, which read `old` (they will read `new`): the step still
+    runs `after`, and only those writes wait for it. A gradient with no such op (not
+    applied, or applied inside a control-flow context) is read through an identity that
+    waits for `after` instead."""
+    ops = [a.op if isinstance(a, tf.Tensor) else a for a in after]
+    gated = []
+    for old, new in pairs:
+        writers = _table_writers(old)
+        if not writers:
+            with tf.control_dependencies(after):
+                waiting = tf.identity(new)
+            waiting.set_shape(new.shape)
+            gated.append((old, waiting))
+            continue
+        for op in writers:
+            missing = [a for a in ops if a not in op.control_inputs]
+            if missing:
+                op._add_control_inputs(missing)  # pylint: disable=protected-access
+        gated.append((old, new))
+    return gated
 
 
 # One step's sharded lookups of the graph modifier, fused (mxrec.distributed.sharded_pipeline):
