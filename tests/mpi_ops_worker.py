@@ -175,8 +175,8 @@ def case_timeout():
     op = mpi_ops.alltoallv(tf.zeros([SIZE, 2]), tf.ones([SIZE], tf.int32), name="lonely",
                            timeout_seconds=2.0)[0]
     if RANK == 0:
-        start = time.monotonic()
         with tf.compat.v1.Session() as sess:
+            start, cpu = time.monotonic(), time.process_time()
             try:
                 sess.run(op)
             except tf.errors.DeadlineExceededError as err:
@@ -185,7 +185,12 @@ def case_timeout():
                 assert "waiting for rank" in text, text
             else:
                 raise AssertionError("no timeout")
-            assert time.monotonic() - start < 30
+            waited, used = time.monotonic() - start, time.process_time() - cpu
+            assert waited < 30
+            # A long wait sleeps once its first milliseconds of yielding are over: the 2 s
+            # wait takes a small part of a core, not all of it (a waiter that yields or spins
+            # to the end takes the whole 2 s).
+            assert used < 0.5 * waited, f"waiting used {used:.2f} s of CPU in {waited:.2f} s"
             # Every later exchange fails at once with the first failure.
             again = mpi_ops.allreduce(tf.ones([1]), "sum", name="after")
             try:

@@ -58,6 +58,10 @@ Result Broken() {
                "up; restart the job. The first failure: " + s.failure.message);
 }
 
+// How long a wait yields before it sleeps, and sleeps 50 us before 500 us (Clock::Pause).
+constexpr std::chrono::milliseconds kYieldFor{3};
+constexpr std::chrono::milliseconds kShortSleepsFor{100};
+
 class Clock {
  public:
   explicit Clock(double timeout_seconds)
@@ -65,19 +69,23 @@ class Clock {
         deadline_(start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                std::chrono::duration<double>(timeout_seconds))) {}
   bool expired() const { return std::chrono::steady_clock::now() > deadline_; }
-  // Spins briefly (an exchange between ranks of one host answers in microseconds),
-  // then yields and sleeps longer and longer so that waiting ranks leave the cores
-  // to the ranks that still compute (ranks >= cores here).
+  // Spins briefly (an exchange between ranks of one host answers in microseconds), then
+  // yields the core for the first kYieldFor of the wait: sched_yield runs any thread that
+  // is ready first (another rank's compute on a shared core), and the waiter sees its
+  // peer's message at once. A sleeping waiter wakes up late (the sleep, its timer slack,
+  // a halted core's wake-up) at each of a step's exchanges, one after the other; with
+  // 50 us sleeps from the 128th poll, perf counted 15 % of 2 streaming ranks' core time
+  // idle. After kYieldFor it sleeps, longer and longer, so that a long wait (a peer
+  // saving, a lagging input) takes little of a core (tests/mpi_ops_worker.py, timeout).
   void Pause() {
     ++polls_;
     if (polls_ < 64) return;
-    if (polls_ < 128) {
+    const auto waited = std::chrono::steady_clock::now() - start_;
+    if (waited < kYieldFor) {
       sched_yield();
       return;
     }
-    // Sleeps long enough that several waiting exchanges do not take a shared core's time
-    // from the ranks' compute (20 us polls measured 0.02 x one process on 2 busy cores).
-    const long ns = polls_ < 1024 ? 50000 : 500000;
+    const long ns = waited < kShortSleepsFor ? 50000 : 500000;
     timespec ts{0, ns};
     nanosleep(&ts, nullptr);
   }
