@@ -3,7 +3,8 @@ NumPy (tests/mpi_ops_worker.py): variable-size all-to-all of every dtype with si
 change per step, zero counts and an empty sender; its gradient (the reverse exchange);
 sum/max/min all-reduce bitwise equal to a rank-order NumPy sum, and its gradient; 24
 concurrent exchanges in one step; bad counts, mismatched all-reduce sizes; a peer that
-never joins ends in DeadlineExceeded naming the exchange, and later exchanges abort."""
+never joins ends in DeadlineExceeded naming the exchange, using under half a core while it
+waits, and later exchanges abort."""
 
 import os
 import shutil
