@@ -295,3 +295,41 @@ def test_the_plan_op_draws_the_ids_its_plan_gives_the_rows():
         np.testing.assert_array_equal(narrow, want_narrow)
         with pytest.raises(tf.errors.InvalidArgumentError, match="wanted row 5 is not a row"):
             sess.run(bad)
+
+
+def _plan_reference(ids, unique_rows, restore, wanted):
+    """Each wanted row's ID: the first unique row holding it, that row's first position."""
+    keys = []
+    for row in wanted:
+        i = int(np.flatnonzero(unique_rows == row)[0])
+        keys.append(ids[int(np.flatnonzero(restore == i)[0])])
+    return np.array(keys, np.int64)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_plan_op_matches_a_reference_on_random_plans(seed):
+    """Random plans (repeated IDs, a row held by two unique slots, a slot no position
+    restores to, wanted rows repeated and in any order): the IDs found are the reference's,
+    drawn as MxrecRowsById draws them."""
+    rng = np.random.default_rng(seed)
+    ops = loader.op_library()
+    u = 300
+    unique_rows = rng.permutation(5000)[:u].astype(np.int32)
+    unique_rows[7] = unique_rows[200]                      # one row in two slots
+    reachable = sorted(set(range(u)) - {11})               # slot 11: no position
+    restore = rng.permutation(np.concatenate([reachable, rng.choice(reachable, 1701)]))
+    restore = restore.astype(np.int32)
+    ids = rng.integers(-2**62, 2**62, 2000).astype(np.int64)
+    wanted = unique_rows[rng.choice(reachable, 120, replace=False)]
+    wanted = np.concatenate([wanted, wanted[:5], unique_rows[[200]]]).astype(np.int32)
+    attrs = dict(dim=3, seed=5, distribution="uniform", a=-1.0, b=1.0)
+    got = ops.mxrec_plan_rows_by_id(ids, unique_rows, restore, wanted, **attrs)
+    want = ops.mxrec_rows_by_id(_plan_reference(ids, unique_rows, restore, wanted), **attrs)
+    unreached = ops.mxrec_plan_rows_by_id(ids, unique_rows, restore,
+                                          unique_rows[[3, 11]].astype(np.int32), **attrs)
+    with _v1.Session() as sess:
+        got, want = sess.run([got, want])
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=f"wanted row {unique_rows[11]} is not a row"):
+            sess.run(unreached)
