@@ -229,3 +229,30 @@ def test_builtin_models_train_and_export(tmp_path, kind):
         png = report.write_png(str(tmp_path / "w" / "donefile.jsonl"), str(tmp_path / "r.png"))
         with open(png, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_prepared_step_runs_the_fetch_and_returns_its_tensors():
+    """The trainer's step function (executors built when it is made): each call runs the
+    fetch's ops once and returns its tensors' values by key, as Session.run of the dict
+    would (the ops' None left out); anything but tensors and ops is a TypeError."""
+    from mxrec.streaming.trainer import _prepared_step  # noqa: PLC0415 (private helper)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        counter = tf.compat.v1.Variable(0, dtype=tf.int64, use_resource=True)
+        bump = counter.assign_add(1).op
+        fetch = {"train": bump, "lines": tf.constant(7, tf.int64),
+                 "label": tf.constant([0.5, 1.0]), "name": tf.constant([b"a", b"bc"])}
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(counter.initializer)
+            step = _prepared_step(sess, fetch)
+            assert sess.run(counter) == 0  # made, not run
+            for calls in (1, 2):
+                out = step()
+                assert sorted(out) == ["label", "lines", "name"]
+                assert out["lines"] == 7
+                np.testing.assert_array_equal(out["label"], [0.5, 1.0])
+                np.testing.assert_array_equal(out["name"], [b"a", b"bc"])
+                assert sess.run(counter) == calls
+            with pytest.raises(TypeError, match="tensors and operations only"):
+                _prepared_step(sess, {"lines": fetch["lines"], "oops": 3})
