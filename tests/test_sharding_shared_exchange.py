@@ -4,6 +4,7 @@ gives, forward and backward, in one process that plays one rank of N (the collec
 the identity, as in test_sharding_send_back_all). The multi-rank runs of a model that
 looks its IDs up twice (wide & deep) are tests/test_streaming_ranks_equal.py."""
 
+import re
 import types
 
 import numpy as np
@@ -126,3 +127,59 @@ def test_not_shared_across_ids_is_train_send_count_router_or_context(fake_ranks)
         # Routed in this graph: the first, other IDs, evaluation, send_count (the replicated
         # router is TF ops, the branch is a function graph of its own).
         assert len([op for op in graph.get_operations() if op.type == "MxrecRoute"]) == 4
+
+
+def _reachable(tensors, limit=5000):
+    seen, todo = set(), [t.op for t in tensors]
+    while todo and len(seen) < limit:
+        op = todo.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        todo.extend(t.op for t in op.inputs)
+        todo.extend(op.control_inputs)
+    return seen
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_shared_lookups_send_in_one_all_to_all_each_way(fake_ranks, size):
+    """Three lookups of one IDs tensor: the two with the same gradient scale send their
+    embeddings in one all-to-all and their gradients in one; the earlier lookup's own
+    all-to-all is left unread. Values and gradients equal each lookup's own exchange."""
+    calls = fake_ranks(size)
+    rng = np.random.default_rng(10 + size)
+    values = rng.integers(-2**62, 2**62, (20,))[rng.integers(0, 20, (7, 3))]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        ids = tf.constant(values, tf.int64)
+        deep, wide, other = _table("deep", 4), _table("wide", 1), _table("other", 2)
+        routed, ex_a = sharding.shared_exchange(deep, ids, True, None)
+        owned_a, out_a = _lookup(deep, ids, routed, ex_a)
+        _, ex_b = sharding.shared_exchange(wide, ids, True, None)
+        owned_b, out_b = _lookup(wide, ids, routed, ex_b)
+        _, ex_o = sharding.shared_exchange(other, ids, True, None)
+        owned_o = _owned_embedding(ex_o.owned, 2)
+        out_o = sharding.send_back(other, owned_o, ex_o, routed, ids, None)  # its own scale
+        forward = [n for n in _reachable([out_a, out_b, out_o])
+                   if re.search(r"alltoall(_\d+)?/Identity$", n)]
+        assert len(forward) == 2, forward  # deep + wide together, other alone
+        before = calls["alltoall"]
+        d_a = tf.cast(tf.reshape(tf.range(tf.size(out_a)), tf.shape(out_a)), tf.float32)
+        d_b = tf.cast(tf.reshape(tf.range(tf.size(out_b)), tf.shape(out_b)), tf.float32) - 5
+        grads = tf.gradients([out_a, out_b], [owned_a, owned_b], [d_a, d_b])
+        assert calls["alltoall"] - before == 1  # one backward all-to-all for both
+        # References: each through an exchange of its own.
+        ref = []
+        for table, d in ((deep, d_a), (wide, d_b)):
+            own_route = sharding.route(ids, size)
+            own = sharding.exchange(table, own_route, True, None)
+            owned, out = _lookup(table, ids, own_route, own)
+            ref.append((out, tf.gradients(out, owned, d)[0]))
+        got = sess.run({"a": (out_a, grads[0]), "b": (out_b, grads[1]), "ref": ref,
+                        "o": out_o})
+    for mine, want in zip((got["a"], got["b"]), got["ref"]):
+        for g, w in zip(mine, want):
+            np.testing.assert_array_equal(g, w)
+    expect = (np.mod(values, 13)[..., None] * np.arange(1, 5)).astype(np.float32)
+    np.testing.assert_array_equal(got["a"][0], expect)
+    np.testing.assert_array_equal(got["b"][0], expect[..., :1])
+    np.testing.assert_array_equal(got["o"], expect[..., :2])

@@ -178,6 +178,9 @@ class Exchange:
             back (`positions`; set by send_back).
         plan: the SendPlan send_back made (reused by a lookup sharing this exchange,
             `shared_exchange`).
+        shared: the send-backs so far of the lookups sharing this exchange
+            (`shared_exchange`: one list for all of them), or None; `send_back` sends
+            theirs and the next one's embeddings in one all-to-all each way.
     """
 
     chunk: tf.Tensor
@@ -196,6 +199,7 @@ class Exchange:
     peer_backward: list = dataclasses.field(default_factory=list)
     position: Optional[tf.Tensor] = None
     plan: Optional["SendPlan"] = None
+    shared: Optional[list] = None
 
     def __post_init__(self):
         # Alone in its buffer unless exchange_all placed it in a group's.
@@ -267,6 +271,7 @@ def shared_exchange(table, ids: tf.Tensor, is_train: bool, send_count: Optional[
     def make():
         routed = router(ids, size)
         made.append(exchange(table, routed, is_train, send_count))
+        made[0].shared = []  # the lookups' send-backs (send_back)
         return routed, made[0]
 
     # The graph being built: a lookup inside a cond branch or a function builds its own.
@@ -486,15 +491,22 @@ def _gather_grad(plan: SendPlan, moved: tf.Tensor, dim: int, scale) -> tf.Tensor
     return tf.math.unsorted_segment_sum(tf.gather(moved, plan.spots), plan.first, plan.owned)
 
 
-def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, ids: tf.Tensor,
-              grad_scale: Optional[float]) -> tf.Tensor:
-    """The owner's embeddings of `exchanged.owned` [M, dim] back to the ranks that asked,
-    spread over `ids`' positions: [*ids.shape, dim]. Differentiable in `owned_emb`: the
-    gradient takes the same path in reverse (one custom gradient over the whole send-back,
-    recorded in `exchanged.backward` for `send_back_all`)."""
-    size, dim = communication.get_rank_size(), table.dim
-    plan = exchanged.plan if exchanged.plan is not None else plan_send_back([exchanged], [routed])
-    exchanged.position, exchanged.plan = plan.position, plan
+@dataclasses.dataclass
+class _SharedSendBack:
+    """One lookup's send-back over a shared exchange (Exchange.shared)."""
+
+    key: tuple  # (embedding dtype, gradient scale): lookups of one key share a buffer
+    emb: tf.Tensor  # the owner's embeddings [M, dim]
+    dim: int
+    shaped: tf.Tensor  # the reshape to [*ids.shape, dim] of what came back
+    exchanged: Exchange
+
+
+def _moved(plan: SendPlan, emb: tf.Tensor, dim: int, size: int, grad_scale,
+           exchanged: Optional[Exchange]) -> tf.Tensor:
+    """The owner's embeddings [M, dim] at the asking ranks' flat IDs, [n, dim]: one
+    all-to-all each way, the gradient the same path in reverse (recorded in
+    `exchanged.backward` where given)."""
 
     @custom_gradient
     def moved(emb):
@@ -502,17 +514,53 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, i
             d_out = tf.convert_to_tensor(d_out)
             (back,) = _alltoall_parts([_scatter_grad(plan, d_out, dim, size)], "alltoall")
             d_emb = _gather_grad(plan, back, dim, grad_scale)
-            exchanged.backward.append((d_out, d_emb))
+            if exchanged is not None:
+                exchanged.backward.append((d_out, d_emb))
             return d_emb
 
         (back,) = _alltoall_parts([_scatter_out(plan, tf.stop_gradient(emb), dim, size)],
                                   "alltoall")
         return _gather_back(plan, back, dim), grad
 
-    out = moved(owned_emb)
+    return moved(emb)
+
+
+def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, ids: tf.Tensor,
+              grad_scale: Optional[float]) -> tf.Tensor:
+    """The owner's embeddings of `exchanged.owned` [M, dim] back to the ranks that asked,
+    spread over `ids`' positions: [*ids.shape, dim]. Differentiable in `owned_emb`: the
+    gradient takes the same path in reverse (one custom gradient over the whole send-back,
+    recorded in `exchanged.backward` for `send_back_all`).
+
+    Lookups sharing their exchange (`shared_exchange`, `Exchange.shared`) with the same
+    embedding dtype and gradient scale send together: the earlier ones' embeddings and
+    this one's side by side, [M, dim_1 + ... + dim_k], in one all-to-all each way (the
+    same values, bit for bit: every column moves and sums alone), and the earlier lookups'
+    results are rewired to their columns of it (their own all-to-alls are left with no
+    consumer and never run). A wide & deep model's step then sends 1 embedding and 1
+    gradient all-to-all instead of 2 each."""
+    size, dim = communication.get_rank_size(), table.dim
+    plan = exchanged.plan if exchanged.plan is not None else plan_send_back([exchanged], [routed])
+    exchanged.position, exchanged.plan = plan.position, plan
+    key = (owned_emb.dtype, grad_scale)
+    earlier = [m for m in exchanged.shared if m.key == key] if exchanged.shared else []
+    if not earlier:
+        out = _moved(plan, owned_emb, dim, size, grad_scale, exchanged)
+    else:
+        dims = [m.dim for m in earlier] + [dim]
+        with tf.name_scope("shared_send_back"):
+            joint = _moved(plan, tf.concat([m.emb for m in earlier] + [owned_emb], axis=1),
+                           sum(dims), size, grad_scale, None)
+            pieces = tf.split(joint, dims, axis=1, num=len(dims))
+        for member, piece in zip(earlier, pieces):
+            member.shaped.op._update_input(0, piece)  # noqa: SLF001 (no public way)
+            member.exchanged.out = piece
+        out = pieces[-1]
     exchanged.emb, exchanged.out = owned_emb, out
     out = tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0))
     out.set_shape(ids.shape.concatenate([dim]))
+    if exchanged.shared is not None:
+        exchanged.shared.append(_SharedSendBack(key, owned_emb, dim, out, exchanged))
     return out
 
 
