@@ -235,7 +235,7 @@ def test_prepared_step_runs_the_fetch_and_returns_its_tensors():
     """The trainer's step function (executors built when it is made): each call runs the
     fetch's ops once and returns its tensors' values by key, as Session.run of the dict
     would (the ops' None left out); anything but tensors and ops is a TypeError."""
-    from mxrec.streaming.trainer import _prepared_step  # noqa: PLC0415 (private helper)
+    from mxrec.streaming.trainer import prepared_step  # noqa: PLC0415
 
     graph = tf.Graph()
     with graph.as_default():
@@ -245,7 +245,7 @@ def test_prepared_step_runs_the_fetch_and_returns_its_tensors():
                  "label": tf.constant([0.5, 1.0]), "name": tf.constant([b"a", b"bc"])}
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(counter.initializer)
-            step = _prepared_step(sess, fetch)
+            step = prepared_step(sess, fetch)
             assert sess.run(counter) == 0  # made, not run
             for calls in (1, 2):
                 out = step()
@@ -255,4 +255,4 @@ def test_prepared_step_runs_the_fetch_and_returns_its_tensors():
                 np.testing.assert_array_equal(out["name"], [b"a", b"bc"])
                 assert sess.run(counter) == calls
             with pytest.raises(TypeError, match="tensors and operations only"):
-                _prepared_step(sess, {"lines": fetch["lines"], "oops": 3})
+                prepared_step(sess, {"lines": fetch["lines"], "oops": 3})

@@ -668,11 +668,11 @@ class StreamingTrainer:
                     sess.run(self._init_op)
                     # The passes' steps, prepared now: the first partition's training
                     # time holds no graph set-up (about 0.13 s, 0.2 s on ranks).
-                    self._train_step = _prepared_step(
+                    self._train_step = prepared_step(
                         sess, self._train_fetch_scored if cfg.validation == "batch"
                         else self._train_fetch)
                     self._eval_step = (None if self._eval_fetch is None
-                                       else _prepared_step(sess, self._eval_fetch))
+                                       else prepared_step(sess, self._eval_fetch))
                     last = self._resume(sess)
                     writer = (tf.compat.v1.summary.FileWriter(
                         posixpath.join(cfg.workdir, "tensorboard"))
@@ -723,7 +723,7 @@ def summary(entries: List[Dict]) -> str:
                        "mean_progressive_auc": float(np.mean(aucs)) if aucs else None})
 
 
-def _prepared_step(sess, fetch: Dict):
+def prepared_step(sess, fetch: Dict):
     """A function running `fetch` (a dict of tensors and ops) with no arguments, returning
     a dict of its tensors' values, whose executors the session builds now (graph rewrites,
     partitioning, kernels) rather than at its first call: Session.make_callable defers
@@ -759,5 +759,6 @@ def _summed_over_ranks(grads: List) -> List:
 
 
 __all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary",
+           "prepared_step",
            "DEFAULT_SIGNATURE", "RAW_SIGNATURE"]
 
