@@ -219,7 +219,9 @@ class PlanRowsByIdOp : public RowsByIdBase {
     // wanted row -> its first index k among the wanted rows
     RowSlots slot_of(r);
     std::vector<int32_t> first_slot(r);
-    for (int64_t k = 0; k < r; ++k) first_slot[k] = slot_of.Insert(want[k], static_cast<int32_t>(k));
+    for (int64_t k = 0; k < r; ++k) {
+      first_slot[k] = slot_of.Insert(want[k], static_cast<int32_t>(k));
+    }
     // unique row i -> the wanted slot it fills (-1: none); the first i holding a row wins
     std::vector<int32_t> slot(u, -1);
     std::vector<uint8_t> taken(r, 0);
