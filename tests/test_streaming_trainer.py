@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -254,5 +255,9 @@ def test_prepared_step_runs_the_fetch_and_returns_its_tensors():
                 np.testing.assert_array_equal(out["label"], [0.5, 1.0])
                 np.testing.assert_array_equal(out["name"], [b"a", b"bc"])
                 assert sess.run(counter) == calls
+            # A session without the callable API: the same dict through Session.run.
+            plain = prepared_step(types.SimpleNamespace(run=sess.run), fetch)()
+            assert sorted(plain) == ["label", "lines", "name"] and plain["lines"] == 7
+            assert sess.run(counter) == 3
             with pytest.raises(TypeError, match="tensors and operations only"):
                 prepared_step(sess, {"lines": fetch["lines"], "oops": 3})

@@ -733,11 +733,11 @@ def prepared_step(sess, fetch: Dict):
     if others:
         raise TypeError(f"streaming trainer: a step fetches tensors and operations only, not "
                         f"{others}")
-    make = getattr(sess, "_make_callable_from_options", None)
-    if make is None:
-        return lambda: sess.run(fetch)
     tensors = {k: v for k, v in fetch.items() if isinstance(v, tf.Tensor)}
     targets = [v for v in fetch.values() if isinstance(v, tf.Operation)]
+    make = getattr(sess, "_make_callable_from_options", None)
+    if make is None:  # the same dict: the tensors' values, the ops run
+        return lambda: sess.run((tensors, targets))[0]
     call = make(config_pb2.CallableOptions(fetch=[t.name for t in tensors.values()],
                                            target=[op.name for op in targets]))
     names = list(tensors)
