@@ -179,6 +179,13 @@ struct HostTable::BatchWork {
   std::vector<int32_t> global[kNumShards];        // per shard unique: index in unique_rows
   // AssignRows: (shard, local) of the distinct IDs by first occurrence.
   std::vector<std::pair<int32_t, int32_t>> ordered;
+  // Parallel AssignRows: per chunk, its first occurrences (OrderDistinct),
+  // then its unique IDs and its grants (SlotsInParallel), each turned into
+  // the chunk's offset; per distinct ID, its row, or kDefaultSlot, or kWantsRow.
+  std::vector<int64_t> chunk_firsts;
+  std::vector<int64_t> chunk_uniques;
+  std::vector<int64_t> chunk_grants;
+  std::vector<int32_t> assigned;
   std::vector<Undo> undo[kNumShards];             // per shard (deferred batches)
   PendingBatch* journal = nullptr;                // deferred training batches
   // AssignRows: tiered tables: admitted IDs without a device row and their
@@ -544,42 +551,42 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
 }
 
 Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
-  // In input order, so that the result does not depend on threads: number the
-  // batch's distinct IDs by first occurrence, admit, and hand out rows to
-  // newly admitted IDs. Only the first occurrences take this sequential pass;
-  // the restore index of every position is filled in after it, in parallel.
+  // By first occurrence, so that the result does not depend on threads: number
+  // the batch's distinct IDs, admit, and hand out rows to newly admitted IDs.
+  // One thread (and tiered training, whose planner picks victims in order)
+  // walks the distinct IDs in order; several threads number them in chunks
+  // (SlotsInParallel), with the same result. The restore index of every
+  // position is filled in after it, in parallel.
   const bool train = w.train;
   const bool tiered = cache_ != nullptr;
   for (int s = 0; s < kNumShards; ++s) w.global[s].resize(w.uniques[s].size());
-  // The distinct IDs in order of first occurrence, as (shard, index in its
-  // uniques); their records left the cache since FindAndCount, so each is
-  // prefetched a few IDs ahead.
-  w.ordered.clear();
-  for (int64_t p = 0; p < w.n; ++p) {
-    if (w.first[p]) {
-      w.ordered.emplace_back(static_cast<int32_t>(w.hashes[p] >> kShardShift), w.local[p]);
-    }
-  }
+  OrderDistinct(w, pool);
   const int64_t distinct = static_cast<int64_t>(w.ordered.size());
-  for (int64_t i = 0; i < distinct; ++i) {
-    if (i + kPrefetchDistance < distinct) {
-      const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
-      const uint32_t ahead = w.uniques[s_ahead][l_ahead].index;
-      __builtin_prefetch(&ids_[s_ahead].record(ahead));
-      // A tiered ID without a device row reads its tier record too (a separate array).
-      if (tiered && train) __builtin_prefetch(&ids_[s_ahead].tier(ahead));
+  // The records left the cache since FindAndCount, so each is prefetched a
+  // few IDs ahead.
+  if (w.parallel && (!train || !tiered)) {
+    SlotsInParallel(w, pool, plan);
+  } else {
+    for (int64_t i = 0; i < distinct; ++i) {
+      if (i + kPrefetchDistance < distinct) {
+        const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
+        const uint32_t ahead = w.uniques[s_ahead][l_ahead].index;
+        __builtin_prefetch(&ids_[s_ahead].record(ahead));
+        // A tiered ID without a device row reads its tier record too (a separate array).
+        if (tiered && train) __builtin_prefetch(&ids_[s_ahead].tier(ahead));
+      }
+      const auto [s, l] = w.ordered[i];
+      const BatchWork::Unique& id = w.uniques[s][l];
+      int32_t g;
+      if (!train) {
+        g = EvalSlot(w, id.key, ids_[s].record(id.index), plan);
+      } else if (tiered) {
+        g = TieredSlot(w, ids_.Ref(s, id.key, id.index), plan);
+      } else {
+        g = DeviceSlot(w, RecordRef{id.key, &ids_[s].record(id.index), nullptr}, plan);
+      }
+      w.global[s][l] = g;
     }
-    const auto [s, l] = w.ordered[i];
-    const BatchWork::Unique& id = w.uniques[s][l];
-    int32_t g;
-    if (!train) {
-      g = EvalSlot(w, id.key, ids_[s].record(id.index), plan);
-    } else if (tiered) {
-      g = TieredSlot(w, ids_.Ref(s, id.key, id.index), plan);
-    } else {
-      g = DeviceSlot(w, RecordRef{id.key, &ids_[s].record(id.index), nullptr}, plan);
-    }
-    w.global[s][l] = g;
   }
   // IDs that look up as the default value point one past the unique rows;
   // the planner fills the rows it hands out in place, so the count holds.
@@ -625,6 +632,156 @@ Status HostTable::AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
   if (w.shortfall > 0) return RefuseBatch(w, plan);
   if (w.journal != nullptr && !tiered) JournalGrants(w);
   return Status::Ok();
+}
+
+namespace {
+// A distinct ID of SlotsInParallel's first pass that gets a row in its second.
+constexpr int32_t kWantsRow = -2;
+// Chunks of a parallel pass over `n` items: several per thread, so that a
+// slow chunk is shared out, each large enough to pay for its task.
+int64_t ChunkCount(int64_t n, const ThreadPool* pool) {
+  return std::max<int64_t>(1, std::min<int64_t>(pool->num_threads() * 4, n / 4096));
+}
+// Turns per-chunk counts into each chunk's offset; returns the total.
+int64_t ToOffsets(std::vector<int64_t>* counts) {
+  int64_t total = 0;
+  for (int64_t& c : *counts) {
+    const int64_t here = c;
+    c = total;
+    total += here;
+  }
+  return total;
+}
+}  // namespace
+
+void HostTable::OrderDistinct(BatchWork& w, ThreadPool* pool) {
+  // (shard, index in its uniques) of the distinct IDs, by first occurrence.
+  w.ordered.clear();
+  if (!w.parallel) {
+    for (int64_t p = 0; p < w.n; ++p) {
+      if (w.first[p]) {
+        w.ordered.emplace_back(static_cast<int32_t>(w.hashes[p] >> kShardShift), w.local[p]);
+      }
+    }
+    return;
+  }
+  const int64_t n = w.n;
+  const int64_t chunks = ChunkCount(n, pool);
+  w.chunk_firsts.assign(chunks, 0);
+  pool->ParallelFor(chunks, [&](int64_t c) {
+    int64_t firsts = 0;
+    for (int64_t p = n * c / chunks, end = n * (c + 1) / chunks; p < end; ++p) firsts += w.first[p];
+    w.chunk_firsts[c] = firsts;
+  });
+  w.ordered.resize(ToOffsets(&w.chunk_firsts));
+  pool->ParallelFor(chunks, [&](int64_t c) {
+    int64_t out = w.chunk_firsts[c];
+    for (int64_t p = n * c / chunks, end = n * (c + 1) / chunks; p < end; ++p) {
+      if (w.first[p]) {
+        w.ordered[out++] = {static_cast<int32_t>(w.hashes[p] >> kShardShift), w.local[p]};
+      }
+    }
+  });
+}
+
+void HostTable::SlotsInParallel(BatchWork& w, ThreadPool* pool, BatchPlan* plan) {
+  const bool train = w.train;
+  const int64_t distinct = static_cast<int64_t>(w.ordered.size());
+  const int64_t chunks = ChunkCount(distinct, pool);
+  w.assigned.resize(distinct);
+  w.chunk_uniques.assign(chunks, 0);
+  w.chunk_grants.assign(chunks, 0);
+  // Pass 1: each distinct ID's row, kWantsRow (training: admitted now), or
+  // kDefaultSlot; the chunk counts the IDs that take a unique index and the
+  // grants. Records are only read, and no two distinct IDs share one.
+  pool->ParallelFor(chunks, [&](int64_t c) {
+    const int64_t begin = distinct * c / chunks;
+    const int64_t end = distinct * (c + 1) / chunks;
+    int64_t uniques = 0;
+    int64_t grants = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetchDistance < end) {
+        const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
+        __builtin_prefetch(&ids_[s_ahead].record(w.uniques[s_ahead][l_ahead].index));
+      }
+      const auto [s, l] = w.ordered[i];
+      const BatchWork::Unique& id = w.uniques[s][l];
+      const KeyRecord& rec = ids_[s].record(id.index);
+      int32_t row;
+      if (!train) {
+        // EvalSlot's rule, without its push.
+        row = rec.row;
+        if (!pending_admitted_.empty() && pending_admitted_.count(id.key) > 0) {
+          row = kDefaultSlot;
+        } else if (!w.physical.empty()) {
+          auto it = w.physical.find(id.key);
+          if (it != w.physical.end()) row = it->second.row;
+        }
+        if (row < 0) row = kDefaultSlot;
+      } else if (rec.row >= 0) {
+        row = rec.row;
+      } else {
+        row = Admits(id.key, rec) ? kWantsRow : kDefaultSlot;
+      }
+      w.assigned[i] = row;
+      uniques += row != kDefaultSlot;
+      grants += row == kWantsRow;
+    }
+    w.chunk_uniques[c] = uniques;
+    w.chunk_grants[c] = grants;
+  });
+  const int64_t unique_count = ToOffsets(&w.chunk_uniques);
+  const int64_t wanted = ToOffsets(&w.chunk_grants);
+  // Grant k (numbered by first occurrence) takes the free list's k-th row
+  // from its back, then the never used rows in order, as DeviceSlot does.
+  const int64_t from_free = std::min<int64_t>(wanted, static_cast<int64_t>(rows_.free.size()));
+  const int64_t fresh = std::min<int64_t>(wanted - from_free, rows_.device_capacity - rows_.next);
+  const int64_t granted = from_free + fresh;
+  const int64_t free_top = static_cast<int64_t>(rows_.free.size()) - 1;
+  const int64_t next = rows_.next;
+  const bool refill = options_.refill_new_rows;
+  plan->unique_rows.resize(unique_count);
+  plan->reused_rows.resize(from_free + (refill ? fresh : 0));
+  w.granted.resize(granted);
+  // Pass 2: unique indices and rows; the granted IDs' records take their rows.
+  pool->ParallelFor(chunks, [&](int64_t c) {
+    const int64_t begin = distinct * c / chunks;
+    const int64_t end = distinct * (c + 1) / chunks;
+    int64_t u = w.chunk_uniques[c];
+    int64_t k = w.chunk_grants[c];
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetchDistance < end && w.assigned[i + kPrefetchDistance] == kWantsRow) {
+        const auto& [s_ahead, l_ahead] = w.ordered[i + kPrefetchDistance];
+        __builtin_prefetch(&ids_[s_ahead].record(w.uniques[s_ahead][l_ahead].index), 1);
+      }
+      const auto [s, l] = w.ordered[i];
+      int32_t row = w.assigned[i];
+      if (row == kDefaultSlot) {
+        w.global[s][l] = kDefaultSlot;
+        continue;
+      }
+      if (row == kWantsRow) {
+        if (k < granted) {
+          const BatchWork::Unique& id = w.uniques[s][l];
+          KeyRecord* rec = &ids_[s].record(id.index);
+          row = static_cast<int32_t>(k < from_free ? rows_.free[free_top - k] : next + (k - from_free));
+          rec->row = row;
+          if (k < from_free || refill) plan->reused_rows[k] = row;
+          w.granted[k] = {RecordRef{id.key, rec, nullptr}, k < from_free};
+        }
+        ++k;
+      }
+      // A shortfall's ID keeps a unique index it never reads: the batch is
+      // refused (RefuseBatch clears the plan).
+      plan->unique_rows[u] = row;
+      w.global[s][l] = static_cast<int32_t>(u++);
+    }
+  });
+  rows_.free.resize(rows_.free.size() - from_free);
+  rows_.next += fresh;
+  plan->new_ids += granted;
+  stats_.admitted += granted;
+  w.shortfall += wanted - granted;
 }
 
 int32_t HostTable::TieredSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan) {

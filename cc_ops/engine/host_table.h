@@ -291,7 +291,9 @@ class HostTable {
   // distinct ID gets its index in unique_rows from the slot function of the
   // batch's mode: EvalSlot (evaluation), TieredSlot (training, host tier:
   // rows are handed out once the batch is known, by the DeviceCachePlanner) or
-  // DeviceSlot (training, device-only: a row at once, or a shortfall).
+  // DeviceSlot (training, device-only: a row at once, or a shortfall); on
+  // several threads, evaluation and device-only training take
+  // SlotsInParallel, which hands out the same rows.
   struct BatchWork;
   // Process's scratch comes from one pool for every table of the process: a
   // batch takes one (or a new one) and gives it back once planned, so that the
@@ -318,6 +320,16 @@ class HostTable {
   void FindIds(BatchWork& w, ShardGroup shards);
   void CountIds(BatchWork& w, ShardGroup shards);
   Status AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
+  // AssignRows's parts. OrderDistinct lists the batch's distinct IDs by first
+  // occurrence (parallel batches: each chunk of positions counts its first
+  // occurrences, then writes them at its offset). SlotsInParallel gives
+  // them their unique indices and rows on the pool for evaluation and
+  // device-only training: each chunk of distinct IDs classifies them (a
+  // row, a row wanted, none), then, from the chunks' counts, writes its
+  // unique indices and hands out the grants numbered by first occurrence,
+  // so the rows are those of the one-thread pass, whatever the threads do.
+  void OrderDistinct(BatchWork& w, ThreadPool* pool);
+  void SlotsInParallel(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
   int32_t EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec, BatchPlan* plan) const;
   // TieredSlot and DeviceSlot run once per distinct ID: they are inline,
   // defined in the one file that calls them, because the -fPIC build would
