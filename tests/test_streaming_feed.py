@@ -151,3 +151,48 @@ def test_feed_missing_file_is_an_error(tmp_path):
             sess.run(feed.initializer)
             with pytest.raises(tf.errors.NotFoundError):
                 feed.start(sess, [os.path.join(tmp_path, "absent")], 0)
+
+
+class _PlainSession:
+    """A session without the callable-from-options API (the feed falls back to
+    Session.make_callable)."""
+
+    def __init__(self, sess):
+        self._sess = sess
+
+    def run(self, *args, **kwargs):
+        return self._sess.run(*args, **kwargs)
+
+    def make_callable(self, *args, **kwargs):
+        return self._sess.make_callable(*args, **kwargs)
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_prepared_enqueue_feeds_every_partition(files, plain):
+    # The enqueue is made once per session (prepare, before the first partition), on both
+    # session APIs, and every partition's batches and counts come through it.
+    partitions = [[files["trailing"], files["no_trailing"]], [files["exact"]],
+                  [files["crlf"]]]
+    with tf.Graph().as_default():
+        names = tf.compat.v1.placeholder(tf.string, [None])
+        reference = tf.compat.v1.data.make_initializable_iterator(
+            parsers.make_dataset(names, SCHEMA, 4))
+        ref_batch = reference.get_next()
+        feed = PartitionFeed(SCHEMA, 4, stamp_time=True)
+        batch = feed.get_next()
+        with tf.compat.v1.Session() as real:
+            sess = _PlainSession(real) if plain else real
+            sess.run(feed.initializer)
+            feed.prepare(sess)
+            made = feed._enqueue_fn
+            for stamp, partition in enumerate(partitions, start=7):
+                sess.run(reference.initializer, {names: partition})
+                want = _drain(sess, ref_batch)
+                assert feed.start(sess, partition, stamp) == (
+                    len(want), sum(int(b["lines"]) for b in want))
+                for expected in want:
+                    got = sess.run(batch)
+                    np.testing.assert_array_equal(got["time"], np.full(len(got["label"]), stamp))
+                    np.testing.assert_array_equal(got["label"], expected["label"])
+            assert feed._enqueue_fn is made
+            sess.run(feed.close_op)
