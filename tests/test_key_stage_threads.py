@@ -118,7 +118,7 @@ def _grants(engine, threads, batches, capacity, refill):
 def test_parallel_row_grants_match_one_thread(engine, refill):
     # Rows handed out on several threads (SlotsInParallel): the free list's rows first
     # (from its back), then never used ones, each numbered by first occurrence; with
-    # refill_new_rows every granted row is in reused_rows. The third batch overflows the
+    # refill_new_rows every granted row is in reused_rows. A later batch overflows the
     # table: the error names it and takes every grant back, as on one thread.
     previous = engine.num_threads()
     batches = _new_ids(7, 5)

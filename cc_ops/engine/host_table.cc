@@ -478,8 +478,7 @@ void HostTable::CountIds(BatchWork& w, ShardGroup shards) {
   }
 }
 
-int32_t HostTable::EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec,
-                            BatchPlan* plan) const {
+int32_t HostTable::EvalRow(const BatchWork& w, int64_t key, const KeyRecord& rec) const {
   // The step boundary: an ID admitted by a pending batch has no row yet, and
   // an ID a pending swap plan moves is still where it was.
   if (!pending_admitted_.empty() && pending_admitted_.count(key) > 0) return kDefaultSlot;
@@ -488,7 +487,13 @@ int32_t HostTable::EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& re
     auto it = w.physical.find(key);
     if (it != w.physical.end()) row = it->second.row;
   }
-  if (row < 0) return kDefaultSlot;
+  return row < 0 ? kDefaultSlot : row;
+}
+
+int32_t HostTable::EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec,
+                            BatchPlan* plan) const {
+  const int32_t row = EvalRow(w, key, rec);
+  if (row == kDefaultSlot) return kDefaultSlot;
   plan->unique_rows.push_back(row);
   return static_cast<int32_t>(plan->unique_rows.size()) - 1;
 }
@@ -709,15 +714,7 @@ void HostTable::SlotsInParallel(BatchWork& w, ThreadPool* pool, BatchPlan* plan)
       const KeyRecord& rec = ids_[s].record(id.index);
       int32_t row;
       if (!train) {
-        // EvalSlot's rule, without its push.
-        row = rec.row;
-        if (!pending_admitted_.empty() && pending_admitted_.count(id.key) > 0) {
-          row = kDefaultSlot;
-        } else if (!w.physical.empty()) {
-          auto it = w.physical.find(id.key);
-          if (it != w.physical.end()) row = it->second.row;
-        }
-        if (row < 0) row = kDefaultSlot;
+        row = EvalRow(w, id.key, rec);
       } else if (rec.row >= 0) {
         row = rec.row;
       } else {

@@ -330,6 +330,9 @@ class HostTable {
   // so the rows are those of the one-thread pass, whatever the threads do.
   void OrderDistinct(BatchWork& w, ThreadPool* pool);
   void SlotsInParallel(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
+  // An evaluated ID's row as the step boundary sees it, or kDefaultSlot
+  // (EvalSlot's and SlotsInParallel's rule).
+  int32_t EvalRow(const BatchWork& w, int64_t key, const KeyRecord& rec) const;
   int32_t EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec, BatchPlan* plan) const;
   // TieredSlot and DeviceSlot run once per distinct ID: they are inline,
   // defined in the one file that calls them, because the -fPIC build would
