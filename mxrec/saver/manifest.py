@@ -30,6 +30,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from mxrec.util import durable
+
 FORMAT_VERSION = 1
 _VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
 _DELETED_PREFIX = ".tmp-deleted-"
@@ -72,7 +74,8 @@ def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: 
             f.write(data)
     with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
         f.write(json.dumps(manifest, indent=1, sort_keys=True))
-    gfile.rename(tmp, final)
+    durable.fsync_tree(tmp)
+    durable.rename_durably(tmp, final)
     return final
 
 
@@ -99,6 +102,7 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
     for file_name, data in files.items():
         with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
             f.write(data)
+        durable.fsync_path(posixpath.join(tmp, file_name))
     known = manifest.get("files", {})  # digests the caller already took (Saver.save)
     part = dict(manifest, files={n: known[n] if n in known and known[n]["bytes"] == len(d)
                                  else file_entry(d)
@@ -124,7 +128,9 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
             f.write(json.dumps(whole, indent=1, sort_keys=True))
         for r in range(size):
             gfile.remove(posixpath.join(tmp, f"rank-{r}.json"))
-        gfile.rename(tmp, final)
+        durable.fsync_path(posixpath.join(tmp, "manifest.json"))
+        durable.fsync_path(tmp)
+        durable.rename_durably(tmp, final)
     barrier()
     return final
 

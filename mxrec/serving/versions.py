@@ -22,6 +22,8 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from mxrec.util import durable
+
 MANIFEST = "mxrec_version.json"
 
 
@@ -74,7 +76,8 @@ def publish(staging: str, export_base: str, version: int, info: Optional[Dict] =
                            for name in _files(staging)})
     with tf.io.gfile.GFile(posixpath.join(staging, MANIFEST), "w") as f:
         f.write(json.dumps(manifest, indent=1, sort_keys=True))
-    tf.io.gfile.rename(staging, final)
+    durable.fsync_tree(staging)
+    durable.rename_durably(staging, final)
     return final
 
 

@@ -2,9 +2,9 @@
 
 A line is written only after the partition's checkpoint version (and serving
 version, when exporting) is complete, so the last line names the newest state a
-restart may resume from. The file is rewritten whole into a temporary name and
-renamed over the old one: a reader (or a restart) sees the old or the new file,
-never a torn line.
+restart may resume from. The file is rewritten whole into a temporary name, flushed
+to the disk and renamed over the old one (mxrec.util.durable.write_atomic): a reader (or
+a restart) sees the old or the new file, never a torn line, even after a power loss.
 
 Line fields: partition, day, step (= checkpoint version), checkpoint ("full" or
 "delta"), export_version (or null), metrics (progressive validation), rows
@@ -15,11 +15,11 @@ ranks rank 0 alone writes it.
 """
 
 import json
-import posixpath
-import uuid
 from typing import Dict, List
 
 import tensorflow as tf
+
+from mxrec.util import durable
 
 
 def read(path: str) -> List[Dict]:
@@ -42,12 +42,7 @@ def append(path: str, entry: Dict) -> None:
     """Adds one line, atomically (write a new file, rename it over the old)."""
     lines = [json.dumps(e, sort_keys=True) for e in read(path)]
     lines.append(json.dumps(entry, sort_keys=True))
-    directory = posixpath.dirname(path) or "."
-    tf.io.gfile.makedirs(directory)
-    tmp = posixpath.join(directory, f".{posixpath.basename(path)}.tmp-{uuid.uuid4().hex}")
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    durable.write_atomic(path, "\n".join(lines) + "\n")
 
 
 __all__ = ["read", "append"]
