@@ -157,7 +157,8 @@ def test_exactly_once_across_kills(tmp_path):
     assert version == ref_version and sorted(state) == sorted(ref_state)
     for name in ref_state:
         np.testing.assert_allclose(state[name], ref_state[name], atol=1e-5, err_msg=name)
-    assert sorted(os.listdir(export)) == [str(v) for v in range(1, len(PARTITIONS) + 1)]
+    assert sorted(os.listdir(export)) == [str(v) for v in range(1, len(PARTITIONS) + 1)] + [
+        "mxrec_owner.json"]
 
 
 def test_watch_mode_bad_lines_and_cli_errors(tmp_path):

@@ -38,6 +38,13 @@ def read(path: str) -> List[Dict]:
     return entries
 
 
+def create(path: str) -> None:
+    """Writes an empty donefile where there is none: from a model's first start on, a
+    missing donefile means a lost one, never a model that recorded nothing yet."""
+    if not tf.io.gfile.exists(path):
+        durable.write_atomic(path, "")
+
+
 def append(path: str, entry: Dict) -> None:
     """Adds one line, atomically (write a new file, rename it over the old)."""
     lines = [json.dumps(e, sort_keys=True) for e in read(path)]
@@ -45,4 +52,4 @@ def append(path: str, entry: Dict) -> None:
     durable.write_atomic(path, "\n".join(lines) + "\n")
 
 
-__all__ = ["read", "append"]
+__all__ = ["read", "create", "append"]

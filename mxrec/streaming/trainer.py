@@ -65,7 +65,7 @@ from mxrec.saver.checkpoint import Saver
 from mxrec.saver.manifest import list_versions as checkpoint_versions
 from mxrec.serving import versions as serving_versions
 from mxrec.serving.predictor import DELTA_FILE, write_delta
-from mxrec.streaming import donefile, metrics
+from mxrec.streaming import donefile, metrics, ownership
 from mxrec.streaming.feed import PartitionFeed
 from mxrec.streaming.models import BUCKET_VARIABLES
 from mxrec.streaming.parsers import (
@@ -307,23 +307,87 @@ class StreamingTrainer:
     # --------------------------------------------------------------- resuming
 
     def _clean_after(self, step: int) -> None:
-        """Removes checkpoint and serving versions newer than `step` (written before a crash
-        and never recorded) and unfinished temporary folders."""
+        """Removes what a crash left after `step` (the donefile's last): the checkpoint
+        version of the partition that was in progress and the serving version this model
+        wrote for it, and this model's unfinished staging folders. `_check_model_dir` made
+        sure that nothing later exists; serving versions of another writer stay."""
         cfg = self.config
         if tf.io.gfile.isdir(cfg.checkpoint_dir):
             for kind, saved in checkpoint_versions(cfg.checkpoint_dir):
                 if saved > step:
-                    tf.io.gfile.rmtree(posixpath.join(cfg.checkpoint_dir, f"{kind}-{saved:012d}"))
-            for entry in tf.io.gfile.listdir(cfg.checkpoint_dir):
-                if entry.startswith(".tmp-"):
-                    tf.io.gfile.rmtree(posixpath.join(cfg.checkpoint_dir, entry.rstrip("/")))
+                    logging.warning("streaming: removing checkpoint %s-%d, written after the "
+                                    "donefile's last step %d (a partition in progress when "
+                                    "the trainer stopped)", kind, saved, step)
+                    tf.io.gfile.rmtree(posixpath.join(cfg.checkpoint_dir,
+                                                      checkpoint_manifest.version_name(
+                                                          kind, saved)))
         if cfg.export_base and tf.io.gfile.isdir(cfg.export_base):
+            mine = self._identity["model_id"]
             for version in serving_versions.list_versions(cfg.export_base):
-                if version > step:
+                if version > step and ownership.version_owner(cfg.export_base,
+                                                              version) == mine:
+                    logging.warning("streaming: removing serving version %d, delivered after "
+                                    "the donefile's last step %d and never recorded",
+                                    version, step)
                     tf.io.gfile.rmtree(posixpath.join(cfg.export_base, str(version)))
+            # Staging folders: only this model writes into its base, and the model dir's
+            # lock says no other trainer of it is running.
             for entry in tf.io.gfile.listdir(cfg.export_base):
                 if entry.startswith(".tmp-"):
                     tf.io.gfile.rmtree(posixpath.join(cfg.export_base, entry.rstrip("/")))
+
+    def _check_model_dir(self) -> List[Dict]:
+        """Rank 0, before anything is built: locks the model dir, reads the donefile, checks
+        that it agrees with the checkpoints and the export base (or refuses, changing
+        nothing), claims the export base; returns the donefile's entries."""
+        cfg = self.config
+        self._lock = ownership.ModelDirLock(cfg.workdir)
+        try:
+            entries = donefile.read(cfg.donefile)
+        except ValueError as error:
+            raise ownership.OwnershipError(
+                f"{error}; nothing was changed: restore {cfg.donefile} from a backup") from error
+        saved = sorted({s for _, s in checkpoint_versions(cfg.checkpoint_dir)}) \
+            if tf.io.gfile.isdir(cfg.checkpoint_dir) else []
+        exists = tf.io.gfile.exists(cfg.donefile)
+        if not exists and saved:
+            raise ownership.OwnershipError(
+                f"{cfg.donefile} is missing, but {cfg.checkpoint_dir} holds checkpoint "
+                f"versions up to step {saved[-1]}: nothing was deleted. Restore the donefile "
+                "from a backup to resume; to train this model anew, move the model dir aside "
+                "(and give the new run an empty one)")
+        last = entries[-1]["step"] if entries else 0
+        if last and last not in saved:
+            raise ownership.OwnershipError(
+                f"{cfg.donefile} ends at step {last} (partition {entries[-1]['partition']}), "
+                f"but {cfg.checkpoint_dir} has no checkpoint of that step (it has "
+                f"{saved[-5:] or 'none'}): nothing was deleted. Restore the checkpoint folder, "
+                "or a donefile that matches it")
+        # A crash leaves at most the partition in progress: step last + 1.
+        later = [s for s in saved if s > last + 1]
+        if later:
+            raise ownership.OwnershipError(
+                f"{cfg.donefile} ends at step {last}, but {cfg.checkpoint_dir} holds later "
+                f"checkpoints {later[:5]}: the donefile is older than the checkpoints (restored "
+                "from an old backup?). Nothing was deleted. Restore the donefile that goes with "
+                "the checkpoints, or move the newer checkpoints aside")
+        self._identity = ownership.model_identity(cfg.workdir)
+        if not exists:  # the donefile exists from the model's first start on
+            donefile.create(cfg.donefile)
+        if cfg.export_base:
+            ownership.claim_export_base(
+                cfg.export_base, self._identity, cfg.workdir,
+                {e["export_version"] for e in entries if e.get("export_version") is not None})
+            mine = self._identity["model_id"]
+            later = [v for v in serving_versions.list_versions(cfg.export_base)
+                     if v > last + 1 and ownership.version_owner(cfg.export_base, v) == mine]
+            if later:
+                raise ownership.OwnershipError(
+                    f"{cfg.donefile} ends at step {last}, but this model delivered later "
+                    f"serving versions {later[:5]} to {cfg.export_base}: the donefile is older "
+                    "than the export base. Nothing was deleted. Restore the donefile that goes "
+                    "with them")
+        return entries
 
     def _resume(self, sess) -> Optional[Dict]:
         self.entries = donefile.read(self.config.donefile)
@@ -449,6 +513,11 @@ class StreamingTrainer:
             logging.warning("streaming: serving version %d is gone; delivering a full "
                             "version", version)
             return None
+        if ownership.version_owner(cfg.export_base, version) not in (
+                None, self._identity["model_id"]):
+            logging.error("streaming: serving version %d was written by another model; "
+                          "delivering a full version instead of a delta on it", version)
+            return None
         try:
             serving_versions.verify(folder)
         except serving_versions.DamagedVersionError as error:
@@ -497,6 +566,8 @@ class StreamingTrainer:
 
             serving.export_saved_model(staging, version, build)
             info = {"kind": "full", "base": None}
+        ownership.check_export_owner(cfg.export_base, self._identity)
+        info["model_id"] = self._identity["model_id"]
         serving_versions.publish(staging, cfg.export_base, step, info)
         return step
 
@@ -664,7 +735,10 @@ class StreamingTrainer:
         session_config = tf.compat.v1.ConfigProto(
             intra_op_parallelism_threads=cfg.threads, inter_op_parallelism_threads=cfg.threads)
         self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
+        self._lock, self._identity = None, None
         try:
+            if self._rank == 0:
+                self._check_model_dir()
             with graph.as_default():
                 self._build()
                 with tf.compat.v1.Session(graph=graph, **communication.session_kwargs(
@@ -709,6 +783,8 @@ class StreamingTrainer:
                         # The pipelines wait on their queues for the next partition.
                         sess.run(self._close_feeds)
         finally:
+            if self._lock is not None:
+                self._lock.release()
             if owns_runtime:
                 initialize.terminate_config_initializer()
 
