@@ -14,7 +14,9 @@ and nothing but the listed versions is left. Any failure exits non-zero.
 import argparse
 import json
 import os
+import subprocess
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -60,11 +62,26 @@ def _fail(message: str):
 
 
 def _plant_stale(directory: str):
-    """What a save killed before its rename and a deletion killed before its rmtree leave."""
-    for name in (".tmp-full-000000000007-ranks", ".tmp-deleted-full-000000000003-0a1b"):
+    """What a save killed before its rename and a deletion killed before its rmtree leave:
+    a sharded save's folder whose writer's process id is now another process's (this one,
+    which started at another time), a deletion's folder whose writer is gone, and a folder
+    of an earlier mxrec (no writer) untouched for two days."""
+    me = manifest_io.this_writer()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    names = (".tmp-full-000000000007-ranks",
+             f".tmp-deleted-full-000000000003@{me.host}-{int(gone.stdout)}-1-0a1b2c3d",
+             ".tmp-full-000000000005-0a1b")
+    for name in names:
         os.makedirs(os.path.join(directory, name))
         with open(os.path.join(directory, name, "table-000-rank00001.npz"), "wb") as f:
             f.write(b"partial")
+    with open(os.path.join(directory, names[0], manifest_io.WRITER_FILE), "w") as f:
+        json.dump(dict(me._asdict(), start=me.start + 1), f)
+    old = time.time() - 2 * 24 * 3600
+    for path in (os.path.join(directory, names[2], "table-000-rank00001.npz"),
+                 os.path.join(directory, names[2])):
+        os.utime(path, (old, old))
 
 
 def _check_folder(directory: str, versions):

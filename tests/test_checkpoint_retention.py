@@ -125,7 +125,10 @@ def test_a_killed_saves_folder_is_gone_after_the_next_start(tmp_path):
                             text=True, timeout=300)
     assert killed.returncode == 9, killed.stderr[-3000:]
     left = [name for name in os.listdir(tmp_path) if name.startswith(".tmp-")]
-    assert len(left) == 1 and left[0].startswith(".tmp-full-000000000002-")
+    assert len(left) == 1 and left[0].startswith(".tmp-full-000000000002@")
+    writer = manifest_io.writer_of(str(tmp_path), left[0])  # the killed process
+    assert writer.host == manifest_io.this_writer().host and writer.pid != os.getpid()
+    assert manifest_io.writer_gone(writer)
     with tf.Graph().as_default():
         model = Model("adagrad")
         saver = Saver(str(tmp_path))

@@ -76,8 +76,9 @@ from mxrec._lib import loader
 from mxrec.core import dynamic, wing
 from mxrec.core.graph_state import graph_state
 from mxrec.core.table import graph_tables
+from mxrec.saver import finite, merge, schema
 from mxrec.saver import manifest as manifest_io
-from mxrec.saver import merge, schema
+from mxrec.saver.finite import NonFiniteError  # noqa: F401 (re-exported)
 from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)
     FORMAT_VERSION,
     CheckpointError,
@@ -199,19 +200,27 @@ class Saver:
         directory: where versions live.
         max_to_keep: full versions kept (with their deltas); older ones are deleted
             after a successful full save (by rank 0 on several ranks). None keeps all.
+        check_finite: the default of `save`'s check_finite: refuse (NonFiniteError) to
+            save a model holding a NaN or an infinity.
 
     Constructing a Saver (rank 0) removes the `.tmp-` folders that saves killed mid-way
-    left in `directory`.
+    left in `directory` (`manifest.remove_stale_temporaries`: only those whose writer is
+    gone; a save in progress in another process is left alone).
 
     A save holds the tables as at the step boundary: batches the graph modifier
     planned ahead of their step are not in it (the engine undoes them in the
     snapshot), and their IDs count as changed for the next delta.
     """
 
-    def __init__(self, directory: str, max_to_keep: Optional[int] = 5):
+    # A subclass that builds its own state (mxrec.keras' KerasSaver) saves unchecked by default.
+    check_finite = False
+
+    def __init__(self, directory: str, max_to_keep: Optional[int] = 5,
+                 check_finite: bool = False):
         runtime = get_config_initializer()
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"Saver: max_to_keep must be >= 1 or None, got {max_to_keep}")
+        self.check_finite = _check_flag("Saver", check_finite)
         self.directory = directory
         self.max_to_keep = max_to_keep
         graph = tf.compat.v1.get_default_graph()
@@ -254,9 +263,23 @@ class Saver:
                 logging.info("mxrec checkpoint: removed %s/%s, left by a save that died",
                              directory, name)
 
-    def _wait_for_every_rank(self, session):
-        if session.run(self._barrier) != self._size:
-            raise CheckpointError("mxrec Saver: the ranks' barrier did not count every rank")
+    def _sum_over_ranks(self, session, value: int) -> int:
+        """The sum of `value` over the ranks, once every rank has called it (with its own).
+
+        The ranks' barrier sums one int32 per rank, a constant 1: each rank feeds 1 + its
+        value instead, so the sum is the rank count plus the values' sum.
+        """
+        total = int(session.run(self._barrier, {_barrier_input(self._barrier): 1 + value}))
+        if total < self._size:
+            raise CheckpointError(f"mxrec Saver: the ranks' barrier counted {total} of "
+                                  f"{self._size} ranks")
+        return total - self._size
+
+    def _ranks_at_fault(self, session, at_fault: bool) -> int:
+        """How many ranks (this one included) found a fault; every rank calls it together."""
+        if self._size == 1:
+            return int(at_fault)
+        return self._sum_over_ranks(session, int(at_fault))
 
     @property
     def last_step(self) -> Optional[int]:
@@ -265,35 +288,57 @@ class Saver:
 
     # ----------------------------------------------------------------- saving
 
-    def save(self, session, step: int, kind: str = "full") -> str:
+    def save(self, session, step: int, kind: str = "full",
+             check_finite: Optional[bool] = None) -> str:
         """Writes a version; returns its path. kind: "full" or "delta".
 
         A delta needs an earlier save by this Saver (or a restore) to be based on.
+
+        Args:
+            check_finite: check, before anything is written, that every value the version
+                would hold (dense variables; the rows and optimizer slots of the table IDs
+                it holds, in every tier) is finite. None: the Saver's `check_finite`. Pass
+                the same on every rank.
+
+        Raises:
+            NonFiniteError: with the check on, a value is NaN or infinite (on several ranks
+                every rank raises). Nothing is written and the next delta holds what it
+                would have held without this call.
         """
         if kind not in ("full", "delta"):
             raise ValueError(f"Saver.save: kind must be 'full' or 'delta', got {kind!r}")
         if kind == "delta" and self._last_epochs is None:
             raise CheckpointError("Saver.save(kind='delta') needs a full save (or a restore) "
                                   "first: a delta holds only what changed since the last save")
+        check = self.check_finite if check_finite is None else _check_flag("Saver.save",
+                                                                           check_finite)
         step = int(step)
         # Each table's file (its engine state, its rows read from the variables, the npz
         # and its digest) is built on a thread of its own: the engine's export, the
         # session's reads and the digest run without the GIL, so tables overlap. The
         # engine's state is at the step boundary whichever table is first.
-        jobs = [functools.partial(self._table_file, session, index, io_, kind)
+        jobs = [functools.partial(self._table_file, session, index, io_, kind, check)
                 for index, io_ in enumerate(self._tables)]
-        jobs.append(functools.partial(self._dense_file, session))
+        jobs.append(functools.partial(self._dense_file, session, check))
         built = _run_jobs(jobs, parallel=session is not None)
         files: Dict[str, bytes] = {}
         digests: Dict[str, Dict] = {}
         tables_meta = {}
         epochs = {}
-        for io_, (file_name, data, digest, meta, epoch) in zip(self._tables, built[:-1]):
+        faults: List[finite.Fault] = []
+        for io_, (file_name, data, digest, meta, epoch, table_faults) in zip(self._tables,
+                                                                            built[:-1]):
             files[file_name], digests[file_name] = data, digest
             tables_meta[io_.table.table_name] = meta
             epochs[io_.table.table_name] = epoch
+            faults += table_faults
         if self._rank == 0:  # dense variables are the same on every rank
-            files["dense.npz"], digests["dense.npz"] = built[-1]
+            files["dense.npz"], digests["dense.npz"], dense_faults = built[-1]
+            faults += dense_faults
+        if check:
+            # Before anything is written; the epochs the export closed are not kept, so the
+            # next delta still holds every ID changed since the last save that was written.
+            self._refuse_non_finite(session, faults, step, kind)
         manifest = {
             "format": FORMAT_VERSION,
             "kind": kind,
@@ -309,7 +354,7 @@ class Saver:
         else:
             path = manifest_io.write_version_sharded(
                 self.directory, version_name(kind, step), files, manifest, self._rank,
-                self._size, lambda: self._wait_for_every_rank(session))
+                self._size, functools.partial(self._sum_over_ranks, session))
         self._last_epochs = epochs
         self._last_step = step
         # The next delta starts from this save: removals it holds are done with.
@@ -323,9 +368,24 @@ class Saver:
         logging.info("mxrec checkpoint: wrote %s", path)
         return path
 
-    def _table_file(self, session, index: int, io_, kind: str):
-        """(file name, npz bytes, their size and digest, manifest entry, epoch) of one
-        table's part of a save."""
+    def _refuse_non_finite(self, session, faults: List[finite.Fault], step: int,
+                           kind: str) -> None:
+        """Raises NonFiniteError on every rank when any rank found `faults`."""
+        at_fault = self._ranks_at_fault(session, bool(faults))
+        if not at_fault:
+            return
+        refusing = f"Saver.save: step {step} ({kind}) into {self.directory}"
+        if self._size > 1:
+            refusing += f" (rank {self._rank}; {at_fault} of {self._size} ranks found faults)"
+        if not faults:
+            raise NonFiniteError(f"{refusing}: refused, nothing written: another rank found "
+                                 "non-finite values (its error names them)")
+        logging.error("mxrec checkpoint: %s: not finite: %s", refusing, finite.describe(faults))
+        finite.raise_if_any(faults, refusing)
+
+    def _table_file(self, session, index: int, io_, kind: str, check: bool = False):
+        """(file name, npz bytes, their size and digest, manifest entry, epoch, non-finite
+        faults when `check`) of one table's part of a save."""
         table = io_.table
         since = 0 if kind == "full" else self._last_epochs.get(table.table_name, 0)
         host = loader.engine().export_state(table.table_key, since, delta_chain=True)
@@ -343,16 +403,21 @@ class Saver:
                      else f"table-{index:03d}-rank{self._rank:05d}.npz")
         meta = {"file": file_name, "dim": table.dim, "ids": int(len(host["keys"])),
                 "removed": int(len(host["removed"])), "state": io_.state_names()}
+        faults = _file_faults(table.table_name, arrays) if check else []
         data = npz_bytes(arrays)
-        return file_name, data, manifest_io.file_entry(data), meta, int(host["epoch"])
+        return file_name, data, manifest_io.file_entry(data), meta, int(host["epoch"]), faults
 
-    def _dense_file(self, session) -> Optional[Tuple[bytes, Dict]]:
-        """dense.npz and its digest on rank 0; None on the others (the dense variables
-        are the same on every rank)."""
+    def _dense_file(self, session, check: bool = False
+                    ) -> Optional[Tuple[bytes, Dict, List[finite.Fault]]]:
+        """dense.npz, its digest and (when `check`) its non-finite faults on rank 0; None
+        on the others (the dense variables are the same on every rank)."""
         if self._rank != 0:
             return None
-        data = npz_bytes(self._read_dense(session))
-        return data, manifest_io.file_entry(data)
+        dense = self._read_dense(session)
+        faults = [fault for name in sorted(dense) if check
+                  for fault in finite.dense_faults(name, dense[name])]
+        data = npz_bytes(dense)
+        return data, manifest_io.file_entry(data), faults
 
     def _write_atomically(self, name: str, files: Dict[str, bytes], manifest: Dict) -> str:
         return manifest_io.write_version(self.directory, name, files, manifest)
@@ -441,6 +506,41 @@ class Saver:
         session.run(self._dense_assign, {placeholder: dense[variable.op.name] for
                                          variable, placeholder in zip(self._dense,
                                                                       self._dense_feeds)})
+
+
+def _check_flag(where: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}: check_finite must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _barrier_input(barrier: tf.Tensor) -> tf.Tensor:
+    """The scalar the ranks' barrier sums (its all-reduce's source), fed to vote with it."""
+    op = barrier.op
+    while op.inputs:  # the all-reduce (and a stop_gradient over it) take one input
+        op = op.inputs[0].op
+    source = op.outputs[0]
+    if source.dtype != tf.int32 or source.shape.rank != 0:
+        raise CheckpointError(f"mxrec Saver: the ranks' barrier sums {source!r}, not an int32 "
+                              "scalar: the ranks cannot agree on a save's finiteness")
+    return source
+
+
+def _file_faults(table_name: str, arrays: Dict[str, np.ndarray]) -> List[finite.Fault]:
+    """The non-finite values of a table file's rows: each state's device rows (keyed by the
+    admitted IDs) and, with a host tier, each state's host-tier (and SSD) rows."""
+    keys = arrays[schema.host_key("keys")]
+    device_ids = keys[arrays[schema.host_key("rows")] >= 0]
+    faults = []
+    for state in schema.names_with_prefix(arrays, "state"):
+        faults += finite.table_faults(table_name, state, device_ids,
+                                      arrays[schema.state_key(state)])
+    if schema.host_key("in_host") in arrays:
+        tier_ids = keys[arrays[schema.host_key("in_host")].astype(bool)]
+        for state in schema.names_with_prefix(arrays, "tier"):
+            faults += finite.table_faults(table_name, f"host/SSD tier {state}", tier_ids,
+                                          arrays[schema.tier_key(state)])
+    return faults
 
 
 def table_io(table):
@@ -605,7 +705,7 @@ def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.n
 
 
 def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] = None,
-                      saver: Optional[Saver] = None) -> str:
+                      saver: Optional[Saver] = None, check_finite: Optional[bool] = None) -> str:
     """PaddlePaddle-style save: mode 0 = full, 1 = base (a full save that starts a new
     delta chain), 2 = delta since the last save.
 
@@ -615,6 +715,8 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
 
     Args:
         step: the version's step; the graph's global step when None.
+        check_finite: refuse (NonFiniteError) a model holding a NaN or an infinity;
+            None: the Saver's setting (off for the Saver made here).
     """
     if mode not in (0, 1, 2):
         raise ValueError(f"save_persistables: mode must be 0 (full), 1 (base) or 2 (delta), "
@@ -632,7 +734,8 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
         if global_step is None:
             raise ValueError("save_persistables: the graph has no global step; pass step=")
         step = tf.compat.v1.train.global_step(session, global_step)
-    return saver.save(session, step, kind="delta" if mode == 2 else "full")
+    return saver.save(session, step, kind="delta" if mode == 2 else "full",
+                      check_finite=check_finite)
 
 
 class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
@@ -645,12 +748,17 @@ class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
         checkpoint_dir: the versions' directory.
         save_checkpoint_due_time, save_delta_checkpoints_secs, restore_model_version:
             override init()'s settings.
+        max_to_keep: the Saver's.
+        check_finite: the Saver's: each save refuses (NonFiniteError, out of the
+            session's run) a model holding a NaN or an infinity.
     """
 
     def __init__(self, checkpoint_dir: str, save_checkpoint_due_time: Optional[float] = None,
                  save_delta_checkpoints_secs: Optional[float] = None,
-                 restore_model_version: Optional[int] = None, max_to_keep: Optional[int] = 5):
+                 restore_model_version: Optional[int] = None, max_to_keep: Optional[int] = 5,
+                 check_finite: bool = False):
         config = get_config_initializer().config
+        self._check_finite = _check_flag("IncrementalCheckpointHook", check_finite)
         self._dir = checkpoint_dir
         self._full_every = (config.save_checkpoint_due_time
                             if save_checkpoint_due_time is None else save_checkpoint_due_time)
@@ -666,7 +774,8 @@ class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
         self.restored_step: Optional[int] = None
 
     def begin(self):
-        self._saver = Saver(self._dir, max_to_keep=self._max_to_keep)
+        self._saver = Saver(self._dir, max_to_keep=self._max_to_keep,
+                            check_finite=self._check_finite)
         self._global_step = tf.compat.v1.train.get_global_step()
 
     def after_create_session(self, session, coord):

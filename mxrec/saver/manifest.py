@@ -10,6 +10,17 @@ a process killed mid-save leaves the earlier versions as they were; such a
 folder is removed by the next `Saver` on that directory (`remove_stale_temporaries`).
 Reading a version checks every file's size and SHA-256 against its manifest.
 
+Each temporary names its writer: the host, the process id and the process's start time
+(so that a process id the system reused is not mistaken for the writer), in its name
+(`.tmp-full-000000001000@host-4242-8812345-1f2e3d4c`) or, for the folder that every rank
+of a save writes into (`.tmp-<version>-ranks`, whose name the ranks must agree on), in a
+`writer.json` written first. `remove_stale_temporaries` removes a temporary only when its
+writer ran on this host and is gone; it keeps (and logs) those of live writers and of other
+hosts, whose liveness it cannot see. A temporary without a writer (written by an mxrec
+before this scheme, or a sharded one in the instant before its `writer.json`) is removed
+only when nothing in it changed for `UNNAMED_TEMPORARY_AGE_S`: no save takes that long, and
+a live writer of an earlier mxrec keeps writing into its folder.
+
 Retention (`delete_old_versions`) is run by one process (rank 0 on several ranks,
 once the version is complete on every rank). It hides each old version by one
 rename into a `.tmp-deleted-` folder before removing it, newest first, so a delta
@@ -22,19 +33,28 @@ older, oldest-first order could leave).
 import hashlib
 import io
 import json
+import os
 import posixpath
 import re
+import socket
+import time
 import uuid
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from mxrec.util import durable
 
 FORMAT_VERSION = 1
 _VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
+_TMP_PREFIX = ".tmp-"
 _DELETED_PREFIX = ".tmp-deleted-"
+_WRITER_SEP = "@"
+WRITER_FILE = "writer.json"
+# How long a temporary without a writer stays untouched before it counts as abandoned.
+UNNAMED_TEMPORARY_AGE_S = 24 * 3600
 
 
 class CheckpointError(ValueError):
@@ -67,38 +87,48 @@ def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: 
     final = posixpath.join(directory, name)
     if gfile.exists(final):
         raise CheckpointError(f"checkpoint {final} already exists; save under another step")
-    tmp = posixpath.join(directory, f".tmp-{name}-{uuid.uuid4().hex}")
-    gfile.makedirs(tmp)
-    for file_name, data in files.items():
-        with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
-            f.write(data)
-    with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
-        f.write(json.dumps(manifest, indent=1, sort_keys=True))
-    durable.fsync_tree(tmp)
-    durable.rename_durably(tmp, final)
+    tmp = posixpath.join(directory, temporary_name(name))
+    try:
+        gfile.makedirs(tmp)
+        for file_name, data in files.items():
+            with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
+                f.write(data)
+        with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True))
+        durable.fsync_tree(tmp)
+        durable.rename_durably(tmp, final)
+    except BaseException:
+        _remove_tree(tmp)  # ours: no later Saver of this process would take it for stale
+        raise
     return final
 
 
 def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], manifest: Dict,
-                          rank: int, size: int, barrier: Callable[[], None]) -> str:
+                          rank: int, size: int, barrier: Callable[[int], int]) -> str:
     """The same as `write_version` for one rank of `size`, every rank calling it together.
 
     Each rank writes its own files (and a `rank-R.json` listing them) into one temporary
     folder; rank 0 then writes the manifest of all of them and renames the folder into
-    place. `barrier()` returns once every rank has called it. A file whose size and
-    SHA-256 `manifest["files"]` already holds (taken where it was built) is not hashed again.
+    place. `barrier(value)` returns, once every rank has called it, the sum of the values
+    the ranks passed: rank 0 tells the others which temporary folder it made (a folder of
+    that name left by another writer that may still run is kept: the next name is taken).
+    A file whose size and SHA-256 `manifest["files"]` already holds (taken where it was
+    built) is not hashed again.
+
+    Raises:
+        CheckpointError: on every rank, the version exists already.
     """
     gfile = tf.io.gfile
     final = posixpath.join(directory, name)
-    tmp = posixpath.join(directory, f".tmp-{name}-ranks")
+    attempt = 0
     if rank == 0:
         gfile.makedirs(directory)
-        if gfile.exists(final):
-            raise CheckpointError(f"checkpoint {final} already exists; save under another step")
-        if gfile.exists(tmp):  # left by a save that died
-            gfile.rmtree(tmp)
-        gfile.makedirs(tmp)
-    barrier()
+        if not gfile.exists(final):
+            attempt = _take_sharded_temporary(directory, name) + 1
+    attempt = barrier(attempt)  # 0: rank 0 found the version there
+    if attempt == 0:
+        raise CheckpointError(f"checkpoint {final} already exists; save under another step")
+    tmp = posixpath.join(directory, _sharded_temporary_name(name, attempt - 1))
     for file_name, data in files.items():
         with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
             f.write(data)
@@ -109,7 +139,7 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
                                  for n, d in files.items()})
     with gfile.GFile(posixpath.join(tmp, f"rank-{rank}.json"), "w") as f:
         f.write(json.dumps(part, sort_keys=True))
-    barrier()
+    barrier(0)
     if rank == 0:
         parts = []
         for r in range(size):
@@ -128,10 +158,11 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
             f.write(json.dumps(whole, indent=1, sort_keys=True))
         for r in range(size):
             gfile.remove(posixpath.join(tmp, f"rank-{r}.json"))
+        gfile.remove(posixpath.join(tmp, WRITER_FILE))
         durable.fsync_path(posixpath.join(tmp, "manifest.json"))
         durable.fsync_path(tmp)
         durable.rename_durably(tmp, final)
-    barrier()
+    barrier(0)
     return final
 
 
@@ -192,7 +223,7 @@ def delete_old_versions(directory: str, max_to_keep: Optional[int]) -> None:
 
 
 def _delete_version(directory: str, name: str) -> None:
-    hidden = posixpath.join(directory, f"{_DELETED_PREFIX}{name}-{uuid.uuid4().hex}")
+    hidden = posixpath.join(directory, temporary_name(f"deleted-{name}"))
     try:
         tf.io.gfile.rename(posixpath.join(directory, name), hidden)
     except tf.errors.NotFoundError:
@@ -202,24 +233,211 @@ def _delete_version(directory: str, name: str) -> None:
 
 def _remove_tree(path: str) -> None:
     try:
-        tf.io.gfile.rmtree(path)
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        else:
+            tf.io.gfile.remove(path)
     except tf.errors.NotFoundError:
         pass
 
 
-def remove_stale_temporaries(directory: str) -> List[str]:
-    """Removes the `.tmp-` folders of saves and deletions that died; returns their names.
+# ------------------------------------------------------------- temporaries' writers
 
-    Call it where no save into `directory` is under way (a Saver's construction, rank 0).
+
+class Writer(NamedTuple):
+    """The process that writes a temporary."""
+
+    host: str  # the host name, with characters outside [A-Za-z0-9.-] as "_"
+    pid: int
+    start: int  # the process's start, clock ticks after boot (/proc); 0 where unknown
+
+    def __str__(self) -> str:
+        return f"host {self.host}, pid {self.pid}"
+
+
+def _host_name() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())
+
+
+def _process_start(pid: int) -> Optional[int]:
+    """The start time of process `pid` in clock ticks after boot (field 22 of
+    /proc/<pid>/stat); None when no such process runs; 0 where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+        try:  # a system without /proc: the process id alone
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0
+    except OSError:  # /proc mounted with hidepid: the process is there, its start unknown
+        return 0
+    # The command name (field 2) may hold spaces and ")": the fields after it follow its
+    # last ")".
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[19])
+
+
+def this_writer() -> Writer:
+    """This process as the writer of a temporary."""
+    pid = os.getpid()
+    return Writer(_host_name(), pid, _process_start(pid) or 0)
+
+
+def temporary_name(what: str) -> str:
+    """A fresh temporary's name for `what` (a version's name, `deleted-<version>`, a
+    serving export's folder name) that names this process as its writer."""
+    writer = this_writer()
+    return (f"{_TMP_PREFIX}{what}{_WRITER_SEP}{writer.host}-{writer.pid}-{writer.start}-"
+            f"{uuid.uuid4().hex[:8]}")
+
+
+def _writer_from_name(name: str) -> Optional[Writer]:
+    if _WRITER_SEP not in name:
+        return None
+    parts = name.rsplit(_WRITER_SEP, 1)[1].rsplit("-", 3)
+    if len(parts) != 4 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return Writer(parts[0], int(parts[1]), int(parts[2]))
+
+
+def _write_writer_file(folder: str) -> None:
+    with tf.io.gfile.GFile(posixpath.join(folder, WRITER_FILE), "w") as f:
+        f.write(json.dumps(this_writer()._asdict(), sort_keys=True))
+
+
+def _writer_from_file(path: str) -> Optional[Writer]:
+    try:
+        with tf.io.gfile.GFile(posixpath.join(path, WRITER_FILE), "r") as f:
+            fields = json.loads(f.read())
+        return Writer(str(fields["host"]), int(fields["pid"]), int(fields["start"]))
+    except (tf.errors.OpError, ValueError, KeyError, TypeError):
+        return None  # not written yet (or damaged): no writer known
+
+
+def writer_of(directory: str, name: str) -> Optional[Writer]:
+    """The writer a temporary names (in its name or its `writer.json`); None for one that
+    names none."""
+    return _writer_from_name(name) or _writer_from_file(posixpath.join(directory, name))
+
+
+def writer_gone(writer: Writer) -> bool:
+    """True when `writer` ran on this host and no longer runs (its process id is free, or
+    taken by a process that started at another time)."""
+    if writer.host != _host_name():
+        return False
+    start = _process_start(writer.pid)
+    return start is None or (start != writer.start and start != 0 and writer.start != 0)
+
+
+def _newest_change(path: str) -> float:
+    """The newest modification time (seconds) of `path` and everything under it."""
+    gfile = tf.io.gfile
+    newest = gfile.stat(path).mtime_nsec / 1e9
+    if gfile.isdir(path):
+        for folder, _, files in gfile.walk(path):
+            for name in [None, *files]:
+                target = folder if name is None else posixpath.join(folder, name)
+                try:
+                    newest = max(newest, gfile.stat(target).mtime_nsec / 1e9)
+                except tf.errors.NotFoundError:
+                    continue
+    return newest
+
+
+def _why_kept(directory: str, name: str) -> Optional[str]:
+    """Why the temporary `name` must stay (its writer may still write it); None when it is
+    abandoned."""
+    path = posixpath.join(directory, name)
+    writer = writer_of(directory, name)
+    if writer is None:
+        try:
+            age = time.time() - _newest_change(path)
+        except tf.errors.NotFoundError:
+            return None
+        if age >= UNNAMED_TEMPORARY_AGE_S:
+            return None
+        return (f"it names no writer (an earlier mxrec's, or one being created) and changed "
+                f"{age:.0f} s ago; it is removed once untouched for "
+                f"{UNNAMED_TEMPORARY_AGE_S} s")
+    if writer_gone(writer):
+        return None
+    if writer.host != _host_name():
+        return (f"its writer ({writer}) runs on another host, where this process cannot see "
+                "whether it still runs; remove it by hand once that process is gone")
+    return f"its writer ({writer}) is still running"
+
+
+def _sharded_temporary_name(version: str, index: int) -> str:
+    return f"{_TMP_PREFIX}{version}-ranks" + (f"-{index}" if index else "")
+
+
+def _take_sharded_temporary(directory: str, version: str) -> int:
+    """Makes the folder that every rank of a save of `version` writes into and records this
+    process as its writer; returns its index (its name is `_sharded_temporary_name`).
+
+    Its name is one the ranks can agree on by a number: the first index whose folder does
+    not exist once those left by writers that are gone are removed. A folder of a writer
+    that may still run (or whose host cannot tell) is kept and skipped.
+    """
+    index = 0
+    while True:
+        name = _sharded_temporary_name(version, index)
+        path = posixpath.join(directory, name)
+        if tf.io.gfile.exists(path) and _why_kept(directory, name) is None:
+            _remove_tree(path)
+        if _make_new_folder(path):
+            _write_writer_file(path)
+            return index
+        logging.warning("mxrec checkpoint: kept %s: %s", path,
+                        _why_kept(directory, name) or "another process just took it")
+        index += 1
+
+
+def _make_new_folder(path: str) -> bool:
+    """Makes the folder `path`; False when it exists (locally: made by another process
+    meanwhile, which mkdir tells atomically; tf.io.gfile.mkdir accepts an existing one)."""
+    local = durable.local_path(path)
+    if local is None:
+        if tf.io.gfile.exists(path):
+            return False
+        tf.io.gfile.mkdir(path)
+        return True
+    try:
+        os.mkdir(local)
+    except FileExistsError:
+        return False
+    return True
+
+
+def remove_stale_temporaries(directory: str) -> List[str]:
+    """Removes the `.tmp-` folders that saves and deletions which died left; returns their
+    names.
+
+    Only temporaries whose writer ran on this host and is gone are removed (and those naming
+    no writer that nothing changed for UNNAMED_TEMPORARY_AGE_S); the others are kept and
+    logged, so that a save in progress in another process (or on another host) goes on.
     """
     try:
         entries = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
     except tf.errors.NotFoundError:
         return []
-    stale = [entry.rstrip("/") for entry in entries if entry.startswith(".tmp-")]
-    for name in stale:
-        _remove_tree(posixpath.join(directory, name))
-    return stale
+    removed = []
+    for name in sorted(entry.rstrip("/") for entry in entries):
+        if not name.startswith(_TMP_PREFIX):
+            continue
+        why = _why_kept(directory, name)
+        if why is None:
+            _remove_tree(posixpath.join(directory, name))
+            removed.append(name)
+        else:
+            logging.warning("mxrec checkpoint: kept %s/%s: %s", directory, name, why)
+    return removed
 
 
 def read_version(directory: str, kind: str, step: int, only: Optional[Iterable[str]] = None

@@ -31,15 +31,19 @@ Example:
     ...                                           "removed": ...}}, "/serving/2")
 """
 
+import functools
 import os
-import uuid
+import posixpath
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec.core.table import set_lookup_override
-from mxrec.saver import merge, sparse
+from mxrec.saver import finite, merge, sparse
+from mxrec.saver import manifest as manifest_io
+from mxrec.saver.finite import NonFiniteError
+from mxrec.util import durable
 
 SERVING_SCOPE = "mxrec_serving"
 _CONTEXT_COLLECTION = "mxrec_serving_export_context"
@@ -325,10 +329,36 @@ def _dense_value(source, name, shape):
     return value
 
 
+def _staging_beside(target: str) -> str:
+    """A fresh temporary folder's path beside `target`, naming this process as its writer
+    (`manifest.remove_stale_temporaries` of the folder holding `target` removes it only
+    once this process is gone)."""
+    target = target.rstrip("/")
+    return posixpath.join(posixpath.dirname(target),
+                          manifest_io.temporary_name(posixpath.basename(target)))
+
+
+def _publish(staging: str, target: str, write: Callable[[str], None]) -> None:
+    """Runs write(staging), flushes what it wrote and renames it to `target`: a reader sees
+    no `target`, or all of it. The staging folder does not outlive a failure."""
+    try:
+        write(staging)
+        durable.fsync_tree(staging)
+        durable.rename_durably(staging, target)
+    except BaseException:
+        if tf.io.gfile.exists(staging):
+            tf.io.gfile.rmtree(staging)
+        raise
+
+
 def export_saved_model(export_dir: str, checkpoint: str,
                        build_fn: Callable[[], Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]],
-                       signature_name: str = "serving_default", as_text: bool = False) -> str:
+                       signature_name: str = "serving_default", as_text: bool = False,
+                       check_finite: bool = True) -> str:
     """Writes a SavedModel (tag "serve") that serves without mxrec.
+
+    It is written into a temporary folder beside export_dir, flushed to the disk, and
+    renamed to export_dir: a reader (TF Serving's poll) never sees a part of it.
 
     Args:
         export_dir: a directory that does not exist yet (TF Serving: `<base>/<version>`).
@@ -343,20 +373,36 @@ def export_saved_model(export_dir: str, checkpoint: str,
             lookups become core-op lookups whatever their is_train.
         signature_name: key of the predict signature when build_fn returns one pair.
         as_text: write saved_model.pbtxt instead of saved_model.pb.
+        check_finite: refuse a model whose exported table rows or dense values hold a NaN
+            or an infinity (NonFiniteError, before anything is written).
 
     Returns:
         export_dir.
 
     Raises:
+        NonFiniteError: with check_finite, a value to export is not finite (a ValueError).
         ValueError: export_dir exists, a table or variable of the graph is not in the
             checkpoint or has another shape, or the outputs need mxrec ops.
     """
+    if not isinstance(check_finite, bool):
+        raise TypeError(f"export_saved_model: check_finite must be True or False, got "
+                        f"{check_finite!r}")
     if tf.io.gfile.exists(export_dir):
         raise ValueError(f"export_saved_model: export_dir {export_dir!r} already exists")
     source = _open_checkpoint(checkpoint)
     graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source,
                                                                      signature_name)
+    _publish(_staging_beside(export_dir), export_dir, functools.partial(
+        _write_saved_model, source, graph_def, var_defs, table_init_names, signature, names,
+        as_text, f"export_saved_model: {checkpoint} to {export_dir}" if check_finite
+        else None))
+    return export_dir
 
+
+def _write_saved_model(source, graph_def, var_defs, table_init_names, signature, names,
+                       as_text: bool, check: Optional[str], export_dir: str) -> None:
+    """Writes the pruned serving graph with the checkpoint's values as a SavedModel;
+    `check` (what is refused, for the message) refuses non-finite values before."""
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
@@ -374,7 +420,7 @@ def export_saved_model(export_dir: str, checkpoint: str,
                 {k: graph.get_tensor_by_name(n) for k, n in inputs.items()},
                 {k: graph.get_tensor_by_name(n) for k, n in outputs.items()})
             for name, (inputs, outputs) in signature.items()}
-        feeds = {}
+        feeds, faults = {}, []
         for variable in variables:
             name = variable.op.name
             if name in names["serving"]:
@@ -383,9 +429,16 @@ def export_saved_model(export_dir: str, checkpoint: str,
                 value = arrays["ids"] if field == _IDS else np.concatenate(
                     [arrays["embeddings"], np.zeros([1, arrays["embeddings"].shape[1]],
                                                     np.float32)])
+                if check is not None and field == _EMBEDDINGS:
+                    faults += finite.table_faults(table, "embedding", arrays["ids"],
+                                                  arrays["embeddings"])
             else:
                 value = _dense_value(source, name, variable.shape)
+                if check is not None:
+                    faults += finite.dense_faults(name, value)
             feeds[variable.initializer.inputs[1]] = value
+        if check is not None:
+            finite.raise_if_any(faults, check)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run([v.initializer for v in variables], feeds)
             builder = tf.compat.v1.saved_model.Builder(export_dir)
@@ -394,7 +447,6 @@ def export_saved_model(export_dir: str, checkpoint: str,
                 signature_def_map=signature_defs,
                 main_op=main_op, clear_devices=True, strip_default_attrs=True)
             builder.save(as_text=as_text)
-    return export_dir
 
 
 def exported_tables(export_dir: str) -> Dict[str, sparse.TableArrays]:
@@ -443,13 +495,15 @@ def _copy_tree(src: str, dst: str, skip: str):
 
 
 def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
-                output_dir: str, dense: Optional[Mapping[str, np.ndarray]] = None) -> str:
+                output_dir: str, dense: Optional[Mapping[str, np.ndarray]] = None,
+                check_finite: bool = True) -> str:
     """Writes a new export: `export_dir` with a delta of its tables applied.
 
     The graph is copied as it is; only the variables change. Per table, the rows of the
     delta's `ids` replace (or are added to) the export's, the `removed` IDs are dropped and
     look up as zeros afterwards. Other tables and the dense variables are copied. The new
-    export is written beside `output_dir` and renamed into place when complete.
+    export is written into a temporary folder beside `output_dir`, flushed to the disk and
+    renamed into place when complete.
 
     Args:
         export_dir: an export from `export_saved_model` (or `apply_delta`).
@@ -458,14 +512,20 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
         output_dir: a directory that does not exist yet.
         dense: new values of dense variables of the export, by name (a delta checkpoint's
             `dense.npz`); names the export does not have are ignored (optimizer slots).
+        check_finite: refuse a delta whose rows or applied dense values hold a NaN or an
+            infinity (NonFiniteError, before anything is written).
 
     Returns:
         output_dir.
 
     Raises:
+        NonFiniteError: with check_finite, a value of the delta is not finite.
         ValueError: a table of the delta not in the export, a malformed delta, a dense value
             of another shape, or output_dir exists.
     """
+    if not isinstance(check_finite, bool):
+        raise TypeError(f"apply_delta: check_finite must be True or False, got "
+                        f"{check_finite!r}")
     if tf.io.gfile.exists(output_dir):
         raise ValueError(f"apply_delta: output_dir {output_dir!r} already exists")
     if not isinstance(delta, Mapping):
@@ -475,6 +535,7 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
     reader = tf.train.load_checkpoint(prefix)
     tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
     tables = exported_tables(export_dir)
+    faults = []
     for name, table_delta in delta.items():
         if name not in tables:
             raise ValueError(f"apply_delta: table {name!r} is not in export {export_dir!r}; "
@@ -482,6 +543,9 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
         if not isinstance(table_delta, Mapping):
             raise TypeError(f"apply_delta: delta[{name!r}] must be a dict of arrays")
         updated = sparse.apply_delta_arrays(tables[name], table_delta, name)
+        if check_finite and "embeddings" in table_delta:
+            faults += finite.table_faults(name, "embedding", table_delta.get("ids", ()),
+                                          table_delta["embeddings"])
         dim = updated["embeddings"].shape[1]
         tensors[serving_variable_name(name, _IDS)] = updated["ids"]
         tensors[serving_variable_name(name, _EMBEDDINGS)] = np.concatenate(
@@ -493,19 +557,19 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
                                  f"{list(tensors[name].shape)} in the export, "
                                  f"{list(np.shape(value))} in the delta")
             tensors[name] = np.asarray(value, tensors[name].dtype)
-    staging = f"{output_dir.rstrip('/')}.tmp-{uuid.uuid4().hex}"
+            if check_finite:
+                faults += finite.dense_faults(name, tensors[name])
+    finite.raise_if_any(faults, f"apply_delta: {export_dir} to {output_dir}")
     variables_dir = os.path.join(export_dir, "variables")
-    try:
+
+    def write(staging: str) -> None:
         _copy_tree(export_dir, staging, skip=variables_dir)
         tf.io.gfile.makedirs(os.path.join(staging, "variables"))
         _write_checkpoint(os.path.join(staging, "variables", "variables"), tensors)
-        tf.io.gfile.rename(staging, output_dir)
-    except BaseException:
-        if tf.io.gfile.exists(staging):
-            tf.io.gfile.rmtree(staging)
-        raise
+
+    _publish(_staging_beside(output_dir), output_dir, write)
     return output_dir
 
 
-__all__ = ["in_serving_export", "serving_lookup", "export_saved_model", "apply_delta",
-           "exported_tables", "serving_variable_name", "SERVING_SCOPE"]
+__all__ = ["NonFiniteError", "in_serving_export", "serving_lookup", "export_saved_model",
+           "apply_delta", "exported_tables", "serving_variable_name", "SERVING_SCOPE"]

@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -137,6 +138,9 @@ def test_a_damaged_file_is_refused_and_a_save_killed_midway_is_ignored(tmp_path)
     stale = tmp_path / ".tmp-full-000000000009-x"
     stale.mkdir()
     (stale / "dense.npz").write_bytes(b"partial")
+    long_ago = time.time() - 2 * 24 * 3600  # no writer named: removed once long untouched
+    for path in (stale / "dense.npz", stale):
+        os.utime(path, (long_ago, long_ago))
     saver = mk.KerasSaver(str(tmp_path), model, model.optimizer)  # removes the stale folder
     assert not stale.exists()
     path = os.path.join(str(tmp_path), "full-000000000002", "dense.npz")
