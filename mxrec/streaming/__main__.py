@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "changed; for mxrec.serving)")
     train.add_argument("--max_bad_lines", type=int, default=0,
                        help="malformed lines allowed per partition before the run stops (0)")
+    train.add_argument("--on_nonfinite", choices=("stop", "skip"), default="stop",
+                       help="a partition that trains the model into NaN or infinite values is "
+                            "never saved or delivered; then: stop the run with an error naming "
+                            "it (stop, default), or go back to the last good checkpoint, record "
+                            "the partition as skipped in the donefile and go on (skip)")
     train.add_argument("--watch", action="store_true",
                        help="keep polling for new partitions")
     train.add_argument("--poll_interval", type=float, default=60.0,
@@ -212,7 +217,8 @@ def _train(args, parser) -> int:
             max_partitions=args.max_partitions, dense_learning_rate=args.dense_lr,
             sparse_learning_rate=args.sparse_lr, progress=not args.no_progress,
             tensorboard=not args.no_tensorboard, threads=args.threads,
-            delta_export=args.delta_export, granularity=args.granularity)
+            delta_export=args.delta_export, granularity=args.granularity,
+            on_nonfinite=args.on_nonfinite)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     if not _check_partitions(args, parser):

@@ -61,7 +61,7 @@ from mxrec.distributed import communication
 from mxrec.optimizers.adagrad import create_hash_optimizer
 from mxrec.saver import manifest as checkpoint_manifest
 from mxrec.saver import serving
-from mxrec.saver.checkpoint import Saver
+from mxrec.saver.checkpoint import NonFiniteError, Saver
 from mxrec.saver.manifest import list_versions as checkpoint_versions
 from mxrec.serving import versions as serving_versions
 from mxrec.serving.predictor import DELTA_FILE, write_delta
@@ -91,6 +91,7 @@ FAULT_ENV = "MXREC_STREAMING_FAULT"
 DEFAULT_SIGNATURE = "serving_default"
 RAW_SIGNATURE = "raw"
 VALIDATION_MODES = ("partition", "batch", "none")
+NONFINITE_ACTIONS = ("stop", "skip")
 # Several ranks: labels and logits are gathered in chunks of this many rows (one all-reduce
 # of a fixed shape per chunk), and per-partition counts in one all-reduce of this many values
 # (plus one per rank).
@@ -130,6 +131,12 @@ class StreamConfig:
         threads: intra/inter op threads of the session (0: TensorFlow's default).
         granularity: "daily" trains only ROOT/yyyyMMdd partitions, "hourly" only
             ROOT/yyyyMMdd/hh ones; None (default) both.
+        on_nonfinite: what a partition whose trained model holds a NaN or an infinity (in
+            a dense weight, or a table row or slot the checkpoint would write) does: "stop"
+            (the run ends with an error naming the partition; nothing of it is saved or
+            delivered) or "skip" (the model goes back to the last good checkpoint, the
+            partition is recorded as skipped in the donefile, the stream goes on). Either
+            way no version of it is delivered: the predictor keeps the last good one.
         delta_export: a delta partition's serving version holds "savedmodel" (a complete
             SavedModel, the previous one with the delta applied: TF Serving loads it; costs
             in proportion to the table) or "delta_only" (only the changed rows and the dense
@@ -160,6 +167,7 @@ class StreamConfig:
     threads: int = 0
     delta_export: str = "savedmodel"
     granularity: Optional[str] = None
+    on_nonfinite: str = "stop"
 
     def __post_init__(self):
         if self.granularity not in (None, "daily", "hourly"):
@@ -168,6 +176,9 @@ class StreamConfig:
         if self.delta_export not in ("savedmodel", "delta_only"):
             raise ValueError("delta_export must be 'savedmodel' or 'delta_only', got "
                              f"{self.delta_export!r}")
+        if self.on_nonfinite not in NONFINITE_ACTIONS:
+            raise ValueError(f"on_nonfinite must be one of {NONFINITE_ACTIONS}, got "
+                             f"{self.on_nonfinite!r}")
         if self.validation not in VALIDATION_MODES:
             raise ValueError(f"validation must be one of {VALIDATION_MODES}, got "
                              f"{self.validation!r}")
@@ -390,30 +401,42 @@ class StreamingTrainer:
         return entries
 
     def _resume(self, sess) -> Optional[Dict]:
-        self.entries = donefile.read(self.config.donefile)
+        """Reads the donefile, cleans what a crash left, restores the last good checkpoint;
+        returns the donefile's last entry (None: a new model)."""
+        cfg = self.config
+        self.entries = donefile.read(cfg.donefile)
         last = self.entries[-1] if self.entries else None
+        good = _last_trained(self.entries)
+        step = good["step"] if good else 0
         if self._size > 1:  # every rank must resume from the same line
-            step = last["step"] if last else 0
-            agreed, _ = self._sum_over_ranks(sess, [step if self._rank == 0 else 0])
-            if int(agreed[0]) != step:
+            agreed, _ = self._sum_over_ranks(
+                sess, [step, len(self.entries)] if self._rank == 0 else [0, 0])
+            if (int(agreed[0]), int(agreed[1])) != (step, len(self.entries)):
                 raise RuntimeError(
-                    f"streaming trainer: rank {self._rank} reads {self.config.donefile} up to "
-                    f"step {step}, rank 0 up to step {int(agreed[0])}: every rank must see the "
-                    "same --model_dir (a shared filesystem)")
+                    f"streaming trainer: rank {self._rank} reads {len(self.entries)} lines of "
+                    f"{cfg.donefile} (step {step}), rank 0 {int(agreed[1])} (step "
+                    f"{int(agreed[0])}): every rank must see the same --model_dir (a shared "
+                    "filesystem)")
         if self._rank == 0:
-            self._clean_after(last["step"] if last else 0)
+            self._clean_after(step)
         self._barrier(sess)  # no rank reads a version before rank 0 has cleaned up
-        if last is not None:
-            restored = self._saver.restore(sess, version=last["step"])
+        saved = {s for _, s in checkpoint_versions(cfg.checkpoint_dir)} \
+            if tf.io.gfile.isdir(cfg.checkpoint_dir) else set()
+        if step == 0 and cfg.on_nonfinite == "skip" and 0 not in saved:
+            # The state a skip of the first partitions goes back to.
+            self._saver.save(sess, 0, kind="full")
+            saved.add(0)
+        if step > 0 or (last is not None and 0 in saved):
+            restored = self._saver.restore(sess, version=step)
             logging.info("streaming: resumed at step %d after partition %s", restored,
                          last["partition"])
-            if self.config.export_base and last.get("export_version") is not None \
-                    and self._rank == 0:
-                # Checked now so the log says at once; the next export checks again.
-                if self._good_base(last["export_version"]) is None:
-                    logging.warning("streaming: the next partition's serving version will be "
-                                    "full (the last one, %d, cannot be built on)",
-                                    last["export_version"])
+        if cfg.export_base and good and good.get("export_version") is not None \
+                and self._rank == 0:
+            # Checked now so the log says at once; the next export checks again.
+            if self._good_base(good["export_version"]) is None:
+                logging.warning("streaming: the next partition's serving version will be "
+                                "full (the last one, %d, cannot be built on)",
+                                good["export_version"])
         return last
 
     # --------------------------------------------------------------- one pass
@@ -619,7 +642,12 @@ class StreamingTrainer:
         else:
             kind = "full" if previous is None or (step - 1) % cfg.full_every == 0 else "delta"
         save_start = time.monotonic()
-        self._saver.save(sess, step, kind=kind)
+        try:  # the check: no version of a NaN model is saved, so none is delivered
+            self._saver.save(sess, step, kind=kind, check_finite=True)
+        except NonFiniteError as error:
+            self._non_finite(sess, partition, step, previous, error, dict(
+                lines=lines, bad_lines=bad_lines, bad_line_examples=counter.messages[:5],
+                metrics=scored))
         save_seconds = time.monotonic() - save_start
         _fault("after_checkpoint", step)
         # Several ranks: the save returns once every rank's shard is in the version;
@@ -654,6 +682,35 @@ class StreamingTrainer:
         if cfg.progress and self._rank == 0:
             self._print_progress(entry)
         return entry
+
+    def _non_finite(self, sess, partition: Partition, step: int, previous: Optional[Dict],
+                    error: NonFiniteError, counts: Dict) -> None:
+        """A partition trained the model into NaN/inf (the Saver refused to save it): stop,
+        or record it as skipped and roll back to the last good checkpoint (a _RollBack
+        that `run` answers like a restart)."""
+        cfg = self.config
+        good = previous["step"] if previous else 0
+        served = previous.get("export_version") if previous else None
+        if cfg.on_nonfinite == "stop":
+            raise NonFiniteModelError(
+                f"streaming trainer: partition {partition.name} (step {step}) trained the model "
+                f"into non-finite values; nothing of it was saved or delivered"
+                f"{f' (serving version {served} stays the newest)' if served else ''}. "
+                f"{error} Look at the partition's data (a value the parser accepts but the "
+                "model cannot take: --dense-limit bounds dense values); to train past it, "
+                f"restart with --on-nonfinite skip (back to step {good}, the partition "
+                "recorded as skipped)") from error
+        logging.error("streaming: partition %s trained the model into non-finite values (%s); "
+                      "skipping it and going back to step %d", partition.name, error, good)
+        entry = {"partition": partition.name, "day": partition.day, "step": good,
+                 "checkpoint": None, "export_version": served,
+                 "skipped": f"non-finite model: {error}", "rows": 0, "evicted": 0,
+                 "table_rows": previous.get("table_rows", {}) if previous else {},
+                 "ranks": self._size, "time": time.time(), **counts}
+        if self._rank == 0:
+            donefile.append(cfg.donefile, entry)
+        self._barrier(sess)  # every rank reads the donefile with the skip when it resumes
+        raise _RollBack(entry)
 
     @staticmethod
     def _write_scalars(writer, entry: Dict) -> None:
@@ -725,68 +782,103 @@ class StreamingTrainer:
     def run(self) -> List[Dict]:
         """Trains every pending partition (and, in watch mode, those that arrive); returns
         the donefile entries of this run."""
-        cfg = self.config
         done_now: List[Dict] = []
         owns_runtime = False
         if not initialize.is_initialized():
             initialize.init()
             owns_runtime = True
-        graph = tf.Graph()
-        session_config = tf.compat.v1.ConfigProto(
-            intra_op_parallelism_threads=cfg.threads, inter_op_parallelism_threads=cfg.threads)
         self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
         self._lock, self._identity = None, None
         try:
             if self._rank == 0:
                 self._check_model_dir()
-            with graph.as_default():
-                self._build()
-                with tf.compat.v1.Session(graph=graph, **communication.session_kwargs(
-                        session_config)) as sess:
-                    sess.run(self._init_op)
-                    # The passes' steps and the feeds' enqueues, prepared now: the first
-                    # partition's training time holds no graph set-up (about 0.15 s, 0.2 s
-                    # on ranks).
-                    self._train_step = prepared_step(
-                        sess, self._train_fetch_scored if cfg.validation == "batch"
-                        else self._train_fetch)
-                    self._eval_step = (None if self._eval_fetch is None
-                                       else prepared_step(sess, self._eval_fetch))
-                    for feed in (self._train_feed, self._eval_feed):
-                        if feed is not None:
-                            feed.prepare(sess)
-                    last = self._resume(sess)
-                    writer = (tf.compat.v1.summary.FileWriter(
-                        posixpath.join(cfg.workdir, "tensorboard"))
-                        if cfg.tensorboard and self._rank == 0 else None)
-                    try:
-                        while True:
-                            if cfg.max_partitions is not None and \
-                                    len(done_now) >= cfg.max_partitions:
-                                return done_now
-                            partition, stop = self._next(sess, last)
-                            if partition is not None:
-                                step = (last["step"] if last else 0) + 1
-                                last = self._train_partition(sess, partition, step, last, writer)
-                                self.entries.append(last)
-                                done_now.append(last)
-                                continue
-                            if stop:
-                                return done_now
-                            wait = cfg.poll_interval
-                            if cfg.deadline is not None:
-                                wait = max(0.0, min(wait, cfg.deadline - time.time()))
-                            time.sleep(wait)
-                    finally:
-                        if writer is not None:
-                            writer.close()
-                        # The pipelines wait on their queues for the next partition.
-                        sess.run(self._close_feeds)
+            while True:
+                try:
+                    self._run_graph(done_now)
+                    return done_now
+                except _RollBack as rolled:
+                    # A partition was skipped: a new graph and session, resumed from the
+                    # donefile as a restart would (the tables' host state is replaced by the
+                    # restore, the variables start afresh).
+                    done_now.append(rolled.entry)
+                    self.entries.append(rolled.entry)
         finally:
             if self._lock is not None:
                 self._lock.release()
             if owns_runtime:
                 initialize.terminate_config_initializer()
+
+    def _run_graph(self, done_now: List[Dict]) -> None:
+        """Builds the graph, resumes, and trains partitions until the run is over (or a
+        _RollBack)."""
+        cfg = self.config
+        graph = tf.Graph()
+        session_config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=cfg.threads, inter_op_parallelism_threads=cfg.threads)
+        with graph.as_default():
+            self._build()
+            with tf.compat.v1.Session(graph=graph, **communication.session_kwargs(
+                    session_config)) as sess:
+                sess.run(self._init_op)
+                # The passes' steps and the feeds' enqueues, prepared now: the first
+                # partition's training time holds no graph set-up (about 0.15 s, 0.2 s on
+                # ranks).
+                self._train_step = prepared_step(
+                    sess, self._train_fetch_scored if cfg.validation == "batch"
+                    else self._train_fetch)
+                self._eval_step = (None if self._eval_fetch is None
+                                   else prepared_step(sess, self._eval_fetch))
+                for feed in (self._train_feed, self._eval_feed):
+                    if feed is not None:
+                        feed.prepare(sess)
+                last = self._resume(sess)
+                writer = (tf.compat.v1.summary.FileWriter(
+                    posixpath.join(cfg.workdir, "tensorboard"))
+                    if cfg.tensorboard and self._rank == 0 else None)
+                try:
+                    self._loop(sess, last, writer, done_now)
+                finally:
+                    if writer is not None:
+                        writer.close()
+                    # The pipelines wait on their queues for the next partition.
+                    sess.run(self._close_feeds)
+
+    def _loop(self, sess, last: Optional[Dict], writer, done_now: List[Dict]) -> None:
+        cfg = self.config
+        good = _last_trained(self.entries)
+        while cfg.max_partitions is None or len(done_now) < cfg.max_partitions:
+            partition, stop = self._next(sess, last)
+            if partition is not None:
+                step = (good["step"] if good else 0) + 1
+                last = good = self._train_partition(sess, partition, step, good, writer)
+                self.entries.append(last)
+                done_now.append(last)
+                continue
+            if stop:
+                return
+            wait = cfg.poll_interval
+            if cfg.deadline is not None:
+                wait = max(0.0, min(wait, cfg.deadline - time.time()))
+            time.sleep(wait)
+
+
+class NonFiniteModelError(RuntimeError):
+    """A partition trained the model into NaN or infinite values; nothing of it was saved
+    or delivered (StreamConfig.on_nonfinite="stop")."""
+
+
+class _RollBack(Exception):
+    """A partition was recorded as skipped; the trainer resumes from the last good
+    checkpoint."""
+
+    def __init__(self, entry: Dict):
+        super().__init__(entry["partition"])
+        self.entry = entry
+
+
+def _last_trained(entries: List[Dict]) -> Optional[Dict]:
+    """The newest donefile entry of a trained partition (not a skipped one), or None."""
+    return next((e for e in reversed(entries) if not e.get("skipped")), None)
 
 
 _NAME_RE = re.compile(r"^(\d{8})(?:/(\d{2}))?$")
@@ -842,7 +934,8 @@ def _summed_over_ranks(grads: List) -> List:
     return out
 
 
-__all__ = ["StreamConfig", "StreamingTrainer", "FAULT_ENV", "VALIDATION_MODES", "summary",
+__all__ = ["StreamConfig", "StreamingTrainer", "NonFiniteModelError", "FAULT_ENV",
+           "VALIDATION_MODES", "NONFINITE_ACTIONS", "summary",
            "prepared_step",
            "DEFAULT_SIGNATURE", "RAW_SIGNATURE"]
 
