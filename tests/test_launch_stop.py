@@ -1,16 +1,22 @@
-"""mxrec.launch stops in bounded time and names the failing rank (issue 23's launcher part).
+"""mxrec.launch stops in bounded time and names the failing rank (issue 23's launcher part),
+and no rank outlives it (issue 52).
 
 The ranks are small Python scripts (no TensorFlow): each writes its pid, then rank 0 fails
 or everybody waits. For both engines (mpi: the launcher's mpirun; grpc: its own processes):
-a rank that ignores SIGTERM, a frozen (SIGSTOPped) rank, and SIGTERM to the launcher leave
-no process behind within the grace period plus a margin, and the exit status is the
-failing rank's. Also `-m MODULE`.
+a rank that ignores SIGTERM, a frozen (SIGSTOPped) rank, and SIGTERM or SIGHUP to the
+launcher leave no process behind within the grace period plus a margin, and the exit status
+is the failing rank's; a launcher killed by a signal it cannot handle (SIGKILL, the OOM
+killer's) or does not handle (SIGUSR1) takes every rank, and mpirun, with it within
+seconds; under `nohup` SIGHUP stops nothing. Also `-m MODULE`.
 """
 
+import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -49,7 +55,7 @@ def _engines():
     return engines
 
 
-def _start(tmp_path, engine, mode, ranks=2):
+def _start(tmp_path, engine, mode, ranks=2, preexec_fn=None):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     pids = tmp_path / "pids"
@@ -60,7 +66,8 @@ def _start(tmp_path, engine, mode, ranks=2):
     proc = subprocess.Popen(
         [sys.executable, "-m", "mxrec.launch", "-n", str(ranks), "--engine", engine,
          "--grace", str(GRACE), str(script), str(pids), mode],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=preexec_fn)
     return proc, pids
 
 
@@ -120,6 +127,118 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, engine):
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "got SIGTERM" in out, out
     _assert_all_gone(ranks, within=1.0)
+
+
+@pytest.mark.one_tf
+@pytest.mark.parametrize("engine", _engines())
+def test_sighup_to_the_launcher_stops_every_rank_as_sigterm_does(tmp_path, engine):
+    """A closed terminal or a dropped ssh session."""
+    proc, pids = _start(tmp_path, engine, "wait")
+    ranks = _rank_pids(pids, 2)
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=GRACE + MARGIN)
+    assert proc.returncode == 128 + signal.SIGHUP, out
+    assert "got SIGHUP; stopping every rank" in out, out
+    _assert_all_gone(ranks, within=1.0)
+
+
+def _children(pid):
+    """The processes whose parent is `pid` (any of its threads)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.mark.one_tf
+@pytest.mark.parametrize("engine", _engines())
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGUSR1], ids=["SIGKILL", "SIGUSR1"])
+def test_a_launcher_killed_by_a_signal_takes_every_rank_with_it(tmp_path, engine, sig):
+    """SIGKILL (the OOM killer's) runs no handler of the launcher; SIGUSR1 has none. Every
+    rank, and under the MPI engine mpirun too, ends within seconds all the same."""
+    proc, pids = _start(tmp_path, engine, "wait")
+    ranks = _rank_pids(pids, 2)
+    children = _children(proc.pid)  # grpc: the ranks; mpi: mpirun
+    assert children, "the launcher has no child"
+    if engine == "grpc":
+        assert sorted(children) == sorted(ranks)
+    os.kill(proc.pid, sig)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -sig
+    try:
+        _assert_all_gone(ranks + children, within=5.0)
+    finally:
+        # prterun killed outright leaves its session directory (ompi.PID) behind.
+        for pid in children:
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"ompi.{pid}", ignore_errors=True)
+
+
+@pytest.mark.one_tf
+def test_under_nohup_sighup_stops_nothing(tmp_path):
+    """SIGHUP ignored when the launcher starts (what `nohup` does) stays ignored."""
+    proc, pids = _start(tmp_path, "grpc", "wait",
+                        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    ranks = _rank_pids(pids, 2)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1.5)
+    assert proc.poll() is None
+    assert all(_alive(pid) for pid in ranks)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=GRACE + MARGIN)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "SIGHUP" not in out, out
+    _assert_all_gone(ranks, within=1.0)
+
+
+PDEATHSIG_PROBE = (
+    "import ctypes, sys; v = ctypes.c_int(-1); "
+    "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); "  # 2: PR_GET_PDEATHSIG
+    "print('pdeathsig', v.value, sys.argv[1:])")
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_bound_command_runs_with_the_parent_death_signal_set():
+    """The wrapper execs the command (same argv, same environment) with SIGKILL as its
+    parent-death signal; this test process plays the launcher."""
+    command = launch.bound_to_launcher([sys.executable, "-c", PDEATHSIG_PROBE, "a b", "--x"])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, MXREC_PROBE="kept"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"pdeathsig {int(signal.SIGKILL)} ['a b', '--x']"
+    own = ctypes.c_int(-1)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(own), 0, 0, 0)
+    assert own.value == 0  # set in the child only
+    with pytest.raises(ValueError, match="generations must be >= 1"):
+        launch.bound_to_launcher(["true"], generations=0)
+
+
+def test_a_child_whose_launcher_is_gone_does_not_start(tmp_path, monkeypatch):
+    """A launcher that died before the child set its parent-death signal would never send
+    it: the child refuses to start. Also a grandchild whose parent's parent is not the
+    launcher (a rank under an mpirun whose launcher died)."""
+    marker = tmp_path / "ran"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    dead = _dead_pid()
+    monkeypatch.setattr(os, "getpid", lambda: dead)
+    bound = launch.bound_to_launcher(command)
+    monkeypatch.undo()
+    refused = subprocess.run(bound, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert f"the launcher (pid {dead}) is gone; not starting" in refused.stderr
+    assert not marker.exists()
+    # This process is the parent, not the grandparent, of what it starts.
+    wrong = subprocess.run(launch.bound_to_launcher(command, generations=2), capture_output=True,
+                           text=True, timeout=60)
+    assert wrong.returncode == 1 and "is gone; not starting" in wrong.stderr
+    assert not marker.exists()
+    missing = subprocess.run(launch.bound_to_launcher([str(tmp_path / "no-such-program")]),
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "cannot run" in missing.stderr
 
 
 def test_module_runs_as_python_dash_m(tmp_path):

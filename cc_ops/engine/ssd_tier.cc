@@ -6,10 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "key_map.h"  // HashKey
 
@@ -130,36 +131,102 @@ Status ReadAll(int fd, char* data, int64_t length, int64_t offset, const std::st
   return Status::Ok();
 }
 
+// The tier's files, in its private directory.
+constexpr char kDataFile[] = "rows.dat";
+constexpr char kCompactFile[] = "rows.dat.compact";
+
+// Whether `name` in the directory `dir_fd` is still the file open as `fd`, not
+// one put in its place.
+bool SameFile(int dir_fd, const char* name, int fd) {
+  struct stat at;
+  struct stat held;
+  return fstatat(dir_fd, name, &at, AT_SYMLINK_NOFOLLOW) == 0 && fstat(fd, &held) == 0 &&
+         at.st_dev == held.st_dev && at.st_ino == held.st_ino;
+}
+
+// A new directory under `dir` that only this user can enter, open as *dir_fd.
+Status MakePrivateDirectory(const std::string& dir, const std::string& name, std::string* path,
+                            int* dir_fd) {
+  const std::string pattern =
+      dir + "/mxrec-ssd-" + Sanitize(name) + "-" + std::to_string(getpid()) + "-XXXXXX";
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  if (mkdtemp(buffer.data()) == nullptr) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", name,
+                       "': cannot create the SSD tier's directory ", pattern,
+                       " under ssd_data_path '", dir, "': ", std::strerror(errno));
+  }
+  *path = buffer.data();
+  // What is opened must be the directory mkdtemp made (0700, this user's), not
+  // one renamed into its place since.
+  const int fd = open(path->c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat info;
+  if (fd < 0 || fstat(fd, &info) != 0 || info.st_uid != geteuid() || (info.st_mode & 077) != 0) {
+    const std::string why = fd < 0 ? std::strerror(errno) : "it is not the directory mxrec made";
+    if (fd >= 0) close(fd);
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", name,
+                       "': cannot open the SSD tier's directory ", *path,
+                       " under ssd_data_path '", dir, "': ", why);
+  }
+  *dir_fd = fd;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t capacity,
                      std::unique_ptr<SsdTier>* out) {
-  static std::atomic<uint64_t> counter{0};
   struct stat info;
   if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", name, "': ssd_data_path '",
                        dir, "' is not an existing directory");
   }
-  const std::string path = dir + "/mxrec-ssd-" + Sanitize(name) + "-" +
-                           std::to_string(getpid()) + "-" + std::to_string(counter++) + ".dat";
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", name,
-                       "': cannot create the SSD tier file ", path, ": ", std::strerror(errno));
-  }
-  out->reset(new SsdTier(path, name, capacity, fd));
+  std::string private_dir;
+  int dir_fd = -1;
+  MXREC_RETURN_IF_ERROR(MakePrivateDirectory(dir, name, &private_dir, &dir_fd));
+  std::unique_ptr<SsdTier> tier(new SsdTier(private_dir, dir_fd, name, capacity));
+  MXREC_RETURN_IF_ERROR(tier->CreateFile(kDataFile, &tier->fd_));
+  tier->Map();
+  *out = std::move(tier);
   return Status::Ok();
 }
 
-SsdTier::SsdTier(std::string path, std::string name, int64_t capacity, int fd)
-    : path_(std::move(path)), name_(std::move(name)), capacity_(capacity), fd_(fd) {
-  Map();
-}
+SsdTier::SsdTier(std::string dir, int dir_fd, std::string name, int64_t capacity)
+    : dir_(std::move(dir)),
+      dir_fd_(dir_fd),
+      path_(dir_ + "/" + kDataFile),
+      name_(std::move(name)),
+      capacity_(capacity),
+      fd_(-1) {}
 
 SsdTier::~SsdTier() {
   Unmap();
-  close(fd_);
-  unlink(path_.c_str());
+  if (fd_ >= 0) {
+    if (SameFile(dir_fd_, kDataFile, fd_)) unlinkat(dir_fd_, kDataFile, 0);
+    close(fd_);
+  }
+  // rmdir removes the directory only while it is empty: a file someone else
+  // put there keeps it, and the file too.
+  struct stat at;
+  struct stat held;
+  if (lstat(dir_.c_str(), &at) == 0 && fstat(dir_fd_, &held) == 0 && at.st_dev == held.st_dev &&
+      at.st_ino == held.st_ino) {
+    rmdir(dir_.c_str());
+  }
+  close(dir_fd_);
+}
+
+Status SsdTier::CreateFile(const char* file, int* fd) const {
+  *fd = openat(dir_fd_, file, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (*fd >= 0) return Status::Ok();
+  const int error = errno;
+  return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", name_,
+                     "': cannot create the SSD tier file ", dir_, "/", file,
+                     " (under ssd_data_path): ", std::strerror(error),
+                     error == EEXIST || error == ELOOP
+                         ? "; something mxrec did not create is at that name, and mxrec "
+                           "leaves it alone"
+                         : "");
 }
 
 void SsdTier::Map() {
@@ -334,13 +401,9 @@ Status SsdTier::ForEach(const std::function<void(int64_t, const SsdRecord&)>& fn
 Status SsdTier::MaybeCompact() {
   const int64_t dead = end_ - live_bytes_;
   if (dead < kMinCompactBytes || dead < live_bytes_) return Status::Ok();
-  const std::string tmp = path_ + ".compact";
-  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", name_,
-                       "': cannot create the SSD compaction file ", tmp, ": ",
-                       std::strerror(errno));
-  }
+  const std::string tmp = dir_ + "/" + kCompactFile;
+  int fd = -1;
+  MXREC_RETURN_IF_ERROR(CreateFile(kCompactFile, &fd));
   // Live records in file order, read through blocks of the old file and
   // written out in blocks.
   std::vector<SsdIndex::Entry> live;
@@ -381,14 +444,14 @@ Status SsdTier::MaybeCompact() {
   if (status.ok() && !out.empty()) {
     status = WriteAll(fd, out.data(), static_cast<int64_t>(out.size()), written, tmp);
   }
-  if (status.ok() && rename(tmp.c_str(), path_.c_str()) != 0) {
+  if (status.ok() && renameat(dir_fd_, kCompactFile, dir_fd_, kDataFile) != 0) {
     status = MXREC_ERROR(StatusCode::kInternal, "mxrec table '", name_,
-                         "': replacing the SSD tier file after compaction failed: ",
+                         "': replacing the SSD tier file ", path_, " after compaction failed: ",
                          std::strerror(errno));
   }
   if (!status.ok()) {
+    if (SameFile(dir_fd_, kCompactFile, fd)) unlinkat(dir_fd_, kCompactFile, 0);
     close(fd);
-    unlink(tmp.c_str());
     return status;
   }
   Unmap();

@@ -1,8 +1,15 @@
 // The SSD tier: host-tier rows spilled to one append-only file that mxrec
 // owns, with an in-memory index key -> (offset, length). A row read back or
 // erased leaves a dead record; the file is compacted (live records copied to
-// a new file that replaces it) once dead bytes outweigh live ones. The file is
-// removed when the table is dropped. Plain C++ and POSIX I/O: records are
+// a new file that replaces it) once dead bytes outweigh live ones.
+//
+// Files: each tier makes a private directory under ssd_data_path (mkdtemp:
+// mode 0700, a fresh random name, "mxrec-ssd-<table>-<pid>-XXXXXX") and
+// creates its files there relative to the directory's descriptor with
+// O_EXCL | O_NOFOLLOW | O_CLOEXEC, so a symlink or file planted at a name is
+// never followed, truncated or written. Dropping the table removes the data
+// file only if it is still the one the tier created, and the directory only
+// if nothing else was put in it. Plain C++ and POSIX I/O: records are
 // appended in batches (one write per batch), read through a read-only shared
 // mapping of the file (no system call per record; pread where the mapping
 // cannot be made), and compaction streams the file in large blocks. The index
@@ -65,7 +72,9 @@ struct SsdRecord {
 
 class SsdTier {
  public:
-  // Creates a fresh data file for table `name` under directory `dir`.
+  // Creates a private directory under `dir` (the table's ssd_data_path) and a
+  // fresh data file in it for table `name`; an error names the path and the
+  // setting when either cannot be made.
   static Status Open(const std::string& dir, const std::string& name, int64_t capacity,
                      std::unique_ptr<SsdTier>* out);
   ~SsdTier();
@@ -116,7 +125,9 @@ class SsdTier {
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
   int64_t file_bytes() const { return end_; }
   int64_t compactions() const { return compactions_; }
+  // The data file and its private directory.
   const std::string& path() const { return path_; }
+  const std::string& directory() const { return dir_; }
 
  private:
   struct Location {
@@ -124,7 +135,10 @@ class SsdTier {
     int64_t length = 0;
   };
 
-  SsdTier(std::string path, std::string name, int64_t capacity, int fd);
+  // Owns dir_fd; the data file is created by Open (fd_ -1 until then).
+  SsdTier(std::string dir, int dir_fd, std::string name, int64_t capacity);
+  // A new file `file` of the private directory (O_EXCL: never one that exists).
+  Status CreateFile(const char* file, int* fd) const;
   Status ReadAt(const Location& loc, int64_t key, SsdRecord* record) const;
   // The record's header at `loc` (its present mask and float count), checked
   // against `key`; reads through the mapping or, beyond it, with pread.
@@ -137,6 +151,8 @@ class SsdTier {
   void Map();
   void Unmap();
 
+  std::string dir_;
+  int dir_fd_;
   std::string path_;
   std::string name_;
   int64_t capacity_;

@@ -27,10 +27,19 @@ Ranks and addresses come from the launcher:
 
 Every collective has a timeout (MXREC_COLLECTIVE_TIMEOUT seconds, default 300): a rank that
 died or never joined ends the others with DeadlineExceededError instead of a hang.
+
+Where the server listens: TensorFlow's gRPC server (2.15 and 2.21 alike) always listens on
+every interface, "0.0.0.0:PORT" (gRPC makes it the dual-stack "[::]:PORT"); ServerDef can
+change the port, never the address. So where this rank's address in the cluster spec is a
+loopback one (the launcher's local ranks), `setup` confines the listening socket to the
+loopback interface (SO_BINDTODEVICE) before the server serves: connections from other
+hosts are refused, as if the server had bound 127.0.0.1. Other addresses stay reachable on
+every interface (docs/MULTIWORKER.md, "What the engines do not protect").
 """
 
 import dataclasses
 import functools
+import ipaddress
 import os
 import socket
 import weakref
@@ -40,6 +49,7 @@ import tensorflow as tf
 
 from mxrec.util import env, ranks
 from mxrec.util.gradients import custom_gradient
+from mxrec.util.log import logger
 
 _GROUP_KEY = 7301
 DEFAULT_TIMEOUT = 300.0
@@ -184,10 +194,114 @@ def setup(rank: int, size: int) -> Optional[Cluster]:
     addresses = _addresses(rank, size)
     cluster = Cluster(rank=rank, size=size, addresses=addresses)
     _CLUSTER = cluster
-    spec = tf.train.ClusterSpec({"worker": addresses})
-    cluster.server = tf.distribute.Server(spec, job_name="worker", task_index=rank,
-                                          config=session_config(), start=True)
+    cluster.server = _start_server(addresses, rank)
     return cluster
+
+
+def _start_server(addresses: List[str], rank: int):
+    """This rank's server, confined to the loopback interface where its address is loopback.
+
+    The socket listens from the server's construction on; start=False keeps TensorFlow
+    from serving requests until the confinement is in place."""
+    spec = tf.train.ClusterSpec({"worker": addresses})
+    server = tf.distribute.Server(spec, job_name="worker", task_index=rank,
+                                  config=session_config(), start=False)
+    host, port = split_address(addresses[rank])
+    if not is_loopback_host(host):
+        logger.info("rank %d: TensorFlow's gRPC server listens on port %d of every interface, "
+                    "not only %s; keep the ranks on a private network (docs/MULTIWORKER.md)",
+                    rank, port, host)
+    elif not confine_to_loopback(port):
+        logger.warning("rank %d: the gRPC server for %s listens on every interface (TensorFlow "
+                       "binds 0.0.0.0) and could not be confined to loopback; see "
+                       "docs/MULTIWORKER.md, \"What the engines do not protect\"",
+                       rank, addresses[rank])
+    server.start()
+    return server
+
+
+def split_address(address: str):
+    """(host, port) of "host:port" or "[v6]:port"."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"MXREC_CLUSTER: {address!r} is no host:port address")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether every address `host` names is a loopback one (127.0.0.0/8, ::1)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(found) and all(
+        ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in found)
+
+
+def _loopback_interface() -> str:
+    """The name of the loopback interface ("lo" on Linux)."""
+    for name in sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else ():
+        try:
+            with open(f"/sys/class/net/{name}/type") as f:
+                if f.read().strip() == "772":  # ARPHRD_LOOPBACK
+                    return name
+        except OSError:
+            continue
+    return "lo"
+
+
+def _listening_sockets(port: int) -> List[socket.socket]:
+    """This process's TCP sockets listening on `port` (duplicates: close them)."""
+    found = []
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{entry}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(entry)))
+        except OSError:
+            continue  # closed meanwhile, or not a socket Python can wrap
+        try:
+            if (sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET,
+                                                                    socket.AF_INET6)
+                    and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                    and sock.getsockname()[1] == port):
+                found.append(sock)
+                continue
+        except OSError:
+            pass
+        sock.close()
+    return found
+
+
+def confine_to_loopback(port: int) -> bool:
+    """Restricts this process's listening sockets on `port` to the loopback interface.
+
+    SO_BINDTODEVICE on a listening socket makes the kernel match it only for connections
+    that arrive on that interface, which from another host none do (nor do connections
+    to this host's own non-loopback addresses). A socket already bound to a loopback
+    address is left as it is.
+
+    Returns:
+        Whether at least one socket listens on `port` and each is loopback-only now; False
+        when none is found or the kernel refuses the option (before Linux 5.7 it needs
+        CAP_NET_RAW).
+    """
+    sockets = _listening_sockets(port)
+    confined = bool(sockets)
+    device = _loopback_interface().encode()
+    for sock in sockets:
+        try:
+            if not ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_loopback:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device)
+        except OSError:
+            confined = False
+        finally:
+            sock.close()
+    return confined
 
 
 def cluster() -> Optional[Cluster]:

@@ -13,11 +13,16 @@ Output lines are prefixed with the rank. Stopping is bounded:
 - when a rank fails, the launcher prints which rank and its status, sends SIGTERM to every
   other rank and, after the grace period (`--grace`, MXREC_LAUNCH_GRACE, 10 s by
   default), SIGKILL to whatever is left (a rank that ignores SIGTERM or is stopped);
-- SIGTERM or SIGINT to the launcher (a job scheduler, Ctrl-C) is passed to every rank the
-  same way, and the launcher exits 143 (SIGTERM) or 130 (SIGINT);
+- SIGTERM, SIGINT or SIGHUP to the launcher (a job scheduler, Ctrl-C, a closed terminal or
+  dropped ssh session) is passed to every rank the same way, and the launcher exits 143, 130
+  or 129; a SIGHUP ignored when the launcher starts (`nohup`) stays ignored;
 - the exit status is the first failing rank's (128 + signal for a rank killed by a
   signal), 124 after `--timeout`, 0 only when every rank succeeded.
 Every process a rank starts lives in the rank's session, and the whole session is signalled.
+No rank outlives the launcher, however it ends (SIGKILL and the OOM killer included): each
+rank, and mpirun, starts through a few lines of Python that set the kernel's parent-death
+signal (`prctl(PR_SET_PDEATHSIG, SIGKILL)`) and then exec the command; a rank under mpirun
+is bound to mpirun, so the launcher's death ends mpirun and mpirun's ends the rank.
 
 Threads: N ranks on one machine share its cores, so each rank gets a share of them
 (`--threads_per_rank`, default max(1, cores // N) for N > 1) as the sizes of its thread
@@ -50,6 +55,70 @@ _PRTE_RANK = re.compile(r"Process name:\s*\[[^\]]*,(\d+)\]")
 # "signal 9 (Killed)." arrive as two lines, so the rank is read from the first.
 _PRTE_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited")
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?")
+
+
+# Runs as `python -I -S -c _BOUND_TO_LAUNCHER LAUNCHER_PID GENERATIONS COMMAND...` and execs
+# COMMAND, which keeps the parent-death signal (only a set-user-ID exec clears it). The
+# signal follows the parent, not the launcher: GENERATIONS says how far up the launcher is
+# (1: its own child; 2: a rank under mpirun), and the process refuses to start once that
+# ancestor is not the launcher any more, because a parent that died before prctl() leaves
+# the child re-parented with no signal ever to come. Standard library only, no site: it
+# runs before every rank and must not import what the rank may not have.
+_BOUND_TO_LAUNCHER = """\
+import ctypes, os, signal, sys
+launcher, generations, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+if prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+    sys.exit("mxrec.launch: prctl(PR_SET_PDEATHSIG) failed: " + os.strerror(ctypes.get_errno()))
+pid = os.getpid()
+for _ in range(generations):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    except (OSError, ValueError):
+        pid = -1
+        break
+if pid != launcher:
+    sys.exit(f"mxrec.launch: the launcher (pid {launcher}) is gone; not starting {command[0]}")
+try:
+    os.execvp(command[0], command)
+except OSError as e:
+    sys.exit(f"mxrec.launch: cannot run {command[0]}: {e}")
+"""
+
+
+def bound_to_launcher(command: List[str], generations: int = 1) -> List[str]:
+    """`command` made to end when this process (the launcher) dies, by any signal.
+
+    Args:
+        command: the argv to run.
+        generations: how far below the launcher the command's process runs: 1 for a process
+            the launcher starts itself, 2 for a rank that mpirun (the launcher's child) starts.
+
+    Returns:
+        An argv that sets the parent-death signal to SIGKILL, checks that the launcher is
+        still its ancestor, and execs `command` (same pid, same environment).
+
+    Example:
+        >>> bound_to_launcher(["python", "train.py"])[-2:]
+        ['python', 'train.py']
+    """
+    if generations < 1:
+        raise ValueError(f"bound_to_launcher: generations must be >= 1, got {generations}")
+    return [sys.executable, "-I", "-S", "-c", _BOUND_TO_LAUNCHER, str(os.getpid()),
+            str(generations), *command]
+
+
+def _say(message: str) -> None:
+    """A line on stderr; after SIGHUP the terminal may be gone, which must not stop the
+    launcher from stopping the ranks."""
+    try:
+        sys.stderr.write(message)
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 def _grace(value: Optional[float]) -> float:
@@ -146,8 +215,11 @@ class _Job:
     def _relay(self, stream, prefix_of, label):
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            sys.stdout.write(prefix_of(line, label))
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(prefix_of(line, label))
+                sys.stdout.flush()
+            except OSError:
+                pass  # a closed terminal: keep reading, or a rank blocks on a full pipe
             self._note(line)
         stream.close()
 
@@ -213,14 +285,16 @@ def _start_ranks(job: "_Job", num: int, command: List[str], base_env: dict, engi
             match = _MPI_TAG.match(line)
             return f"[{match.group(1)}] {line[match.end():]}" if match else line
 
-        return [job.start(mpirun_command(num, command), base_env, None, mpi_prefix)]
+        argv = bound_to_launcher(mpirun_command(num, bound_to_launcher(command, 2)))
+        return [job.start(argv, base_env, None, mpi_prefix)]
     ports = _free_ports(num)
     cluster = ",".join(f"127.0.0.1:{p}" for p in ports)
     ranks = []
     for rank in range(num):
         child_env = dict(base_env, MXREC_RANK=str(rank), MXREC_SIZE=str(num),
                          MXREC_CLUSTER=cluster, MXREC_EXCHANGE="grpc")
-        ranks.append(job.start(command, child_env, rank, lambda line, label: f"[{label}] {line}"))
+        ranks.append(job.start(bound_to_launcher(command), child_env, rank,
+                               lambda line, label: f"[{label}] {line}"))
     return ranks
 
 
@@ -242,63 +316,89 @@ def launch(num: int, command: List[str], env: Optional[dict] = None,
     if engine not in ("mpi", "grpc"):
         raise ValueError(f"mxrec.launch: --engine must be 'mpi' or 'grpc', got {engine!r}")
     job = _Job(_grace(grace))
-    ranks = _start_ranks(job, num, command,
-                         thread_env(dict(os.environ if env is None else env), threads_per_rank),
-                         engine)
-    relays = [relay for _, relay in ranks]
-    procs = [proc for proc, _ in ranks]
-    received = []
+    received: List[int] = []
+    previous = _install_stop_handlers(received)
+    relays = []
+    try:
+        ranks = _start_ranks(job, num, command,
+                             thread_env(dict(os.environ if env is None else env),
+                                        threads_per_rank), engine)
+        procs = [proc for proc, _ in ranks]
+        relays = [relay for _, relay in ranks]
+        return _supervise(job, procs, relays, engine, timeout, received)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        # Nothing of the job outlives the launcher (job.procs: also ranks started before a
+        # later one failed to start).
+        for proc in job.procs:
+            if proc.poll() is None or _session_members(proc.pid):
+                job.stop(signal.SIGTERM)
+                break
+        for proc in job.procs:
+            proc.wait()
+        for relay in relays:
+            relay.join(timeout=5)
+
+
+# Signals that stop the job: a scheduler's SIGTERM, Ctrl-C, a closed terminal or ssh session.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _install_stop_handlers(received: List[int]) -> dict:
+    """Handlers that append each stop signal to `received`; the handlers they replace.
+
+    A SIGHUP ignored at start stays ignored: `nohup python -m mxrec.launch ...` asks for a
+    job that outlives its terminal. signal.signal works in the main thread only, which is
+    also what keeps the parent-death signal of the ranks from firing early: it follows the
+    thread that started them, and this one lives as long as the launcher."""
 
     def on_signal(signum, _frame):
         received.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {}
+    for sig in _STOP_SIGNALS:
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
+        previous[sig] = signal.signal(sig, on_signal)
+    return previous
+
+
+def _supervise(job: _Job, procs, relays, engine: str, timeout: Optional[float],
+               received: List[int]) -> int:
+    """Waits for the ranks; stops them all on the first failure, a stop signal or the
+    timeout; returns the exit status."""
     status = 0
     deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        running = set(range(len(procs)))
-        while running:
-            if received:
-                sig = received[0]
-                sys.stderr.write(f"mxrec.launch: got {signal.Signals(sig).name}; stopping every "
-                                 f"rank (SIGKILL after {job.grace:g} s)\n")
+    running = set(range(len(procs)))
+    while running:
+        if received:
+            sig = received[0]
+            _say(f"mxrec.launch: got {signal.Signals(sig).name}; stopping every rank (SIGKILL "
+                 f"after {job.grace:g} s)\n")
+            job.stop(signal.SIGTERM)
+            return 128 + sig
+        for index in sorted(running):
+            code = procs[index].poll()
+            if code is None:
+                continue
+            running.discard(index)
+            if code != 0 and status == 0:
+                status = _status_of(code)
+                if engine == "mpi":
+                    relays[index].join(timeout=5)  # mpirun's report names the rank
+                rank = index if engine == "grpc" else job.failed_rank
+                who = "a rank (mpirun did not say which)" if rank is None else f"rank {rank}"
+                _say(f"mxrec.launch: {who} failed with exit status {status}; stopping the "
+                     f"other ranks (SIGKILL after {job.grace:g} s)\n")
                 job.stop(signal.SIGTERM)
-                status = 128 + sig
-                break
-            for index in sorted(running):
-                code = procs[index].poll()
-                if code is None:
-                    continue
-                running.discard(index)
-                if code != 0 and status == 0:
-                    status = _status_of(code)
-                    if engine == "mpi":
-                        relays[index].join(timeout=5)  # mpirun's report names the rank
-                    rank = index if engine == "grpc" else job.failed_rank
-                    who = "a rank (mpirun did not say which)" if rank is None else f"rank {rank}"
-                    sys.stderr.write(f"mxrec.launch: {who} failed with exit status {status}; "
-                                     f"stopping the other ranks (SIGKILL after {job.grace:g} s)\n")
-                    job.stop(signal.SIGTERM)
-            if deadline is not None and time.monotonic() > deadline and running:
-                sys.stderr.write(f"mxrec.launch: ranks still running after {timeout} s; "
-                                 "stopping them\n")
-                job.grace = min(job.grace, 5.0)
-                job.stop(signal.SIGTERM)
-                status = status or 124
-                deadline = None
-            time.sleep(0.05)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        # Nothing of the job outlives the launcher.
-        for proc in procs:
-            if proc.poll() is None or _session_members(proc.pid):
-                job.stop(signal.SIGTERM)
-                break
-        for proc in procs:
-            proc.wait()
-        for relay in relays:
-            relay.join(timeout=5)
+        if deadline is not None and time.monotonic() > deadline and running:
+            _say(f"mxrec.launch: ranks still running after {timeout} s; stopping them\n")
+            job.grace = min(job.grace, 5.0)
+            job.stop(signal.SIGTERM)
+            status = status or 124
+            deadline = None
+        time.sleep(0.05)
     return status
 
 
