@@ -60,6 +60,7 @@ from mxrec.serving.requests import RequestError
 
 _PREDICT = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+))?:predict$")
 _STATUS = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+))?(/metadata)?$")
+_NODE_LINE = re.compile(r"^Node: '[^'\n]*'\n", re.MULTILINE)
 MAX_BODY = 64 << 20
 # A body over the limit is read and dropped up to this size, so that the client, which
 # sends all of it before reading the answer, gets the 413 and not a broken pipe.
@@ -150,7 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.timed_out = False
         self.answered = False
         self.close_connection = True
-        self.command = None
+        self.command, self.requestline = None, ""
         self._reader = _DeadlineReader(sock, self)
         self.rfile = io.BufferedReader(self._reader)
         self.wfile = _Writer(sock, self)
@@ -161,6 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.deadline = deadline
         self.timed_out = self.answered = False
         self.close_connection = True
+        self.command = None  # not the previous request's
         self.handle_one_request()
         if self.timed_out and not self.answered and self.command:
             self._error(408, self._late(), close=True)
@@ -349,14 +351,14 @@ class _Handler(BaseHTTPRequestHandler):
             return instance.predict(feeds, name, timeout=self.deadline - time.monotonic())
         except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
             raise RequestError(f"the model refused the request's values: "
-                               f"{error.message.strip()}", 400) from None
+                               f"{_op_words(error)}", 400) from None
         except tf.errors.DeadlineExceededError:
             raise RequestError(f"the model did not answer within the request's deadline of "
                                f"{self.server.timeout:g} s (python -m mxrec.serving "
                                "--rest-api-timeout-in-ms)", 504) from None
         except tf.errors.ResourceExhaustedError as error:
             raise RequestError(f"the model ran out of memory for this request (send smaller "
-                               f"batches): {error.message.strip()}", 429) from None
+                               f"batches): {_op_words(error)}", 429) from None
 
     def _post(self):
         match = _PREDICT.match(self.path)
@@ -379,6 +381,14 @@ class _Handler(BaseHTTPRequestHandler):
         except NoVersionError as error:
             raise RequestError(str(error), 503) from None
         return self._reply(200, requests.outputs_to_json(outputs, row_format), version)
+
+
+def _op_words(error: tf.errors.OpError) -> str:
+    """The failing op's own message and node, without the Python trace of where this
+    process defined the node (TensorFlow prepends it: nothing for a client)."""
+    text = error.message
+    node = _NODE_LINE.search(text)
+    return (text[node.end():] if node else text).strip()
 
 
 def _closing(error: RequestError) -> RequestError:
@@ -463,7 +473,8 @@ class ModelServer:
         self.max_queued = max_queued
         self._listener = _bind(host, port)
         self.port = self._listener.getsockname()[1]
-        self._ready: queue.Queue = queue.Queue(max_queued)  # _Connection, None: stop
+        self._ready: queue.Queue = queue.Queue()  # _Connection, None: stop
+        self._in_flight = 0  # handed to the threads (answered or waiting), not back yet
         self._returned = collections.deque()  # (connection, "park" | "linger" | "close")
         self._returned_lock = threading.Lock()
         self._wake_read, self._wake_write = socket.socketpair()
@@ -547,13 +558,32 @@ class ModelServer:
                 self._close(connection)
             return
         self._unwatch(selector, watched, connection)
+        if self._closed_by_client(connection):
+            self._close(connection)  # an idle keep-alive connection ended: no thread needed
+            return
         connection.since = time.monotonic()  # the request's deadline starts now
-        try:
-            self._ready.put_nowait(connection)
-        except queue.Full:
+        with self._returned_lock:
+            taken = self._in_flight >= self.num_threads + self.max_queued
+            if not taken:
+                self._in_flight += 1
+        if taken:
             self._busy(connection, f"all {self.num_threads} handler threads are taken and "
                                    f"{self.max_queued} requests wait")
             self._linger(selector, watched, connection)
+        else:
+            self._ready.put(connection)
+
+    @staticmethod
+    def _closed_by_client(connection) -> bool:
+        """EOF (or a reset) on a watched connection. Its reader holds nothing read ahead: it
+        was parked only after `pending()` found nothing."""
+        try:
+            connection.sock.setblocking(False)
+            return not connection.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True  # reset
 
     def _busy(self, connection, why: str):
         """Answers 503 without reading the request (it never waits, nor blocks the watcher)."""
@@ -624,6 +654,7 @@ class ModelServer:
 
     def _hand_back(self, connection, action: str):
         with self._returned_lock:
+            self._in_flight -= 1
             if not self._closed:
                 self._returned.append((connection, action))
                 self._wake()

@@ -18,6 +18,7 @@ version's files changed since, without reading them.
 
 import hashlib
 import json
+import os
 import posixpath
 import re
 import time
@@ -176,17 +177,25 @@ def verify(version_dir: str) -> Dict:
     return manifest
 
 
+def _stat(path: str) -> Tuple:
+    local = durable.local_path(path)
+    if local is None:
+        stat = tf.io.gfile.stat(path)
+        return stat.length, stat.mtime_nsec
+    # tf.io.gfile's mtime has whole seconds on local files; the change time also moves when
+    # a copy keeps the source's mtime (cp -p, rsync -t), and nothing can set it back.
+    stat = os.stat(local)
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
+
+
 def fingerprint(version_dir: str) -> Tuple:
-    """(name, bytes, mtime in ns) of every file of a version, the manifest included: equal
-    fingerprints mean nothing was written, copied or removed there since."""
+    """(name, bytes, mtime, and for local files change time and inode) of every file of a
+    version, the manifest included: equal fingerprints mean nothing was written, copied or
+    removed there since. Nothing is read."""
     names = _files(version_dir)
     if tf.io.gfile.exists(posixpath.join(version_dir, MANIFEST)):
         names.append(MANIFEST)
-    out = []
-    for name in sorted(names):
-        stat = tf.io.gfile.stat(posixpath.join(version_dir, name))
-        out.append((name, stat.length, stat.mtime_nsec))
-    return tuple(out)
+    return tuple((name,) + _stat(posixpath.join(version_dir, name)) for name in sorted(names))
 
 
 def list_versions(export_base: str) -> List[int]:
