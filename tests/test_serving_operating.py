@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import logging as absl_logging
 from serving_streams import MODEL, hashed, read_rows, request, train, write
 
 from mxrec.saver import serving as saver_serving
@@ -392,9 +393,11 @@ def test_the_allowlist_covers_every_export_and_refuses_io(stream, tmp_path):
     with pytest.raises(ValueError, match="'NoSuchOp' is not a TensorFlow op type"):
         Predictor(str(tmp_path), allow_ops=["NoSuchOp"])
     assert allowed_ops.allowed(["Erfc"]) == allowed_ops.ALLOWED_OPS | {"Erfc"}
+    verbosity = absl_logging.get_verbosity()
     with pytest.raises(SystemExit) as exit_info:
         serving_main(["--export-base", str(tmp_path), "--model-name", "m", "--allow-op",
                       "PyFunc"])
+    absl_logging.set_verbosity(verbosity)  # main() turned it up for its own log lines
     assert exit_info.value.code == 2
     with pytest.raises(SystemExit):
         serving_main(["--export-base", str(tmp_path), "--model-name", "m",
@@ -481,7 +484,7 @@ def _trickle(port, head: bytes, then: bytes, pause: float, stop: threading.Event
                 break
             try:
                 chunk = sock.recv(4096)
-            except TimeoutError:
+            except socket.timeout:
                 continue
             except OSError:
                 break

@@ -107,11 +107,11 @@ class _DeadlineReader(io.RawIOBase):
         left = self.handler.deadline - time.monotonic()
         if left <= 0:
             self.handler.timed_out = True
-            raise TimeoutError("the request's deadline passed")
+            raise socket.timeout("the request's deadline passed")
         self.sock.settimeout(left)
         try:
             return self.sock.recv_into(buffer)
-        except TimeoutError:
+        except socket.timeout:
             self.handler.timed_out = True
             raise
 
@@ -236,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
             handler()
         except RequestError as error:
             self._error(error.status, str(error), close=getattr(error, "close", False))
-        except TimeoutError:
+        except socket.timeout:
             self._error(408, self._late(), close=True)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
