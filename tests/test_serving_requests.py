@@ -271,20 +271,20 @@ def test_failures_are_500_json_never_nan(served, monkeypatch):
     good = {"instances": _instances(query["sparse"][:2], query["dense"][:2])}
     instance = server.predictor._current
 
-    def broken(inputs, signature=None):
+    def broken(inputs, signature=None, timeout=None):
         raise RuntimeError("the session went away")
 
     monkeypatch.setattr(instance, "predict", broken)
     code, _, body = request(port, "POST", PATH, good)
     assert code == 500 and "RuntimeError: the session went away" in body["error"]
 
-    def lookup_failure(inputs, signature=None):
+    def lookup_failure(inputs, signature=None, timeout=None):
         raise KeyError("a table lost a key")
 
     monkeypatch.setattr(instance, "predict", lookup_failure)  # a 500, not "no version" (503)
     code, _, body = request(port, "POST", PATH, good)
     assert code == 500 and "KeyError" in body["error"]
-    monkeypatch.setattr(instance, "predict", lambda inputs, signature=None: {
+    monkeypatch.setattr(instance, "predict", lambda inputs, signature=None, timeout=None: {
         "prob": np.array([0.5, np.nan], np.float32), "logits": np.zeros(2, np.float32)})
     code, _, body = request(port, "POST", PATH, good)  # strict JSON parse inside
     assert code == 500 and "output 'prob' is not finite" in body["error"]
@@ -336,8 +336,9 @@ def test_host_and_busy_port(served, tmp_path):
     predictor = Predictor(str(tmp_path))
     server = ModelServer(predictor, "ctr", port=0, host="0.0.0.0").start()
     try:
-        code, _, body = request(server.port, "GET", "/v1/models/ctr")
-        assert code == 200 and body == {"model_version_status": []}
+        code, _, body = request(server.port, "GET", "/v1/models/ctr")  # nothing to serve
+        assert code == 404 and body == {"error": "Could not find any versions of model ctr",
+                                        "model_version_status": []}
         code, _, body = request(server.port, "POST", PATH, {"instances": [{"sparse": [1]}]})
         assert code == 503 and "no model version is loaded" in body["error"]
         with pytest.raises(PortInUseError, match=f"port {server.port} on 0.0.0.0 is in use"):

@@ -5,6 +5,9 @@
 Serves EXPORT_BASE/<newest valid version>, applies each new version as it appears
 (in place for mxrec delta versions, whole for SavedModels), refuses damaged ones and
 keeps serving the old; logs a line per version switch (version, how, load time).
+A version still being copied is looked at again at the next poll; a damaged one (or
+one with an op outside the allowlist, or values that are not finite) once its files
+change. Until a version loads, GET /v1/models/NAME answers 404, as TF Serving does.
 Listens on 127.0.0.1 unless --host says otherwise (0.0.0.0 in a container).
 """
 
@@ -37,6 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
                         help="SavedModel signature to serve (serving_default)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow threads per loaded model (0: default)")
+    parser.add_argument("--rest-api-num-threads", "--rest_api_num_threads",
+                        dest="num_threads", type=int, default=None,
+                        help="threads answering requests, a fixed pool (default: 4 per "
+                             "usable core, as TF Serving)")
+    parser.add_argument("--rest-api-timeout-in-ms", "--rest_api_timeout_in_ms",
+                        dest="timeout_ms", type=int, default=30000,
+                        help="a request's whole time from its first byte to its answer, "
+                             "model run included; a keep-alive connection idle this long "
+                             "is closed (30000)")
+    parser.add_argument("--max-queued-requests", "--max_queued_requests", dest="max_queued",
+                        type=int, default=None,
+                        help="requests that may wait for a free thread; one more is answered "
+                             "503 at once (default: the number of threads)")
+    parser.add_argument("--allow-op", "--allow_op", dest="allow_ops", action="append",
+                        default=[], metavar="OP",
+                        help="an op type a custom model needs beyond those mxrec's exports "
+                             "write (repeatable); ops that do I/O are refused")
     parser.add_argument("--max-seconds", "--max_seconds", dest="max_seconds", type=float,
                         default=None, help="stop after this many seconds (default: run until "
                                            "SIGINT/SIGTERM)")
@@ -54,6 +74,11 @@ def main(argv=None) -> int:
         parser.error(f"--poll-interval must be > 0, got {args.poll_interval}")
     if args.max_body_bytes < 1:
         parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    for flag, value in (("--rest-api-num-threads", args.num_threads),
+                        ("--rest-api-timeout-in-ms", args.timeout_ms),
+                        ("--max-queued-requests", args.max_queued)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
     import tensorflow as tf
     from absl import logging
 
@@ -62,19 +87,26 @@ def main(argv=None) -> int:
     from mxrec.serving.predictor import Predictor
     from mxrec.serving.server import ModelServer
 
-    predictor = Predictor(args.export_base, args.signature, args.threads)
+    try:
+        predictor = Predictor(args.export_base, args.signature, args.threads, args.allow_ops)
+    except ValueError as error:
+        parser.error(f"--allow-op: {error}")
     try:  # bind first: a busy port is reported before any model is loaded
         server = ModelServer(predictor, args.model_name, args.port, args.poll_interval,
-                             host=args.host, max_body=args.max_body_bytes)
+                             host=args.host, max_body=args.max_body_bytes,
+                             num_threads=args.num_threads, timeout=args.timeout_ms / 1000,
+                             max_queued=args.max_queued)
     except OSError as error:
         print(f"python -m mxrec.serving: error: {error.strerror or error}", file=sys.stderr)
         return 1
     predictor.poll()
     server.start()
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
-    print(f"serving {args.model_name} version {predictor.version} on "
+    which = (f"version {predictor.version}" if predictor.version is not None else
+             "(no version yet: its status answers 404 until one loads)")
+    print(f"serving {args.model_name} {which} on "
           f"http://{shown}:{server.port}/v1/models/{args.model_name} (listening on "
-          f"{args.host or '0.0.0.0'})", flush=True)
+          f"{args.host or '0.0.0.0'}, {server.num_threads} threads)", flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

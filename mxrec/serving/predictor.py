@@ -15,8 +15,13 @@ swap. A request takes the serving instance once, under a lock, and runs on it
 alone: it is answered entirely by the old or entirely by the new version.
 
 A version is verified (`mxrec.serving.versions.verify`: every file against its
-SHA-256) and loaded before it serves; a damaged one is refused, logged, kept in
-`status()`, and the serving version stays.
+SHA-256), its graph checked against an allowlist of op types
+(`mxrec.serving.allowed_ops`), its variables or delta values checked finite, and it
+is loaded before it serves. A refused version is logged, kept in `status()`, and the
+serving version stays. A refusal for a transient reason (a file still missing or
+short: a copy under way; an I/O error) is looked at again at the next poll; any other
+stands until the version's files change (their names, sizes and mtimes), so a damaged
+version is not read again at every poll.
 
 Example:
     >>> predictor = Predictor("/serving/ctr")
@@ -25,11 +30,12 @@ Example:
 """
 
 import contextlib
+import dataclasses
 import io
 import posixpath
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -37,7 +43,7 @@ from absl import logging
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
-from mxrec.serving import requests, versions
+from mxrec.serving import allowed_ops, requests, versions
 
 DELTA_FILE = "mxrec_delta.npz"
 _SCOPE = "mxrec_serving"
@@ -162,13 +168,45 @@ class _Table:
         sess.run(self.scatter, {self.rows: rows, self.updates: emb})
 
 
+def _first_bad(values: np.ndarray) -> Optional[int]:
+    """The flat index of the first value that is not finite (None: all are)."""
+    bad = ~np.isfinite(values)
+    return int(np.argmax(bad.reshape(-1))) if bad.any() else None
+
+
 class ModelInstance:
-    """One loaded model (a version plus the deltas applied to it since)."""
+    """One loaded model (a version plus the deltas applied to it since).
+
+    A version is refused (versions.DamagedVersionError) when its graph holds an op type
+    outside `ops` (allowed_ops.ForbiddenOpError), or when a variable (a table's rows, a
+    dense weight) holds a value that is not finite.
+    """
 
     def __init__(self, export_dir: str, signature: str = "serving_default",
-                 threads: int = 0):
+                 threads: int = 0, ops: FrozenSet[str] = allowed_ops.ALLOWED_OPS):
         self.version = int(posixpath.basename(export_dir.rstrip("/")))
         self.readers = 0
+        meta = self._read_meta(export_dir, signature)
+        allowed_ops.check_graph(meta, export_dir, ops)
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            saver = self._import(meta)
+            self._bind_signatures(signature)
+            config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                              inter_op_parallelism_threads=threads)
+            self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+            try:
+                saver.restore(self.session, posixpath.join(export_dir, "variables",
+                                                           "variables"))
+                self._check_finite(export_dir)
+                for table in self.tables.values():
+                    table.load(self.session)
+            except BaseException:
+                self.session.close()
+                raise
+            self.graph.finalize()
+
+    def _read_meta(self, export_dir: str, signature: str):
         proto = saved_model_pb2.SavedModel()
         with tf.io.gfile.GFile(posixpath.join(export_dir, "saved_model.pb"), "rb") as f:
             proto.ParseFromString(f.read())
@@ -181,53 +219,77 @@ class ModelInstance:
         self.signature_defs = {name: sig for name, sig in meta.signature_def.items()
                                if sig.method_name in _PREDICT_METHODS or name == signature}
         self.default_signature = signature
+        return meta
+
+    def _import(self, meta):
+        """Imports the graph with each export table mapped onto a MutableHashTable; returns
+        the saver."""
         nodes = {n.name: n for n in meta.graph_def.node}
         static = [n for n in nodes.values() if n.op == "HashTableV2"
                   and n.name.startswith(_SCOPE + "/") and n.name.endswith("/id_to_index")]
-        self.graph = tf.Graph()
-        with self.graph.as_default():
-            handles = {n.name: tf.raw_ops.MutableHashTableV2(
-                key_dtype=tf.int64, value_dtype=tf.int64, name=n.name.replace("/", "_") + "_mut")
-                for n in static}
-            saver = tf.compat.v1.train.import_meta_graph(
-                meta, clear_devices=True, input_map={f"{k}:0": v for k, v in handles.items()})
-            self.tables: Dict[str, _Table] = {}
-            for node_name, handle in handles.items():
-                table = node_name[len(_SCOPE) + 1: -len("/id_to_index")]
-                emb = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/embeddings:0")
-                ids = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/ids:0")
-                dim = nodes[f"{_SCOPE}/{table}/embeddings_value"].attr["shape"].shape.dim[1].size
-                self.tables[table] = _Table(table, handle, ids, emb, dim)
-            self.dense = {}
-            for var in self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
-                name = var.op.name
-                if not name.startswith(_SCOPE + "/"):
-                    holder = tf.compat.v1.placeholder(var.dtype.base_dtype)
-                    self.dense[name] = (holder, tf.raw_ops.AssignVariableOp(
-                        resource=var.handle, value=holder, validate_shape=False))
-            self.signatures = {}
-            for name, sig in self.signature_defs.items():
-                self.signatures[name] = (
-                    {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()},
-                    {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.outputs.items()})
-            self.inputs, self.outputs = self.signatures[signature]
-            self.input_specs = {
-                name: {k: requests.InputSpec(k, t.dtype.as_numpy_dtype if t.dtype != tf.string
-                                             else object, None if t.shape.rank is None
-                                             else t.shape.as_list())
-                       for k, t in inputs.items()}
-                for name, (inputs, _) in self.signatures.items()}
-            config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                              inter_op_parallelism_threads=threads)
-            self.session = tf.compat.v1.Session(graph=self.graph, config=config)
-            saver.restore(self.session, posixpath.join(export_dir, "variables", "variables"))
-            for table in self.tables.values():
-                table.load(self.session)
-            self.graph.finalize()
+        handles = {n.name: tf.raw_ops.MutableHashTableV2(
+            key_dtype=tf.int64, value_dtype=tf.int64, name=n.name.replace("/", "_") + "_mut")
+            for n in static}
+        saver = tf.compat.v1.train.import_meta_graph(
+            meta, clear_devices=True, input_map={f"{k}:0": v for k, v in handles.items()})
+        self.tables: Dict[str, _Table] = {}
+        for node_name, handle in handles.items():
+            table = node_name[len(_SCOPE) + 1: -len("/id_to_index")]
+            emb = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/embeddings:0")
+            ids = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/ids:0")
+            dim = nodes[f"{_SCOPE}/{table}/embeddings_value"].attr["shape"].shape.dim[1].size
+            self.tables[table] = _Table(table, handle, ids, emb, dim)
+        self.dense = {}
+        self._reads = {}
+        for var in self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+            name = var.op.name
+            if var.dtype.base_dtype.is_floating:
+                self._reads[name] = tf.raw_ops.ReadVariableOp(resource=var.handle,
+                                                              dtype=var.dtype.base_dtype)
+            if not name.startswith(_SCOPE + "/"):
+                holder = tf.compat.v1.placeholder(var.dtype.base_dtype)
+                self.dense[name] = (holder, tf.raw_ops.AssignVariableOp(
+                    resource=var.handle, value=holder, validate_shape=False), var.shape)
+        return saver
 
-    def predict(self, inputs: Dict[str, np.ndarray],
-                signature: Optional[str] = None) -> Dict[str, np.ndarray]:
-        """Runs a signature (the default one when None) on inputs {name: array}."""
+    def _bind_signatures(self, signature: str):
+        self.signatures = {}
+        for name, sig in self.signature_defs.items():
+            self.signatures[name] = (
+                {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.inputs.items()},
+                {k: self.graph.get_tensor_by_name(v.name) for k, v in sig.outputs.items()})
+        self.inputs, self.outputs = self.signatures[signature]
+        self.input_specs = {
+            name: {k: requests.InputSpec(k, t.dtype.as_numpy_dtype if t.dtype != tf.string
+                                         else object, None if t.shape.rank is None
+                                         else t.shape.as_list())
+                   for k, t in inputs.items()}
+            for name, (inputs, _) in self.signatures.items()}
+
+    def _check_finite(self, export_dir: str):
+        """Refuses restored variables holding NaN or Infinity, naming the first one."""
+        values = self.session.run(self._reads)
+        for name, value in sorted(values.items()):
+            index = _first_bad(value)
+            if index is None:
+                continue
+            count = int((~np.isfinite(value)).sum())
+            table = name[len(_SCOPE) + 1:].rsplit("/", 1)[0] if name.startswith(
+                _SCOPE + "/") else None
+            if table in self.tables and value.ndim == 2:
+                row = index // value.shape[1]
+                ids = self.session.run(self.tables[table].read_ids)
+                at = f"row {row} (ID {ids[row]})" if row < len(ids) else f"row {row}"
+                raise NonFiniteVersionError(f"{export_dir}: table {table!r} has {count} "
+                                            f"values that are not finite, first in {at}")
+            raise NonFiniteVersionError(f"{export_dir}: variable {name!r} has {count} values "
+                                        f"that are not finite (first at flat index {index})")
+
+    def predict(self, inputs: Dict[str, np.ndarray], signature: Optional[str] = None,
+                timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """Runs a signature (the default one when None) on inputs {name: array}; the run is
+        cancelled with tf.errors.DeadlineExceededError after `timeout` seconds (None: no
+        limit)."""
         name = self.default_signature if signature is None else signature
         if name not in self.signatures:
             raise ValueError(f"unknown signature {name!r}; this model has "
@@ -241,7 +303,11 @@ class ModelInstance:
         feed = {wanted[k]: np.asarray(v, object if wanted[k].dtype == tf.string
                                       else wanted[k].dtype.as_numpy_dtype)
                 for k, v in inputs.items()}
-        return self.session.run(outputs, feed)
+        options = None
+        if timeout is not None:
+            # 0 would mean "no limit" to TensorFlow: a spent deadline still gets 1 ms.
+            options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout * 1000)))
+        return self.session.run(outputs, feed, options=options)
 
     def metadata(self) -> Dict:
         """TF Serving's signature-def map: {"signature_def": {name: {inputs, outputs,
@@ -251,21 +317,95 @@ class ModelInstance:
             "outputs": {k: _tensor_info(v) for k, v in sorted(sig.outputs.items())},
             "method_name": sig.method_name} for name, sig in sorted(self.signature_defs.items())}}
 
-    def apply_delta(self, version: int, tables: Dict, dense: Dict) -> None:
+    def check_delta(self, version: int, tables: Dict, dense: Dict) -> None:
+        """Refuses a delta this instance cannot take whole: unknown tables, arrays of the
+        wrong shape or dtype, values that are not finite. Nothing is changed.
+
+        Raises:
+            versions.DamagedVersionError: naming the table or variable (NonFiniteVersionError
+                for values that are not finite).
+        """
         unknown = sorted(set(tables) - set(self.tables))
         if unknown:
             raise versions.DamagedVersionError(f"delta {version} names tables {unknown} the "
                                                f"model does not have ({sorted(self.tables)})")
+        for name, delta in sorted(tables.items()):
+            _check_table_delta(version, name, self.tables[name].dim, delta)
+        for name, value in sorted(dense.items()):
+            if name not in self.dense:
+                continue  # optimizer slots and other training state: not served
+            value = np.asarray(value)
+            shape = self.dense[name][2]
+            if not shape.is_compatible_with(value.shape):
+                raise versions.DamagedVersionError(
+                    f"delta {version}: dense variable {name!r} has shape {list(value.shape)}, "
+                    f"the model's is {shape}")
+            if value.dtype.kind == "f" and _first_bad(value) is not None:
+                raise NonFiniteVersionError(
+                    f"delta {version}: dense variable {name!r} has "
+                    f"{int((~np.isfinite(value)).sum())} values that are not finite")
+
+    def apply_delta(self, version: int, tables: Dict, dense: Dict) -> None:
+        """Applies a delta in place, after `check_delta`."""
+        self.check_delta(version, tables, dense)
         for name, delta in tables.items():
             self.tables[name].apply(self.session, delta)
         for name, value in dense.items():
             if name in self.dense:
-                holder, assign = self.dense[name]
+                holder, assign, _ = self.dense[name]
                 self.session.run(assign, {holder: value})
         self.version = version
 
     def close(self):
         self.session.close()
+
+
+def _check_table_delta(version: int, name: str, dim: int, delta: Dict) -> None:
+    ids = np.asarray(delta.get("ids", np.zeros([0], np.int64)))
+    removed = np.asarray(delta.get("removed", np.zeros([0], np.int64)))
+    emb = np.asarray(delta.get("embeddings", np.zeros([0, dim], np.float32)))
+    for field, array in (("ids", ids), ("removed", removed)):
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise versions.DamagedVersionError(
+                f"delta {version}: table {name!r}: {field} must be integers [N], got "
+                f"{array.dtype} {list(array.shape)}")
+    if emb.shape != (len(ids), dim) or emb.dtype.kind != "f":
+        raise versions.DamagedVersionError(
+            f"delta {version}: table {name!r}: embeddings must be floats [{len(ids)}, {dim}] "
+            f"(one row per ID), got {emb.dtype} {list(emb.shape)}")
+    index = _first_bad(emb)
+    if index is not None:
+        raise NonFiniteVersionError(
+            f"delta {version}: table {name!r} has {int((~np.isfinite(emb)).sum())} values "
+            f"that are not finite, first in the row of ID {ids[index // dim]}")
+
+
+class NonFiniteVersionError(versions.DamagedVersionError):
+    """A version (or delta) holding NaN or Infinity in a table row or a dense weight."""
+
+
+class _BaseNotServingError(versions.DamagedVersionError):
+    """A delta without a SavedModel whose base is not the serving version: it may apply
+    once the serving version changes (to its base), so it is looked at again then."""
+
+
+# Refusals worth another look at the next poll: a copy under way, an I/O error, a file
+# that went away. Any other refusal stands until the version's files change (or, for a
+# delta waiting for its base, the serving version).
+_TRANSIENT = (versions.IncompleteVersionError, OSError,
+              tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.NotFoundError,
+              tf.errors.DeadlineExceededError, tf.errors.PermissionDeniedError,
+              tf.errors.CancelledError)
+_REFUSABLE = (versions.DamagedVersionError, tf.errors.OpError, ValueError, OSError, KeyError)
+
+
+@dataclasses.dataclass
+class _Refusal:
+    message: str
+    transient: bool
+    code: str  # TF Serving's error_code in the model status
+    fingerprint: Optional[Tuple] = None  # the files when refused (damaged versions)
+    serving: Optional[int] = None  # a waiting delta: the serving version when refused
 
 
 class Predictor:
@@ -275,17 +415,25 @@ class Predictor:
         export_base: the folder of numeric version folders.
         signature: the SavedModel signature to serve.
         threads: TensorFlow threads per instance (0: default).
+        allow_ops: op types to accept beyond `allowed_ops.ALLOWED_OPS` (a custom model's);
+            no op that does I/O.
+
+    Raises:
+        ValueError: `allow_ops` names no TensorFlow op, or one that does I/O.
     """
 
-    def __init__(self, export_base: str, signature: str = "serving_default", threads: int = 0):
+    def __init__(self, export_base: str, signature: str = "serving_default", threads: int = 0,
+                 allow_ops: Iterable[str] = ()):
         self.export_base = export_base
         self.signature = signature
         self.threads = threads
+        self.ops = allowed_ops.allowed(allow_ops)
         self._lock = threading.Condition()
         self._current: Optional[ModelInstance] = None
         self._standby: Optional[ModelInstance] = None
         self._pending: List = []  # deltas the standby still needs: (version, tables, dense)
-        self.refused: Dict[int, str] = {}
+        self._refusals: Dict[int, _Refusal] = {}
+        self._loading: Optional[int] = None
         self.loaded: List[int] = []
 
     # ---------------------------------------------------------------- requests
@@ -294,6 +442,12 @@ class Predictor:
     def version(self) -> Optional[int]:
         current = self._current
         return None if current is None else current.version
+
+    @property
+    def refused(self) -> Dict[int, str]:
+        """{version: why} of the versions refused (and not loaded since)."""
+        with self._lock:
+            return {v: r.message for v, r in self._refusals.items()}
 
     @contextlib.contextmanager
     def serving(self):
@@ -314,19 +468,27 @@ class Predictor:
                 instance.readers -= 1
                 self._lock.notify_all()
 
-    def predict(self, inputs: Dict[str, np.ndarray], signature: Optional[str] = None):
+    def predict(self, inputs: Dict[str, np.ndarray], signature: Optional[str] = None,
+                timeout: Optional[float] = None):
         """(outputs, version) from the serving instance, all of one version."""
         with self.serving() as instance:
-            return instance.predict(inputs, signature), instance.version
+            return instance.predict(inputs, signature, timeout), instance.version
 
     # ---------------------------------------------------------------- versions
 
     def _dir(self, version: int) -> str:
         return posixpath.join(self.export_base, str(version))
 
+    def _instance(self, version: int) -> ModelInstance:
+        return ModelInstance(self._dir(version), self.signature, self.threads, self.ops)
+
     def _load_full(self, version: int) -> None:
-        fresh = ModelInstance(self._dir(version), self.signature, self.threads)
-        standby = ModelInstance(self._dir(version), self.signature, self.threads)
+        fresh = self._instance(version)
+        try:
+            standby = self._instance(version)
+        except BaseException:
+            fresh.close()
+            raise
         self._swap(fresh, standby, [])
 
     def _swap(self, serving: ModelInstance, standby: ModelInstance, pending: List):
@@ -340,9 +502,12 @@ class Predictor:
         for instance in old:
             instance.close()
 
-    def _apply_delta(self, version: int, manifest: Dict) -> None:
+    def _apply_delta(self, version: int) -> None:
         tables, dense = read_delta(posixpath.join(self._dir(version), DELTA_FILE))
         standby = self._standby
+        # Checked before the standby changes: a refused delta leaves both instances whole,
+        # so the next good delta still applies in place.
+        standby.check_delta(version, tables, dense)
         with self._lock:  # requests that took it while it was serving finish first
             while standby.readers:
                 self._lock.wait()
@@ -363,68 +528,124 @@ class Predictor:
 
     def _load(self, version: int) -> str:
         """Verifies and loads a version; returns how ("delta in place", "SavedModel")."""
-        manifest = versions.verify(self._dir(version))
+        folder = self._dir(version)
+        manifest = versions.verify(folder)
         current = self.version
-        if (manifest.get("kind") == "delta" and manifest.get("base") == current
-                and self._standby is not None and tf.io.gfile.exists(
-                    posixpath.join(self._dir(version), DELTA_FILE))):
-            self._apply_delta(version, manifest)
+        in_place = (manifest.get("kind") == "delta" and manifest.get("base") == current
+                    and self._standby is not None and DELTA_FILE in manifest["files"])
+        if not in_place and "saved_model.pb" not in manifest["files"]:
+            why = (f"version {current} is serving" if manifest.get("base") != current else
+                   "the standby instance was dropped after a delta failed half way")
+            raise _BaseNotServingError(
+                f"version {version} is a delta of version {manifest.get('base')} without a "
+                f"SavedModel, and {why}")
+        if in_place:
+            self._apply_delta(version)
             return f"delta of version {current}, applied in place"
-        if tf.io.gfile.exists(posixpath.join(self._dir(version), "saved_model.pb")):
-            self._load_full(version)
-            return f"SavedModel of a {manifest.get('kind', 'full')} version, loaded whole"
-        raise versions.DamagedVersionError(
-            f"version {version} is a delta of version {manifest.get('base')} without a "
-            f"SavedModel, and version {current} is serving")
+        self._load_full(version)
+        return f"SavedModel of a {manifest.get('kind', 'full')} version, loaded whole"
+
+    def _refuse(self, version: int, error: Exception, previous: Optional[int]) -> None:
+        transient = isinstance(error, _TRANSIENT)
+        message = f"{type(error).__name__}: {error}"
+        waits = isinstance(error, _BaseNotServingError)
+        code = ("UNAVAILABLE" if transient else "FAILED_PRECONDITION" if waits else
+                "PERMISSION_DENIED" if isinstance(error, allowed_ops.ForbiddenOpError)
+                else "DATA_LOSS")
+        try:
+            files = None if transient else versions.fingerprint(self._dir(version))
+        except (tf.errors.OpError, OSError):
+            files = None  # looked at again next time
+        with self._lock:
+            before = self._refusals.get(version)
+            self._refusals[version] = _Refusal(message, transient, code, files,
+                                               self.version if waits else None)
+        if before is not None and before.message == message:
+            return  # said once; a version retried at every poll does not flood the log
+        logging.error("predictor: refused version %d (%s): %s; %s", version,
+                      "nothing serves yet" if previous is None
+                      else f"version {previous} keeps serving", error,
+                      "looked at again at the next poll" if transient else
+                      "looked at again when the serving version changes" if waits
+                      else "refused until its files change")
 
     def _try(self, version: int) -> bool:
         start = time.monotonic()
         previous = self.version
+        with self._lock:
+            self._loading = version
         try:
             how = self._load(version)
-        except (versions.DamagedVersionError, tf.errors.OpError, ValueError, OSError,
-                KeyError) as error:
-            self.refused[version] = f"{type(error).__name__}: {error}"
-            logging.error("predictor: refused version %d (%s): %s", version,
-                          "nothing serves yet" if previous is None
-                          else f"version {previous} keeps serving", error)
+        except _REFUSABLE as error:
+            self._refuse(version, error, previous)
             return False
+        finally:
+            with self._lock:
+                self._loading = None
+        with self._lock:
+            self._refusals.pop(version, None)
         self.loaded.append(version)
         logging.info("predictor: serving version %d (was %s): %s in %.3f s", version,
                      previous, how, time.monotonic() - start)
         return True
+
+    def _worth_trying(self, version: int) -> bool:
+        """A version never refused, refused for a transient reason, or whose files changed
+        since it was refused (sizes and mtimes: nothing is read)."""
+        refusal = self._refusals.get(version)
+        if refusal is None or refusal.transient or refusal.fingerprint is None:
+            return True
+        if refusal.code == "FAILED_PRECONDITION" and refusal.serving != self.version:
+            return True  # a delta that waited for its base
+        try:
+            return versions.fingerprint(self._dir(version)) != refusal.fingerprint
+        except (tf.errors.OpError, OSError):
+            return False  # gone or unreadable: the next listing says which
 
     def poll(self) -> Optional[int]:
         """Loads versions newer than the serving one, oldest first (so deltas chain);
         refuses damaged ones. Returns the serving version.
 
         With nothing serving yet, it starts from the newest version with a SavedModel that
-        loads (a damaged one is refused and the one before it tried, at once), then chains
-        the versions after it."""
-        listed = [v for v in versions.list_versions(self.export_base) if v not in self.refused]
+        loads (a refused one is skipped and the one before it tried, at once), then chains
+        the versions after it. A version refused for a transient reason (a copy under way,
+        an I/O error) is tried again at each poll; any other refusal stands until the
+        version's files change."""
+        listed = versions.list_versions(self.export_base)
+        with self._lock:
+            for version in set(self._refusals) - set(listed):
+                del self._refusals[version]  # removed: nothing to report any more
         if self.version is None:
             with_model = [v for v in listed if tf.io.gfile.exists(
                 posixpath.join(self._dir(v), "saved_model.pb"))]
             for start in reversed(with_model):
-                if self._try(start):
+                if self._worth_trying(start) and self._try(start):
                     break
             if self.version is None:
                 return None
         for version in listed:
-            if version > self.version and version not in self.refused:
+            if version > self.version and self._worth_trying(version):
                 self._try(version)
         return self.version
 
     def status(self) -> Dict:
-        """TF Serving's GetModelStatus shape: the serving version AVAILABLE, refused ones END
-        with their error."""
+        """TF Serving's GetModelStatus shape: the serving version AVAILABLE, a version being
+        loaded LOADING, refused ones END with their error (UNAVAILABLE: looked at again at
+        the next poll; FAILED_PRECONDITION: a delta waiting for its base to serve;
+        DATA_LOSS, PERMISSION_DENIED: refused until its files change)."""
+        ok = {"error_code": "OK", "error_message": ""}
+        with self._lock:
+            current, loading = self.version, self._loading
+            refusals = sorted(self._refusals.items())
         out = []
-        if self.version is not None:
-            out.append({"version": str(self.version), "state": "AVAILABLE",
-                        "status": {"error_code": "OK", "error_message": ""}})
-        for version, error in sorted(self.refused.items()):
-            out.append({"version": str(version), "state": "END",
-                        "status": {"error_code": "DATA_LOSS", "error_message": error}})
+        if current is not None:
+            out.append({"version": str(current), "state": "AVAILABLE", "status": dict(ok)})
+        if loading is not None:
+            out.append({"version": str(loading), "state": "LOADING", "status": dict(ok)})
+        for version, refusal in refusals:
+            if version != loading:
+                out.append({"version": str(version), "state": "END", "status": {
+                    "error_code": refusal.code, "error_message": refusal.message}})
         return {"model_version_status": out}
 
     def close(self):
@@ -434,5 +655,5 @@ class Predictor:
         self._current = self._standby = None
 
 
-__all__ = ["Predictor", "ModelInstance", "NoVersionError", "write_delta", "read_delta",
-           "DELTA_FILE"]
+__all__ = ["Predictor", "ModelInstance", "NoVersionError", "NonFiniteVersionError",
+           "write_delta", "read_delta", "DELTA_FILE"]

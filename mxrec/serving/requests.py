@@ -38,7 +38,8 @@ _SHOWN_DIGITS = 20
 
 
 class RequestError(ValueError):
-    """A request refused with an HTTP status (4xx) and a message naming what is wrong."""
+    """A request refused with an HTTP status and a message naming what is wrong (4xx; the
+    server also answers 503 and 504 with it: busy, or past the request's deadline)."""
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)

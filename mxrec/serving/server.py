@@ -1,6 +1,12 @@
-"""TensorFlow Serving's REST API over a Predictor, on Python's ThreadingHTTPServer.
+"""TensorFlow Serving's REST API over a Predictor, on a fixed pool of handler threads.
 
-    GET  /v1/models/NAME                       model status (the serving version AVAILABLE)
+    GET  /v1/models/NAME                       model status: the serving version AVAILABLE,
+                                               one being loaded LOADING, refused ones END;
+                                               404 "Could not find any versions of model
+                                               NAME" while none is AVAILABLE (TF Serving's
+                                               answer before a version loads), so that a
+                                               readiness probe fails until one serves
+    GET  /v1/models/NAME/versions/V            the same for version V alone (404 if unknown)
     GET  /v1/models/NAME/metadata              TF Serving's signature-def map: every
                                                signature's inputs and outputs with
                                                dtype, shape and tensor name
@@ -14,19 +20,38 @@ A body may name "signature_name" (default: the predictor's default signature). I
 are parsed against that signature (`mxrec.serving.requests`: exact int64, finite
 floats, shapes and batch sizes checked). Every refusal is a 4xx JSON {"error": "..."}
 naming the input, the instance and what was expected (413 for a body over `max_body`,
-read to its end first so the client gets the answer); any other failure a 500 JSON.
+read to its end first so the client gets the answer); an error the graph raises for
+the request's values (InvalidArgument, OutOfRange) is a 400 with its message, as TF
+Serving answers; a run past the request's deadline a 504; any other failure a 500 JSON.
 Each answer carries the header X-Model-Version: the one version that answered it.
-A background thread polls the export base every `poll_interval` seconds.
+
+Connections (TF Serving's `--rest_api_num_threads` and `--rest_api_timeout_in_ms`):
+one thread accepts connections and watches the idle ones; `num_threads` handler
+threads answer requests. A connection goes to a handler only once bytes of a request
+have arrived, and goes back to the watcher between keep-alive requests, so idle
+connections hold no thread. Each request has `timeout` seconds from its first byte to
+its answer: reading its headers and body, waiting for a handler, and running the model
+(the session run is cancelled at the deadline). A client that trickles its request
+gets a 408 (or is dropped mid-headers) at the deadline. At most `max_queued` requests
+wait for a handler; one more, or a connection beyond MAX_CONNECTIONS, is answered 503
+at once. A background thread polls the export base every `poll_interval` seconds.
 """
 
+import collections
 import errno
+import io
 import json
+import os
+import queue
 import re
+import selectors
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from http.server import BaseHTTPRequestHandler
 from typing import Optional
 
+import tensorflow as tf
 from absl import logging
 
 from mxrec.serving import requests
@@ -35,40 +60,156 @@ from mxrec.serving.requests import RequestError
 
 _PREDICT = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+))?:predict$")
 _STATUS = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+))?(/metadata)?$")
+_NODE_LINE = re.compile(r"^Node: '[^'\n]*'\n", re.MULTILINE)
 MAX_BODY = 64 << 20
 # A body over the limit is read and dropped up to this size, so that the client, which
 # sends all of it before reading the answer, gets the 413 and not a broken pipe.
 MAX_DRAIN = 1 << 30
-SOCKET_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = 30.0  # TF Serving's --rest_api_timeout_in_ms default
+# Open connections (idle, waiting, being answered) beyond which a new one gets a 503.
+MAX_CONNECTIONS = 1024
+# After an answer that closes the connection, what the client still sends is read and
+# dropped this long, so that closing with unread bytes (a TCP reset) cannot destroy the
+# answer before the client reads it.
+LINGER = 2.0
+# An answer may take this long past the deadline to go out (a 408 is sent after it).
+WRITE_GRACE = 1.0
+
+
+def default_threads() -> int:
+    """TF Serving's default --rest_api_num_threads: 4 per usable core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+    return 4 * cores
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's reads, each bounded by what is left of the request's deadline (a
+    client sending a byte at a time cannot stretch it); in poll mode a read returns what
+    has arrived without waiting."""
+
+    def __init__(self, sock: socket.socket, handler: "_Handler"):
+        super().__init__()
+        self.sock = sock
+        self.handler = handler
+        self.poll_only = False
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self.poll_only:
+            self.sock.settimeout(0.0)
+            try:
+                return self.sock.recv_into(buffer)
+            except BlockingIOError:
+                return None
+        left = self.handler.deadline - time.monotonic()
+        if left <= 0:
+            self.handler.timed_out = True
+            raise socket.timeout("the request's deadline passed")
+        self.sock.settimeout(left)
+        try:
+            return self.sock.recv_into(buffer)
+        except socket.timeout:
+            self.handler.timed_out = True
+            raise
+
+
+class _Writer:
+    """A connection's writes: sent whole, given what is left of the deadline plus a grace
+    (so that a refusal still goes out at the deadline), never longer."""
+
+    def __init__(self, sock: socket.socket, handler: "_Handler"):
+        self.sock = sock
+        self.handler = handler
+
+    def write(self, data) -> int:
+        left = max(self.handler.deadline - time.monotonic(), 0.0) + WRITE_GRACE
+        self.sock.settimeout(left)
+        self.sock.sendall(data)
+        return len(data)
+
+    def flush(self):
+        pass
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One connection's HTTP state, kept between its requests; `handle_one_request` answers
+    one request (the server's handler threads call it, not socketserver)."""
+
     server_version = "mxrec-serving"
     protocol_version = "HTTP/1.1"
-    timeout = SOCKET_TIMEOUT  # a client that stops sending does not hold a thread forever
+
+    def __init__(self, sock: socket.socket, address, server: "ModelServer"):
+        # BaseRequestHandler.__init__ would serve the connection to its end on this thread;
+        # here each request is dispatched on its own, so only the streams are set up.
+        self.request = self.connection = sock
+        self.client_address = address
+        self.server = server
+        self.deadline = time.monotonic()
+        self.timed_out = False
+        self.answered = False
+        self.close_connection = True
+        self.command, self.requestline = None, ""
+        self._reader = _DeadlineReader(sock, self)
+        self.rfile = io.BufferedReader(self._reader)
+        self.wfile = _Writer(sock, self)
+
+    def answer_one(self, deadline: float) -> None:
+        """Answers the next request of the connection within `deadline` (monotonic): a
+        client that has not sent it all by then gets a 408 (nothing, mid-headers)."""
+        self.deadline = deadline
+        self.timed_out = self.answered = False
+        self.close_connection = True
+        self.command = None  # not the previous request's
+        self.handle_one_request()
+        if self.timed_out and not self.answered and self.command:
+            self._error(408, self._late(), close=True)
+
+    def pending(self) -> bool:
+        """Whether bytes of a next request are already here (pipelined or buffered)."""
+        self._reader.poll_only = True
+        try:
+            return bool(self.rfile.peek(1))
+        except OSError:
+            return True  # the next read reports it
+        finally:
+            self._reader.poll_only = False
+
+    def _late(self) -> str:
+        return (f"the request was not received within {self.server.timeout:g} s (python -m "
+                "mxrec.serving --rest-api-timeout-in-ms)")
 
     def log_message(self, format, *args):  # noqa: A002 (BaseHTTPRequestHandler's name)
         logging.debug("http: " + format, *args)
 
+    def send_response(self, code, message=None):
+        self.answered = True
+        super().send_response(code, message)
+
     def _reply(self, code: int, body: dict, version: Optional[int] = None,
-               close: bool = False):
+               close: bool = False, headers: Optional[dict] = None):
         data = json.dumps(body, allow_nan=False).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if version is not None:
-            self.send_header("X-Model-Version", str(version))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
         try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if version is not None:
+                self.send_header("X-Model-Version", str(version))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client left, or does not read its answer
             self.close_connection = True
 
     def _error(self, code: int, message: str, close: bool = False):
-        self._reply(code, {"error": message}, close=close)
+        headers = {"Retry-After": "1"} if code == 503 else None
+        self._reply(code, {"error": message}, close=close, headers=headers)
 
     def send_error(self, code, message=None, explain=None):
         """http.server's own refusals (a malformed request line, headers too long, an
@@ -83,28 +224,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(code, str(text), close=True)
 
     def _not_allowed(self):
-        self.send_response(405)
-        data = json.dumps({"error": f"method {self.command} is not allowed on {self.path}; "
-                                    "use GET (status, metadata) or POST (predict)"}).encode()
-        self.send_header("Allow", "GET, POST")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Connection", "close")
-        self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
+        self._reply(405, {"error": f"method {self.command} is not allowed on {self.path}; "
+                                   "use GET (status, metadata) or POST (predict)"},
+                    close=True, headers={"Allow": "GET, POST"})
 
     do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815 (http.server's names)
 
     def _guarded(self, handler):
-        """Every failure is answered: a RequestError with its 4xx, anything else a 500."""
+        """Every failure is answered: a RequestError with its status, anything else a 500."""
         try:
             handler()
         except RequestError as error:
             self._error(error.status, str(error), close=getattr(error, "close", False))
-        except (socket.timeout, TimeoutError):
-            self._error(408, f"the request was not received within {self.timeout:g} s",
-                        close=True)
+        except socket.timeout:
+            self._error(408, self._late(), close=True)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as error:  # noqa: BLE001 (answered as a 500, logged)
@@ -170,16 +303,32 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         self._guarded(self._post)
 
+    def _status(self, wanted: Optional[str]):
+        """TF Serving's model status; 404 while no version is AVAILABLE."""
+        name = self.server.model_name
+        status = self.server.predictor.status()
+        entries = status["model_version_status"]
+        if wanted is not None:
+            entries = [e for e in entries if e["version"] == str(int(wanted))]
+            if not entries:
+                raise RequestError(f"Could not find version {int(wanted)} of model {name}",
+                                   404)
+            return self._reply(200, {"model_version_status": entries})
+        if not any(e["state"] == "AVAILABLE" for e in entries):
+            # TF Serving's words; the versions it is loading or refused, for the operator.
+            return self._reply(404, {"error": f"Could not find any versions of model {name}",
+                                     "model_version_status": entries})
+        return self._reply(200, status)
+
     def _get(self):
         match = _STATUS.match(self.path)
         if not match or match.group(1) != self.server.model_name:
             raise RequestError(f"no model at {self.path}; this server has "
                                f"/v1/models/{self.server.model_name}", 404)
-        predictor = self.server.predictor
         if not match.group(3):
-            return self._reply(200, predictor.status())
+            return self._status(match.group(2))
         try:
-            with predictor.serving() as instance:
+            with self.server.predictor.serving() as instance:
                 if match.group(2) is not None and int(match.group(2)) != instance.version:
                     raise RequestError(f"version {match.group(2)} is not serving (version "
                                        f"{instance.version} is)", 404)
@@ -194,6 +343,22 @@ class _Handler(BaseHTTPRequestHandler):
         except NoVersionError as error:
             raise RequestError(str(error), 503) from None
         return self._reply(200, body, version)
+
+    def _run(self, instance, feeds, name):
+        """The model's outputs; errors the graph raises for the request's values are 400s
+        (TF Serving's mapping), a run past the deadline a 504."""
+        try:
+            return instance.predict(feeds, name, timeout=self.deadline - time.monotonic())
+        except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
+            raise RequestError(f"the model refused the request's values: "
+                               f"{_op_words(error)}", 400) from None
+        except tf.errors.DeadlineExceededError:
+            raise RequestError(f"the model did not answer within the request's deadline of "
+                               f"{self.server.timeout:g} s (python -m mxrec.serving "
+                               "--rest-api-timeout-in-ms)", 504) from None
+        except tf.errors.ResourceExhaustedError as error:
+            raise RequestError(f"the model ran out of memory for this request (send smaller "
+                               f"batches): {_op_words(error)}", 429) from None
 
     def _post(self):
         match = _PREDICT.match(self.path)
@@ -211,17 +376,51 @@ class _Handler(BaseHTTPRequestHandler):
                                        f"{instance.version} is)", 404)
                 name, feeds, row_format = requests.to_feeds(
                     body, instance.input_specs, instance.default_signature)
-                outputs = instance.predict(feeds, name)
+                outputs = self._run(instance, feeds, name)
                 version = instance.version
         except NoVersionError as error:
             raise RequestError(str(error), 503) from None
         return self._reply(200, requests.outputs_to_json(outputs, row_format), version)
 
 
+def _op_words(error: tf.errors.OpError) -> str:
+    """The failing op's own message and node, without the Python trace of where this
+    process defined the node (TensorFlow prepends it: nothing for a client)."""
+    text = error.message
+    node = _NODE_LINE.search(text)
+    return (text[node.end():] if node else text).strip()
+
+
 def _closing(error: RequestError) -> RequestError:
     """Marks an error after which the connection cannot be reused (body not read)."""
     error.close = True
     return error
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        listener = socket.create_server((host, port), family=family, backlog=128)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise PortInUseError(f"port {port} on {host} is in use (another server "
+                                 "there?); stop it or pass another --port") from None
+        raise OSError(error.errno, f"cannot listen on {host}:{port}: "
+                                   f"{error.strerror or error}") from None
+    listener.setblocking(False)
+    return listener
+
+
+class _Connection:
+    """A client connection: its socket, its HTTP state (made by the first handler thread
+    that answers it), since when it is waiting, and until when it lingers once closing."""
+
+    def __init__(self, sock: socket.socket, address):
+        self.sock = sock
+        self.address = address
+        self.handler: Optional[_Handler] = None
+        self.since = time.monotonic()
+        self.linger_until: Optional[float] = None
 
 
 class ModelServer:
@@ -236,37 +435,265 @@ class ModelServer:
         host: the address to listen on: 127.0.0.1 (this machine only), 0.0.0.0 (every
             interface, as TF Serving; a container's port mapping needs it).
         max_body: the largest request body in bytes; a larger one is answered 413.
+        num_threads: handler threads (None: 4 per usable core, TF Serving's default).
+        timeout: seconds a request may take from its first byte to its answer (TF
+            Serving's --rest_api_timeout_in_ms, 30 s); a keep-alive connection idle this
+            long is closed.
+        max_queued: requests that may wait for a handler thread (None: num_threads); one
+            more is answered 503 at once.
 
     Raises:
+        ValueError: a setting out of range (named).
         PortInUseError: the port is taken.
         OSError: the address cannot be bound otherwise (errno and address in the message).
     """
 
     def __init__(self, predictor: Predictor, model_name: str, port: int = 8501,
                  poll_interval: Optional[float] = 2.0, host: str = "127.0.0.1",
-                 max_body: int = MAX_BODY):
-        if max_body < 1:
-            raise ValueError(f"max_body must be >= 1 byte, got {max_body}")
-        if poll_interval is not None and poll_interval <= 0:
+                 max_body: int = MAX_BODY, num_threads: Optional[int] = None,
+                 timeout: float = DEFAULT_TIMEOUT, max_queued: Optional[int] = None):
+        num_threads = default_threads() if num_threads is None else num_threads
+        max_queued = num_threads if max_queued is None else max_queued
+        for setting, value, least in (("max_body", max_body, 1),
+                                      ("num_threads", num_threads, 1),
+                                      ("max_queued", max_queued, 1)):
+            if type(value) is not int or value < least:
+                raise ValueError(f"{setting} must be an integer >= {least}, got {value!r}")
+        if poll_interval is not None and not poll_interval > 0:
             raise ValueError(f"poll_interval must be > 0 seconds or None, got {poll_interval}")
+        if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.predictor = predictor
+        self.model_name = model_name
         self.poll_interval = poll_interval
         self.host = host
-        try:
-            self.httpd = ThreadingHTTPServer((host, port), _Handler)
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                raise PortInUseError(f"port {port} on {host} is in use (another server "
-                                     "there?); stop it or pass another --port") from None
-            raise OSError(error.errno, f"cannot listen on {host}:{port}: "
-                                       f"{error.strerror or error}") from None
-        self.httpd.daemon_threads = True
-        self.httpd.predictor = predictor
-        self.httpd.model_name = model_name
-        self.httpd.max_body = max_body
-        self.port = self.httpd.server_address[1]
+        self.max_body = max_body
+        self.num_threads = num_threads
+        self.timeout = float(timeout)
+        self.max_queued = max_queued
+        self._listener = _bind(host, port)
+        self.port = self._listener.getsockname()[1]
+        self._ready: queue.Queue = queue.Queue()  # _Connection, None: stop
+        self._in_flight = 0  # handed to the threads (answered or waiting), not back yet
+        self._returned = collections.deque()  # (connection, "park" | "linger" | "close")
+        self._returned_lock = threading.Lock()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_write.setblocking(False)
         self._stop = threading.Event()
+        self._closed = False  # the watcher is gone: connections handed back are closed
+        self._open = 0  # connections accepted and not closed (the watcher's count)
         self._threads = []
+
+    # ------------------------------------------------------------ the watcher
+
+    def _watch(self):
+        """Accepts connections, watches idle and lingering ones, hands readable ones to the
+        handler threads; owns every connection not being answered."""
+        selector = selectors.DefaultSelector()
+        selector.register(self._listener, selectors.EVENT_READ, "accept")
+        selector.register(self._wake_read, selectors.EVENT_READ, "wake")
+        watched = {}  # socket -> _Connection, for expiry
+        try:
+            while not self._stop.is_set():
+                for key, _ in selector.select(self._next_expiry(watched)):
+                    if key.data == "accept":
+                        self._accept(selector, watched)
+                    elif key.data == "wake":
+                        self._take_returned(selector, watched)
+                    else:
+                        self._readable(selector, watched, key.data)
+                self._expire(selector, watched)
+        finally:
+            with self._returned_lock:
+                self._closed = True
+                returned = list(self._returned)
+            for connection in list(watched.values()) + [c for c, _ in returned]:
+                self._close(connection)
+            self._listener.close()
+            selector.close()
+
+    def _next_expiry(self, watched) -> float:
+        now = time.monotonic()
+        ends = [c.linger_until if c.linger_until is not None else c.since + self.timeout
+                for c in watched.values()]
+        return min([1.0] + [max(0.0, end - now) for end in ends])
+
+    def _accept(self, selector, watched):
+        while True:
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # out of descriptors: the rest wait in the backlog
+                logging.error("serving: cannot accept a connection: %s", error)
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection = _Connection(sock, address)
+            self._open += 1
+            if self._open > MAX_CONNECTIONS:
+                self._busy(connection, f"{MAX_CONNECTIONS} connections are open")
+                self._close(connection)
+                continue
+            self._park(selector, watched, connection)
+
+    def _park(self, selector, watched, connection):
+        connection.since = time.monotonic()
+        selector.register(connection.sock, selectors.EVENT_READ, connection)
+        watched[connection.sock] = connection
+
+    def _unwatch(self, selector, watched, connection):
+        selector.unregister(connection.sock)
+        del watched[connection.sock]
+
+    def _readable(self, selector, watched, connection):
+        if connection.linger_until is not None:
+            try:
+                drained = connection.sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                drained = b""
+            if not drained:
+                self._unwatch(selector, watched, connection)
+                self._close(connection)
+            return
+        self._unwatch(selector, watched, connection)
+        if self._closed_by_client(connection):
+            self._close(connection)  # an idle keep-alive connection ended: no thread needed
+            return
+        connection.since = time.monotonic()  # the request's deadline starts now
+        with self._returned_lock:
+            taken = self._in_flight >= self.num_threads + self.max_queued
+            if not taken:
+                self._in_flight += 1
+        if taken:
+            self._busy(connection, f"all {self.num_threads} handler threads are taken and "
+                                   f"{self.max_queued} requests wait")
+            self._linger(selector, watched, connection)
+        else:
+            self._ready.put(connection)
+
+    @staticmethod
+    def _closed_by_client(connection) -> bool:
+        """EOF (or a reset) on a watched connection. Its reader holds nothing read ahead: it
+        was parked only after `pending()` found nothing."""
+        try:
+            connection.sock.setblocking(False)
+            return not connection.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True  # reset
+
+    def _busy(self, connection, why: str):
+        """Answers 503 without reading the request (it never waits, nor blocks the watcher)."""
+        body = json.dumps({"error": f"the server is busy: {why} (python -m mxrec.serving "
+                                    "--rest-api-num-threads, --max-queued-requests); retry "
+                                    "later"}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+        try:
+            connection.sock.setblocking(False)
+            connection.sock.send(head.encode() + body)
+        except OSError:
+            pass
+
+    def _linger(self, selector, watched, connection):
+        """Closes our side and drains the client's until it closes too (or LINGER)."""
+        try:
+            connection.sock.shutdown(socket.SHUT_WR)
+            connection.sock.setblocking(False)
+        except OSError:
+            self._close(connection)
+            return
+        connection.linger_until = time.monotonic() + LINGER
+        self._park(selector, watched, connection)
+
+    def _expire(self, selector, watched):
+        now = time.monotonic()
+        for connection in list(watched.values()):
+            end = (connection.linger_until if connection.linger_until is not None
+                   else connection.since + self.timeout)
+            if now >= end:  # idle past the timeout, or lingered long enough
+                self._unwatch(selector, watched, connection)
+                self._close(connection)
+
+    def _take_returned(self, selector, watched):
+        try:
+            while self._wake_read.recv(4096) == 4096:
+                pass
+        except BlockingIOError:
+            pass
+        with self._returned_lock:
+            returned = list(self._returned)
+            self._returned.clear()
+        for connection, action in returned:
+            if action == "park":
+                self._park(selector, watched, connection)
+            elif action == "linger":
+                self._linger(selector, watched, connection)
+            else:
+                self._close(connection)
+
+    def _close(self, connection):
+        try:
+            connection.sock.close()
+        except OSError:
+            pass
+        self._open -= 1
+
+    # ------------------------------------------------------ the handler threads
+
+    def _wake(self):
+        try:
+            self._wake_write.send(b"x")
+        except (BlockingIOError, InterruptedError):
+            pass  # a wake-up is pending already
+        except OSError:
+            pass  # stopped: nobody watches any more
+
+    def _hand_back(self, connection, action: str):
+        with self._returned_lock:
+            self._in_flight -= 1
+            if not self._closed:
+                self._returned.append((connection, action))
+                self._wake()
+                return
+        connection.sock.close()
+
+    def _work(self):
+        while True:
+            connection = self._ready.get()
+            if connection is None:
+                return
+            self._hand_back(connection, self._answer(connection))
+
+    def _answer(self, connection) -> str:
+        """Answers the connection's requests while they come back to back; returns what the
+        watcher does with it next."""
+        deadline = connection.since + self.timeout
+        if time.monotonic() >= deadline:
+            self._busy(connection, f"the request waited {self.timeout:g} s for one of the "
+                                   f"{self.num_threads} handler threads")
+            return "linger"
+        try:
+            if connection.handler is None:
+                connection.handler = _Handler(connection.sock, connection.address, self)
+            handler = connection.handler
+            while True:
+                handler.answer_one(deadline)
+                if handler.close_connection:
+                    return "linger"
+                deadline = time.monotonic() + self.timeout
+                if not handler.pending():
+                    return "park"
+        except OSError:
+            return "close"
+        except Exception:  # noqa: BLE001 (a handler thread outlives any one request)
+            logging.exception("serving: a connection failed")
+            return "close"
+
+    # --------------------------------------------------------------- lifetime
 
     def _poll_loop(self):
         while not self._stop.is_set():
@@ -277,7 +704,7 @@ class ModelServer:
             self._stop.wait(self.poll_interval)
 
     def start(self):
-        targets = [self.httpd.serve_forever]
+        targets = [self._watch] + [self._work] * self.num_threads
         if self.poll_interval is not None:
             targets.append(self._poll_loop)
         for target in targets:
@@ -287,11 +714,25 @@ class ModelServer:
         return self
 
     def stop(self):
+        """Stops accepting, lets the requests being answered finish (each within its
+        deadline), closes every connection and the predictor."""
         self._stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        for thread in self._threads:
-            thread.join(timeout=10)
+        self._wake()
+        while True:  # requests still waiting for a thread are dropped
+            try:
+                connection = self._ready.get_nowait()
+            except queue.Empty:
+                break
+            self._hand_back(connection, "close")
+        if self._threads:
+            for _ in range(self.num_threads):
+                self._ready.put(None)  # one per handler thread, taken once it is free
+            for thread in self._threads:
+                thread.join(timeout=self.timeout + LINGER + 10)
+        else:
+            self._listener.close()
+        self._wake_read.close()
+        self._wake_write.close()
         self.predictor.close()
 
 
@@ -299,4 +740,5 @@ class PortInUseError(OSError):
     """The server's port is taken."""
 
 
-__all__ = ["ModelServer", "PortInUseError", "MAX_BODY"]
+__all__ = ["ModelServer", "PortInUseError", "MAX_BODY", "DEFAULT_TIMEOUT", "MAX_CONNECTIONS",
+           "default_threads"]

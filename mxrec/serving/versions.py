@@ -9,26 +9,37 @@ and verified before use.
 
 `publish` renames a complete staging folder to `<version>` (one rename: a reader
 sees all of a version or none of it; TensorFlow Serving ignores names that are not
-numbers). `verify` checks a version against its manifest: a missing, truncated or
-changed file is a DamagedVersionError naming it.
+numbers). `verify` checks a version against its manifest: a file missing or shorter than
+listed is an IncompleteVersionError (a copy under way: look again later); a longer or
+changed file, a file the manifest does not list, or a malformed manifest is a
+DamagedVersionError naming it. `fingerprint` (names, sizes, mtimes) tells whether a
+version's files changed since, without reading them.
 """
 
 import hashlib
 import json
+import os
 import posixpath
+import re
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from mxrec.util import durable
 
 MANIFEST = "mxrec_version.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class DamagedVersionError(ValueError):
     """A serving version whose files do not match its manifest (or that has none)."""
+
+
+class IncompleteVersionError(DamagedVersionError):
+    """A serving version whose files are not all there yet (missing, or shorter than the
+    manifest says): a copy still under way, worth another look later."""
 
 
 def _files(root: str, prefix: str = "") -> List[str]:
@@ -81,39 +92,110 @@ def publish(staging: str, export_base: str, version: int, info: Optional[Dict] =
     return final
 
 
+def _check_entries(path: str, manifest) -> Dict:
+    """The manifest's {file: {"bytes", "sha256"}} map, each entry checked: a name inside the
+    version (relative, no ".."), a byte count and a SHA-256 in hex."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise DamagedVersionError(f"{path} is not a version manifest (an object with a "
+                                  "'files' map)")
+    for name, meta in manifest["files"].items():
+        parts = name.split("/")
+        if (not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts)
+                or name == MANIFEST):
+            raise DamagedVersionError(f"{path} lists {name!r}, which is no file inside the "
+                                      "version")
+        if (not isinstance(meta, dict) or type(meta.get("bytes")) is not int
+                or meta["bytes"] < 0 or not isinstance(meta.get("sha256"), str)
+                or not _SHA256.fullmatch(meta["sha256"])):
+            raise DamagedVersionError(f"{path}: the entry of {name!r} is not "
+                                      "{\"bytes\": N, \"sha256\": 64 hex digits}")
+    return manifest["files"]
+
+
 def read_manifest(version_dir: str) -> Dict:
+    """The manifest of a version, checked to be one (fields it does not know are kept).
+
+    Raises:
+        DamagedVersionError: no manifest, not JSON, or its file map malformed.
+    """
     path = posixpath.join(version_dir, MANIFEST)
     if not tf.io.gfile.exists(path):
         raise DamagedVersionError(f"serving version {version_dir} has no {MANIFEST}")
     try:
         with tf.io.gfile.GFile(path, "r") as f:
-            return json.loads(f.read())
+            manifest = json.loads(f.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DamagedVersionError(f"{path} is not JSON: {error}") from error
+    _check_entries(path, manifest)
+    return manifest
+
+
+def _sizes(version_dir: str, expected: Dict) -> None:
+    """Missing or short files (a copy still under way) before anything is read."""
+    present = set(_files(version_dir))
+    missing = sorted(set(expected) - present)
+    if missing:
+        raise IncompleteVersionError(f"serving version {version_dir}: missing {missing} "
+                                     "(a copy still under way?)")
+    for name, meta in sorted(expected.items()):
+        size = tf.io.gfile.stat(posixpath.join(version_dir, name)).length
+        if size < meta["bytes"]:
+            raise IncompleteVersionError(f"serving version {version_dir}: {name} has {size} "
+                                         f"bytes, the manifest says {meta['bytes']} (a copy "
+                                         "still under way?)")
+        if size > meta["bytes"]:
+            raise DamagedVersionError(f"serving version {version_dir}: {name} has {size} "
+                                      f"bytes, the manifest says {meta['bytes']}")
+    extra = sorted(present - set(expected))
+    if extra:
+        raise DamagedVersionError(f"serving version {version_dir}: files {extra} are not in "
+                                  f"its {MANIFEST}")
 
 
 def verify(version_dir: str) -> Dict:
     """Checks every file of a version against its manifest; returns the manifest.
 
+    Sizes are checked first, so a copy still under way costs a listing, not a read.
+
     Raises:
-        DamagedVersionError: no manifest, or a file missing, extra, truncated or changed.
+        IncompleteVersionError: a listed file missing or shorter than the manifest says.
+        DamagedVersionError: no manifest or a malformed one, a file longer than listed, a
+            file the manifest does not list, or one whose SHA-256 differs.
     """
     manifest = read_manifest(version_dir)
-    expected = manifest.get("files", {})
-    present = set(_files(version_dir))
-    missing = sorted(set(expected) - present)
-    if missing:
-        raise DamagedVersionError(f"serving version {version_dir}: missing {missing}")
+    expected = manifest["files"]
+    _sizes(version_dir, expected)
     for name, meta in sorted(expected.items()):
         actual = _digest(posixpath.join(version_dir, name))
-        if actual["bytes"] != meta["bytes"]:
-            raise DamagedVersionError(f"serving version {version_dir}: {name} has "
-                                      f"{actual['bytes']} bytes, the manifest says "
-                                      f"{meta['bytes']}")
+        if actual["bytes"] != meta["bytes"]:  # changed while it was read
+            raise IncompleteVersionError(f"serving version {version_dir}: {name} has "
+                                         f"{actual['bytes']} bytes, the manifest says "
+                                         f"{meta['bytes']}")
         if actual["sha256"] != meta["sha256"]:
             raise DamagedVersionError(f"serving version {version_dir}: {name} does not match "
                                       "its SHA-256 in the manifest")
     return manifest
+
+
+def _stat(path: str) -> Tuple:
+    local = durable.local_path(path)
+    if local is None:
+        stat = tf.io.gfile.stat(path)
+        return stat.length, stat.mtime_nsec
+    # tf.io.gfile's mtime has whole seconds on local files; the change time also moves when
+    # a copy keeps the source's mtime (cp -p, rsync -t), and nothing can set it back.
+    stat = os.stat(local)
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
+
+
+def fingerprint(version_dir: str) -> Tuple:
+    """(name, bytes, mtime, and for local files change time and inode) of every file of a
+    version, the manifest included: equal fingerprints mean nothing was written, copied or
+    removed there since. Nothing is read."""
+    names = _files(version_dir)
+    if tf.io.gfile.exists(posixpath.join(version_dir, MANIFEST)):
+        names.append(MANIFEST)
+    return tuple((name,) + _stat(posixpath.join(version_dir, name)) for name in sorted(names))
 
 
 def list_versions(export_base: str) -> List[int]:
@@ -124,5 +206,5 @@ def list_versions(export_base: str) -> List[int]:
                   if e.rstrip("/").isdigit())
 
 
-__all__ = ["MANIFEST", "DamagedVersionError", "staging_dir", "publish", "verify",
-           "read_manifest", "list_versions"]
+__all__ = ["MANIFEST", "DamagedVersionError", "IncompleteVersionError", "staging_dir",
+           "publish", "verify", "read_manifest", "fingerprint", "list_versions"]
