@@ -18,7 +18,9 @@ variables. A save is written into a `.tmp-` folder and made visible by one
 rename, so a process killed mid-save leaves the earlier versions as they
 were. Restore loads a full save and applies its deltas in order, after
 checking every file's size and SHA-256 against the manifest and that each
-delta's predecessor exists.
+delta's predecessor exists. With `check_finite`, a save whose values (any array it
+would write) hold a NaN or an infinity is refused before anything is written
+(`NonFiniteError`, `mxrec.saver.finite`).
 
 Tables with a host (and SSD) tier (host_vocabulary_size > 0): every ID's row is
 saved wherever it lives. A table file then also holds `host/in_host` (1 where
