@@ -18,7 +18,9 @@ variables. A save is written into a `.tmp-` folder and made visible by one
 rename, so a process killed mid-save leaves the earlier versions as they
 were. Restore loads a full save and applies its deltas in order, after
 checking every file's size and SHA-256 against the manifest and that each
-delta's predecessor exists.
+delta's predecessor exists. With `check_finite`, a save whose values (any array it
+would write) hold a NaN or an infinity is refused before anything is written
+(`NonFiniteError`, `mxrec.saver.finite`).
 
 Tables with a host (and SSD) tier (host_vocabulary_size > 0): every ID's row is
 saved wherever it lives. A table file then also holds `host/in_host` (1 where
@@ -313,6 +315,34 @@ class Saver:
         check = self.check_finite if check_finite is None else _check_flag("Saver.save",
                                                                            check_finite)
         step = int(step)
+        files, digests, tables_meta, epochs, faults = self._build_files(session, kind, check)
+        if check:
+            # Before anything is written; the epochs the export closed are not kept, so the
+            # next delta still holds every ID changed since the last save that was written.
+            self._refuse_non_finite(session, faults, step, kind)
+        manifest = {
+            "format": FORMAT_VERSION,
+            "kind": kind,
+            "step": step,
+            "base": step if kind == "full" else self._last_full,
+            "previous": None if kind == "full" else self._last_step,
+            "time": time.time(),
+            "tables": tables_meta,
+            "files": digests,
+        }
+        if self._size == 1:
+            path = self._write_atomically(version_name(kind, step), files, manifest)
+        else:
+            path = manifest_io.write_version_sharded(
+                self.directory, version_name(kind, step), files, manifest, self._rank,
+                self._size, functools.partial(self._sum_over_ranks, session))
+        self._saved(kind, step, epochs)
+        logging.info("mxrec checkpoint: wrote %s", path)
+        return path
+
+    def _build_files(self, session, kind: str, check: bool):
+        """(files, their digests, the manifest's tables, each table's epoch, non-finite
+        faults when `check`) of a save, nothing written yet."""
         # Each table's file (its engine state, its rows read from the variables, the npz
         # and its digest) is built on a thread of its own: the engine's export, the
         # session's reads and the digest run without the GIL, so tables overlap. The
@@ -335,29 +365,13 @@ class Saver:
         if self._rank == 0:  # dense variables are the same on every rank
             files["dense.npz"], digests["dense.npz"], dense_faults = built[-1]
             faults += dense_faults
-        if check:
-            # Before anything is written; the epochs the export closed are not kept, so the
-            # next delta still holds every ID changed since the last save that was written.
-            self._refuse_non_finite(session, faults, step, kind)
-        manifest = {
-            "format": FORMAT_VERSION,
-            "kind": kind,
-            "step": step,
-            "base": step if kind == "full" else self._last_full,
-            "previous": None if kind == "full" else self._last_step,
-            "time": time.time(),
-            "tables": tables_meta,
-            "files": digests,
-        }
-        if self._size == 1:
-            path = self._write_atomically(version_name(kind, step), files, manifest)
-        else:
-            path = manifest_io.write_version_sharded(
-                self.directory, version_name(kind, step), files, manifest, self._rank,
-                self._size, functools.partial(self._sum_over_ranks, session))
+        return files, digests, tables_meta, epochs, faults
+
+    def _saved(self, kind: str, step: int, epochs: Dict[str, int]) -> None:
+        """The Saver's state after a version is written: the next delta starts from it."""
         self._last_epochs = epochs
         self._last_step = step
-        # The next delta starts from this save: removals it holds are done with.
+        # Removals this version holds are done with.
         engine = loader.engine()
         for io_ in self._tables:
             engine.prune_removed_log(io_.table.table_key, epochs[io_.table.table_name])
@@ -365,8 +379,6 @@ class Saver:
             self._last_full = step
             if self._rank == 0:  # one process deletes, once every rank's files are in place
                 self._delete_old_versions()
-        logging.info("mxrec checkpoint: wrote %s", path)
-        return path
 
     def _refuse_non_finite(self, session, faults: List[finite.Fault], step: int,
                            kind: str) -> None:

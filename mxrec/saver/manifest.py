@@ -13,10 +13,11 @@ Reading a version checks every file's size and SHA-256 against its manifest.
 Each temporary names its writer: the host, the process id and the process's start time
 (so that a process id the system reused is not mistaken for the writer), in its name
 (`.tmp-full-000000001000@host-4242-8812345-1f2e3d4c`) or, for the folder that every rank
-of a save writes into (`.tmp-<version>-ranks`, whose name the ranks must agree on), in a
-`writer.json` written first. `remove_stale_temporaries` removes a temporary only when its
-writer ran on this host and is gone; it keeps (and logs) those of live writers and of other
-hosts, whose liveness it cannot see. A temporary without a writer (written by an mxrec
+of a save writes into (`.tmp-<version>-ranks[-k]`, whose name the ranks agree on by the
+number k rank 0 passes through their barrier), in a `writer.json` written first.
+`remove_stale_temporaries` removes a temporary only when its writer ran on this host and
+is gone; it keeps (and logs) those of live writers and of other hosts, whose liveness it
+cannot see. A temporary without a writer (written by an mxrec
 before this scheme, or a sharded one in the instant before its `writer.json`) is removed
 only when nothing in it changed for `UNNAMED_TEMPORARY_AGE_S`: no save takes that long, and
 a live writer of an earlier mxrec keeps writing into its folder.
@@ -50,7 +51,6 @@ from mxrec.util import durable
 FORMAT_VERSION = 1
 _VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
 _TMP_PREFIX = ".tmp-"
-_DELETED_PREFIX = ".tmp-deleted-"
 _WRITER_SEP = "@"
 WRITER_FILE = "writer.json"
 # How long a temporary without a writer stays untouched before it counts as abandoned.
