@@ -48,10 +48,12 @@ def _schema(args):
 
     delimiter = None if args.delimiter is None else args.delimiter.encode().decode(
         "unicode_escape")
+    limit = parsers.DEFAULT_DENSE_LIMIT if args.dense_limit is None else args.dense_limit
     if args.schema:
-        return parsers.parse_schema_spec(args.schema, delimiter or "\t", bool(args.header))
+        return parsers.parse_schema_spec(args.schema, delimiter or "\t", bool(args.header),
+                                         limit)
     return parsers.named_schema(args.format, delimiter,
-                                None if args.header is None else bool(args.header))
+                                None if args.header is None else bool(args.header), limit)
 
 
 def _add_data_flags(parser):
@@ -67,6 +69,10 @@ def _add_data_flags(parser):
     parser.add_argument("--header", type=int, choices=(0, 1), default=None,
                         help="1: every file starts with a header line; default the format's")
     parser.add_argument("--batch_size", type=int, default=512, help="lines per batch (512)")
+    parser.add_argument("--dense_limit", type=float, default=None,
+                        help="a dense value with |x| above this makes its line a bad line "
+                             "(1e15); may be raised (inf), a non-finite value is always a bad "
+                             "line")
 
 
 def build_parser() -> argparse.ArgumentParser:
