@@ -110,3 +110,24 @@ def test_poisoned_lines_and_bad_folder_names_through_the_cli(tmp_path):
         model.close()
     prob = np.asarray(next(iter(answer.values())))
     assert prob.shape == (3,) and np.isfinite(prob).all()
+
+
+def test_a_first_line_that_is_no_utf8_is_a_bad_line_not_a_crash(tmp_path):
+    """The CLI looks at the first line to tell CSV from TSV; a poisoned one (invalid UTF-8,
+    no line end for a megabyte) is the parser's bad line, not a UnicodeDecodeError."""
+    rng = np.random.default_rng(1)
+    lines = ["\t".join([str(rng.integers(0, 2))] + [str(rng.integers(0, 9)) for _ in range(13)]
+                       + [f"{rng.integers(0, 1 << 32):08x}" for _ in range(26)]).encode()
+             for _ in range(20)]
+    _write(tmp_path / "data" / "20240101", [b"\xff\xfe" + b"x" * (1 << 20)] + lines)
+    result = subprocess.run(
+        [sys.executable, "-m", "mxrec.streaming", "train", "--data", str(tmp_path / "data"),
+         "--model-dir", str(tmp_path / "model"), "--max-bad-lines", "1", "--batch-size", "8",
+         "--vocabulary", "1000", "--dim", "4", "--hidden", "8", "--no-progress",
+         "--no-tensorboard", "--threads", "1"],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (entry,) = donefile.read(str(tmp_path / "model" / "donefile.jsonl"))
+    assert entry["bad_lines"] == 1 and entry["rows"] == 20
+    assert entry["bad_line_examples"] == [f"{tmp_path}/data/20240101/part-00000:1: not 40 fields"]

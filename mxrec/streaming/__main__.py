@@ -274,8 +274,10 @@ def _check_format(args, files: List[str], parser) -> None:
         return
     import tensorflow as tf
 
-    with tf.io.gfile.GFile(files[0], "r") as f:
-        first = f.readline().rstrip("\r\n")
+    # A bounded prefix, decoded leniently: the first line may be poisoned (no end, no UTF-8),
+    # which the parser counts as a bad line; this look must not fail on it.
+    with tf.io.gfile.GFile(files[0], "rb") as f:
+        first = f.read(4096).split(b"\n")[0].decode(errors="replace").rstrip("\r")
     if "\t" in first or "," not in first:
         return
     header = not first.split(",")[0].strip().lstrip("-").replace(".", "").isdigit()

@@ -49,6 +49,7 @@ Example:
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
 KINDS = ("label", "dense", "categorical", "uint64", "yymmddhh", "timestamp", "skip")
@@ -314,25 +315,30 @@ def _salts(count: int) -> List[int]:
             for index in range(count)]
 
 
-def _number(text: tf.Tensor, empty_is_zero: bool = False):
-    """Number strings (of the pattern) -> (float32 values, whether each converted to a
-    finite value). A string too long to convert (to_number would fail the batch) and, with
-    `empty_is_zero`, an empty one are converted as "0"; the long one is not valid."""
+def _number(text: tf.Tensor, empty_is_zero: bool = False) -> tf.Tensor:
+    """Number strings (of the pattern) -> float32 values; NaN for one too long to convert
+    (to_number would fail the batch), so that no range check passes it. With
+    `empty_is_zero`, an empty string is 0."""
     length = tf.strings.length(text)
     short = length <= MAX_NUMBER_CHARS
-    convert = tf.logical_and(short, length > 0) if empty_is_zero else short
-    value = tf.strings.to_number(tf.where(convert, text, "0"), tf.float32)
-    return value, tf.logical_and(short, tf.math.is_finite(value))
+    if empty_is_zero:
+        short = tf.logical_and(short, length > 0)
+    value = tf.strings.to_number(tf.where(short, text, "nan"), tf.float32)
+    return tf.where(tf.equal(length, 0), 0.0, value) if empty_is_zero else value
+
+
+# Range checks are false for NaN; with this bound, also for an infinite value.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _label_value(text: tf.Tensor, schema: Schema):
-    value, ok = _number(text)
-    return value, tf.logical_and(ok, tf.logical_and(value >= 0.0, value <= 1.0))
+    value = _number(text)
+    return value, tf.logical_and(value >= 0.0, value <= 1.0)
 
 
 def _dense_value(text: tf.Tensor, schema: Schema):
-    value, ok = _number(text, empty_is_zero=True)
-    return value, tf.logical_and(ok, tf.abs(value) <= schema.dense_limit)
+    value = _number(text, empty_is_zero=True)
+    return value, tf.abs(value) <= min(schema.dense_limit, _FLOAT32_MAX)
 
 
 def _uint64_value(text: tf.Tensor, schema: Schema):
