@@ -436,7 +436,7 @@ def test_number_length_bound_is_tensorflows():
 
 def test_partition_names_that_are_no_date_or_hour_are_skipped_once(tmp_path, caplog):
     for name in ("20240101/00", "20240229", "20241301/00", "20240230", "20240101/24",
-                 "20240101/7", "2024-01-02", "00000101", "20240102/ab"):
+                 "20240101/7", "2024-01-02", "00000101", "20240102/123", "20240101/ab"):
         _touch(tmp_path / name / "part-0", "x")
         _touch(tmp_path / name / "_SUCCESS")
     _touch(tmp_path / "_tmp" / "x")
@@ -453,7 +453,7 @@ def test_partition_names_that_are_no_date_or_hour_are_skipped_once(tmp_path, cap
             ("2024-01-02", "not a date yyyyMMdd"),
             ("00000101", "not a date yyyyMMdd (year 0 is out of range)"),
             ("20240101/24", "not an hour 00-23"), ("20240101/7", "not an hour 00-23"),
-            ("20240102/ab", "not an hour 00-23")])
+            ("20240102/123", "not an hour 00-23")])
     assert partitions.unready(str(tmp_path))[0] == (
         "folders that are no date yyyyMMdd or hour 00-23 (00000101, 2024-01-02, 20240230, ... "
         "(7 in all))")

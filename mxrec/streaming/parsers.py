@@ -350,7 +350,8 @@ def _timestamp_value(text: tf.Tensor, schema: Schema):
     return value, tf.logical_and(value >= TIMESTAMP_RANGE[0], value <= TIMESTAMP_RANGE[1])
 
 
-# Each kind's (value, valid) from strings that match its pattern; None: any text is valid.
+# Each kind's (value, valid) from strings that match its pattern; a categorical or skip
+# field that matches its pattern is valid.
 _VALUES = {"label": _label_value, "dense": _dense_value, "uint64": _uint64_value,
            "yymmddhh": _yymmddhh_value, "timestamp": _timestamp_value}
 # A string of each kind's pattern, put in place of one that does not match before the
@@ -398,9 +399,8 @@ def _first_bad_column(lines: tf.Tensor, schema: Schema) -> tf.Tensor:
     """int32 [N]: each line's first column at fault, or -1 for a wrong field count. Used on
     the few lines the one-regex check turned away."""
     ncols = len(schema.columns)
-    delimiter = f"\\x{{{ord(schema.delimiter):x}}}"
     fields = 1 + tf.strings.length(lines) - tf.strings.length(
-        tf.strings.regex_replace(lines, delimiter, ""))
+        tf.strings.regex_replace(lines, _escaped(schema.delimiter), ""))
     right = tf.equal(fields, ncols)
     # Only lines of the right field count are split: a line of a million delimiters must
     # not become a million strings.
@@ -410,9 +410,13 @@ def _first_bad_column(lines: tf.Tensor, schema: Schema) -> tf.Tensor:
     return tf.where(right, first, -1)
 
 
+def _escaped(delimiter: str) -> str:
+    return f"\\x{{{ord(delimiter):x}}}"
+
+
 def _line_pattern(schema: Schema) -> str:
     """One RE2 pattern a good line matches whole (the values' ranges are checked apart)."""
-    delimiter = f"\\x{{{ord(schema.delimiter):x}}}"
+    delimiter = _escaped(schema.delimiter)
     parts = []
     for column in schema.columns:
         pattern = _PATTERNS[column.kind]

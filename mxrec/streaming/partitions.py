@@ -14,9 +14,10 @@ are the hourly partitions. Partitions are ordered by (day, hour), a day's own
 partition before its hours.
 
 A folder whose name is no date yyyyMMdd (20241301, 20240230, 2024-01-01) or, inside a
-day, no hour 00-23 (24, 7, ab) is skipped with a warning naming it, logged once per
-folder and process (not on every poll of a watching trainer); names that start with "_"
-or "." are skipped silently.
+day, a number that is no hour 00-23 (24, 7) is skipped with a warning naming it, logged
+once per folder and process (not on every poll of a watching trainer); names that start
+with "_" or "." are skipped silently, and so are other names inside a day folder (a daily
+partition's data files are not looked at one by one on every poll).
 
 Example:
     >>> [p.name for p in list_partitions("/data/stream")]
@@ -36,6 +37,7 @@ from absl import logging
 DONE_MARKER = "_SUCCESS"
 _DAY_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
 _HOUR_RE = re.compile(r"^(\d{2})$")
+_NUMBER_RE = re.compile(r"^[0-9]+$")
 # Folders already warned about: a watching trainer lists the root on every poll, and a
 # folder with a bad name stays there until someone moves it. Log de-duplication only.
 _WARNED = set()
@@ -132,8 +134,8 @@ def partition_at(root: str, name: str, done_marker: str = DONE_MARKER) -> Option
 
 
 def list_partitions(root: str, done_marker: str = DONE_MARKER) -> List[Partition]:
-    """Every ready partition under `root`, in time order; folders with names that are no
-    date or hour are skipped with a warning (once per folder).
+    """Every ready partition under `root`, in time order; folders named no date, or a
+    number that is no hour, are skipped with a warning (once per folder).
 
     Raises:
         FileNotFoundError: `root` is not a folder.
@@ -154,7 +156,7 @@ def list_partitions(root: str, done_marker: str = DONE_MARKER) -> List[Partition
             found.append(Partition(day, day_path, day, None, _data_files(day_path, entries)))
         for hour in entries:
             hour_path = posixpath.join(day_path, hour)
-            if _hidden(hour) or not tf.io.gfile.isdir(hour_path):
+            if not _NUMBER_RE.match(hour) or not tf.io.gfile.isdir(hour_path):
                 continue
             fault = hour_fault(hour)
             if fault is not None:
@@ -176,8 +178,8 @@ def of_granularity(partitions: List[Partition], granularity: Optional[str]) -> L
 
 def unready(root: str, done_marker: str = DONE_MARKER) -> List[str]:
     """What under `root` is not a ready partition, for messages: data files directly in
-    the root, folders named no date yyyyMMdd or hour 00-23, and day or hour folders
-    without their marker.
+    the root, folders named no date yyyyMMdd or a number that is no hour 00-23, and day
+    or hour folders without their marker.
 
     Example:
         >>> unready("/data/flat")
@@ -198,7 +200,7 @@ def unready(root: str, done_marker: str = DONE_MARKER) -> List[str]:
     waiting = []
     for day in days:
         day_entries = _entries(posixpath.join(root, day))
-        subfolders = [h for h in day_entries if not _hidden(h)
+        subfolders = [h for h in day_entries if _NUMBER_RE.match(h)
                       and tf.io.gfile.isdir(posixpath.join(root, day, h))]
         hours = [h for h in subfolders if hour_fault(h) is None]
         other += [f"{day}/{h}" for h in subfolders if h not in hours]
