@@ -27,8 +27,9 @@ or when a field breaks its column's rule:
     categorical  any text; like every field, UTF-8 without NUL bytes or line breaks
     skip         as categorical
 
-A number has at most 31 characters (TensorFlow's conversion refuses longer ones). No bad
-value fails a batch or reaches the model as a non-finite or out-of-range tensor.
+A number has at most 31 characters (TensorFlow 2.15's conversion fails a batch on longer
+ones). No bad value fails a batch or reaches the model as a non-finite or out-of-range
+tensor.
 
 Categorical IDs (stable across runs, machines and TensorFlow versions):
 
@@ -60,8 +61,9 @@ MAX_CATEGORICAL = 1 << (64 - HASH_BITS)
 # is 507,333), and small enough that squares of a batch of millions of such values still
 # sum to a finite float32, for a model that does not log-transform its inputs.
 DEFAULT_DENSE_LIMIT = 1e15
-# tf.strings.to_number refuses a number of 32 or more characters with an error that would
-# fail the whole batch, so longer ones are bad lines instead.
+# TensorFlow 2.15's number conversion (to_number, decode_csv) fails the whole batch on a
+# number of 32 or more characters (2.21 converts it), so longer ones are bad lines, alike
+# in every version.
 MAX_NUMBER_CHARS = 31
 TIMESTAMP_RANGE = (0, 4102444800)  # 1970-01-01 to 2100-01-01, seconds
 # Characters a delimiter may not be: they can appear inside a number (the patterns below
