@@ -48,10 +48,12 @@ def _schema(args):
 
     delimiter = None if args.delimiter is None else args.delimiter.encode().decode(
         "unicode_escape")
+    limit = parsers.DEFAULT_DENSE_LIMIT if args.dense_limit is None else args.dense_limit
     if args.schema:
-        return parsers.parse_schema_spec(args.schema, delimiter or "\t", bool(args.header))
+        return parsers.parse_schema_spec(args.schema, delimiter or "\t", bool(args.header),
+                                         limit)
     return parsers.named_schema(args.format, delimiter,
-                                None if args.header is None else bool(args.header))
+                                None if args.header is None else bool(args.header), limit)
 
 
 def _add_data_flags(parser):
@@ -67,6 +69,10 @@ def _add_data_flags(parser):
     parser.add_argument("--header", type=int, choices=(0, 1), default=None,
                         help="1: every file starts with a header line; default the format's")
     parser.add_argument("--batch_size", type=int, default=512, help="lines per batch (512)")
+    parser.add_argument("--dense_limit", type=float, default=None,
+                        help="a dense value with |x| above this makes its line a bad line "
+                             "(1e15); may be raised (inf), a non-finite value is always a bad "
+                             "line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,8 +280,10 @@ def _check_format(args, files: List[str], parser) -> None:
         return
     import tensorflow as tf
 
-    with tf.io.gfile.GFile(files[0], "r") as f:
-        first = f.readline().rstrip("\r\n")
+    # A bounded prefix, decoded leniently: the first line may be poisoned (no end, no UTF-8),
+    # which the parser counts as a bad line; this look must not fail on it.
+    with tf.io.gfile.GFile(files[0], "rb") as f:
+        first = f.read(4096).split(b"\n")[0].decode(errors="replace").rstrip("\r")
     if "\t" in first or "," not in first:
         return
     header = not first.split(",")[0].strip().lstrip("-").replace(".", "").isdigit()

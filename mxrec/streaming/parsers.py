@@ -13,10 +13,23 @@ Python per record). A batch becomes a dict of tensors:
     bad_column int32   [K]         the first column at fault, or -1: wrong field count
     lines      int64   []          lines read (good and bad)
 
-Malformed lines (a wrong field count, a label or dense value that is not a
-number, an unsigned value out of range, a bad YYMMDDHH) are dropped from the
-batch and reported; `BadLineCounter` turns the report into messages with file
-and line and fails once a partition has more than a set number.
+Malformed lines are dropped from the batch and reported; `BadLineCounter` turns the
+report into messages with file, line and column and fails once a partition has more than
+a set number. A line is malformed when it has another number of fields than the schema,
+or when a field breaks its column's rule:
+
+    label        a number in [0, 1]
+    dense        empty (0) or a finite number with |x| <= Schema.dense_limit (1e15 unless
+                 set): the limit can be raised, finiteness is always required
+    uint64       a decimal integer in [0, 2**64 - 1]
+    yymmddhh     a date that exists (2000-2099) and an hour 00-23
+    timestamp    seconds since the epoch in [0, 4102444800] (up to 2100-01-01)
+    categorical  any text; like every field, UTF-8 without NUL bytes or line breaks
+    skip         as categorical
+
+A number has at most 31 characters (TensorFlow 2.15's conversion fails a batch on longer
+ones). No bad value fails a batch or reaches the model as a non-finite or out-of-range
+tensor.
 
 Categorical IDs (stable across runs, machines and TensorFlow versions):
 
@@ -37,18 +50,40 @@ Example:
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
 KINDS = ("label", "dense", "categorical", "uint64", "yymmddhh", "timestamp", "skip")
 HASH_BITS = 56
 MAX_CATEGORICAL = 1 << (64 - HASH_BITS)
+# Dense values beyond this size are bad lines unless Schema.dense_limit says otherwise:
+# above any count or millisecond timestamp of real CTR data (the Criteo sample's largest
+# is 507,333), and small enough that squares of a batch of millions of such values still
+# sum to a finite float32, for a model that does not log-transform its inputs.
+DEFAULT_DENSE_LIMIT = 1e15
+# TensorFlow 2.15's number conversion (to_number, decode_csv) fails the whole batch on a
+# number of 32 or more characters (2.21 converts it), so longer ones are bad lines, alike
+# in every version.
+MAX_NUMBER_CHARS = 31
+TIMESTAMP_RANGE = (0, 4102444800)  # 1970-01-01 to 2100-01-01, seconds
+# Characters a delimiter may not be: they can appear inside a number (the patterns below
+# would then be ambiguous) or end a line.
+_NOT_DELIMITERS = "0123456789+-.eE\n\r\0"
 
+_NUMBER = r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
+# Any text that is valid UTF-8 without NUL bytes or line breaks (tf.io.decode_csv fails
+# the batch on a CR or LF inside a field; TextLineDataset drops CRs, parse_lines may be
+# given them): RE2 lets invalid byte sequences through only as surrogate code points,
+# which the class leaves out (tested against Python's strict decoder).
+_TEXT = r"\x{0}\x{a}\x{d}\x{D800}-\x{DFFF}"
 _PATTERNS = {
-    "label": r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?",
-    "dense": r"|[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?",
+    "label": _NUMBER,
+    "dense": "|" + _NUMBER,
     "uint64": r"[0-9]{1,20}",
-    "yymmddhh": r"[0-9]{2}(0[1-9]|1[0-2])(0[1-9]|[12][0-9]|3[01])([01][0-9]|2[0-3])",
+    "yymmddhh": r"[0-9]{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12][0-9]|3[01])(?:[01][0-9]|2[0-3])",
     "timestamp": r"-?[0-9]{1,18}",
+    "categorical": f"[^{_TEXT}]*",
+    "skip": f"[^{_TEXT}]*",
 }
 
 
@@ -79,16 +114,24 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class Schema:
-    """The columns of a record, the field delimiter and whether files start with a header.
+    """The columns of a record, the field delimiter, whether files start with a header and
+    the largest dense value accepted.
+
+    Attributes:
+        dense_limit: a dense value with |x| above it makes its line a bad line
+            (DEFAULT_DENSE_LIMIT, 1e15); may be raised up to inf, a non-finite value is
+            always a bad line.
 
     Raises:
         ValueError: no label or more than one, more than one time or uint64 column, more
-            than 256 categorical columns, or a delimiter that is not one character.
+            than 256 categorical columns, a delimiter that is not one ASCII character or
+            could be part of a number, or a dense_limit that is not > 0.
     """
 
     columns: tuple
     delimiter: str = "\t"
     header: bool = False
+    dense_limit: float = DEFAULT_DENSE_LIMIT
 
     def __post_init__(self):
         object.__setattr__(self, "columns", tuple(self.columns))
@@ -102,11 +145,24 @@ class Schema:
         if kinds.count("categorical") > MAX_CATEGORICAL:
             raise ValueError(f"schema: at most {MAX_CATEGORICAL} categorical columns, got "
                              f"{kinds.count('categorical')}")
-        if len(self.delimiter) != 1:
-            raise ValueError(f"schema: delimiter must be one character, got {self.delimiter!r}")
+        self._check_delimiter()
         names = [c.name for c in self.columns]
         if len(set(names)) != len(names):
             raise ValueError(f"schema: column names repeat: {names}")
+        limit = self.dense_limit
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+            raise TypeError(f"schema: dense_limit must be a number, got {limit!r}")
+        if not limit > 0:
+            raise ValueError(f"schema: dense_limit must be > 0 (inf: any finite value), got "
+                             f"{limit}")
+
+    def _check_delimiter(self):
+        delimiter = self.delimiter
+        if not isinstance(delimiter, str) or len(delimiter) != 1 or not delimiter.isascii():
+            raise ValueError(f"schema: delimiter must be one ASCII character, got {delimiter!r}")
+        if delimiter in _NOT_DELIMITERS:
+            raise ValueError(f"schema: delimiter {delimiter!r} can be part of a number or end a "
+                             "line; use another one (tab, comma, ...)")
 
     def names(self, kind: str) -> List[str]:
         return [c.name for c in self.columns if c.kind == kind]
@@ -153,7 +209,8 @@ CRITEO_TSV = criteo_schema()
 AVAZU_CSV = avazu_schema()
 
 
-def parse_schema_spec(spec: str, delimiter: str = "\t", header: bool = False) -> Schema:
+def parse_schema_spec(spec: str, delimiter: str = "\t", header: bool = False,
+                      dense_limit: float = DEFAULT_DENSE_LIMIT) -> Schema:
     """A schema from "name:kind,name:kind,..." (kinds as in `Column`)."""
     columns = []
     for item in spec.split(","):
@@ -161,11 +218,12 @@ def parse_schema_spec(spec: str, delimiter: str = "\t", header: bool = False) ->
         if not sep or not name:
             raise ValueError(f"schema spec item {item!r} is not name:kind")
         columns.append(Column(name, kind))
-    return Schema(tuple(columns), delimiter, header)
+    return Schema(tuple(columns), delimiter, header, dense_limit)
 
 
 def named_schema(name: str, delimiter: Optional[str] = None,
-                 header: Optional[bool] = None) -> Schema:
+                 header: Optional[bool] = None,
+                 dense_limit: float = DEFAULT_DENSE_LIMIT) -> Schema:
     """A named format's schema.
 
     "criteo" (TSV, no header), "criteo_csv" (the shared sample's form: CSV with a header),
@@ -181,7 +239,8 @@ def named_schema(name: str, delimiter: Optional[str] = None,
         raise ValueError(f"unknown format {name!r}; known: criteo, criteo_csv, avazu, or a "
                          "schema spec")
     return dataclasses.replace(base, delimiter=base.delimiter if delimiter is None else delimiter,
-                               header=base.header if header is None else header)
+                               header=base.header if header is None else header,
+                               dense_limit=dense_limit)
 
 
 # --------------------------------------------------------------------- TF parsing
@@ -198,13 +257,23 @@ def _days_from_civil(year, month, day):
     return era * 146097 + doe - 719468
 
 
-def _yymmddhh_seconds(text: tf.Tensor) -> tf.Tensor:
+_MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _yymmddhh_value(text: tf.Tensor, schema: Schema):
+    """YYMMDDHH strings (of the pattern) -> (seconds since the epoch, whether the day
+    exists in its month: the pattern lets Feb 30 or Apr 31 through)."""
     digits = tf.strings.to_number(text, tf.int64)
     year = 2000 + digits // 1000000
     month = digits // 10000 % 100
     day = digits // 100 % 100
     hour = digits % 100
-    return _days_from_civil(year, month, day) * 86400 + hour * 3600
+    leap = tf.logical_and(tf.equal(year % 4, 0), tf.not_equal(year % 100, 0))
+    leap = tf.logical_or(leap, tf.equal(year % 400, 0))
+    length = tf.gather(tf.constant(_MONTH_DAYS, tf.int64), month - 1) + tf.cast(
+        tf.logical_and(leap, tf.equal(month, 2)), tf.int64)
+    seconds = _days_from_civil(year, month, day) * 86400 + hour * 3600
+    return seconds, day <= length
 
 
 def _uint64_parts(text: tf.Tensor):
@@ -248,41 +317,115 @@ def _salts(count: int) -> List[int]:
             for index in range(count)]
 
 
-def _first_bad_column(lines: tf.Tensor, schema: Schema) -> tf.Tensor:
-    """int32 [N]: each line's first column at fault, -1 for a wrong field count, or
-    len(columns) when the line is good. Column by column: used on the few lines the
-    one-regex check turned away."""
+def _number(text: tf.Tensor, empty_is_zero: bool = False) -> tf.Tensor:
+    """Number strings (of the pattern) -> float32 values; NaN for one too long to convert
+    (to_number would fail the batch), so that no range check passes it. With
+    `empty_is_zero`, an empty string is 0."""
+    length = tf.strings.length(text)
+    short = length <= MAX_NUMBER_CHARS
+    if empty_is_zero:
+        short = tf.logical_and(short, length > 0)
+    value = tf.strings.to_number(tf.where(short, text, "nan"), tf.float32)
+    return tf.where(tf.equal(length, 0), 0.0, value) if empty_is_zero else value
+
+
+# Range checks are false for NaN; with this bound, also for an infinite value.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _label_value(text: tf.Tensor, schema: Schema):
+    value = _number(text)
+    return value, tf.logical_and(value >= 0.0, value <= 1.0)
+
+
+def _dense_value(text: tf.Tensor, schema: Schema):
+    value = _number(text, empty_is_zero=True)
+    return value, tf.abs(value) <= min(schema.dense_limit, _FLOAT32_MAX)
+
+
+def _uint64_value(text: tf.Tensor, schema: Schema):
+    return _uint64_as_int64(text), _uint64_checks(text)
+
+
+def _timestamp_value(text: tf.Tensor, schema: Schema):
+    value = tf.strings.to_number(text, tf.int64)
+    return value, tf.logical_and(value >= TIMESTAMP_RANGE[0], value <= TIMESTAMP_RANGE[1])
+
+
+# Each kind's (value, valid) from strings that match its pattern; a categorical or skip
+# field that matches its pattern is valid.
+_VALUES = {"label": _label_value, "dense": _dense_value, "uint64": _uint64_value,
+           "yymmddhh": _yymmddhh_value, "timestamp": _timestamp_value}
+# A string of each kind's pattern, put in place of one that does not match before the
+# value is computed, so that no conversion can fail.
+_VALID = {"label": "0", "dense": "", "uint64": "0", "yymmddhh": "00010100", "timestamp": "0",
+          "categorical": "", "skip": ""}
+
+
+def _checked_columns(columns: List[tf.Tensor], schema: Schema, match: bool):
+    """The columns' values by kind ({kind: [N, columns of the kind]}, categorical ones
+    hashed to IDs) and each line's first column at fault (int32 [N], len(schema.columns)
+    where none is).
+
+    Args:
+        columns: one string tensor [N] per column of the schema.
+        match: check each field against its kind's pattern (the lines the one-regex check
+            turned away); otherwise the fields are known to match.
+    """
     ncols = len(schema.columns)
-    split = tf.strings.split(lines, sep=schema.delimiter)
-    counts = split.row_lengths()
-    fields = split.to_tensor(default_value="", shape=[None, ncols])  # [N, ncols]
-    size = tf.shape(lines)[0]
-    first_bad = tf.where(tf.equal(counts, ncols), tf.fill([size], ncols), tf.fill([size], -1))
-    for index in reversed(range(ncols)):
-        kind = schema.columns[index].kind
-        column = fields[:, index]
-        if kind in _PATTERNS:
-            ok = tf.strings.regex_full_match(column, _PATTERNS[kind])
-            if kind == "uint64":
-                ok = tf.logical_and(ok, _uint64_checks(column))
-            first_bad = tf.where(tf.logical_and(tf.logical_not(ok), first_bad >= 0),
-                                 tf.fill([size], index), first_bad)
-    return first_bad
+    first = tf.fill(tf.shape(columns[0]), ncols)
+    values = {}
+    for kind in KINDS:
+        indices = schema.indices(kind)
+        if not indices or (kind == "skip" and not match):
+            continue
+        text = tf.stack([columns[i] for i in indices], axis=1)
+        ok = None
+        if match:
+            ok = tf.strings.regex_full_match(text, _PATTERNS[kind])
+            text = tf.where(ok, text, _VALID[kind])
+        if kind in _VALUES:
+            text, valid = _VALUES[kind](text, schema)
+            ok = valid if ok is None else tf.logical_and(ok, valid)
+        elif kind == "categorical":
+            # Hashed before the bad lines are masked out: int64s are cheaper to move
+            text = hash_categorical(text, _salts(len(indices)))
+        values[kind] = text
+        if ok is not None:
+            at_fault = tf.where(ok, ncols, tf.constant(indices, tf.int32))
+            first = tf.minimum(first, tf.reduce_min(at_fault, axis=1))
+    return values, first
+
+
+def _first_bad_column(lines: tf.Tensor, schema: Schema) -> tf.Tensor:
+    """int32 [N]: each line's first column at fault, or -1 for a wrong field count. Used on
+    the few lines the one-regex check turned away."""
+    ncols = len(schema.columns)
+    fields = 1 + tf.strings.length(lines) - tf.strings.length(
+        tf.strings.regex_replace(lines, _escaped(schema.delimiter), ""))
+    right = tf.equal(fields, ncols)
+    # Only lines of the right field count are split: a line of a million delimiters must
+    # not become a million strings.
+    split = tf.strings.split(tf.where(right, lines, ""), sep=schema.delimiter)
+    table = split.to_tensor(default_value="", shape=[None, ncols])
+    _, first = _checked_columns([table[:, i] for i in range(ncols)], schema, match=True)
+    return tf.where(right, first, -1)
+
+
+def _escaped(delimiter: str) -> str:
+    return f"\\x{{{ord(delimiter):x}}}"
 
 
 def _line_pattern(schema: Schema) -> str:
-    """One RE2 pattern a good line matches whole (the uint64 range is checked apart)."""
-    delimiter = f"\\x{{{ord(schema.delimiter):x}}}"
-    parts = [f"(?:{_PATTERNS[c.kind]})" if c.kind in _PATTERNS else f"[^{delimiter}]*"
-             for c in schema.columns]
+    """One RE2 pattern a good line matches whole (the values' ranges are checked apart)."""
+    delimiter = _escaped(schema.delimiter)
+    parts = []
+    for column in schema.columns:
+        pattern = _PATTERNS[column.kind]
+        if column.kind in ("categorical", "skip"):
+            pattern = f"[^{delimiter}{_TEXT}]*"
+        parts.append(f"(?:{pattern})")
     return delimiter.join(parts)
-
-
-def _default(kind: str):
-    """decode_csv's record default of a column kind (built in the caller's graph)."""
-    if kind == "timestamp":
-        return tf.constant(0, tf.int64)
-    return 0.0 if kind in ("label", "dense") else ""
 
 
 @tf.autograph.experimental.do_not_convert
@@ -290,9 +433,10 @@ def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
                 schema: Schema) -> Dict[str, tf.Tensor]:
     """A batch of lines -> the dict described in the module docstring.
 
-    Good lines are recognised by one regular expression per line and split by
-    `tf.io.decode_csv` (quotes are ordinary characters); only the lines it turns away
-    are checked column by column, to name the column at fault.
+    Good lines are recognised by one regular expression per line, split by
+    `tf.io.decode_csv` into strings (quotes are ordinary characters) and converted with
+    their ranges checked; only the lines the expression turns away are checked column by
+    column, to name the column at fault.
 
     Args:
         lines: string [B].
@@ -300,45 +444,34 @@ def parse_lines(lines: tf.Tensor, file_index: tf.Tensor, line_number: tf.Tensor,
         line_number: int64 [B], each line's number in its file (1-based).
     """
     ncols = len(schema.columns)
-    batch = tf.shape(lines)[0]
     matched = tf.strings.regex_full_match(lines, _line_pattern(schema))
-    defaults = [[_default(c.kind)] for c in schema.columns]
-    fields = tf.io.decode_csv(tf.boolean_mask(lines, matched), defaults,
-                              field_delim=schema.delimiter, use_quote_delim=False)
-    position = tf.range(batch)
-    first_bad = tf.fill([batch], ncols)
     turned_away = tf.logical_not(matched)
-    first_bad = tf.tensor_scatter_nd_update(
-        first_bad, tf.expand_dims(tf.boolean_mask(position, turned_away), 1),
-        _first_bad_column(tf.boolean_mask(lines, turned_away), schema))
-    in_range = tf.ones_like(tf.boolean_mask(position, matched), tf.bool)
-    for index in schema.indices("uint64"):
-        in_range = _uint64_checks(fields[index])
-        first_bad = tf.tensor_scatter_nd_update(
-            first_bad, tf.expand_dims(tf.boolean_mask(position, matched), 1),
-            tf.where(in_range, ncols, index))
-    bad = tf.not_equal(first_bad, ncols)
+    columns = tf.io.decode_csv(tf.boolean_mask(lines, matched), [[""]] * ncols,
+                               field_delim=schema.delimiter, use_quote_delim=False)
+    values, first_matched = _checked_columns(columns, schema, match=False)
+    position = tf.range(tf.shape(lines)[0])
+    first_bad = tf.dynamic_stitch(
+        [tf.boolean_mask(position, matched), tf.boolean_mask(position, turned_away)],
+        [first_matched, _first_bad_column(tf.boolean_mask(lines, turned_away), schema)])
+    bad = tf.logical_or(turned_away, tf.not_equal(first_bad, ncols))
     out = {
         "bad_file": tf.boolean_mask(file_index, bad),
         "bad_line": tf.boolean_mask(line_number, bad),
         "bad_column": tf.boolean_mask(first_bad, bad),
-        "lines": tf.cast(batch, tf.int64),
+        "lines": tf.cast(tf.size(lines), tf.int64),
     }
-
-    has_uint64 = bool(schema.indices("uint64"))
-
-    def column(index):
-        return tf.boolean_mask(fields[index], in_range) if has_uint64 else fields[index]
-
-    out["label"] = column(schema.indices("label")[0])
-    out.update(_model_features([column(i) for i in schema.indices("dense")],
-                               [column(i) for i in schema.indices("categorical")]))
-    for index in schema.indices("uint64"):
-        out["row_id"] = _uint64_as_int64(column(index))
-    for index in schema.indices("yymmddhh"):
-        out["time"] = _yymmddhh_seconds(column(index))
-    for index in schema.indices("timestamp"):
-        out["time"] = column(index)
+    good = tf.equal(first_matched, ncols)
+    kept = {kind: tf.boolean_mask(value, good) for kind, value in values.items()}
+    out["label"] = kept["label"][:, 0]
+    if "dense" in kept:
+        out["dense"] = kept["dense"]
+    if "categorical" in kept:
+        out["sparse"] = kept["categorical"]
+    if "uint64" in kept:
+        out["row_id"] = kept["uint64"][:, 0]
+    for kind in ("yymmddhh", "timestamp"):
+        if kind in kept:
+            out["time"] = kept[kind][:, 0]
     return out
 
 
@@ -506,7 +639,20 @@ class BadLineCounter:
         if column < 0:
             return f"{where}: not {len(self.schema.columns)} fields"
         col = self.schema.columns[column]
-        return f"{where}: column {col.name} is not a valid {col.kind} value"
+        return f"{where}: column {col.name} is not a valid {col.kind} value: {self.rule(col.kind)}"
+
+    def rule(self, kind: str) -> str:
+        """What a field of `kind` must be, for messages."""
+        number = f"of at most {MAX_NUMBER_CHARS} characters"
+        return {
+            "label": f"a number {number} in [0, 1]",
+            "dense": f"empty, or a finite number {number} with |x| <= "
+                     f"{self.schema.dense_limit:g} (the schema's dense_limit, --dense-limit)",
+            "uint64": "a decimal integer in [0, 2**64 - 1]",
+            "yymmddhh": "YYMMDDHH: a date that exists and an hour 00-23",
+            "timestamp": f"seconds since the epoch in [{TIMESTAMP_RANGE[0]}, "
+                         f"{TIMESTAMP_RANGE[1]}]",
+        }.get(kind, "UTF-8 text without NUL bytes or line breaks")
 
     def add(self, bad_file, bad_line, bad_column) -> None:
         """Records a batch's malformed lines; raises MalformedDataError past the limit."""
@@ -525,4 +671,4 @@ class BadLineCounter:
 __all__ = ["Column", "Schema", "CRITEO_TSV", "AVAZU_CSV", "criteo_schema", "avazu_schema",
            "parse_schema_spec", "named_schema", "parse_lines", "make_dataset", "hash_categorical",
            "BadLineCounter", "MalformedDataError", "HASH_BITS", "raw_feature_inputs",
-           "features_from_raw"]
+           "features_from_raw", "DEFAULT_DENSE_LIMIT", "MAX_NUMBER_CHARS", "TIMESTAMP_RANGE"]

@@ -13,6 +13,12 @@ own when it holds the done marker itself; otherwise its two-digit subfolders
 are the hourly partitions. Partitions are ordered by (day, hour), a day's own
 partition before its hours.
 
+A folder whose name is no date yyyyMMdd (20241301, 20240230, 2024-01-01) or, inside a
+day, a number that is no hour 00-23 (24, 7) is skipped with a warning naming it, logged
+once per folder and process (not on every poll of a watching trainer); names that start
+with "_" or "." are skipped silently, and so are other names inside a day folder (a daily
+partition's data files are not looked at one by one on every poll).
+
 Example:
     >>> [p.name for p in list_partitions("/data/stream")]
     ['20240101/00', '20240101/01', '20240102']
@@ -20,15 +26,21 @@ Example:
 
 import calendar
 import dataclasses
+import datetime
 import posixpath
 import re
 from typing import List, Optional
 
 import tensorflow as tf
+from absl import logging
 
 DONE_MARKER = "_SUCCESS"
 _DAY_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
 _HOUR_RE = re.compile(r"^(\d{2})$")
+_NUMBER_RE = re.compile(r"^[0-9]+$")
+# Folders already warned about: a watching trainer lists the root on every poll, and a
+# folder with a bad name stays there until someone moves it. Log de-duplication only.
+_WARNED = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,16 +82,47 @@ def _data_files(path: str, entries: List[str]) -> tuple:
                  if not e.startswith(("_", ".")) and not tf.io.gfile.isdir(posixpath.join(path, e)))
 
 
+def day_fault(name: str) -> Optional[str]:
+    """Why `name` is no day folder name yyyyMMdd of a date that exists, or None."""
+    match = _DAY_RE.match(name)
+    if not match:
+        return "not a date yyyyMMdd"
+    try:
+        datetime.date(*(int(g) for g in match.groups()))
+    except ValueError as error:
+        return f"not a date yyyyMMdd ({error})"
+    return None
+
+
+def hour_fault(name: str) -> Optional[str]:
+    """Why `name` is no hour folder name 00-23, or None."""
+    if not _HOUR_RE.match(name) or int(name) > 23:
+        return "not an hour 00-23"
+    return None
+
+
+def _skip(path: str, fault: str) -> None:
+    if path not in _WARNED:
+        _WARNED.add(path)
+        logging.warning("streaming: skipping folder %s: %s", path, fault)
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(("_", "."))
+
+
 def partition_at(root: str, name: str, done_marker: str = DONE_MARKER) -> Optional[Partition]:
     """The partition `name` ("yyyyMMdd" or "yyyyMMdd/hh") of `root` if it is ready, else None.
 
     Raises:
-        ValueError: a name of another form.
+        ValueError: a name of another form, or no date or hour (20241301, 20240101/24).
     """
     parts = name.strip("/").split("/")
-    if not _DAY_RE.match(parts[0]) or len(parts) > 2 or (
-            len(parts) == 2 and not _HOUR_RE.match(parts[1])):
-        raise ValueError(f"partition name {name!r} is not yyyyMMdd or yyyyMMdd/hh")
+    fault = day_fault(parts[0]) if len(parts) <= 2 else "not yyyyMMdd or yyyyMMdd/hh"
+    if fault is None and len(parts) == 2:
+        fault = hour_fault(parts[1])
+    if fault is not None:
+        raise ValueError(f"partition name {name!r} is not yyyyMMdd or yyyyMMdd/hh: {fault}")
     path = posixpath.join(root, *parts)
     if not tf.io.gfile.isdir(path):
         return None
@@ -87,13 +130,12 @@ def partition_at(root: str, name: str, done_marker: str = DONE_MARKER) -> Option
     if done_marker not in entries:
         return None
     hour = int(parts[1]) if len(parts) == 2 else None
-    if hour is not None and hour > 23:
-        raise ValueError(f"partition {name!r}: hour {hour} is not 00-23")
     return Partition("/".join(parts), path, parts[0], hour, _data_files(path, entries))
 
 
 def list_partitions(root: str, done_marker: str = DONE_MARKER) -> List[Partition]:
-    """Every ready partition under `root`, in time order.
+    """Every ready partition under `root`, in time order; folders named no date, or a
+    number that is no hour, are skipped with a warning (once per folder).
 
     Raises:
         FileNotFoundError: `root` is not a folder.
@@ -102,20 +144,27 @@ def list_partitions(root: str, done_marker: str = DONE_MARKER) -> List[Partition
         raise FileNotFoundError(f"data root {root!r} is not a folder")
     found = []
     for day in _entries(root):
-        if not _DAY_RE.match(day):
-            continue
         day_path = posixpath.join(root, day)
-        if not tf.io.gfile.isdir(day_path):
+        if _hidden(day) or not tf.io.gfile.isdir(day_path):
+            continue
+        fault = day_fault(day)
+        if fault is not None:
+            _skip(day_path, fault)
             continue
         entries = _entries(day_path)
         if done_marker in entries:
             found.append(Partition(day, day_path, day, None, _data_files(day_path, entries)))
         for hour in entries:
-            if _HOUR_RE.match(hour) and int(hour) < 24 and \
-                    tf.io.gfile.isdir(posixpath.join(day_path, hour)):
-                partition = partition_at(root, f"{day}/{hour}", done_marker)
-                if partition is not None:
-                    found.append(partition)
+            hour_path = posixpath.join(day_path, hour)
+            if not _NUMBER_RE.match(hour) or not tf.io.gfile.isdir(hour_path):
+                continue
+            fault = hour_fault(hour)
+            if fault is not None:
+                _skip(hour_path, fault)
+                continue
+            partition = partition_at(root, f"{day}/{hour}", done_marker)
+            if partition is not None:
+                found.append(partition)
     return sorted(found, key=lambda p: p.sort_key)
 
 
@@ -129,7 +178,8 @@ def of_granularity(partitions: List[Partition], granularity: Optional[str]) -> L
 
 def unready(root: str, done_marker: str = DONE_MARKER) -> List[str]:
     """What under `root` is not a ready partition, for messages: data files directly in
-    the root, entries not named yyyyMMdd, and day or hour folders without their marker.
+    the root, folders named no date yyyyMMdd or a number that is no hour 00-23, and day
+    or hour folders without their marker.
 
     Example:
         >>> unready("/data/flat")
@@ -145,20 +195,24 @@ def unready(root: str, done_marker: str = DONE_MARKER) -> List[str]:
     if data:
         found.append(f"data files directly in {root} ({_some(data)}): put each partition's "
                      "files in a folder ROOT/yyyyMMdd or ROOT/yyyyMMdd/hh")
-    other = [e for e in folders if not _DAY_RE.match(e)]
-    if other:
-        found.append(f"folders not named yyyyMMdd ({_some(other)})")
+    days = [e for e in folders if not _hidden(e) and day_fault(e) is None]
+    other = [e for e in folders if not _hidden(e) and e not in days]
     waiting = []
-    for day in (e for e in folders if _DAY_RE.match(e)):
+    for day in days:
         day_entries = _entries(posixpath.join(root, day))
+        subfolders = [h for h in day_entries if _NUMBER_RE.match(h)
+                      and tf.io.gfile.isdir(posixpath.join(root, day, h))]
+        hours = [h for h in subfolders if hour_fault(h) is None]
+        other += [f"{day}/{h}" for h in subfolders if h not in hours]
         if done_marker in day_entries:
             continue
-        hours = [h for h in day_entries if _HOUR_RE.match(h)
-                 and tf.io.gfile.isdir(posixpath.join(root, day, h))]
         waiting += [f"{day}/{h}" for h in hours
                     if done_marker not in _entries(posixpath.join(root, day, h))]
         if not hours:
             waiting.append(day)
+    if other:
+        found.append(f"folders that are no date yyyyMMdd or hour 00-23 "
+                     f"({_some(other)})")
     if waiting:
         found.append(f"{len(waiting)} partition folder(s) without their done marker "
                      f"{done_marker!r}, not ready yet ({_some(waiting)})")
@@ -170,5 +224,5 @@ def _some(names: List[str], count: int = 3) -> str:
                                        if len(names) > count else "")
 
 
-__all__ = ["DONE_MARKER", "Partition", "list_partitions", "of_granularity", "partition_at",
-           "unready"]
+__all__ = ["DONE_MARKER", "Partition", "day_fault", "hour_fault", "list_partitions",
+           "of_granularity", "partition_at", "unready"]
