@@ -2,6 +2,7 @@
 naming it, or (on_nonfinite="skip") goes back to the last good checkpoint, records the
 partition as skipped and trains on exactly as a stream without it."""
 
+import json
 import os
 
 import numpy as np
@@ -10,8 +11,8 @@ from nan_model_trainer import NAN_BELOW, config, nan_model_fn
 from test_streaming_trainer import _export_state, write_stream
 
 from mxrec.serving import versions
-from mxrec.streaming import donefile
-from mxrec.streaming.trainer import NonFiniteModelError, StreamingTrainer
+from mxrec.streaming import donefile, report
+from mxrec.streaming.trainer import NonFiniteModelError, StreamingTrainer, summary
 
 DAY = ["20240101/00", "20240101/01", "20240101/02", "20240101/03"]
 
@@ -95,3 +96,7 @@ def test_skip_goes_back_and_equals_the_stream_without_the_partition(tmp_path, po
 
     # A restart reads the skip from the donefile: nothing is trained again.
     assert _run(data, tmp_path / "work", tmp_path / "export", on_nonfinite="skip") == []
+    assert json.loads(summary(entries))["skipped"] == [poisoned]
+    png = report.write_png(str(tmp_path / "work" / "donefile.jsonl"), str(tmp_path / "r.png"))
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -56,6 +56,7 @@ def test_second_model_on_the_same_export_base_is_refused(tmp_path, stream):
     proc = _cli(stream, tmp_path / "b", export)  # the documented CLI, a second model
     _, err = proc.communicate(timeout=240)
     assert proc.returncode != 0
+    assert proc.returncode == 1 and "Traceback" not in err  # a refusal, said plainly
     assert f"export base {export} belongs to model" in err and str(tmp_path / "a") in err
     assert str(tmp_path / "b") in err and "Nothing was changed" in err
     assert _snapshot(export) == served  # versions 1 and 2 of model a untouched

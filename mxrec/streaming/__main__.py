@@ -231,8 +231,17 @@ def _train(args, parser) -> int:
         return 1
     import tensorflow as tf
 
+    from mxrec.streaming.ownership import OwnershipError
+    from mxrec.streaming.parsers import MalformedDataError
+    from mxrec.streaming.trainer import NonFiniteModelError
+
     tf.compat.v1.disable_eager_execution()
-    entries = StreamingTrainer(config, models.make_model_fn(model)).run()
+    try:
+        entries = StreamingTrainer(config, models.make_model_fn(model)).run()
+    except (OwnershipError, MalformedDataError, NonFiniteModelError) as error:
+        # Refusals an operator acts on: the message says what and how, no traceback.
+        print(f"mxrec.streaming train: error: {error}", file=sys.stderr)
+        return 1
     print(summary(entries))
     if args.report:
         from mxrec.streaming import report

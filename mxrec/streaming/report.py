@@ -1,7 +1,9 @@
 """A PNG report of a streaming run from its donefile (needs matplotlib).
 
-Four panels over the partitions: progressive AUC, log loss and calibration (mean
-prediction / mean label), rows in use per table, and training samples/s.
+Four panels over the partitions, in the donefile's order: progressive AUC, log loss and
+calibration (mean prediction / mean label), rows in use per table, and training samples/s
+with the bad lines skipped per partition; a partition skipped for a non-finite model is
+marked by a red line on every panel.
 
 Example:
     >>> write_png("/ckpt/donefile.jsonl", "/tmp/report.png")
@@ -28,7 +30,7 @@ def write_png(donefile_path: str, out_path: str) -> str:
     entries = donefile.read(donefile_path)
     if not entries:
         raise ValueError(f"donefile {donefile_path} has no entries")
-    steps = [e["step"] for e in entries]
+    steps = list(range(1, len(entries) + 1))  # a skipped partition keeps its step
     nan = float("nan")
 
     def metric(name):
@@ -51,11 +53,19 @@ def write_png(donefile_path: str, out_path: str) -> str:
     axes[1][0].set_title("rows in use")
     axes[1][1].plot(steps, [e["rows"] / max(e.get("train_seconds", 0), 1e-9)
                             for e in entries], marker=".")
-    axes[1][1].set_title("training samples/s")
+    axes[1][1].set_title("training samples/s; bad lines (right)")
+    bad = axes[1][1].twinx()
+    bad.bar(steps, [e.get("bad_lines", 0) for e in entries], color="tab:orange", alpha=0.4)
+    for x, e in zip(steps, entries):
+        if e.get("skipped"):
+            for ax in (a for row in axes for a in row):
+                ax.axvline(x, color="red", linewidth=0.8)
     for ax in axes[1]:
-        ax.set_xlabel("partition (step)")
+        ax.set_xlabel("partition (donefile order)")
     labels = f"{entries[0]['partition']} .. {entries[-1]['partition']}"
-    figure.suptitle(f"mxrec streaming: {len(entries)} partitions, {labels}")
+    skipped = sum(1 for e in entries if e.get("skipped"))
+    figure.suptitle(f"mxrec streaming: {len(entries)} partitions, {labels}"
+                    f"{f', {skipped} skipped (red)' if skipped else ''}")
     figure.tight_layout()
     figure.savefig(out_path, dpi=80)
     plt.close(figure)

@@ -892,10 +892,13 @@ def _name_key(name: str):
 
 
 def summary(entries: List[Dict]) -> str:
-    """A one-line JSON summary of a run's entries (partitions, rows, mean progressive AUC)."""
+    """A one-line JSON summary of a run's entries: partitions (trained and skipped), rows,
+    bad lines, mean progressive AUC."""
     aucs = [e["metrics"]["auc"] for e in entries if e.get("metrics")
             and e["metrics"]["auc"] == e["metrics"]["auc"]]
     return json.dumps({"partitions": len(entries), "rows": sum(e["rows"] for e in entries),
+                       "bad_lines": sum(e.get("bad_lines", 0) for e in entries),
+                       "skipped": [e["partition"] for e in entries if e.get("skipped")],
                        "mean_progressive_auc": float(np.mean(aucs)) if aucs else None})
 
 
