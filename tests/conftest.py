@@ -71,9 +71,9 @@ def make_session():
 # rank counts, the streaming trainer on ranks each keep one unmarked test). CI runs the whole
 # suite under the default TensorFlow and `-m "not variant and not ranks_extra"` under the
 # second one, to stay within its time; `MXREC_TF=2.21 bash scripts/test.sh` alone runs them
-# all. An entry without "[" marks every parametrization of the test. An entry that names no
-# test fails the run when the whole suite is collected, so that a rename cannot silently drop
-# a mark.
+# all. An entry without "[" marks every parametrization of the test, a file's path every test
+# of the file. An entry that names no test fails the run when the whole suite is collected, so
+# that a rename cannot silently drop a mark.
 VARIANTS = (
     "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-4]",
     "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-2-send_count]",
@@ -122,6 +122,7 @@ VARIANTS = (
     "tests/test_cli_errors.py::test_train_on_partitions_without_their_marker_names_them",
     "tests/test_cli_errors.py::test_format_criteo_on_a_csv_with_a_header_names_criteo_csv[written]",
     "tests/test_cli_errors.py::test_train_warns_about_what_it_skips",
+    "tests/test_streaming_nonfinite.py::test_skip_goes_back_and_equals_the_stream_without_the_partition[first]",
 )
 
 
@@ -145,6 +146,7 @@ RANKS_EXTRA = (
     "tests/test_streaming_ranks_equal.py::test_random_rows_by_row_differ_on_ranks",
     "tests/test_multiworker.py::test_ranks_equal_one_process[adagrad-2-host_tier-init_by_id]",
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
+    "tests/test_multiworker_saver_finite.py::test_every_rank_refuses_a_save_that_one_rank_finds_non_finite[grpc]",
 )
 
 # Tests marked `one_tf`: their subject does not change with the TensorFlow version (the
@@ -164,6 +166,9 @@ ONE_TF = (
     "tests/test_launch_stop.py::test_a_failed_rank_stops_every_rank_within_the_grace",
     "tests/test_launch_stop.py::test_sigterm_to_the_launcher_stops_every_rank",
     "tests/test_launch_stop.py::test_each_rank_gets_its_share_of_the_cores",
+    "tests/test_streaming_chaos.py::test_streaming_loop_under_chaos",
+    "tests/test_streaming_ownership.py",
+    "tests/test_stale_temporaries.py",
 )
 MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA, "one_tf": ONE_TF}
 
@@ -179,6 +184,7 @@ SERIAL_FILES = (
     "tests/test_checkpoint_retention.py",
     "tests/test_launch_stop.py",
     "tests/test_launch_report.py",
+    "tests/test_streaming_chaos.py",
 )
 
 
@@ -200,7 +206,7 @@ def pytest_collection_modifyitems(session, config, items):
         base = item.nodeid.split("[", 1)[0]
         if any(fnmatch.fnmatch(base.split("::", 1)[0], pattern) for pattern in SERIAL_FILES):
             item.add_marker(pytest.mark.serial)
-        for entry in (item.nodeid, base):
+        for entry in (item.nodeid, base, base.split("::", 1)[0]):
             for mark, entries in MARKS.items():
                 if entry in entries:
                     item.add_marker(getattr(pytest.mark, mark))
