@@ -147,6 +147,7 @@ RANKS_EXTRA = (
     "tests/test_multiworker.py::test_ranks_equal_one_process[adagrad-2-host_tier-init_by_id]",
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
     "tests/test_multiworker_saver_finite.py::test_every_rank_refuses_a_save_that_one_rank_finds_non_finite[grpc]",
+    "tests/test_streaming_ranks_nonfinite.py::test_skip_on_two_ranks_equals_one_process",
 )
 
 # Tests marked `one_tf`: their subject does not change with the TensorFlow version (the

@@ -72,8 +72,13 @@ def dense_faults(name: str, value) -> List[Fault]:
     return [Fault(f"variable {name!r}", int(bad.sum()), f"index {index}")]
 
 
-def describe(faults: Sequence[Fault]) -> str:
-    return "; ".join(fault.describe() for fault in faults)
+def describe(faults: Sequence[Fault], most: int = 6) -> str:
+    """The first `most` faults, then how many more (a NaN spreads to every weight: the first
+    ones say where to look, the whole list would bury them)."""
+    shown = "; ".join(fault.describe() for fault in faults[:most])
+    if len(faults) > most:
+        shown += f"; and {len(faults) - most} more array(s)"
+    return shown
 
 
 def raise_if_any(faults: Sequence[Fault], refusing: str) -> None:
