@@ -81,8 +81,12 @@ class MxrecExportTableOp : public TableOpBase {
     const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
     const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
     Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            12, TensorShape({n_host, n_comp, table_->options().dim}), &values));
+    const int64_t dim = table_->options().dim;
+    OP_REQUIRES_OK(ctx, mxrec::AllocateSizedOutput(
+                            ctx, 12, "tier_values", {n_host, n_comp, dim},
+                            absl::StrCat(n_host, " host-tier IDs, ", n_comp, " components, dim ",
+                                         dim),
+                            &values));
     if (!state.tier_values.empty()) {
       std::memcpy(values->flat<float>().data(), state.tier_values.data(),
                   state.tier_values.size() * sizeof(float));
