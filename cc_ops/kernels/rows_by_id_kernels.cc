@@ -83,6 +83,12 @@ class RowsByIdBase : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("distribution", &distribution));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("a", &a_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("b", &b_));
+    // Rows drawn with a bound that is not finite would be NaN or infinite.
+    OP_REQUIRES(ctx, std::isfinite(a_) && std::isfinite(b_),
+                absl::InvalidArgumentError(absl::StrCat(
+                    type_string(), " (", name(), "): the ", distribution,
+                    " distribution's parameters a = ", a_, " and b = ", b_,
+                    " must be finite")));
     seed_ = static_cast<uint64_t>(seed);
     if (distribution == "normal") {
       distribution_ = Distribution::kNormal;
