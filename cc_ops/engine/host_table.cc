@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <string>
 #include <utility>
 
 namespace mxrec {
@@ -531,7 +532,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   w.groups = w.parallel ? std::min(pool->num_threads(), kNumShards) : 1;
   PendingBatch journal;
   if (train && deferred) {
-    journal.id = next_batch_id_;
+    journal.id = next_batch_id_.load(std::memory_order_relaxed);
     journal.newest_before = newest_timestamp_;
     w.journal = &journal;
   }
@@ -549,7 +550,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     }
     for (int64_t key : journal.admitted) pending_admitted_[key] = journal.id;
     plan->batch_id = journal.id;
-    ++next_batch_id_;
+    next_batch_id_.store(journal.id + 1, std::memory_order_release);
     pending_.push_back(std::move(journal));
   }
   return Status::Ok();
@@ -861,7 +862,16 @@ void HostTable::JournalGrants(BatchWork& w) {
   }
 }
 
-Status HostTable::Commit(uint64_t batch_id) {
+Status HostTable::CheckCommit(uint64_t batch_id) const {
+  const uint64_t next = next_batch_id_.load(std::memory_order_acquire);
+  if (batch_id == 0 || batch_id >= next) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': a commit of batch ", batch_id,
+                       ", which the table's key stage never planned (",
+                       next == 1 ? std::string("it planned none")
+                                 : "it planned batches 1 to " + std::to_string(next - 1),
+                       "); commit the batch_ids its deferred key stage returned");
+  }
   if (batch_id < import_barrier_.load(std::memory_order_acquire)) {
     // ImportState dropped every batch planned before it, so a batch below the
     // barrier is one planned before the restore.
@@ -871,6 +881,11 @@ Status HostTable::Commit(uint64_t batch_id) {
                        "input pipeline starts, or re-run the iterator initializer "
                        "(mxrec.util.initialize.get_initializer) after restoring.");
   }
+  return Status::Ok();
+}
+
+Status HostTable::Commit(uint64_t batch_id) {
+  MXREC_RETURN_IF_ERROR(CheckCommit(batch_id));
   // Two lookups of the table in one step commit in any order: keep the newest.
   uint64_t seen = committed_through_.load(std::memory_order_relaxed);
   while (seen < batch_id &&

@@ -198,7 +198,13 @@ class HostTable {
   // batch, a save, an eviction, an evaluation batch) retires the batches up
   // to it before it reads anything. So a step never waits for the key stage
   // planning a later batch, and every reader still sees the step boundary.
+  // A batch id this table never handed out (0, or past the newest planned) is
+  // an InvalidArgument and commits nothing: it would retire batches planned
+  // later before their steps ran.
   Status Commit(uint64_t batch_id);
+  // What Commit(batch_id) would return, committing nothing (several tables'
+  // ids are checked before any is committed).
+  Status CheckCommit(uint64_t batch_id) const;
   // Deferred training batches planned and not committed.
   int64_t pending_batches() const;
 
@@ -407,7 +413,8 @@ class HostTable {
   // a const reader retires committed batches first (Lock()).
   mutable std::deque<PendingBatch> pending_;
   mutable std::unordered_map<int64_t, uint64_t> pending_admitted_;
-  uint64_t next_batch_id_ = 1;
+  // Written under mu_, read by Commit without it: the id of the next deferred batch.
+  std::atomic<uint64_t> next_batch_id_{1};
   // Outside mu_: the newest batch id a step committed (Commit), and the first
   // batch id not dropped by ImportState (written under mu_).
   std::atomic<uint64_t> committed_through_{0};

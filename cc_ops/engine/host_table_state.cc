@@ -249,7 +249,7 @@ Status HostTable::ImportState(const TableState& state) {
   // is an error (Commit), and HostTier::Replace dropped their swap plans.
   pending_.clear();
   pending_admitted_.clear();
-  import_barrier_ = next_batch_id_;
+  import_barrier_ = next_batch_id_.load(std::memory_order_relaxed);
   return Status::Ok();
 }
 

@@ -1,4 +1,5 @@
 // Kernels of MxrecExportTable / MxrecImportTable.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -81,8 +82,12 @@ class MxrecExportTableOp : public TableOpBase {
     const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
     const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
     Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            12, TensorShape({n_host, n_comp, table_->options().dim}), &values));
+    const int64_t dim = table_->options().dim;
+    OP_REQUIRES_OK(ctx, mxrec::AllocateSizedOutput(
+                            ctx, 12, "tier_values", {n_host, n_comp, dim},
+                            absl::StrCat(n_host, " host-tier IDs, ", n_comp, " components, dim ",
+                                         dim),
+                            &values));
     if (!state.tier_values.empty()) {
       std::memcpy(values->flat<float>().data(), state.tier_values.data(),
                   state.tier_values.size() * sizeof(float));
@@ -96,6 +101,7 @@ class MxrecImportTableOp : public TableOpBase {
 
   void Compute(OpKernelContext* ctx) override {
     OP_REQUIRES_OK(ctx, CheckInputs(ctx));
+    OP_REQUIRES_OK(ctx, CheckValues(ctx));
     mxrec::TableState state;
     state.keys = Read<int64_t>(ctx->input(0));
     state.rows = Read<int32_t>(ctx->input(1));
@@ -153,6 +159,37 @@ class MxrecImportTableOp : public TableOpBase {
                                             "one per tier_components"));
     return mxrec::CheckInputDim(*this, table, "tier_values", values, 2, table_->options().dim,
                                 "the table's dim");
+  }
+
+  // The values the engine reads as they are: a row below -1 (-1: not admitted)
+  // would read as not admitted, a count or threshold that is negative or not
+  // finite would change admission from then on.
+  absl::Status CheckValues(OpKernelContext* ctx) const {
+    const std::string& table = table_->options().name;
+    const auto invalid = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mxrec table '", table, "': ", type_string(), " ", what));
+    };
+    const auto rows = ctx->input(1).flat<int32_t>();
+    for (int64_t i = 0; i < rows.size(); ++i) {
+      if (rows(i) < -1) {
+        return invalid(absl::StrCat("input 'rows': rows[", i, "] = ", rows(i),
+                                    "; a row is >= 0, or -1 for an ID not admitted"));
+      }
+    }
+    const auto counts = ctx->input(2).flat<float>();
+    for (int64_t i = 0; i < counts.size(); ++i) {
+      if (!(counts(i) >= 0) || std::isinf(counts(i))) {
+        return invalid(absl::StrCat("input 'counts': counts[", i, "] = ", counts(i),
+                                    "; an admission count is finite and >= 0"));
+      }
+    }
+    const double threshold = ctx->input(6).scalar<double>()();
+    if (!(threshold >= 0)) {
+      return invalid(absl::StrCat("input 'threshold' = ", threshold,
+                                  "; the admission threshold is >= 0"));
+    }
+    return absl::OkStatus();
   }
 
   // MxrecImportTableTiered: the host-tier fields of MxrecExportTable.

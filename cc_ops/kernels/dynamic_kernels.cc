@@ -92,8 +92,10 @@ class MxrecDynamicGatherOp : public DynamicStoreKernel {
     OP_REQUIRES_OK(ctx, CheckAddresses(addresses));
     const int64_t n = addresses.NumElements();
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, TensorShape({n, store_->options().dim}), &out));
+    const int64_t dim = store_->options().dim;
+    OP_REQUIRES_OK(ctx, mxrec::AllocateSizedOutput(ctx, 0, "values", {n, dim},
+                                                   absl::StrCat(n, " addresses, dim ", dim),
+                                                   &out));
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(store_->Read(addresses.flat<int64_t>().data(), n, -1,
                                                        out->flat<float>().data(),
                                                        "MxrecDynamicGather")));

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/input_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -22,7 +23,6 @@ using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
-using tensorflow::TensorShape;
 
 // Below this many values (positions x dim) a kernel runs on its own thread: a
 // step runs many lookups at once, and shards of small copies cost more than
@@ -77,7 +77,9 @@ class GatherRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRestore<Index>(*this, restore, num_unique));
     const int64_t n = restore.dim_size(0);
     Tensor* emb = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &emb));
+    OP_REQUIRES_OK(ctx, AllocateSizedOutput(ctx, 0, "emb", {n, dim},
+                                            absl::StrCat("restore's ", n, " positions, dim ", dim),
+                                            &emb));
     if (n == 0 || dim == 0) return;
 
     const T* source = unique_emb.flat<T>().data();
@@ -133,7 +135,10 @@ class GatherRowsGradOp : public OpKernel {
                     " rows but restore ", n, " positions")));
     const int64_t dim = grad.dim_size(1);
     Tensor* unique_grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}), &unique_grad));
+    OP_REQUIRES_OK(ctx, AllocateSizedOutput(
+                            ctx, 0, "unique_grad", {num_unique, dim},
+                            absl::StrCat("num_unique = ", num_unique, ", grad's dim ", dim),
+                            &unique_grad));
     T* out = unique_grad->flat<T>().data();
     const int64_t out_size = num_unique * dim;
     if (out_size == 0) return;

@@ -59,8 +59,19 @@ class MxrecKeyStageOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("is_train", &is_train_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("deferred", &deferred_));
     OP_REQUIRES_OK(ctx, LookupTables(ctx, "MxrecKeyStage", false, &tables_, &table_names_));
+    int n = 0;
     int weights = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("W", &weights));
+    // An eager call runs no shape function: the list lengths are checked here.
+    OP_REQUIRES(ctx, n == static_cast<int>(tables_.size()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecKeyStage (tables ", table_names_, "): got ", n, " ID tensors for ",
+                    tables_.size(), " tables; give one per table")));
+    OP_REQUIRES(ctx, weights == 0 || weights == n,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecKeyStage (tables ", table_names_, "): got ", weights,
+                    " weight tensors for ", n, " ID tensors; give one per ID tensor or none")));
     OP_REQUIRES(ctx, weights == 0 || is_train_,
                 absl::InvalidArgumentError(absl::StrCat(
                     "MxrecKeyStage (tables ", table_names_,
@@ -71,9 +82,6 @@ class MxrecKeyStageOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     OpInputList ids;
     OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
-    OP_REQUIRES(ctx, ids.size() == static_cast<int>(tables_.size()),
-                absl::InvalidArgumentError(absl::StrCat("MxrecKeyStage got ", ids.size(), " ID tensors for ",
-                                        tables_.size(), " tables")));
     const Tensor& timestamp = ctx->input(ids.size());
     OP_REQUIRES_OK(ctx, mxrec::CheckInputRank(*this, table_names_, "timestamp", timestamp, 0));
     const int n = ids.size();
@@ -288,6 +296,17 @@ class MxrecCommitBatchesOp : public OpKernel {
                     "MxrecCommitBatches: batch_ids must be a vector of ", tables_.size(),
                     " ids, got shape ", ids.shape().DebugString())));
     const auto flat = ids.vec<int64_t>();
+    // Every id is checked before any batch is committed, so a refused call changes nothing.
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      OP_REQUIRES(ctx, flat(i) >= 0,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "MxrecCommitBatches: batch_ids[", i, "] = ", flat(i), " for table '",
+                      tables_[i]->options().name,
+                      "' is negative; batch ids are the key stage's (1, 2, ...), 0 for none")));
+      if (flat(i) == 0) continue;
+      OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(
+                              tables_[i]->CheckCommit(static_cast<uint64_t>(flat(i)))));
+    }
     for (size_t i = 0; i < tables_.size(); ++i) {
       if (flat(i) == 0) continue;
       OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(tables_[i]->Commit(static_cast<uint64_t>(flat(i)))));

@@ -44,10 +44,12 @@ class ExchangeKernel : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("channel", &channel_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("exchange", &exchange_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_));
+    // NaN fails this too. An infinite timeout waits for ever.
     OP_REQUIRES(ctx, timeout_ > 0,
                 absl::InvalidArgumentError("exchange '" + exchange_ +
                                            "': timeout_seconds must be > 0 "
-                                           "(MXREC_COLLECTIVE_TIMEOUT)"));
+                                           "(MXREC_COLLECTIVE_TIMEOUT), got " +
+                                           std::to_string(timeout_)));
   }
 
  protected:
@@ -86,7 +88,6 @@ class AlltoallvOp : public ExchangeKernel {
                                                  data.shape().DebugString()),
                       done);
     auto c = counts.vec<int32_t>();
-    std::vector<int64_t> send_bytes(size);
     int64_t rows = 0;
     for (int p = 0; p < size; ++p) {
       OP_REQUIRES_ASYNC(ctx, c(p) >= 0,
@@ -95,7 +96,6 @@ class AlltoallvOp : public ExchangeKernel {
                                                    std::to_string(p)),
                         done);
       rows += c(p);
-      send_bytes[p] = c(p) * row_bytes;
     }
     OP_REQUIRES_ASYNC(
         ctx, rows == data.dim_size(0),
@@ -103,6 +103,9 @@ class AlltoallvOp : public ExchangeKernel {
                                    std::to_string(rows) + " rows, data has " +
                                    std::to_string(data.dim_size(0))),
         done);
+    // Counts of rows that data holds: their bytes cannot overflow.
+    std::vector<int64_t> send_bytes(size);
+    for (int p = 0; p < size; ++p) send_bytes[p] = c(p) * row_bytes;
     mxrec::mpi::Schedule([this, ctx, done, data, send_bytes, row_shape, row_bytes, size]() {
       auto allocate = [&](const std::vector<int64_t>& recv_bytes,
                           mxrec::mpi::Result* error) -> char* {

@@ -28,6 +28,9 @@ using tensorflow::TensorShape;
 
 // The int32 outputs (index, order, slots) number at most this many IDs.
 constexpr int64_t kMaxIds = INT32_MAX;
+// Ranks a route spreads IDs over at most: each call keeps three arrays of one
+// entry per rank (far more ranks than any job has, far less memory than a host).
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
 // owner_of's multiplier and shift (mxrec/distributed/sharding.py).
 constexpr uint64_t kOwnerMultiplier = 0x9E3779B97F4A7C15ULL;
 constexpr int kOwnerShift = 33;
@@ -51,10 +54,10 @@ class RouteOp : public OpKernel {
   explicit RouteOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     int64_t size = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size));
-    OP_REQUIRES(ctx, size <= INT32_MAX,
+    OP_REQUIRES(ctx, size <= kMaxRanks,
                 absl::InvalidArgumentError(absl::StrCat(
                     type_string(), " (", name(), "): size = ", size,
-                    " ranks is more than the ", INT32_MAX, " an int32 owner can name")));
+                    " ranks is more than the ", kMaxRanks, " a route supports")));
     size_ = static_cast<uint32_t>(size);
   }
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/input_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -29,7 +30,6 @@ using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
-using tensorflow::TensorShape;
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
 
@@ -83,6 +83,12 @@ class RowsByIdBase : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("distribution", &distribution));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("a", &a_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("b", &b_));
+    // Rows drawn with a bound that is not finite would be NaN or infinite.
+    OP_REQUIRES(ctx, std::isfinite(a_) && std::isfinite(b_),
+                absl::InvalidArgumentError(absl::StrCat(
+                    type_string(), " (", name(), "): the ", distribution,
+                    " distribution's parameters a = ", a_, " and b = ", b_,
+                    " must be finite")));
     seed_ = static_cast<uint64_t>(seed);
     if (distribution == "normal") {
       distribution_ = Distribution::kNormal;
@@ -94,11 +100,13 @@ class RowsByIdBase : public OpKernel {
   }
 
  protected:
-  // rows [n, dim] of the IDs key(i), i < n, as the output.
+  // rows [n, dim] of the IDs key(i), i < n, as the output (`what`: the n IDs).
   template <typename Key>
-  void Fill(OpKernelContext* ctx, int64_t n, const Key& key) {
+  void Fill(OpKernelContext* ctx, int64_t n, const char* what, const Key& key) {
     Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
+    OP_REQUIRES_OK(ctx, AllocateSizedOutput(ctx, 0, "rows", {n, dim_},
+                                            absl::StrCat(n, " ", what, ", dim = ", dim_), &rows));
+    if (rows->NumElements() == 0) return;
     float* out = rows->flat<float>().data();
     auto fill = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
@@ -141,9 +149,10 @@ class RowsByIdOp : public RowsByIdBase {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids = ctx->input(0);
     OP_REQUIRES(ctx, ids.dims() == 1,
-                absl::InvalidArgumentError("MxrecRowsById: ids must be a vector"));
+                absl::InvalidArgumentError(absl::StrCat("MxrecRowsById: ids must be a vector, got shape ",
+                                                        ids.shape().DebugString())));
     const int64_t* id = ids.flat<int64_t>().data();
-    Fill(ctx, ids.dim_size(0), [id](int64_t i) { return id[i]; });
+    Fill(ctx, ids.dim_size(0), "ids", [id](int64_t i) { return id[i]; });
   }
 };
 
@@ -249,7 +258,7 @@ class PlanRowsByIdOp : public RowsByIdBase {
                       " is not a row of the plan's IDs")));
       keys[k] = keys[first];
     }
-    Fill(ctx, r, [&keys](int64_t i) { return keys[i]; });
+    Fill(ctx, r, "wanted rows", [&keys](int64_t i) { return keys[i]; });
   }
 };
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/input_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -163,7 +164,9 @@ class PackSendOp : public OpKernel {
                                               pairs[l].shape().DebugString())));
     }
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({size_, total, 2}), &out));
+    OP_REQUIRES_OK(ctx, AllocateSizedOutput(
+                            ctx, 0, "send", {size_, total, 2},
+                            absl::StrCat("size = ", size_, " peers, sum(chunks) = ", total), &out));
     int64_t* send = out->flat<int64_t>().data();
     std::fill(send, send + size_ * total * 2, int64_t{0});
     for (int l = 0; l < n; ++l) {
@@ -227,7 +230,9 @@ class ScatterRowsOp : public OpKernel {
                                      "the rows of emb"));
     OP_REQUIRES_OK(ctx, CheckIndices(*this, "spots", to, v, rows, "the rows of the buffer"));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, dim}), &out));
+    OP_REQUIRES_OK(ctx, AllocateSizedOutput(ctx, 0, "buffer", {rows, dim},
+                                            absl::StrCat("rows = ", rows, ", emb's dim ", dim),
+                                            &out));
     T* buffer = out->flat<T>().data();
     const T* source = emb.flat<T>().data();
     std::fill(buffer, buffer + rows * dim, T(0));
@@ -272,7 +277,9 @@ class GatherSumRowsOp : public OpKernel {
                                      "the rows of the buffer"));
     OP_REQUIRES_OK(ctx, CheckIndices(*this, "first", to, v, owned, "the owned rows"));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({owned, dim}), &out));
+    OP_REQUIRES_OK(ctx, AllocateSizedOutput(ctx, 0, "summed", {owned, dim},
+                                            absl::StrCat("owned = ", owned, ", buffer's dim ", dim),
+                                            &out));
     T* summed = out->flat<T>().data();
     const T* source = buffer.flat<T>().data();
     const T scale = scale_tensor.scalar<T>()();

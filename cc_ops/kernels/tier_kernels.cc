@@ -87,7 +87,8 @@ class MxrecTierSwapOp : public TierOpBase {
                     n, ", ", dim, "], got ", current.shape().DebugString())));
     OP_REQUIRES_OK(ctx, CheckFresh(table_->options().name, fresh_values, n, dim));
     Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
+    OP_REQUIRES_OK(ctx, mxrec::AllocateSizedOutput(ctx, 0, "values", {n, dim},
+                                                   absl::StrCat(n, " rows, dim ", dim), &values));
     std::unique_ptr<bool[]> fresh(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
     float* out = values->flat<float>().data();
     auto pool = mxrec::Registry::Global().pool();
@@ -114,6 +115,14 @@ class MxrecTierSwapInPlaceOp : public TierOpBase {
     OP_REQUIRES_OK(ctx, CheckFresh(table_->options().name, fresh_values, n, dim));
     core::RefCountPtr<Var> var;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &var));
+    // Before the float access below: it would copy a shared buffer of another
+    // type as floats (a CHECK failure). A variable's type never changes.
+    OP_REQUIRES(ctx, var->tensor()->dtype() == DT_FLOAT,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "MxrecTierSwapInPlace on table '", table_->options().name,
+                    "': the variable must be float32 [rows, ", dim, "], got ",
+                    DataTypeString(var->tensor()->dtype()), " ",
+                    var->tensor()->shape().DebugString())));
     // As TensorFlow's sparse updates do: dense reads of the variable copy from
     // now on (copy-on-read mode), and a buffer still shared with an earlier
     // read is copied before it is written.
@@ -155,7 +164,8 @@ class MxrecTierReadOp : public TierOpBase {
     std::vector<int64_t> keys(ids.data(), ids.data() + n);
     Tensor* values = nullptr;
     Tensor* found = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
+    OP_REQUIRES_OK(ctx, mxrec::AllocateSizedOutput(ctx, 0, "values", {n, dim},
+                                                   absl::StrCat(n, " ids, dim ", dim), &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &found));
     OP_REQUIRES_OK(ctx, mxrec::ToTfStatus(table_->ReadTier(
                             component_, keys.data(), n, values->flat<float>().data(),

@@ -62,12 +62,18 @@ Result Broken() {
 constexpr std::chrono::milliseconds kYieldFor{3};
 constexpr std::chrono::milliseconds kShortSleepsFor{100};
 
+// Timeouts from this many seconds on (infinity included) never expire: a longer
+// one would overflow the clock's nanoseconds.
+constexpr double kNeverSeconds = 1e9;
+
 class Clock {
  public:
   explicit Clock(double timeout_seconds)
       : start_(std::chrono::steady_clock::now()),
-        deadline_(start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               std::chrono::duration<double>(timeout_seconds))) {}
+        deadline_(timeout_seconds < kNeverSeconds
+                      ? start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                     std::chrono::duration<double>(timeout_seconds))
+                      : std::chrono::steady_clock::time_point::max()) {}
   bool expired() const { return std::chrono::steady_clock::now() > deadline_; }
   // Spins briefly (an exchange between ranks of one host answers in microseconds), then
   // yields the core for the first kYieldFor of the wait: sched_yield runs any thread that
@@ -372,6 +378,8 @@ Result Allreduce(int64_t channel, const std::string& exchange, char* data, int64
                  DType dtype, Reduction reduction, double timeout_seconds) {
   Result r = Initialize();
   if (!r.ok()) return r;
+  // Checked on one rank too, so that a bad channel fails before the job has peers.
+  if (!(r = CheckChannel(channel, exchange)).ok()) return r;
   const int n = Size();
   if (n == 1) return Broken();
   const int64_t bytes = count * ElementBytes(dtype);

@@ -33,8 +33,8 @@ REGISTER_OP("MxrecRoute")
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Routes the IDs of one rank to their owners. ids (any shape) is read flat, n
-values (at most 2^31 - 1); the U unique IDs are numbered in the order of their
+Routes the IDs of one rank to their owners (size: at most 2^20 ranks). ids (any
+shape) is read flat, n values (at most 2^31 - 1); the U unique IDs are numbered in the order of their
 first occurrence, and owner(id) = ((id * 0x9E3779B97F4A7C15 mod 2^64) >> 33) mod
 size on the ID's 64 bits.
 
