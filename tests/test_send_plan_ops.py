@@ -98,6 +98,15 @@ def test_send_positions_refuses_a_bad_route(case, message):
             tf.constant(width), tf.constant([0], tf.int32), [0], 1))
 
 
+def test_send_positions_refuses_more_groups_than_lookups():
+    """An output per group: a huge num_groups would have TensorFlow allocate that many
+    outputs (eagerly: until the process is killed) before the kernel could refuse it."""
+    with pytest.raises(ValueError, match=r"num_groups must be in \[1, 1\].*got 2147483647"):
+        mxrec_ops.send_positions(
+            [tf.zeros([0, 2], tf.int32)], [tf.zeros([0], tf.int32)], [tf.zeros([0], tf.int32)],
+            tf.constant([1]), tf.constant([0]), [0], 2**31 - 1)
+
+
 def test_send_positions_refuses_a_group_outside_num_groups():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="group_of"):
         _run(lambda: mxrec_ops.send_positions(

@@ -20,6 +20,7 @@ def test_a_number_is_read(monkeypatch):
 
 @pytest.mark.parametrize("raw, allow_zero, message", [
     ("soon", False, r"MXREC_TEST_SECONDS must be a number of seconds, got 'soon'"),
+    ("nan", True, r"MXREC_TEST_SECONDS must be a number of seconds, got 'nan'"),
     ("-1", True, r"MXREC_TEST_SECONDS must be >= 0, got '-1'"),
     ("0", False, r"MXREC_TEST_SECONDS must be > 0, got '0'"),
 ])

@@ -253,7 +253,19 @@ def send_positions(wheres: Sequence[tf.Tensor], orders: Sequence[tf.Tensor],
         ...                              [tf.constant([0, 1, 0])], tf.constant([2]),
         ...                              tf.constant([0]), [0], 1)
         >>> # position [2, 0, 2]: unique ID 0 is the second in owner order, (owner 1, slot 0)
+
+    Raises:
+        ValueError: num_groups is not in [1, len(wheres)] (an output per group of lookups;
+            TensorFlow would try to allocate a list of that many outputs before the kernel
+            could refuse it), or a group_of entry is outside [0, num_groups).
     """
+    bad = [g for g in group_of if not 0 <= int(g) < int(num_groups)]
+    if bad:
+        raise ValueError(f"send_positions: group_of entries must be in [0, {num_groups}), got "
+                         f"{bad[:5]}")
+    if not 1 <= int(num_groups) <= max(1, len(wheres)):
+        raise ValueError(f"send_positions: num_groups must be in [1, {max(1, len(wheres))}] "
+                         f"(at most one output per lookup), got {num_groups}")
     with tf.device("/device:CPU:0"):
         return list(loader.op_library().mxrec_send_positions(
             where=list(wheres), order=list(orders), index=list(indices), width=width,
