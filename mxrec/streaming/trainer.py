@@ -97,6 +97,8 @@ NONFINITE_ACTIONS = ("stop", "skip")
 # (plus one per rank).
 GATHER_CHUNK = 16384
 _SCALARS = 64
+# What each step reports besides its results: the batch's malformed lines and lines read.
+_REPORT = ("bad_file", "bad_line", "bad_column", "lines")
 
 
 @dataclasses.dataclass
@@ -246,66 +248,17 @@ class StreamingTrainer:
     # ------------------------------------------------------------------ graph
 
     def _build(self):
+        """The run's graph: the scoring branch, the training step, the ranks' collectives,
+        the Saver; then finalized."""
         cfg = self.config
-        rank, size = self._rank, self._size
-        # One pipeline each for the whole run (feed.PartitionFeed): no per-partition
-        # iterator set-up. The training batches carry the data time of eviction.
-        self._train_feed = PartitionFeed(cfg.schema, cfg.batch_size, rank, size,
-                                         stamp_time=not cfg.schema.has_time, name="train_feed")
-        self._eval_feed = self._eval_fetch = None
-        if cfg.validation == "partition":
-            # The scoring branch first: lookups stamp IDs with the newest add_timestamp,
-            # and scoring must not read the training pipeline.
-            self._eval_feed = PartitionFeed(cfg.schema, cfg.batch_size, rank, size,
-                                            name="eval_feed")
-            eval_batch = self._eval_feed.get_next()
-            eval_logits = self.model_fn({k: eval_batch[k] for k in ("sparse", "dense")
-                                         if k in eval_batch}, False)
-            self._eval_fetch = {k: eval_batch[k] for k in ("bad_file", "bad_line",
-                                                           "bad_column", "lines")}
-            self._eval_fetch.update(logits=eval_logits, label=eval_batch["label"])
-        batch = self._train_feed.get_next()
-        features = {k: batch[k] for k in ("sparse", "dense") if k in batch}
-        add_timestamp(batch["time"])
-        logits = self.model_fn(features, True)
-        labels = batch["label"]
-        losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
-        if size == 1:
-            loss = tf.reduce_mean(losses)
-        else:  # this rank's share of the global batch's mean loss
-            # The rows counted from the labels (as many as the losses): the all-reduce can
-            # run as soon as the batch is there, beside the forward pass, not after it.
-            rows = communication.allreduce(tf.cast(tf.size(labels), tf.float32), "sum")
-            loss = tf.reduce_sum(losses) / tf.maximum(rows, 1.0)
-        dense_vars, sparse_vars = get_dense_and_sparse_variable()
-        buckets = tf.compat.v1.get_collection(BUCKET_VARIABLES)
-        if buckets and size > 1:
-            raise ValueError("streaming trainer: the plain-TensorFlow baseline (--buckets) runs "
-                             f"in one process only, not on {size} ranks; drop --buckets "
-                             "(mxrec's tables shard over the ranks)")
-        bucket_refs = {v.ref() for v in buckets}
-        dense_vars = [v for v in dense_vars if v.ref() not in bucket_refs]
-        grads = tf.gradients(loss, dense_vars + sparse_vars + buckets)
-        if size > 1:
-            grads[:len(dense_vars)] = _summed_over_ranks(grads[:len(dense_vars)])
-        updates = [tf.compat.v1.train.AdamOptimizer(cfg.dense_learning_rate).apply_gradients(
-            zip(grads[:len(dense_vars)], dense_vars))]
-        if sparse_vars:
-            updates.append(create_hash_optimizer(cfg.sparse_learning_rate).apply_gradients(
-                zip(grads[len(dense_vars):len(dense_vars) + len(sparse_vars)], sparse_vars)))
-        if buckets:  # the plain-TF baseline's tables: Adagrad as mxrec's (same accumulator)
-            updates.append(tf.compat.v1.train.AdagradOptimizer(
-                cfg.sparse_learning_rate, initial_accumulator_value=0.9).apply_gradients(
-                zip(grads[len(dense_vars) + len(sparse_vars):], buckets)))
-        train_op = tf.group(*updates)
-        report = {k: batch[k] for k in ("bad_file", "bad_line", "bad_column", "lines")}
-        self._train_fetch = dict(report, train=train_op)
-        self._train_fetch_scored = dict(self._train_fetch, logits=logits, label=labels)
+        self._build_scoring()
+        self._build_training()
         self._runtime = initialize.get_config_initializer()
         self._saver = Saver(cfg.checkpoint_dir, max_to_keep=cfg.keep_full_versions)
-        if size > 1:
+        if self._size > 1:
             with tf.name_scope("mxrec_streaming/ranks"):
-                self._scalars_in = tf.compat.v1.placeholder(tf.float64, [_SCALARS + size])
+                self._scalars_in = tf.compat.v1.placeholder(tf.float64,
+                                                            [_SCALARS + self._size])
                 self._scalars_out = communication.allreduce(self._scalars_in, "sum")
                 self._gather_in = tf.compat.v1.placeholder(tf.float64, [2, GATHER_CHUNK])
                 self._gather_out = communication.allreduce(self._gather_in, "sum")
@@ -314,6 +267,72 @@ class StreamingTrainer:
                                  *[f.initializer for f in feeds])
         self._close_feeds = tf.group(*[f.close_op for f in feeds])
         tf.compat.v1.get_default_graph().finalize()
+
+    def _build_scoring(self) -> None:
+        """The progressive-validation branch (validation "partition"): built first, since
+        lookups stamp IDs with the newest add_timestamp and scoring must not read the
+        training pipeline."""
+        cfg = self.config
+        # One pipeline each for the whole run (feed.PartitionFeed): no per-partition
+        # iterator set-up. The training batches carry the data time of eviction.
+        self._train_feed = PartitionFeed(cfg.schema, cfg.batch_size, self._rank, self._size,
+                                         stamp_time=not cfg.schema.has_time, name="train_feed")
+        self._eval_feed = self._eval_fetch = None
+        if cfg.validation != "partition":
+            return
+        self._eval_feed = PartitionFeed(cfg.schema, cfg.batch_size, self._rank, self._size,
+                                        name="eval_feed")
+        eval_batch = self._eval_feed.get_next()
+        eval_logits = self.model_fn({k: eval_batch[k] for k in ("sparse", "dense")
+                                     if k in eval_batch}, False)
+        self._eval_fetch = {k: eval_batch[k] for k in _REPORT}
+        self._eval_fetch.update(logits=eval_logits, label=eval_batch["label"])
+
+    def _build_training(self) -> None:
+        """The training step: the loss over the global batch, its gradients, the updates."""
+        batch = self._train_feed.get_next()
+        features = {k: batch[k] for k in ("sparse", "dense") if k in batch}
+        add_timestamp(batch["time"])
+        logits = self.model_fn(features, True)
+        labels = batch["label"]
+        losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+        if self._size == 1:
+            loss = tf.reduce_mean(losses)
+        else:  # this rank's share of the global batch's mean loss
+            # The rows counted from the labels (as many as the losses): the all-reduce can
+            # run as soon as the batch is there, beside the forward pass, not after it.
+            rows = communication.allreduce(tf.cast(tf.size(labels), tf.float32), "sum")
+            loss = tf.reduce_sum(losses) / tf.maximum(rows, 1.0)
+        self._train_fetch = dict({k: batch[k] for k in _REPORT}, train=self._updates(loss))
+        self._train_fetch_scored = dict(self._train_fetch, logits=logits, label=labels)
+
+    def _updates(self, loss: tf.Tensor) -> tf.Operation:
+        """Adam on the dense variables (gradients summed over the ranks), Adagrad on the
+        tables (and on the plain-TensorFlow baseline's bucket variables)."""
+        cfg = self.config
+        dense_vars, sparse_vars = get_dense_and_sparse_variable()
+        buckets = tf.compat.v1.get_collection(BUCKET_VARIABLES)
+        if buckets and self._size > 1:
+            raise ValueError("streaming trainer: the plain-TensorFlow baseline (--buckets) runs "
+                             f"in one process only, not on {self._size} ranks; drop --buckets "
+                             "(mxrec's tables shard over the ranks)")
+        bucket_refs = {v.ref() for v in buckets}
+        dense_vars = [v for v in dense_vars if v.ref() not in bucket_refs]
+        grads = tf.gradients(loss, dense_vars + sparse_vars + buckets)
+        dense_grads = grads[:len(dense_vars)]
+        sparse_grads = grads[len(dense_vars):len(dense_vars) + len(sparse_vars)]
+        if self._size > 1:
+            dense_grads = _summed_over_ranks(dense_grads)
+        updates = [tf.compat.v1.train.AdamOptimizer(cfg.dense_learning_rate).apply_gradients(
+            zip(dense_grads, dense_vars))]
+        if sparse_vars:
+            updates.append(create_hash_optimizer(cfg.sparse_learning_rate).apply_gradients(
+                zip(sparse_grads, sparse_vars)))
+        if buckets:  # the plain-TF baseline's tables: Adagrad as mxrec's (same accumulator)
+            updates.append(tf.compat.v1.train.AdagradOptimizer(
+                cfg.sparse_learning_rate, initial_accumulator_value=0.9).apply_gradients(
+                zip(grads[len(dense_vars) + len(sparse_vars):], buckets)))
+        return tf.group(*updates)
 
     # --------------------------------------------------------------- resuming
 
@@ -598,11 +617,53 @@ class StreamingTrainer:
 
     def _train_partition(self, sess, partition: Partition, step: int, previous: Optional[Dict],
                          writer) -> Dict:
+        """One partition: the new day's maintenance, the passes, the checkpoint, the serving
+        version, the donefile line; returns the line."""
         cfg = self.config
         start = time.monotonic()
         new_day = previous is None or previous["day"] != partition.day
         evicted = self._new_day_maintenance() if new_day and previous is not None else 0
         counter = BadLineCounter(partition.files, cfg.schema, cfg.max_bad_lines)
+        lines, scored, seconds = self._passes(sess, partition, counter)
+        counts = self._counts(sess, partition, lines, counter, evicted)
+        _fault("after_train", step)
+        if cfg.full_every == "day":
+            kind = "full" if new_day else "delta"
+        else:
+            kind = "full" if previous is None or (step - 1) % cfg.full_every == 0 else "delta"
+        save_start = time.monotonic()
+        try:  # the check: no version of a NaN model is saved, so none is delivered
+            self._saver.save(sess, step, kind=kind, check_finite=True)
+        except NonFiniteError as error:
+            self._non_finite(sess, partition, step, previous, error, dict(
+                lines=counts["lines"], bad_lines=counts["bad_lines"],
+                bad_line_examples=counter.messages[:5], metrics=scored))
+        seconds["save"] = time.monotonic() - save_start
+        _fault("after_checkpoint", step)
+        # Several ranks: the save returns once every rank's shard is in the version;
+        # rank 0 alone delivers and records the partition.
+        export_start = time.monotonic()
+        if cfg.export_base and self._rank == 0:
+            self._export(step, kind, previous.get("export_version") if previous else None)
+        seconds["export"] = time.monotonic() - export_start
+        _fault("after_export", step)
+        entry = dict(counts, partition=partition.name, day=partition.day, step=step,
+                     checkpoint=kind, export_version=step if cfg.export_base else None,
+                     metrics=scored, rows=counts["lines"] - counts["bad_lines"],
+                     bad_line_examples=counter.messages[:5], ranks=self._size,
+                     exchange=None if self._size == 1 else (
+                         "mpi" if communication.uses_mpi() else "grpc"),
+                     train_seconds=round(seconds.pop("train"), 4),
+                     # where the rest of the partition's time went (this rank's clock)
+                     stage_seconds={k: round(v, 4) for k, v in seconds.items()},
+                     seconds=round(time.monotonic() - start, 4), time=time.time())
+        self._record(entry, writer)
+        return entry
+
+    def _passes(self, sess, partition: Partition, counter: BadLineCounter):
+        """The validation pass (if scored by partition) and the training pass: (lines read
+        by this rank, the progressive metrics, {"validation", "train": seconds})."""
+        cfg = self.config
         scored = None
         # The lines of the files (the passes' steps) are counted by the first pass, after
         # its feed has the files, so the count overlaps the pipeline's first batches; its
@@ -615,73 +676,46 @@ class StreamingTrainer:
                 True, None)
             scored = metrics.evaluate(*self._gather(sess, labels, logits))
         train_start = time.monotonic()
-        validation_seconds = train_start - validation_start
         lines, labels, logits, _ = self._run_pass(
             sess, self._train_feed, self._train_step,
             partition.files, partition, None if cfg.validation == "partition" else counter,
             cfg.validation == "batch", counted)
-        train_seconds = time.monotonic() - train_start
+        seconds = {"validation": train_start - validation_start,
+                   "train": time.monotonic() - train_start}
         if cfg.validation == "batch":
             scored = metrics.evaluate(*self._gather(sess, labels, logits))
+        return lines, scored, seconds
+
+    def _counts(self, sess, partition: Partition, lines: int, counter: BadLineCounter,
+                evicted: int) -> Dict:
+        """The partition's lines, bad lines, evicted IDs and rows per table (sums over the
+        ranks); more bad lines than allowed over the ranks stop the run."""
+        cfg = self.config
         table_rows = self._table_rows()
-        if self._size > 1:  # the partition's counts over every rank
-            sums, _ = self._sum_over_ranks(sess, [lines, counter.count, evicted]
-                                           + list(table_rows.values()))
-            lines, bad_lines, evicted = (int(v) for v in sums[:3])
-            table_rows = dict(zip(table_rows, (int(v) for v in sums[3:])))
-            if bad_lines > cfg.max_bad_lines:
-                raise MalformedDataError(
-                    f"more than {cfg.max_bad_lines} malformed lines in partition "
-                    f"{partition.name} over the {self._size} ranks ({bad_lines}; set "
-                    f"--max_bad_lines to allow more); this rank's: {counter.messages[:5]}")
-        else:
-            bad_lines = counter.count
-        _fault("after_train", step)
-        if cfg.full_every == "day":
-            kind = "full" if new_day else "delta"
-        else:
-            kind = "full" if previous is None or (step - 1) % cfg.full_every == 0 else "delta"
-        save_start = time.monotonic()
-        try:  # the check: no version of a NaN model is saved, so none is delivered
-            self._saver.save(sess, step, kind=kind, check_finite=True)
-        except NonFiniteError as error:
-            self._non_finite(sess, partition, step, previous, error, dict(
-                lines=lines, bad_lines=bad_lines, bad_line_examples=counter.messages[:5],
-                metrics=scored))
-        save_seconds = time.monotonic() - save_start
-        _fault("after_checkpoint", step)
-        # Several ranks: the save returns once every rank's shard is in the version;
-        # rank 0 alone delivers and records the partition.
-        export_version = None
-        export_start = time.monotonic()
-        if cfg.export_base:
-            export_version = step
-            if self._rank == 0:
-                self._export(step, kind, previous.get("export_version") if previous else None)
-        export_seconds = time.monotonic() - export_start
-        _fault("after_export", step)
-        rows = lines - bad_lines
-        entry = {"partition": partition.name, "day": partition.day, "step": step,
-                 "checkpoint": kind, "export_version": export_version,
-                 "metrics": scored, "rows": rows, "lines": lines, "bad_lines": bad_lines,
-                 "bad_line_examples": counter.messages[:5], "evicted": int(evicted),
-                 "table_rows": table_rows, "ranks": self._size,
-                 "exchange": None if self._size == 1 else (
-                     "mpi" if communication.uses_mpi() else "grpc"),
-                 "train_seconds": round(train_seconds, 4),
-                 # where the rest of the partition's time went (this rank's clock)
-                 "stage_seconds": {"validation": round(validation_seconds, 4),
-                                   "save": round(save_seconds, 4),
-                                   "export": round(export_seconds, 4)},
-                 "seconds": round(time.monotonic() - start, 4), "time": time.time()}
+        if self._size == 1:
+            return dict(lines=lines, bad_lines=counter.count, evicted=int(evicted),
+                        table_rows=table_rows)
+        sums, _ = self._sum_over_ranks(sess, [lines, counter.count, evicted]
+                                       + list(table_rows.values()))
+        lines, bad_lines, evicted = (int(v) for v in sums[:3])
+        if bad_lines > cfg.max_bad_lines:
+            raise MalformedDataError(
+                f"more than {cfg.max_bad_lines} malformed lines in partition "
+                f"{partition.name} over the {self._size} ranks ({bad_lines}; set "
+                f"--max_bad_lines to allow more); this rank's: {counter.messages[:5]}")
+        return dict(lines=lines, bad_lines=bad_lines, evicted=evicted,
+                    table_rows=dict(zip(table_rows, (int(v) for v in sums[3:]))))
+
+    def _record(self, entry: Dict, writer) -> None:
+        """The donefile line (rank 0; written last: the partition is done), scalars and the
+        progress line."""
         if self._rank == 0:
-            donefile.append(cfg.donefile, entry)
-        _fault("after_donefile", step)
+            donefile.append(self.config.donefile, entry)
+        _fault("after_donefile", entry["step"])
         if writer is not None:
             self._write_scalars(writer, entry)
-        if cfg.progress and self._rank == 0:
+        if self.config.progress and self._rank == 0:
             self._print_progress(entry)
-        return entry
 
     def _non_finite(self, sess, partition: Partition, step: int, previous: Optional[Dict],
                     error: NonFiniteError, counts: Dict) -> None:
