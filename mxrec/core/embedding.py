@@ -59,12 +59,11 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
                  padding_keys=None, padding_keys_mask: bool = True,
                  padding_keys_len: Optional[int] = None, value_dtype=tf.float32,
                  shard_num: int = 1, fusion_optimizer_var: bool = True,
-                 hashtable_threshold: int = 0, *, optimizer_list=None,
-                 init_by_id: bool = False) -> SparseEmbedding:
+                 hashtable_threshold: int = 0, *, optimizer_list=None, init_by_id: bool = False
+                 ) -> SparseEmbedding:
     """Creates a sparse table addressed by raw IDs.
 
-    The parameters are mx_rec's, in its order (docs/MX_REC_COMPAT.md); storage choices
-    mxrec does not have raise NotImplementedError.
+    The parameters are mx_rec's, in its order (docs/MX_REC_COMPAT.md).
 
     Args:
         key_dtype: tf.int64 or tf.int32; every value of the type is a valid ID.
@@ -72,41 +71,31 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
         name: table name, unique among this init()'s tables.
         emb_initializer: any TF initializer; initial value of every row.
         device_vocabulary_size: rows the device table holds (per rank on several ranks).
-        host_vocabulary_size: rows kept in host memory for IDs outside the device table,
-            which becomes a cache ("DDR mode", mxrec.core.tiers); 0 = device-only.
+        host_vocabulary_size: host-memory rows; the device table is then a cache ("DDR mode").
         ssd_vocabulary_size: rows on disk once host memory is full ("SSD mode").
-        ssd_data_path: a directory (or a one-element list of one) for the SSD tier's file;
-            the working directory by default, as mx_rec's (os.getcwd(),).
+        ssd_data_path: the SSD tier's directory (or a list of one); default: the working directory.
         is_save: save and restore the table (rows, slots, host state) with TF's Saver.
-        is_dp: on several ranks replicated on every rank (mxrec.distributed.replicated)
-            instead of sharded by ID (needs init(use_dynamic=True) there); one process: the
-            same as False.
+        is_dp: on several ranks, replicated on each, not sharded by ID (needs use_dynamic=True).
         init_param: scale applied to the initializer's values, in [-10, 10].
         all2all_gradients_op: on several ranks "sum_gradients" adds the ranks' gradients of
             an ID, "sum_gradients_and_div_by_ranksize" also divides by the rank count.
-        padding_keys: an ID or IDs that look up as zeros and are never counted or updated;
-            padding_keys_mask=False (mx_rec's default is False, mxrec's True) makes them
-            ordinary IDs; padding_keys_len: None or a positive int (not needed).
-        value_dtype: tf.float32.
+        padding_keys: IDs that look up as zeros, never counted or updated; padding_keys_mask
+            False (mx_rec's default; mxrec's is True) makes them ordinary IDs.
+        padding_keys_len: None or a positive int (not needed). value_dtype: tf.float32.
         fusion_optimizer_var: accepted; slots are their own variables, with the same updates.
         enable_merge, shard_num, hashtable_threshold: only False, 1 and 0.
         optimizer_list: (keyword only) the hash optimizers that will train the table; when
             given, another optimizer applying to the table is an error.
-        init_by_id: (keyword only, mxrec's) True draws each newly admitted ID's first
-            values from the ID itself, with emb_initializer's distribution (truncated
-            normal, normal, uniform or variance scaling) and seed: an ID then starts from
-            the same values whatever row it gets, so one process and N ranks, a run with
-            eviction or a tier and one without, a resumed run and an uninterrupted one,
-            give it the same start. False (the default, as mx_rec): a new ID takes its
-            row's initial value.
+        init_by_id: (keyword only, mxrec's) True: a new ID's first values are drawn from the
+            ID, the same whatever its row (docs/CONFIGURATION.md); False: its row's, as mx_rec.
 
     Returns:
         The SparseEmbedding.
 
     Raises:
         TypeError, ValueError: a parameter of the wrong type or out of range.
-        NotImplementedError: enable_merge=True, shard_num > 1, hashtable_threshold > 0, or
-            several ssd_data_path directories.
+        NotImplementedError: enable_merge, shard_num, hashtable_threshold or ssd_data_path
+            beyond the values above (storage choices mxrec does not have).
 
     Example:
         >>> table = create_table(tf.int64, 16, "user_table",
@@ -121,18 +110,30 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
         all2all_gradients_op, enable_merge, padding_keys, padding_keys_mask, padding_keys_len,
         value_dtype, shard_num, fusion_optimizer_var, hashtable_threshold, init_by_id)
     graph = tf.compat.v1.get_default_graph()
+    table = _make_table(runtime, config, _new_table_key(runtime, graph, name))
+    return _register_table(runtime, graph, config, table, optimizer_list)
+
+
+def _new_table_key(runtime, graph: tf.Graph, name: str) -> str:
+    """The engine's key of table `name`, refused where the graph has that table already."""
     table_key = runtime.table_key(name)
     previous = graph_tables(graph).get(name)
     if previous is not None and previous.table_key == table_key:
         raise ValueError(f"create_table: a table named {name!r} already exists in this graph")
-    table = _make_table(runtime, config, table_key)
+    return table_key
+
+
+def _register_table(runtime, graph: tf.Graph, config: arguments.TableConfig,
+                    table: SparseEmbedding, optimizer_list) -> SparseEmbedding:
+    """The new table with its settings, its saveable (unless a lookup override stands in
+    for tables) and its places in the runtime and the graph."""
     table.by_id = config.by_id
     if config.is_save and lookup_override(graph) is None:
         _register_saveable(runtime, config, table)
     table.all2all_gradients_op = config.all2all_gradients_op
     table.is_dp = config.is_dp
-    table.declared_optimizers = arguments.check_optimizer_list(name, optimizer_list)
-    runtime.tables[name] = table
+    table.declared_optimizers = arguments.check_optimizer_list(config.name, optimizer_list)
+    runtime.tables[config.name] = table
     register_in_graph(graph, table)
     return table
 
@@ -297,6 +298,13 @@ def sparse_lookup(hashtable: SparseEmbedding, ids, send_count: Optional[int] = N
             _apply_access_and_evict_config(hashtable, access_and_evict_config)
         return _feature_spec_lookup(hashtable, ids, batch, is_train, name, send_count,
                                     serving_default_value, is_grad)
+    return _dense_lookup(hashtable, ids, send_count, is_train, name, modify_graph, batch,
+                         access_and_evict_config, is_grad, serving_default_value)
+
+
+def _dense_lookup(hashtable, ids, send_count, is_train, name, modify_graph, batch,
+                  access_and_evict_config, is_grad, serving_default_value) -> tf.Tensor:
+    """sparse_lookup of a dense tensor of IDs."""
     if access_and_evict_config:
         _apply_access_and_evict_config(hashtable, access_and_evict_config)
     if modify_graph:  # mx_rec's get_target_batch

@@ -345,97 +345,149 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
     specs = trace.output_specs(source.get_next)
     scope = source.get_next.name.replace(":", "_") + "_mxrec"
     with graph.as_default(), tf.name_scope(scope), tf.device("/device:CPU:0"):
-        _, kind_initializer, iterator = pipeline.make_dataset_iterator(
-            source, specs, _route_fn(source, lookups, graph), prefetch)
-        component_dtypes = [spec.dtype for spec in specs]
-        layout = _layout(lookups)
-        queue = tf.queue.FIFOQueue(
-            prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups)
-            + [tf.int64] * len(layout.rounds)
-            + [tf.int32] * (len(layout.groups) * len(sharding.SendPlan.FIELDS)),
-            name="planned_batches")
-        ended = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name="data_ended")
-        held = tf.queue.FIFOQueue(
-            1, [spec.dtype for spec in tf.nest.flatten(iterator.element_spec)],
-            name="next_element")
-        planner = _Planner(iterator=iterator, queue=queue, ended=ended, held=held,
-                           lookups=lookups, layout=layout, is_train=is_train)
-        # Top the queue up to `prefetch` planned batches, one copy per missing batch.
-        filled = []
-        for copy in range(prefetch):
-            with tf.name_scope(f"fill_{copy}"), tf.control_dependencies(filled):
-                filled = [planner.plan_if(queue.size() < prefetch)]
-        with tf.name_scope("plan_next"), tf.control_dependencies(filled):
-            planned_next = planner.plan_if(tf.constant(True))
-        before_dequeue = filled if prefetch > 0 else [planned_next]
-        end_of_data = _end_of_data()
-        with tf.control_dependencies(before_dequeue):
-            exhausted = tf.logical_and(planner.is_ended(), tf.equal(queue.size(), 0))
-            check = tf.cond(exhausted, end_of_data, lambda: tf.constant(0, tf.int32))
-            with tf.control_dependencies([check]):
-                entry = queue.dequeue()
-        entry = list(entry) if isinstance(entry, (list, tuple)) else [entry]
-        outputs = entry[:len(specs)]
-        for output, spec in zip(outputs, specs):
-            output.set_shape(spec.shape)
-        per_lookup = len(_PLAN_FIELDS)
-        planned = [dict(zip(_PLAN_FIELDS, entry[len(specs) + i * per_lookup:
-                                                 len(specs) + (i + 1) * per_lookup]))
-                   for i in range(len(lookups))]
-        rest = entry[len(specs) + len(lookups) * per_lookup:]
-        round_ids, rest = rest[:len(layout.rounds)], rest[len(layout.rounds):]
-        per_group = len(sharding.SendPlan.FIELDS)
-        plans = [sharding.SendPlan(*rest[g * per_group:(g + 1) * per_group])
-                 for g in range(len(layout.groups))]
+        kind_initializer, planner = _make_planner(source, specs, lookups, is_train, prefetch,
+                                                  graph)
+        entry, planned_next = _dequeue_planned(planner, prefetch)
+        outputs, planned, round_ids, plans = _unpack_entry(entry, specs, len(lookups),
+                                                           planner.layout)
         if is_train:
-            # The step that reads a batch's planned rows trains it: commit there, one commit
-            # per key-stage round.
-            for members, ids in zip(layout.rounds, round_ids):
-                committed = mxrec_ops.after_commit(
-                    [planned[i][field] for i in members for field in ("rows", "reused")], ids,
-                    [lookups[i].record.table.table_key for i in members])
-                for n, i in enumerate(members):
-                    planned[i]["rows"], planned[i]["reused"] = committed[2 * n:2 * n + 2]
-        replacements = []
-        for lookup, plan in zip(lookups, planned):
-            record, parts = lookup.record, lookup.record.sharded
-            old = dict(owned=parts.exchange.owned)
-            if record.table.is_dp:
-                # A replicated lookup's own send_back reads its routing and exchange; the
-                # first replacement is what the next planning may gate (its `where`).
-                old = dict(where=parts.route.where, order=parts.route.order,
-                           index=parts.route.index, chunk=parts.exchange.chunk,
-                           valid=parts.exchange.valid, first=parts.exchange.first, **old)
-            for field, tensor in old.items():
-                plan[field].set_shape(tensor.shape)
-                replacements.append((tensor, plan[field]))
-            plan["restore"].set_shape(record.restore.shape)
-            plan["rows"].set_shape(record.rows.shape)
-            plan["reused"].set_shape(record.reused.shape)
-        # One embedding all-to-all forward and one gradient all-to-all per backward pass for
-        # all lookups of the step (sharding.send_back_all, from the planned SendPlans); with
-        # prefetch p > 0 the writes of the gradients into the tables (without a backward
-        # pass, the forward send-back) wait for the planning of batch k + p, so the planning
-        # overlaps the step's exchanges and model (with prefetch 0 the dequeue waits for it
-        # already).
-        fused, gated = sharding.send_back_all(
-            [lookup.record.sharded.exchange for lookup in lookups], layout.groups, plans,
-            [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope,
-            after=[planned_next] if prefetch > 0 else [])
-        if prefetch > 0 and not gated:
-            _schedule_next_plan(planned_next, replacements)
-        replacements += fused
-        restart = [kind_initializer, _drain(queue), _drain(ended), _drain(held)]
-        # Every rank runs its initializer at the same point of its program: it pulls the
-        # first element (and agrees that every rank has one).
-        with tf.name_scope("prime"), tf.control_dependencies(restart):
-            primed = planner.pull_next()
-        initializer = tf.group(primed, name="initializer")
+            _commit_rounds(planned, round_ids, planner.layout, lookups)
+        replacements = _lookup_replacements(lookups, planned)
+        replacements += _fused_send_backs(lookups, planner.layout, plans, planned_next,
+                                          prefetch, replacements)
+        initializer = _initializer(kind_initializer, planner)
     return pipeline.RewrittenIterator(
         source=source, is_train=is_train, kind=source.kind, initializer=initializer,
         outputs=outputs, rows=[p["rows"] for p in planned],
         restore=[p["restore"] for p in planned], reused=[p["reused"] for p in planned],
         replacements=replacements)
+
+
+def _make_planner(source: trace.IteratorSource, specs, lookups, is_train: bool, prefetch: int,
+                  graph: tf.Graph) -> Tuple[tf.Operation, _Planner]:
+    """(the local iterator's initializer, the planner): the dataset mapped through the
+    routing, its local iterator, and the queues of planned batches, of the end mark and of
+    the next element."""
+    _, kind_initializer, iterator = pipeline.make_dataset_iterator(
+        source, specs, _route_fn(source, lookups, graph), prefetch)
+    component_dtypes = [spec.dtype for spec in specs]
+    layout = _layout(lookups)
+    queue = tf.queue.FIFOQueue(
+        prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups)
+        + [tf.int64] * len(layout.rounds)
+        + [tf.int32] * (len(layout.groups) * len(sharding.SendPlan.FIELDS)),
+        name="planned_batches")
+    ended = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name="data_ended")
+    held = tf.queue.FIFOQueue(
+        1, [spec.dtype for spec in tf.nest.flatten(iterator.element_spec)],
+        name="next_element")
+    return kind_initializer, _Planner(iterator=iterator, queue=queue, ended=ended, held=held,
+                                      lookups=lookups, layout=layout, is_train=is_train)
+
+
+def _dequeue_planned(planner: _Planner, prefetch: int) -> Tuple[List[tf.Tensor], tf.Tensor]:
+    """(the step's planned entry, the planning of the next batch): the queue topped up to
+    `prefetch` planned batches, one copy of the planning per missing batch, then one batch
+    planned ahead; the dequeue fails with OutOfRangeError once the data ended and the queue
+    is empty."""
+    queue = planner.queue
+    filled = []
+    for copy in range(prefetch):
+        with tf.name_scope(f"fill_{copy}"), tf.control_dependencies(filled):
+            filled = [planner.plan_if(queue.size() < prefetch)]
+    with tf.name_scope("plan_next"), tf.control_dependencies(filled):
+        planned_next = planner.plan_if(tf.constant(True))
+    before_dequeue = filled if prefetch > 0 else [planned_next]
+    end_of_data = _end_of_data()
+    with tf.control_dependencies(before_dequeue):
+        exhausted = tf.logical_and(planner.is_ended(), tf.equal(queue.size(), 0))
+        check = tf.cond(exhausted, end_of_data, lambda: tf.constant(0, tf.int32))
+        with tf.control_dependencies([check]):
+            entry = queue.dequeue()
+    return (list(entry) if isinstance(entry, (list, tuple)) else [entry]), planned_next
+
+
+def _unpack_entry(entry: List[tf.Tensor], specs, lookups: int, layout: _Layout):
+    """A dequeued entry as (the element's outputs, shaped as the user's; per lookup its
+    plan by field; per key-stage round its batch ids; per send group its SendPlan)."""
+    outputs = entry[:len(specs)]
+    for output, spec in zip(outputs, specs):
+        output.set_shape(spec.shape)
+    per_lookup = len(_PLAN_FIELDS)
+    planned = [dict(zip(_PLAN_FIELDS, entry[len(specs) + i * per_lookup:
+                                             len(specs) + (i + 1) * per_lookup]))
+               for i in range(lookups)]
+    rest = entry[len(specs) + lookups * per_lookup:]
+    round_ids, rest = rest[:len(layout.rounds)], rest[len(layout.rounds):]
+    per_group = len(sharding.SendPlan.FIELDS)
+    plans = [sharding.SendPlan(*rest[g * per_group:(g + 1) * per_group])
+             for g in range(len(layout.groups))]
+    return outputs, planned, round_ids, plans
+
+
+def _commit_rounds(planned, round_ids, layout: _Layout, lookups) -> None:
+    """The step that reads a batch's planned rows trains it: commit there, one commit per
+    key-stage round (each lookup's rows and reused rows then read after it)."""
+    for members, ids in zip(layout.rounds, round_ids):
+        committed = mxrec_ops.after_commit(
+            [planned[i][field] for i in members for field in ("rows", "reused")], ids,
+            [lookups[i].record.table.table_key for i in members])
+        for n, i in enumerate(members):
+            planned[i]["rows"], planned[i]["reused"] = committed[2 * n:2 * n + 2]
+
+
+def _lookup_replacements(lookups, planned) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """(tensor of the user's graph, planned tensor) for each lookup's exchanged IDs (and a
+    replicated lookup's routing and exchange); the plan's tensors take the shapes of the
+    ones they replace."""
+    replacements = []
+    for lookup, plan in zip(lookups, planned):
+        record, parts = lookup.record, lookup.record.sharded
+        old = dict(owned=parts.exchange.owned)
+        if record.table.is_dp:
+            # A replicated lookup's own send_back reads its routing and exchange; the
+            # first replacement is what the next planning may gate (its `where`).
+            old = dict(where=parts.route.where, order=parts.route.order,
+                       index=parts.route.index, chunk=parts.exchange.chunk,
+                       valid=parts.exchange.valid, first=parts.exchange.first, **old)
+        for field, tensor in old.items():
+            plan[field].set_shape(tensor.shape)
+            replacements.append((tensor, plan[field]))
+        plan["restore"].set_shape(record.restore.shape)
+        plan["rows"].set_shape(record.rows.shape)
+        plan["reused"].set_shape(record.reused.shape)
+    return replacements
+
+
+def _fused_send_backs(lookups, layout: _Layout, plans, planned_next: tf.Tensor, prefetch: int,
+                      replacements) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """The replacements of the lookups' send-backs by one embedding all-to-all forward and
+    one gradient all-to-all per backward pass for all lookups of the step
+    (sharding.send_back_all, from the planned SendPlans).
+
+    With prefetch p > 0 the writes of the gradients into the tables (without a backward
+    pass, the forward send-back) wait for the planning of batch k + p, so the planning
+    overlaps the step's exchanges and model (with prefetch 0 the dequeue waits for it
+    already); where nothing was gated, `replacements` is rewired to wait for it."""
+    fused, gated = sharding.send_back_all(
+        [lookup.record.sharded.exchange for lookup in lookups], layout.groups, plans,
+        [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope,
+        after=[planned_next] if prefetch > 0 else [])
+    if prefetch > 0 and not gated:
+        _schedule_next_plan(planned_next, replacements)
+    return fused
+
+
+def _initializer(kind_initializer: tf.Operation, planner: _Planner) -> tf.Operation:
+    """Restarts the local iterator, drops the planned batches and the end mark, and pulls
+    the first element."""
+    restart = [kind_initializer, _drain(planner.queue), _drain(planner.ended),
+               _drain(planner.held)]
+    # Every rank runs its initializer at the same point of its program: it pulls the
+    # first element (and agrees that every rank has one).
+    with tf.name_scope("prime"), tf.control_dependencies(restart):
+        primed = planner.pull_next()
+    return tf.group(primed, name="initializer")
 
 
 def _schedule_next_plan(planned_next: tf.Tensor, replacements) -> None:

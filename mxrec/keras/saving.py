@@ -33,7 +33,7 @@ version's step.
 """
 
 import re
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -299,12 +299,40 @@ def warm_start(model, checkpoint: str, vars_to_warm_start: Union[str, Sequence[s
     patterns = [vars_to_warm_start] if isinstance(vars_to_warm_start, str) else list(
         vars_to_warm_start)
     ios = _keras_tables(model, optimizer)
-    weights = model.trainable_weights if isinstance(vars_to_warm_start, str) else model.weights
+    dense = _dense_by_checkpoint_name(
+        model.trainable_weights if isinstance(vars_to_warm_start, str) else model.weights,
+        dense_names)
+    chosen_tables, chosen_dense = _choose(patterns, ios, dense)
+    versions = merge.read_chain(*location)
+    manifest, dense_values = versions[-1][1], versions[-1][2]["dense.npz"]
+    _check_chosen(manifest, dense_values, chosen_tables, chosen_dense, dense,
+                  f"checkpoint {checkpoint!r} (step {manifest['step']})")
+    state = merge.whole_tables(versions)
+    for io_ in chosen_tables:
+        shard = saver_checkpoint.shard_of(state[io_.table.table_name], io_.table, 0, 1)
+        saver_checkpoint.load_table_state(None, io_, shard, missing_states="keep")
+    for name in chosen_dense:
+        dense[name].assign(tf.constant(dense_values[name], dense[name].dtype))
+    return [io_.table.table_name for io_ in chosen_tables] + chosen_dense
+
+
+def _dense_by_checkpoint_name(weights, dense_names: Optional[Dict[str, str]]) -> Dict:
+    """The variables of the dense `weights` (tables left out) by their checkpoint names."""
     dense = {}
     for weight in weights:
         if _compat.table_of(weight) is None:
             name = keras_name(weight)
             dense[dict(dense_names or {}).get(name, name)] = _compat.tf_variable(weight)
+    return dense
+
+
+def _choose(patterns: List[str], ios, dense: Dict) -> Tuple[List, List[str]]:
+    """(the tables' TableIOs, the dense names) that warm_start's patterns choose, each once
+    in the order first chosen.
+
+    Raises:
+        ValueError: a pattern that chooses nothing.
+    """
     chosen_tables, chosen_dense = [], []
     for pattern in patterns:
         tables = [io_ for io_ in ios if re.fullmatch(pattern, io_.table.table_name)]
@@ -315,10 +343,17 @@ def warm_start(model, checkpoint: str, vars_to_warm_start: Union[str, Sequence[s
                              f"(weights: {sorted(dense)})")
         chosen_tables += [io_ for io_ in tables if io_ not in chosen_tables]
         chosen_dense += [name for name in names if name not in chosen_dense]
-    directory, step = location
-    versions = merge.read_chain(directory, step)
-    manifest, dense_values = versions[-1][1], versions[-1][2]["dense.npz"]
-    where = f"checkpoint {checkpoint!r} (step {manifest['step']})"
+    return chosen_tables, chosen_dense
+
+
+def _check_chosen(manifest: Dict, dense_values, chosen_tables, chosen_dense: List[str],
+                  dense: Dict, where: str) -> None:
+    """Refuses, before anything loads, a chosen table or weight that the checkpoint's last
+    version lacks or holds with another dim or shape.
+
+    Raises:
+        ValueError: naming the table or weight.
+    """
     for io_ in chosen_tables:
         meta = manifest["tables"].get(io_.table.table_name)
         if meta is None:
@@ -334,10 +369,3 @@ def warm_start(model, checkpoint: str, vars_to_warm_start: Union[str, Sequence[s
             raise ValueError(f"mxrec.keras.warm_start: weight {name!r} has shape "
                              f"{dense[name].shape.as_list()} in the model but "
                              f"{list(dense_values[name].shape)} in {where}")
-    state = merge.whole_tables(versions)
-    for io_ in chosen_tables:
-        shard = saver_checkpoint.shard_of(state[io_.table.table_name], io_.table, 0, 1)
-        saver_checkpoint.load_table_state(None, io_, shard, missing_states="keep")
-    for name in chosen_dense:
-        dense[name].assign(tf.constant(dense_values[name], dense[name].dtype))
-    return [io_.table.table_name for io_ in chosen_tables] + chosen_dense

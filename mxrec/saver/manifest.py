@@ -118,17 +118,37 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
     Raises:
         CheckpointError: on every rank, the version exists already.
     """
-    gfile = tf.io.gfile
     final = posixpath.join(directory, name)
+    tmp = _agree_on_temporary(directory, name, final, rank, barrier)
+    _write_rank_part(tmp, files, manifest, rank)
+    barrier(0)
+    if rank == 0:
+        _publish_sharded(tmp, final, manifest, size)
+    barrier(0)
+    return final
+
+
+def _agree_on_temporary(directory: str, name: str, final: str, rank: int,
+                        barrier: Callable[[int], int]) -> str:
+    """The temporary folder rank 0 made for the version, known to every rank.
+
+    Raises:
+        CheckpointError: on every rank, the version exists already.
+    """
     attempt = 0
     if rank == 0:
-        gfile.makedirs(directory)
-        if not gfile.exists(final):
+        tf.io.gfile.makedirs(directory)
+        if not tf.io.gfile.exists(final):
             attempt = _take_sharded_temporary(directory, name) + 1
     attempt = barrier(attempt)  # 0: rank 0 found the version there
     if attempt == 0:
         raise CheckpointError(f"checkpoint {final} already exists; save under another step")
-    tmp = posixpath.join(directory, _sharded_temporary_name(name, attempt - 1))
+    return posixpath.join(directory, _sharded_temporary_name(name, attempt - 1))
+
+
+def _write_rank_part(tmp: str, files: Dict[str, bytes], manifest: Dict, rank: int) -> None:
+    """One rank's files, durable, and its `rank-R.json`: the manifest with its own files."""
+    gfile = tf.io.gfile
     for file_name, data in files.items():
         with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
             f.write(data)
@@ -139,31 +159,39 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
                                  for n, d in files.items()})
     with gfile.GFile(posixpath.join(tmp, f"rank-{rank}.json"), "w") as f:
         f.write(json.dumps(part, sort_keys=True))
-    barrier(0)
-    if rank == 0:
-        parts = []
-        for r in range(size):
-            with gfile.GFile(posixpath.join(tmp, f"rank-{r}.json"), "r") as f:
-                parts.append(json.loads(f.read()))
-        whole = dict(manifest, ranks=size, files={}, tables={})
-        for part in parts:
-            whole["files"].update(part["files"])
-        for table in manifest["tables"]:
-            metas = [part["tables"][table] for part in parts]
-            whole["tables"][table] = dict(
-                metas[0], files=[m["file"] for m in metas], ids=sum(m["ids"] for m in metas),
-                removed=sum(m["removed"] for m in metas))
-            del whole["tables"][table]["file"]
-        with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
-            f.write(json.dumps(whole, indent=1, sort_keys=True))
-        for r in range(size):
-            gfile.remove(posixpath.join(tmp, f"rank-{r}.json"))
-        gfile.remove(posixpath.join(tmp, WRITER_FILE))
-        durable.fsync_path(posixpath.join(tmp, "manifest.json"))
-        durable.fsync_path(tmp)
-        durable.rename_durably(tmp, final)
-    barrier(0)
-    return final
+
+
+def _publish_sharded(tmp: str, final: str, manifest: Dict, size: int) -> None:
+    """Rank 0, once every rank wrote its part: the manifest of all of them in place of the
+    parts and the writer's file, then the folder renamed into place."""
+    gfile = tf.io.gfile
+    parts = []
+    for r in range(size):
+        with gfile.GFile(posixpath.join(tmp, f"rank-{r}.json"), "r") as f:
+            parts.append(json.loads(f.read()))
+    with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
+        f.write(json.dumps(_whole_manifest(manifest, parts), indent=1, sort_keys=True))
+    for r in range(size):
+        gfile.remove(posixpath.join(tmp, f"rank-{r}.json"))
+    gfile.remove(posixpath.join(tmp, WRITER_FILE))
+    durable.fsync_path(posixpath.join(tmp, "manifest.json"))
+    durable.fsync_path(tmp)
+    durable.rename_durably(tmp, final)
+
+
+def _whole_manifest(manifest: Dict, parts: List[Dict]) -> Dict:
+    """The manifest of a version every rank wrote a part of: every rank's files, and per
+    table the rank files in rank order and the sums of their counts."""
+    whole = dict(manifest, ranks=len(parts), files={}, tables={})
+    for part in parts:
+        whole["files"].update(part["files"])
+    for table in manifest["tables"]:
+        metas = [part["tables"][table] for part in parts]
+        whole["tables"][table] = dict(
+            metas[0], files=[m["file"] for m in metas], ids=sum(m["ids"] for m in metas),
+            removed=sum(m["removed"] for m in metas))
+        del whole["tables"][table]["file"]
+    return whole
 
 
 def table_files(manifest: Dict, table: str) -> List[str]:

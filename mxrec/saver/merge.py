@@ -160,74 +160,107 @@ def admitted_arrays(versions: List[Version], name: str, dim: int,
             fewer rows than its IDs with a device row (or its tier fewer than its IDs in the
             host tier); a delta holds a table its full save lacks.
     """
-    keys_parts: List[np.ndarray] = []
-    admitted_parts: List[np.ndarray] = []
-    index_parts: List[np.ndarray] = []
-    value_parts: List[np.ndarray] = []
-    offset = 0
-    started = False
+    return _last_events(_table_events(versions, name, state_name), dim, state_name)
+
+
+class _EventLog:
+    """The events of one table's rank files, in fold order, as parallel arrays: each
+    event's ID, whether it leaves the ID admitted, and where its value lies among the
+    values logged (-1: none)."""
+
+    def __init__(self):
+        self.keys: List[np.ndarray] = []
+        self.admitted: List[np.ndarray] = []
+        self.index: List[np.ndarray] = []
+        self.values: List[np.ndarray] = []
+        self._offset = 0
+
+    def add_values(self, values: np.ndarray) -> np.ndarray:
+        """Logs `values`; returns where each lies among the values logged."""
+        spots = self._offset + np.arange(len(values))
+        self.values.append(values)
+        self._offset += len(values)
+        return spots
+
+    def add_events(self, keys: np.ndarray, admitted: np.ndarray, index: np.ndarray) -> None:
+        self.keys.append(keys)
+        self.admitted.append(admitted)
+        self.index.append(index)
+
+
+def _table_events(versions: List[Version], name: str, state_name: str
+                  ) -> Optional[_EventLog]:
+    """The events of table `name` over the chain (None: no version holds it); a full
+    version's first file starts the log afresh."""
+    log = None
     for kind, manifest, files in versions:
         if name not in manifest["tables"]:
             continue
         for number, file_name in enumerate(manifest_io.table_files(manifest, name)):
-            arrays = files[file_name]
             if kind == "full" and number == 0:
-                keys_parts, admitted_parts, index_parts, value_parts = [], [], [], []
-                offset, started = 0, True
-            elif not started:
+                log = _EventLog()
+            elif log is None:
                 raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
-            removed = np.asarray(arrays[schema.host_key("removed")], np.int64).reshape(-1)
-            keys = np.asarray(arrays[schema.host_key("keys")], np.int64).reshape(-1)
-            rows = np.asarray(arrays[schema.host_key("rows")]).reshape(-1)
-            in_host = (np.asarray(arrays[schema.host_key("in_host")]).reshape(-1) != 0
-                       if schema.host_key("in_host") in arrays
-                       else np.zeros(len(keys), bool))
-            device = rows >= 0
-            host = ~device & in_host
-            index = np.full(len(keys), -1, np.int64)
             where = (f"table {name!r}, file {file_name} of "
                      f"{manifest_io.version_name(kind, manifest['step'])}")
-            if schema.state_key(state_name) in arrays:
-                state = arrays[schema.state_key(state_name)]
-                count = int(device.sum())
-                if len(state) < count:
-                    raise CheckpointError(f"{where}: {len(state)} rows of state "
-                                          f"{state_name!r} for {count} IDs with a device row")
-                index[device] = offset + np.arange(count)
-                value_parts.append(state[:count])
-                offset += count
-            if schema.tier_key(state_name) in arrays:
-                tier = arrays[schema.tier_key(state_name)]
-                mask = np.asarray(arrays[schema.tier_mask_key(state_name)]).reshape(-1) != 0
-                count = int(host.sum())
-                if len(tier) < count or len(mask) < count:
-                    raise CheckpointError(f"{where}: {len(tier)} tier values of state "
-                                          f"{state_name!r} for {count} IDs in the host tier")
-                spots = np.arange(count)
-                index[host] = np.where(mask[:count], offset + spots, -1)
-                value_parts.append(tier[:count])
-                offset += count
-            keys_parts += [removed, keys]
-            admitted_parts += [np.zeros(len(removed), bool), device | host]
-            index_parts += [np.full(len(removed), -1, np.int64), index]
-    if not keys_parts:
+            _log_file(log, files[file_name], state_name, where)
+    return log
+
+
+def _log_file(log: _EventLog, arrays: Dict[str, np.ndarray], state_name: str,
+              where: str) -> None:
+    """Logs one rank file's events: its removed IDs, then its records, each admitted one
+    with its value of `state_name` (a device row's, or the host tier's where its mask is
+    set)."""
+    removed = np.asarray(arrays[schema.host_key("removed")], np.int64).reshape(-1)
+    keys = np.asarray(arrays[schema.host_key("keys")], np.int64).reshape(-1)
+    rows = np.asarray(arrays[schema.host_key("rows")]).reshape(-1)
+    in_host = (np.asarray(arrays[schema.host_key("in_host")]).reshape(-1) != 0
+               if schema.host_key("in_host") in arrays
+               else np.zeros(len(keys), bool))
+    device = rows >= 0
+    host = ~device & in_host
+    index = np.full(len(keys), -1, np.int64)
+    if schema.state_key(state_name) in arrays:
+        state = arrays[schema.state_key(state_name)]
+        count = int(device.sum())
+        if len(state) < count:
+            raise CheckpointError(f"{where}: {len(state)} rows of state "
+                                  f"{state_name!r} for {count} IDs with a device row")
+        index[device] = log.add_values(state[:count])
+    if schema.tier_key(state_name) in arrays:
+        tier = arrays[schema.tier_key(state_name)]
+        mask = np.asarray(arrays[schema.tier_mask_key(state_name)]).reshape(-1) != 0
+        count = int(host.sum())
+        if len(tier) < count or len(mask) < count:
+            raise CheckpointError(f"{where}: {len(tier)} tier values of state "
+                                  f"{state_name!r} for {count} IDs in the host tier")
+        index[host] = np.where(mask[:count], log.add_values(tier[:count]), -1)
+    log.add_events(removed, np.zeros(len(removed), bool), np.full(len(removed), -1, np.int64))
+    log.add_events(keys, device | host, index)
+
+
+def _last_events(log: Optional[_EventLog], dim: int, state_name: str
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids sorted, values) of the IDs whose last event in `log` admits them."""
+    if log is None:
         return np.zeros([0], np.int64), np.zeros((0, dim), np.float32)
-    keys = np.concatenate(keys_parts)
+    keys = np.concatenate(log.keys)
     order = np.argsort(keys, kind="stable")  # each ID's events in fold order
     keys = keys[order]
     last = np.ones(len(keys), bool)
     last[:-1] = keys[1:] != keys[:-1]
     chosen = order[last]
-    admitted = np.concatenate(admitted_parts)[chosen]
+    admitted = np.concatenate(log.admitted)[chosen]
     ids = keys[last][admitted]
-    index = np.concatenate(index_parts)[chosen][admitted]
+    index = np.concatenate(log.index)[chosen][admitted]
     missing = np.flatnonzero(index < 0)
     if len(missing):
         raise CheckpointError(f"checkpoint holds no {state_name!r} value of ID "
                               f"{int(ids[missing[0]])}")
     if not len(ids):
         return ids, np.zeros((0, dim), np.float32)
-    values = np.concatenate(value_parts)[index].astype(np.float32)
+    values = np.concatenate(log.values)[index].astype(np.float32)
     return ids, values
 
 
@@ -261,6 +294,34 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
     {state: row} of IDs with a device row; tier_values: the same for IDs in the host tier
     (a state absent where the tier held no value for it).
     """
+    _begin(table_state, kind, name)
+    _forget(table_state, arrays[schema.host_key("removed")].tolist())
+    key_array, row_array = arrays[schema.host_key("keys")], arrays[schema.host_key("rows")]
+    in_host = (arrays[schema.host_key("in_host")].astype(np.int64)
+               if schema.host_key("in_host") in arrays
+               else np.zeros(len(key_array), np.int64))
+    device = row_array >= 0
+    in_tier = ~device & (in_host != 0)
+    # A delta: what it holds replaces the IDs' earlier values (those with a device row or a
+    # host-tier row below are written over; the others lose what they had there).
+    if table_state["values"]:
+        _forget(table_state, key_array[~device].tolist(), parts=("values",))
+    if table_state["tier_values"]:
+        _forget(table_state, key_array[~in_tier].tolist(), parts=("tier_values",))
+    # Built by zips over whole columns (no indexing per ID): the records, then the
+    # values of the IDs with a device row (the state arrays' rows, in record order)
+    # and of those in the host tier (the tier arrays' rows, the same way).
+    table_state["records"].update(zip(key_array.tolist(), map(schema.Record._make, zip(
+        row_array.tolist(), arrays[schema.host_key("counts")].tolist(),
+        arrays[schema.host_key("last_seen")].tolist(), in_host.tolist()))))
+    state_names = schema.names_with_prefix(arrays, "state")
+    _fold_device_values(table_state["values"], arrays, key_array[device], state_names, name)
+    _fold_tier_values(table_state["tier_values"], arrays, key_array[in_tier].tolist(), name)
+    _keep_table_fields(table_state, arrays, state_names)
+
+
+def _begin(table_state: Dict, kind: str, name: str) -> None:
+    """A full version starts the table's state afresh; a delta needs one to fold into."""
     if kind == "full":
         table_state.clear()
         table_state["records"] = {}
@@ -268,50 +329,45 @@ def merge_table(table_state: Dict, arrays: Dict[str, np.ndarray], kind: str, nam
         table_state["tier_values"] = {}
     elif "records" not in table_state:
         raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
-    records = table_state["records"]
-    values = table_state["values"]
-    tier_values = table_state["tier_values"]
-    for key in arrays[schema.host_key("removed")].tolist():
-        records.pop(key, None)
-        values.pop(key, None)
-        tier_values.pop(key, None)
-    state_names = schema.names_with_prefix(arrays, "state")
-    key_array, row_array = arrays[schema.host_key("keys")], arrays[schema.host_key("rows")]
-    keys = key_array.tolist()
-    in_host = (arrays[schema.host_key("in_host")].astype(np.int64)
-               if schema.host_key("in_host") in arrays else np.zeros(len(keys), np.int64))
-    device = row_array >= 0
-    in_tier = ~device & (in_host != 0)
-    # A delta: what it holds replaces the IDs' earlier values (those with a device row or a
-    # host-tier row below are written over; the others lose what they had there).
-    if values:
-        for key in key_array[~device].tolist():
-            values.pop(key, None)
-    if tier_values:
-        for key in key_array[~in_tier].tolist():
-            tier_values.pop(key, None)
-    # Built by zips over whole columns (no indexing per ID): the records, then the
-    # values of the IDs with a device row (the state arrays' rows, in record order)
-    # and of those in the host tier (the tier arrays' rows, the same way).
-    records.update(zip(keys, map(schema.Record._make, zip(
-        row_array.tolist(), arrays[schema.host_key("counts")].tolist(),
-        arrays[schema.host_key("last_seen")].tolist(), in_host.tolist()))))
+
+
+def _forget(table_state: Dict, keys: List[int],
+            parts: Tuple[str, ...] = ("records", "values", "tier_values")) -> None:
+    """Drops what `parts` of the state hold of `keys`."""
+    for part in parts:
+        held = table_state[part]
+        for key in keys:
+            held.pop(key, None)
+
+
+def _fold_device_values(values: Dict, arrays: Dict[str, np.ndarray], keys: np.ndarray,
+                        state_names: List[str], name: str) -> None:
+    """The values of the IDs with a device row: the state arrays' rows, in record order."""
     columns = [list(arrays[schema.state_key(n)]) for n in state_names]
-    _check_rows(name, "device", int(device.sum()), {n: len(c) for n, c in zip(state_names,
-                                                                               columns)})
+    _check_rows(name, "device", len(keys), {n: len(c) for n, c in zip(state_names, columns)})
     state_rows = zip(*columns) if columns else itertools.repeat(())
-    values.update(zip(key_array[device].tolist(),
-                      (dict(zip(state_names, row)) for row in state_rows)))
-    tier_keys = key_array[in_tier].tolist()
-    if tier_keys:
-        tier_names = schema.names_with_prefix(arrays, "tier")
-        tier_columns = [(n, arrays[schema.tier_key(n)], arrays[schema.tier_mask_key(n)])
-                        for n in tier_names]
-        _check_rows(name, "host-tier", len(tier_keys),
-                    {n: min(len(c), len(m)) for n, c, m in tier_columns})
-        for index, key in enumerate(tier_keys):
-            tier_values[key] = {n: column[index] for n, column, mask in tier_columns
-                                if mask[index]}
+    values.update(zip(keys.tolist(), (dict(zip(state_names, row)) for row in state_rows)))
+
+
+def _fold_tier_values(tier_values: Dict, arrays: Dict[str, np.ndarray], tier_keys: List[int],
+                      name: str) -> None:
+    """The values of the IDs in the host tier: each state the tier's mask says it holds."""
+    if not tier_keys:
+        return
+    tier_names = schema.names_with_prefix(arrays, "tier")
+    tier_columns = [(n, arrays[schema.tier_key(n)], arrays[schema.tier_mask_key(n)])
+                    for n in tier_names]
+    _check_rows(name, "host-tier", len(tier_keys),
+                {n: min(len(c), len(m)) for n, c, m in tier_columns})
+    for index, key in enumerate(tier_keys):
+        tier_values[key] = {n: column[index] for n, column, mask in tier_columns
+                            if mask[index]}
+
+
+def _keep_table_fields(table_state: Dict, arrays: Dict[str, np.ndarray],
+                       state_names: List[str]) -> None:
+    """The version's table-wide fields (free rows, scalars, threshold, LRU order), which
+    replace the earlier version's."""
     table_state["free_rows"] = arrays[schema.host_key("free_rows")]
     table_state["scalars"] = arrays[schema.SCALARS_KEY]
     table_state["access_threshold"] = arrays[schema.ACCESS_THRESHOLD_KEY]

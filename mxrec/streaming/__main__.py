@@ -324,11 +324,17 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 
 def _replay(args, parser) -> int:
-    import numpy as np
-    import tensorflow as tf
+    files, schema = _replay_inputs(args, parser)
+    url = args.url.rstrip("/") + ":predict"
+    sent = _send_batches(files, schema, args, url)
+    if sent is None:
+        return 1
+    return _print_replay_report(*sent)
 
-    from mxrec.streaming import metrics, parsers
 
+def _replay_inputs(args, parser):
+    """(the data files, the schema) a replay reads; a bad flag or an empty --data ends the
+    program through `parser`."""
     if os.path.isdir(args.data):
         files = sorted(os.path.join(args.data, f) for f in os.listdir(args.data)
                        if not f.startswith(("_", ".")))
@@ -345,8 +351,17 @@ def _replay(args, parser) -> int:
     except ValueError as error:
         parser.error(str(error))
     _check_format(args, files, parser)
+    return files, schema
+
+
+def _send_batches(files: List[str], schema, args, url: str):
+    """(requests sent, their labels, the predicted probabilities) of up to --max_requests
+    batches posted to `url`; None where a request failed (said on stderr)."""
+    import tensorflow as tf
+
+    from mxrec.streaming import parsers
+
     tf.compat.v1.disable_eager_execution()
-    url = args.url.rstrip("/") + ":predict"
     labels, probs = [], []
     requests = 0
     with tf.Graph().as_default():
@@ -360,21 +375,42 @@ def _replay(args, parser) -> int:
                     break
                 if len(out["label"]) == 0:
                     continue
-                inputs = {"sparse": out["sparse"].tolist()}
-                if "dense" in out:
-                    inputs["dense"] = out["dense"].tolist()
-                try:
-                    answer = _post(url, {"inputs": inputs}, args.timeout)
-                except urllib.error.HTTPError as error:
-                    print(f"replay: {url} refused the request (HTTP {error.code}): "
-                          f"{_refusal(error)}", file=sys.stderr)
-                    return 1
-                except urllib.error.URLError as error:
-                    print(f"replay: request to {url} failed: {error}", file=sys.stderr)
-                    return 1
+                prob = _predict(url, out, args.timeout)
+                if prob is None:
+                    return None
                 requests += 1
                 labels.append(out["label"])
-                probs.append(np.asarray(answer["outputs"]["prob"], np.float64).reshape(-1))
+                probs.append(prob)
+    return requests, labels, probs
+
+
+def _predict(url: str, batch: dict, timeout: float):
+    """The probabilities the predictor at `url` gives for `batch`; None where it refused or
+    could not be reached (said on stderr)."""
+    import numpy as np
+
+    inputs = {"sparse": batch["sparse"].tolist()}
+    if "dense" in batch:
+        inputs["dense"] = batch["dense"].tolist()
+    try:
+        answer = _post(url, {"inputs": inputs}, timeout)
+    except urllib.error.HTTPError as error:
+        print(f"replay: {url} refused the request (HTTP {error.code}): "
+              f"{_refusal(error)}", file=sys.stderr)
+        return None
+    except urllib.error.URLError as error:
+        print(f"replay: request to {url} failed: {error}", file=sys.stderr)
+        return None
+    return np.asarray(answer["outputs"]["prob"], np.float64).reshape(-1)
+
+
+def _print_replay_report(requests: int, labels: list, probs: list) -> int:
+    """Prints the replay's requests, rows, AUC and means as one JSON line; 1 where no
+    record was replayed."""
+    import numpy as np
+
+    from mxrec.streaming import metrics
+
     if not labels:
         print("replay: no records", file=sys.stderr)
         return 1
