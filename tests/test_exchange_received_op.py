@@ -1,5 +1,5 @@
 """MxrecExchangeReceived (exchange_all's grouping of the received slots) against the TF
-composition it replaces (sharding._received_slots_reference) and against NumPy: all five
+composition it replaces (id_exchange._received_slots_reference) and against NumPy: all five
 outputs equal, values, dtypes and shapes; and its checks."""
 
 import types
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed import communication, sharding
+from mxrec.distributed import communication, id_exchange
 from mxrec.util import ops as mxrec_ops
 
 FIELDS = ("pairs", "lookup", "peer", "valid", "per_lookup")
@@ -87,7 +87,7 @@ def test_exchange_received_equals_reference_and_numpy(name):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         r, c = tf.constant(received), tf.constant(chunks)
         op = mxrec_ops.exchange_received(r, c, size)
-        ref = sharding._received_slots_reference(r, c)
+        ref = id_exchange._received_slots_reference(r, c)
         got, want_ref = sess.run((dict(zip(FIELDS, op)), dict(zip(FIELDS, ref))))
     want = numpy_received(received, chunks, size)
     for field in FIELDS:
@@ -118,10 +118,10 @@ def test_exchange_all_runs_the_op_on_the_cpu(monkeypatch):
     monkeypatch.setattr(communication, "allreduce", lambda t, reduction="sum": tf.identity(t))
     monkeypatch.setattr(communication, "alltoall", lambda t, grad_scale=None: tf.identity(t))
     with tf.Graph().as_default() as graph:
-        routes = [sharding.route(tf.constant([1, 2, 3, 2], tf.int64), 2),
-                  sharding.route(tf.constant([5], tf.int64), 2)]
-        lookups = [sharding.PlannedLookup(f"l{i}", _table(f"t{i}"), None) for i in range(2)]
-        sharding.exchange_all(lookups, routes, [None, None], True)
+        routes = [id_exchange.route(tf.constant([1, 2, 3, 2], tf.int64), 2),
+                  id_exchange.route(tf.constant([5], tf.int64), 2)]
+        lookups = [id_exchange.PlannedLookup(f"l{i}", _table(f"t{i}"), None) for i in range(2)]
+        id_exchange.exchange_all(lookups, routes, [None, None], True)
         ops = [op for op in graph.get_operations() if op.type == "MxrecExchangeReceived"]
         types_ = [op.type for op in graph.get_operations()]
     assert len(ops) == 1 and "TopKV2" not in types_

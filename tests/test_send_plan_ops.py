@@ -1,5 +1,5 @@
 """The send-back plan's ops (MxrecSendPositions, MxrecScatterRows, MxrecGatherSumRows) against
-NumPy and against the TensorFlow compositions they replace in mxrec.distributed.sharding,
+NumPy and against the TensorFlow compositions they replace in mxrec.distributed.id_exchange,
 bit for bit, and their errors on a bad plan."""
 
 import numpy as np
@@ -50,7 +50,7 @@ def test_send_positions_equal_numpy_and_the_tf_composition():
             [tf.constant(r[0]) for r in routes], [tf.constant(r[1]) for r in routes],
             [tf.constant(r[2]) for r in routes], tf.constant(width), tf.constant(offset),
             group_of, 3)
-        # The composition sharding.positions used before the op, per lookup.
+        # The composition id_exchange.positions used before the op, per lookup.
         composed = []
         for (where, order, index), w, o in zip(routes, width, offset):
             flat = tf.constant(where)[:, 0] * int(w) + tf.constant(where)[:, 1] + int(o)

@@ -3,7 +3,7 @@
 - `communication`: this rank, its `tf.distribute.Server` and the collectives
   (old path and mx_rec's: `mxrec.util.communication`); `hccl_ops`: mx_rec's names for them.
 - `launch`: `python -m mxrec.distributed.launch -n N script.py` (also `python -m mxrec.launch`).
-- `sharding`: tables sharded across ranks by ID (route, exchange, send back).
+- `id_exchange`: tables sharded across ranks by ID (route, exchange, send back).
 - `replicated`: `is_dp=True` tables, a replica on every rank.
 - `sharded_state`: the saveable of a sharded table (the whole table, by ID).
 - `sharded_pipeline`: the graph modifier on several ranks.

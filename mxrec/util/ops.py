@@ -154,7 +154,7 @@ def route(ids: tf.Tensor, size: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, t
     shape, read flat) deduplicated and bucketed by owner over `size` ranks.
 
     Returns:
-        (pairs, counts, where, order, index), the fields of mxrec.distributed.sharding.Route
+        (pairs, counts, where, order, index), the fields of mxrec.distributed.id_exchange.Route
         with the values of its `route_reference`: pairs [U, 2] int64, counts [size] int32,
         where [U, 2] int32, order [U] int32, index [n] int32.
 
@@ -183,7 +183,7 @@ def exchange_received(received: tf.Tensor, chunks: tf.Tensor, size: int) -> Tupl
 
     Returns:
         (pairs, lookup, peer, valid, per_lookup), the values of
-        mxrec.distributed.sharding._received_slots_reference: pairs [V, 2] int64 of the V
+        mxrec.distributed.id_exchange._received_slots_reference: pairs [V, 2] int64 of the V
         filled slots, grouped by lookup and in peer-then-column order within one; lookup,
         peer and valid (the slot within the lookup's own [size * chunk] buffer) [V] int32;
         per_lookup [L] int32.
@@ -209,7 +209,7 @@ def pack_send(wheres: Sequence[tf.Tensor], pairs: Sequence[tf.Tensor], chunks: t
 
     Args:
         wheres, pairs: per lookup its route's `where` [U, 2] int32 (owner, slot) and
-            `pairs` [U, 2] int64 (ID, occurrences) (mxrec.distributed.sharding.Route).
+            `pairs` [U, 2] int64 (ID, occurrences) (mxrec.distributed.id_exchange.Route).
         chunks: [L] int32, each lookup's columns per peer.
         size: the number of ranks (peers).
 
@@ -237,7 +237,7 @@ def send_positions(wheres: Sequence[tf.Tensor], orders: Sequence[tf.Tensor],
 
     Args:
         wheres, orders, indices: per lookup its route's `where` [U, 2], `order` [U] and
-            `index` [n] (int32; mxrec.distributed.sharding.Route).
+            `index` [n] (int32; mxrec.distributed.id_exchange.Route).
         width, offset: [L] int32, per lookup its buffer's rows per peer and its first row
             per peer in it.
         group_of: per lookup its output, in [0, num_groups).
@@ -246,7 +246,7 @@ def send_positions(wheres: Sequence[tf.Tensor], orders: Sequence[tf.Tensor],
     Returns:
         num_groups int32 vectors: output g holds, lookup after lookup in increasing order,
         the rows (owner * width + offset + slot of each flat ID's unique ID) of the lookups
-        with group_of == g, the value of mxrec.distributed.sharding.positions.
+        with group_of == g, the value of mxrec.distributed.id_exchange.positions.
 
     Example:
         >>> (position,) = send_positions([tf.constant([[0, 0], [1, 0]])], [tf.constant([1, 0])],
