@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from mxrec.distributed.id_exchange import owner_of_numpy
+from mxrec.distributed.routing import owner_of_numpy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "examples" / "multiworker" / "train.py")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed import communication, id_exchange, replicated
+from mxrec.distributed import communication, id_exchange, replicated, routing, send_back
 
 
 def _table(name, dim):
@@ -48,7 +48,7 @@ def _owned_embedding(ids, dim):
 
 def _lookup(table, ids, routed, exchanged):
     owned = _owned_embedding(exchanged.owned, table.dim)
-    out = id_exchange.send_back(table, owned, exchanged, routed, ids, 0.5)
+    out = send_back.send_back(table, owned, exchanged, routed, ids, 0.5)
     return owned, out
 
 
@@ -82,7 +82,7 @@ def test_second_lookup_of_same_ids_shares_and_equals_its_own(fake_ranks, size, s
         assert len(_ops(graph, "MxrecSendPositions")) == positions == 1
         assert ex_b.emb is owned_b and ex_a.emb is owned_a  # each lookup its own record
         # The reference: the wide lookup through an exchange of its own.
-        routed_c = id_exchange.route(ids, size)
+        routed_c = routing.route(ids, size)
         ex_c = id_exchange.exchange(wide, routed_c, True, send_count)
         owned_c, out_c = _lookup(wide, ids, routed_c, ex_c)
         d_out = tf.cast(tf.reshape(tf.range(tf.size(out_b)), tf.shape(out_b)), tf.float32)
@@ -158,7 +158,7 @@ def test_shared_lookups_send_in_one_all_to_all_each_way(fake_ranks, size):
         owned_b, out_b = _lookup(wide, ids, routed, ex_b)
         _, ex_o = id_exchange.shared_exchange(other, ids, True, None)
         owned_o = _owned_embedding(ex_o.owned, 2)
-        out_o = id_exchange.send_back(other, owned_o, ex_o, routed, ids, None)  # its own scale
+        out_o = send_back.send_back(other, owned_o, ex_o, routed, ids, None)  # its own scale
         forward = [n for n in _reachable([out_a, out_b, out_o])
                    if re.search(r"alltoall(_\d+)?/Identity$", n)]
         assert len(forward) == 2, forward  # deep + wide together, other alone
@@ -170,7 +170,7 @@ def test_shared_lookups_send_in_one_all_to_all_each_way(fake_ranks, size):
         # References: each through an exchange of its own.
         ref = []
         for table, d in ((deep, d_a), (wide, d_b)):
-            own_route = id_exchange.route(ids, size)
+            own_route = routing.route(ids, size)
             own = id_exchange.exchange(table, own_route, True, None)
             owned, out = _lookup(table, ids, own_route, own)
             ref.append((out, tf.gradients(out, owned, d)[0]))

@@ -1,59 +1,28 @@
-"""Tables sharded across ranks: each rank owns the IDs `owner(id) == rank` of every table.
+"""The exchange phase of a sharded lookup (mxrec.distributed.routing has the whole path):
+each rank's unique IDs, with their occurrence counts, to the ranks that own them.
 
-One lookup on N ranks (direct path), per step: `route` (rank-local), `exchange` (the
-collectives that bring the IDs to their owners), the owner's key stage and device lookup,
-`send_back`. The graph modifier runs the same pieces, split between the input pipeline
-(`route`), a planning subgraph (`exchange`, key stage) and the step (mxrec.graph.sharded).
-
-    ids ─► unique (local) ─► occurrences per unique ID, owner per unique ID
-        ─► buckets [N, chunk, 2] of (ID, occurrence count) (chunk: the largest bucket of any
-           rank, from an all-reduce; send_count under init(use_dynamic=False))
-        ─► one all-to-all: rank r receives every rank's IDs that r owns
-        ─► owner: the received IDs with their occurrence counts as weights ─► the table's
-           own key stage and device lookup (admission counts every occurrence of the global
-           batch; eviction, tiers and reused rows run on the owner as in one process)
-        ─► embeddings [N, chunk, dim] ─► all-to-all back ─► one gather: each flat ID's row
-           (`positions`: owner x chunk + slot of its unique ID)
-    backward: the gradient takes the same path in reverse (the transpose of an equal-chunk
-    all-to-all is another all-to-all); the owner's segment sums add the ranks' gradients of an
-    ID, and `all2all_gradients_op="sum_gradients_and_div_by_ranksize"` divides them by N.
-
-The owner of an ID (`owner_of`) is documented and independent of the rank count's form:
-    owner(id) = ((id * 0x9E3779B97F4A7C15 mod 2^64) >> 33) mod N
-(a Fibonacci hash: consecutive IDs spread over the ranks), so any N works and a checkpoint
-written by N ranks is re-partitioned by the same function on M ranks.
+- One lookup (`exchange`; `shared_exchange`, built once per IDs tensor on the direct path):
+  one all-reduce (the chunk, and a fingerprint that every rank built this lookup alike,
+  `agreed_max`) and one all-to-all of (ID, count) buckets. The owner plans what it received
+  with the counts as key-stage weights (`Exchange`).
+- Every lookup of a step at once, for the graph modifier (`exchange_all`): one agreement
+  all-reduce and one ID all-to-all for all of them, each lookup placed in the buffer of its
+  send group (`send_groups`) for the send-back.
+- The collectives around it: the batch's time over the ranks (`batch_time`) and the
+  iterators' initializers where the ranks meet (`fence_iterators`).
 """
 
 import dataclasses
 import weakref
 import zlib
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec.core.graph_state import shared_tensor
-from mxrec.distributed import communication
-from mxrec.util import ops as mxrec_ops
-from mxrec.util.gradients import custom_gradient
-
-# 0x9E3779B97F4A7C15 as a signed 64-bit integer (TF multiplies int64 with wrap-around).
-_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)
-_SHIFT = 33
-
-
-def owner_of(ids: tf.Tensor, size: int) -> tf.Tensor:
-    """The rank that owns each ID (int32), for int64 `ids`."""
-    mixed = tf.math.multiply(ids, tf.constant(_MULTIPLIER, tf.int64))
-    # A logical shift: on uint64 bits, then back (the value fits in 31 bits).
-    high = tf.bitwise.right_shift(tf.bitcast(mixed, tf.uint64), tf.constant(_SHIFT, tf.uint64))
-    return tf.cast(tf.math.floormod(tf.bitcast(high, tf.int64), size), tf.int32)
-
-
-def owner_of_numpy(ids: np.ndarray, size: int) -> np.ndarray:
-    """owner_of in NumPy (checkpoints, tests)."""
-    mixed = np.asarray(ids, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    return ((mixed >> np.uint64(_SHIFT)) % np.uint64(size)).astype(np.int32)
+from mxrec.distributed import communication, routing, sharded_ops
+from mxrec.distributed.routing import Route
 
 
 def _fingerprint(table, send_count, is_train) -> int:
@@ -127,31 +96,14 @@ def batch_time(local_time: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
 
 
 @dataclasses.dataclass
-class Route:
-    """The rank-local part of a lookup (no collective): where each local unique ID goes.
-
-    Attributes:
-        pairs: [U, 2] int64, (ID, occurrence count) of the unique IDs sorted by owner.
-        counts: [N] int32, unique IDs per owner.
-        where: [U, 2] int32, (owner, slot in that owner's bucket) per sorted unique ID.
-        order: [U] int32, the unique IDs' order sorted by owner.
-        index: [n] int32, position of each flat ID among the unique IDs.
-    """
-
-    pairs: tf.Tensor
-    counts: tf.Tensor
-    where: tf.Tensor
-    order: tf.Tensor
-    index: tf.Tensor
-
-
-@dataclasses.dataclass
 class Exchange:
     """The IDs one rank received as owner, and where they go back.
 
     The `spot`, `group_*` fields place this lookup in the buffer its embeddings go back in:
     its own (`exchange`), or the one it shares with the step's other lookups of its send
-    group (`exchange_all` with `groups`, `send_back_all`).
+    group (`exchange_all` with `groups`, `send_back_all`). The fields from `emb` on are
+    the send-back's records (mxrec.distributed.send_back): set there, read by the graph
+    modifier.
 
     Attributes:
         chunk: scalar int32, rows per peer of this step's ID all-to-all for this lookup.
@@ -176,8 +128,8 @@ class Exchange:
             (mxrec.distributed.replicated), [N, chunk, dim] each.
         position: [n] int32, each flat ID's row in the [N * group_chunk] buffer that comes
             back (`positions`; set by send_back).
-        plan: the SendPlan send_back made (reused by a lookup sharing this exchange,
-            `shared_exchange`).
+        plan: the send_back.SendPlan send_back made (reused by a lookup sharing this
+            exchange, `shared_exchange`).
         shared: the send-backs so far of the lookups sharing this exchange
             (`shared_exchange`: one list for all of them), or None; `send_back` sends
             theirs and the next one's embeddings in one all-to-all each way.
@@ -198,7 +150,7 @@ class Exchange:
     backward: list = dataclasses.field(default_factory=list)
     peer_backward: list = dataclasses.field(default_factory=list)
     position: Optional[tf.Tensor] = None
-    plan: Optional["SendPlan"] = None
+    plan: Optional[object] = None
     shared: Optional[list] = None
 
     def __post_init__(self):
@@ -206,33 +158,6 @@ class Exchange:
         if self.spot is None:
             self.spot, self.group_first = self.valid, self.first
             self.group_chunk, self.group_offset = self.chunk, tf.constant(0, tf.int32)
-
-
-def route(ids: tf.Tensor, size: int) -> Route:
-    """Local dedupe, occurrence counts and owner buckets of `ids` (any rank >= 1), in one
-    op (MxrecRoute, on the CPU): the values of `route_reference`, bit for bit."""
-    pairs, counts, where, order, index = mxrec_ops.route(tf.cast(ids, tf.int64), size)
-    return Route(pairs=pairs, counts=counts, where=where, order=order, index=index)
-
-
-def route_reference(ids: tf.Tensor, size: int) -> Route:
-    """`route` composed of TensorFlow ops: the reference the op is tested against
-    (tests/test_route_op.py). Unique IDs in first-occurrence order (tf.unique), sorted by
-    owner with a stable sort, so an owner's IDs keep that order."""
-    flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    uniq, index = tf.unique(flat, out_idx=tf.int32)
-    num = tf.size(uniq)
-    occurrences = tf.math.unsorted_segment_sum(tf.ones_like(index, tf.int64), index, num)
-    owner = owner_of(uniq, size)
-    order = tf.argsort(owner, stable=True)
-    owner_sorted = tf.gather(owner, order)
-    counts = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
-    starts = tf.cumsum(counts, exclusive=True)
-    position = tf.range(num) - tf.gather(starts, owner_sorted)
-    where = tf.stack([owner_sorted, position], axis=1)
-    # IDs and their occurrence counts travel together.
-    pairs = tf.stack([tf.gather(uniq, order), tf.gather(occurrences, order)], axis=1)
-    return Route(pairs=pairs, counts=counts, where=where, order=order, index=index)
 
 
 def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) -> Exchange:
@@ -246,7 +171,7 @@ def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) ->
     largest = agreed_max(table, tf.reduce_max(counts), _fingerprint(table, send_count, is_train),
                          "table name, dim, key dtype, send_count or is_train")
     chunk = _chunk(table, send_count, largest, counts, size)
-    send = mxrec_ops.pack_send([routed.where], [routed.pairs], tf.reshape(chunk, [1]), size)
+    send = sharded_ops.pack_send([routed.where], [routed.pairs], tf.reshape(chunk, [1]), size)
     received = tf.reshape(communication.alltoall(send), [-1, 2])
     return _received(received, chunk, is_train)
 
@@ -262,7 +187,7 @@ def shared_exchange(table, ids: tf.Tensor, is_train: bool, send_count: Optional[
     own: the owners receive the same IDs with the same counts, so its key stage and its
     embeddings' way back are the first lookup's (the values are those of its own exchange,
     bit for bit). The first lookup's fingerprint is the one the ranks compare."""
-    router = router or route
+    router = router or routing.route
     size = communication.get_rank_size()
     key = ("shared_exchange", ids.name, bool(is_train), send_count, router.__module__,
            router.__name__, size)
@@ -300,119 +225,7 @@ def repeat_by_counts(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
     return tf.gather(values, source)
 
 
-def positions(routed: Route, chunk: tf.Tensor, offset=0) -> tf.Tensor:
-    """Each flat ID's row in the [N * chunk] buffer the embedding all-to-all returns: its
-    unique ID's (owner, slot), as owner * chunk + offset + slot (`offset`: the lookup's first
-    row per peer in a buffer it shares). One gather by these rows replaces the gather_nd by
-    `where`, the inverse of `order` and the gather by `index` (and their three gradients by
-    one segment sum, over the same terms in the same order). One op (MxrecSendPositions)
-    computes them: the value of gather(gather(flat, invert_permutation(order)), index)."""
-    (position,) = mxrec_ops.send_positions(
-        [routed.where], [routed.order], [routed.index], tf.reshape(chunk, [1]),
-        tf.reshape(tf.cast(offset, tf.int32), [1]), [0], 1)
-    return position
-
-
-@dataclasses.dataclass
-class SendPlan:
-    """Where one send group's embeddings go: the buffer [N * chunk, dim] of its lookups
-    (per peer each lookup's rows after the previous lookup's) and the indices into it, all
-    planned before the embeddings exist (`plan_send_back`).
-
-    Attributes:
-        spots: [V] int32, the row of each ID this rank received as owner.
-        first: [V] int32, that ID's row in the group's owned embeddings (concatenated).
-        position: [n] int32, each flat ID's row in the buffer that comes back.
-        out_sizes: [k] int32, flat IDs per lookup (`position` split by lookup).
-        owned_sizes: [k] int32, owned IDs per lookup (the owned embeddings' rows).
-        chunk: scalar int32, rows per peer of the buffer.
-        owned: scalar int32, the group's owned IDs.
-    """
-
-    spots: tf.Tensor
-    first: tf.Tensor
-    position: tf.Tensor
-    out_sizes: tf.Tensor
-    owned_sizes: tf.Tensor
-    chunk: tf.Tensor
-    owned: tf.Tensor
-
-    FIELDS = ("spots", "first", "position", "out_sizes", "owned_sizes", "chunk", "owned")
-
-
-def plan_send_back(exchanges, routes) -> SendPlan:
-    """The SendPlan of one send group: `exchanges` (placed in one buffer by exchange_all's
-    `groups`, or one lookup alone) and their routes, in group order."""
-
-    def joined(values):
-        return values[0] if len(values) == 1 else tf.concat(values, axis=0)
-
-    position = [positions(r, ex.group_chunk, ex.group_offset)
-                for ex, r in zip(exchanges, routes)]
-    owned_sizes = tf.stack([tf.size(ex.owned, out_type=tf.int32) for ex in exchanges])
-    return SendPlan(spots=joined([ex.spot for ex in exchanges]),
-                    first=joined([ex.group_first for ex in exchanges]),
-                    position=joined(position),
-                    out_sizes=tf.stack([tf.size(p, out_type=tf.int32) for p in position]),
-                    owned_sizes=owned_sizes, chunk=exchanges[0].group_chunk,
-                    owned=tf.reduce_sum(owned_sizes))
-
-
-def plan_send_backs(exchanges, routes, groups):
-    """plan_send_back of every send group at once, with ops shared by all the groups'
-    lookups (one pass over their routes instead of one per lookup: on a small batch the
-    executor's cost per op is most of the planning). Equal to plan_send_back per group.
-
-    Args:
-        exchanges, routes: of the step's lookups (placed by exchange_all's `groups`).
-        groups: send_groups of the lookups.
-
-    Returns:
-        [SendPlan], one per group.
-    """
-    _check_groups(groups, len(exchanges), "plan_send_backs")
-    if len(routes) != len(exchanges):
-        raise ValueError(f"plan_send_backs: {len(exchanges)} exchanges but {len(routes)} "
-                         "routes; give one route per lookup")
-    if not groups:
-        return []
-    if len(groups) == 1 and len(groups[0]) == 1:
-        return [plan_send_back([exchanges[groups[0][0]]], [routes[groups[0][0]]])]
-    members = sorted(i for g in groups for i in g)
-    slot = {i: n for n, i in enumerate(members)}
-    count = len(members)
-    ex = [exchanges[i] for i in members]
-    rt = [routes[i] for i in members]
-    width = tf.stack([e.group_chunk for e in ex])
-    offset = tf.stack([e.group_offset for e in ex])
-    flat_sizes = tf.stack([tf.size(r.index, out_type=tf.int32) for r in rt])
-    owned_sizes = tf.stack([tf.size(e.owned, out_type=tf.int32) if e.owned_size is None
-                            else e.owned_size for e in ex])
-    # positions() of every member at once, each group's in member order (one op over the
-    # routes: the TF composition took a dozen ops over every flat ID of the step).
-    group_of = np.zeros(count, np.int64)
-    for number, g in enumerate(groups):
-        group_of[[slot[i] for i in g]] = number
-    positions_of = mxrec_ops.send_positions(
-        [r.where for r in rt], [r.order for r in rt], [r.index for r in rt],
-        tf.cast(width, tf.int32), tf.cast(offset, tf.int32), group_of.tolist(), len(groups))
-    plans = []
-    for g, group_position in zip(groups, positions_of):
-        rows = [slot[i] for i in g]
-        sizes = tf.gather(owned_sizes, rows)
-
-        def joined(values):
-            return values[0] if len(values) == 1 else tf.concat(values, axis=0)
-
-        plans.append(SendPlan(spots=joined([exchanges[i].spot for i in g]),
-                              first=joined([exchanges[i].group_first for i in g]),
-                              position=group_position, out_sizes=tf.gather(flat_sizes, rows),
-                              owned_sizes=sizes, chunk=exchanges[g[0]].group_chunk,
-                              owned=tf.reduce_sum(sizes)))
-    return plans
-
-
-def _check_groups(groups, count: int, what: str) -> None:
+def check_groups(groups, count: int, what: str) -> None:
     """Raises ValueError unless `groups` are disjoint non-empty lists of lookup indices in
     range(count)."""
     seen = set()
@@ -441,291 +254,9 @@ def send_groups(keys):
     return list(groups.values())
 
 
-def _alltoall_parts(parts, name: str):
-    """One all-to-all for [N, width_i] tensors of one dtype, each peer's row of each
-    concatenated; returns each part's share back."""
-    with tf.name_scope(name):
-        if len(parts) == 1:
-            return [communication.alltoall(parts[0])]
-        moved = communication.alltoall(tf.concat(parts, axis=1))
-        widths = tf.stack([tf.shape(part, out_type=tf.int32)[1] for part in parts])
-        return tf.split(moved, widths, axis=1, num=len(parts))
-
-
-# Embedding dtypes with one-op kernels for the owner's side of the send-back (MxrecScatterRows,
-# MxrecGatherSumRows); others take the TF composition they equal.
-_FUSED_DTYPES = (tf.float32, tf.float64)
-
-
-def _scatter_out(plan: SendPlan, emb: tf.Tensor, dim: int, size: int) -> tf.Tensor:
-    """The owner's side forward: the group's owned embeddings [M, dim] into the buffer,
-    [N, chunk * dim]."""
-    if emb.dtype in _FUSED_DTYPES:
-        slots = mxrec_ops.scatter_rows(emb, plan.first, plan.spots, size * plan.chunk)
-    else:
-        rows = tf.gather(emb, plan.first)
-        slots = tf.scatter_nd(plan.spots[:, None], rows, tf.stack([size * plan.chunk, dim]))
-    return tf.reshape(slots, tf.stack([size, plan.chunk * dim]))
-
-
-def _gather_back(plan: SendPlan, moved: tf.Tensor, dim: int) -> tf.Tensor:
-    """The asking side forward: each flat ID's row of the buffer that came back, [n, dim]."""
-    return tf.gather(tf.reshape(moved, [-1, dim]), plan.position)
-
-
-def _scatter_grad(plan: SendPlan, d_out: tf.Tensor, dim: int, size: int) -> tf.Tensor:
-    """The asking side backward: the gradients of the flat IDs [n, dim] summed into their
-    rows of the buffer, [N, chunk * dim] (the transpose of `_gather_back`)."""
-    summed = tf.math.unsorted_segment_sum(d_out, plan.position, size * plan.chunk)
-    return tf.reshape(summed, tf.stack([size, plan.chunk * dim]))
-
-
-def _gather_grad(plan: SendPlan, moved: tf.Tensor, dim: int, scale) -> tf.Tensor:
-    """The owner's side backward: the buffer of gradients that came back, times `scale`,
-    summed into the owned rows, [M, dim] (the transpose of `_scatter_out`)."""
-    moved = tf.reshape(moved, [-1, dim])
-    if moved.dtype in _FUSED_DTYPES:
-        return mxrec_ops.gather_sum_rows(moved, plan.spots, plan.first, plan.owned, scale)
-    if scale is not None:
-        moved = moved * scale
-    return tf.math.unsorted_segment_sum(tf.gather(moved, plan.spots), plan.first, plan.owned)
-
-
-@dataclasses.dataclass
-class _SharedSendBack:
-    """One lookup's send-back over a shared exchange (Exchange.shared)."""
-
-    key: tuple  # (embedding dtype, gradient scale): lookups of one key share a buffer
-    emb: tf.Tensor  # the owner's embeddings [M, dim]
-    dim: int
-    shaped: tf.Tensor  # the reshape to [*ids.shape, dim] of what came back
-    exchanged: Exchange
-
-
-def _moved(plan: SendPlan, emb: tf.Tensor, dim: int, size: int, grad_scale,
-           exchanged: Optional[Exchange]) -> tf.Tensor:
-    """The owner's embeddings [M, dim] at the asking ranks' flat IDs, [n, dim]: one
-    all-to-all each way, the gradient the same path in reverse (recorded in
-    `exchanged.backward` where given)."""
-
-    @custom_gradient
-    def moved(emb):
-        def grad(d_out):
-            d_out = tf.convert_to_tensor(d_out)
-            (back,) = _alltoall_parts([_scatter_grad(plan, d_out, dim, size)], "alltoall")
-            d_emb = _gather_grad(plan, back, dim, grad_scale)
-            if exchanged is not None:
-                exchanged.backward.append((d_out, d_emb))
-            return d_emb
-
-        (back,) = _alltoall_parts([_scatter_out(plan, tf.stop_gradient(emb), dim, size)],
-                                  "alltoall")
-        return _gather_back(plan, back, dim), grad
-
-    return moved(emb)
-
-
-def send_back(table, owned_emb: tf.Tensor, exchanged: Exchange, routed: Route, ids: tf.Tensor,
-              grad_scale: Optional[float]) -> tf.Tensor:
-    """The owner's embeddings of `exchanged.owned` [M, dim] back to the ranks that asked,
-    spread over `ids`' positions: [*ids.shape, dim]. Differentiable in `owned_emb`: the
-    gradient takes the same path in reverse (one custom gradient over the whole send-back,
-    recorded in `exchanged.backward` for `send_back_all`).
-
-    Lookups sharing their exchange (`shared_exchange`, `Exchange.shared`) with the same
-    embedding dtype and gradient scale send together: the earlier ones' embeddings and
-    this one's side by side, [M, dim_1 + ... + dim_k], in one all-to-all each way (the
-    same values, bit for bit: every column moves and sums alone), and the earlier lookups'
-    results are rewired to their columns of it (their own all-to-alls are left with no
-    consumer and never run). A wide & deep model's step then sends 1 embedding and 1
-    gradient all-to-all instead of 2 each."""
-    size, dim = communication.get_rank_size(), table.dim
-    plan = exchanged.plan if exchanged.plan is not None else plan_send_back([exchanged], [routed])
-    exchanged.position, exchanged.plan = plan.position, plan
-    key = (owned_emb.dtype, grad_scale)
-    earlier = [m for m in exchanged.shared if m.key == key] if exchanged.shared else []
-    if not earlier:
-        out = _moved(plan, owned_emb, dim, size, grad_scale, exchanged)
-    else:
-        dims = [m.dim for m in earlier] + [dim]
-        with tf.name_scope("shared_send_back"):
-            joint = _moved(plan, tf.concat([m.emb for m in earlier] + [owned_emb], axis=1),
-                           sum(dims), size, grad_scale, None)
-            pieces = tf.split(joint, dims, axis=1, num=len(dims))
-        for member, piece in zip(earlier, pieces):
-            member.shaped.op._update_input(0, piece)  # noqa: SLF001 (no public way)
-            member.exchanged.out = piece
-        out = pieces[-1]
-    exchanged.emb, exchanged.out = owned_emb, out
-    out = tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0))
-    out.set_shape(ids.shape.concatenate([dim]))
-    if exchanged.shared is not None:
-        exchanged.shared.append(_SharedSendBack(key, owned_emb, dim, out, exchanged))
-    return out
-
-
-def send_back_all(exchanges, groups, plans, scales, gradient_scope, after=()):
-    """The send-back of all sharded lookups of a step, fused: per embedding dtype one
-    all-to-all forward and, per backward pass, one backward, for every send group (and the
-    backward all-to-alls of replicated lookups); returns ((old, new) tensor pairs whose
-    consumers are to read the new ones, whether `after` was made a control input).
-
-    The lookups' own send-backs (send_back) stay in the graph unread: each lookup's `out`
-    and each backward pass's `d_emb` are replaced by their share of the fused ones, equal
-    to what the lookup's own send-back gives (the same terms summed in the same order).
-
-    Args:
-        exchanges: [Exchange] of the step's lookups after send_back (emb/out/backward set),
-            or after replicated.send_back (peer_backward set).
-        groups: send_groups of the sharded lookups, each with its SendPlan in `plans`
-            (planned ahead of the step).
-        scales: per lookup the factor of its gradient, or None.
-        gradient_scope: tensor -> the name scope of the tf.gradients call that built it.
-        after: ops the writes of the backward passes' gradients to the tables (without a
-            backward pass: the forward send-back) wait for.
-    """
-    size = communication.get_rank_size()
-    _check_groups(groups, len(exchanges), "send_back_all")
-    if len(plans) != len(groups) or len(scales) != len(exchanges):
-        raise ValueError(f"send_back_all: {len(groups)} send groups with {len(plans)} plans, "
-                         f"{len(exchanges)} lookups with {len(scales)} gradient scales; give "
-                         "one plan per group and one scale per lookup")
-    for group in groups:
-        missing = [i for i in group if exchanges[i].out is None]
-        if missing:
-            raise ValueError(f"send_back_all: lookups {missing} have no send-back to replace "
-                             "(sharding.send_back was not built for them)")
-        kinds = {(exchanges[i].out.dtype.name, int(exchanges[i].out.shape[-1]),
-                  scales[i]) for i in group}
-        if len(kinds) > 1:
-            raise ValueError(f"send_back_all: send group {group} mixes (dtype, dim, gradient "
-                             f"scale) {sorted(kinds, key=str)}; one buffer holds one kind "
-                             "(sharding.send_groups)")
-    pairs = []
-    dims = [int(exchanges[g[0]].out.shape[-1]) for g in groups]
-
-    def by_dtype(items):
-        found = {}
-        for item, dtype in items:
-            found.setdefault(dtype, []).append(item)
-        return found.values()
-
-    passes = {}  # gradient scope -> {lookup: (dy, dx)}
-    for i, ex in enumerate(exchanges):
-        for dy, dx in ex.backward + ex.peer_backward:
-            passes.setdefault(gradient_scope(dx), {})[i] = (dy, dx)
-    gate_forward = bool(after) and not passes
-    with tf.name_scope("send_back_fused"), tf.control_dependencies(
-            list(after) if gate_forward else []):
-        for members in by_dtype((g, exchanges[groups[g][0]].out.dtype)
-                                for g in range(len(groups))):
-            parts = []
-            for g in members:
-                ex = [exchanges[i] for i in groups[g]]
-                emb = ex[0].emb if len(ex) == 1 else tf.concat([e.emb for e in ex], axis=0)
-                parts.append(_scatter_out(plans[g], emb, dims[g], size))
-            for g, back in zip(members, _alltoall_parts(parts, "alltoall")):
-                out = _gather_back(plans[g], back, dims[g])
-                pieces = ([out] if len(groups[g]) == 1 else
-                          tf.split(out, plans[g].out_sizes, num=len(groups[g])))
-                for i, piece in zip(groups[g], pieces):
-                    piece.set_shape(exchanges[i].out.shape)
-                    pairs.append((exchanges[i].out, piece))
-    grouped = {i for g in groups for i in g}
-    for grads in passes.values():
-        # A backward exchange, as the bench reads it ("gradients" in its name). It does not
-        # wait for `after`: the ops that write the tables do (_gate_writers), so the
-        # gradients' exchange overlaps the planning of the next batch.
-        first = len(pairs)
-        with tf.name_scope("gradients_fused"):
-            items = [(("group", g), exchanges[groups[g][0]].out.dtype)
-                     for g in range(len(groups)) if any(i in grads for i in groups[g])]
-            items += [(("peer", i), grads[i][0].dtype) for i in sorted(grads)
-                      if i not in grouped]
-            for members in by_dtype(items):
-                parts = []
-                for kind, index in members:
-                    if kind == "peer":
-                        parts.append(tf.reshape(grads[index][0], tf.stack([size, -1])))
-                        continue
-                    ins = [grads[i][0] if i in grads else tf.zeros_like(exchanges[i].out)
-                           for i in groups[index]]
-                    d_out = ins[0] if len(ins) == 1 else tf.concat(ins, axis=0)
-                    parts.append(_scatter_grad(plans[index], d_out, dims[index], size))
-                for (kind, index), back in zip(members, _alltoall_parts(parts, "alltoall")):
-                    if kind == "peer":
-                        dy, dx = grads[index]
-                        new = tf.reshape(back, tf.shape(dy))
-                        if scales[index] is not None:
-                            new = new * scales[index]
-                        new.set_shape(dx.shape)
-                        pairs.append((dx, new))
-                        continue
-                    members_of = groups[index]
-                    scale = scales[members_of[0]]
-                    d_emb = _gather_grad(plans[index], back, dims[index], scale)
-                    pieces = ([d_emb] if len(members_of) == 1 else
-                              tf.split(d_emb, plans[index].owned_sizes, num=len(members_of)))
-                    for i, piece in zip(members_of, pieces):
-                        if i in grads:
-                            piece.set_shape(grads[i][1].shape)
-                            pairs.append((grads[i][1], piece))
-        if after:
-            pairs[first:] = _gate_writers(pairs[first:], list(after))
-    return pairs, bool(after) and (bool(passes) or bool(groups))
-
-
-def _table_writers(tensor: tf.Tensor, limit: int = 10_000):
-    """The stateful ops with a resource input (an optimizer's apply to a table, or to its
-    slots) that read `tensor` or what is computed from it, found by following data edges;
-    None where one of them sits in a control-flow context (a cond or loop body that an
-    outside control input cannot enter) or the search passes `limit` ops."""
-    found, seen, frontier = [], set(), list(tensor.consumers())
-    while frontier:
-        op = frontier.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if len(seen) > limit:
-            return None
-        if op.op_def is not None and op.op_def.is_stateful and any(
-                t.dtype == tf.resource for t in op.inputs):
-            if op._control_flow_context is not None:  # pylint: disable=protected-access
-                return None
-            found.append(op)
-            continue
-        for output in op.outputs:
-            frontier.extend(output.consumers())
-    return found
-
-
-def _gate_writers(pairs, after):
-    """Makes `after` a control input of the ops that apply each backward pass's gradient
-    (old, new) pair to its table, which read `old` (they will read `new`): the step still
-    runs `after`, and only those writes wait for it. A gradient with no such op (not
-    applied, or applied inside a control-flow context) is read through an identity that
-    waits for `after` instead."""
-    ops = [a.op if isinstance(a, tf.Tensor) else a for a in after]
-    gated = []
-    for old, new in pairs:
-        writers = _table_writers(old)
-        if not writers:
-            with tf.control_dependencies(after):
-                waiting = tf.identity(new)
-            waiting.set_shape(new.shape)
-            gated.append((old, waiting))
-            continue
-        for op in writers:
-            missing = [a for a in ops if a not in op.control_inputs]
-            if missing:
-                op._add_control_inputs(missing)  # pylint: disable=protected-access
-        gated.append((old, new))
-    return gated
-
-
 # One step's sharded lookups of the graph modifier, fused (mxrec.distributed.sharded_pipeline):
-# one agreement all-reduce, one ID all-to-all, one embedding all-to-all forward and one
-# gradient all-to-all backward for every table and every lookup of the step together.
+# one agreement all-reduce and one ID all-to-all for every table and every lookup of the step
+# together (and mxrec.distributed.send_back.send_back_all the way back).
 
 _FIELDS = "table name, dim, key dtype, send_count, is_train or all2all_gradients_op"
 
@@ -771,9 +302,30 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
     size = communication.get_rank_size()
     count = len(lookups)
     if groups is not None:
-        _check_groups(groups, count, "exchange_all")
-    counts = tf.stack([r.counts for r in routes])  # [L, N] unique IDs per lookup and owner
+        check_groups(groups, count, "exchange_all")
     distinct = _distinct_stamps(stamps)
+    summary = _agreement(lookups, routes, distinct, is_train, also)
+    chunks = _chunks(lookups, routes, summary[:count], size)
+    if count == 1:  # nothing to group: the single lookup's own exchange
+        route, chunk = routes[0], chunks[0]
+        send = sharded_ops.pack_send([route.where], [route.pairs], chunks, size)
+        exchanges = [_received(tf.reshape(communication.alltoall(send), [-1, 2]), chunk,
+                               is_train)]
+    else:
+        exchanges, slots = _received_all(routes, chunks, is_train, size)
+        if groups is not None and any(len(g) > 1 for g in groups):
+            _place_in_groups(exchanges, slots, chunks, groups)
+    extra = count + len(distinct) + 2 * count  # where `also`'s maxima start in the summary
+    return exchanges, _agreed_stamps(summary, stamps, distinct, count), \
+        [summary[extra + i] for i in range(len(also))]
+
+
+def _agreement(lookups, routes, distinct, is_train: bool, also) -> tf.Tensor:
+    """exchange_all's one all-reduce (max): [L] largest buckets, then the `distinct` stamps'
+    batch times, [L] fingerprints, [L] their negations and `also`, int64, read after a check
+    that every rank built every lookup alike (the error names the lookups that differ)."""
+    count = len(lookups)
+    counts = tf.stack([r.counts for r in routes])  # [L, N] unique IDs per lookup and owner
     times = [tf.cast(s, tf.int64) for s in distinct]
     prints = [_fingerprint(lk.table, lk.send_count, is_train) for lk in lookups]
     pieces = [tf.cast(tf.reduce_max(counts, axis=1), tf.int64)]
@@ -796,33 +348,49 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
          "lookups that differ:", tf.boolean_mask(blame, tf.logical_not(agree))],
         summarize=count)
     with tf.control_dependencies([check]):
-        summary = tf.identity(summary)
-    largest = tf.cast(summary[:count], tf.int32)
-    chunks = tf.maximum(largest, 1)  # [L] rows per peer of each lookup
+        return tf.identity(summary)
+
+
+def _chunks(lookups, routes, largest: tf.Tensor, size: int) -> tf.Tensor:
+    """[L] int32, each lookup's rows per peer (`_chunk`) from `largest`, its agreed largest
+    bucket (int64)."""
+    largest = tf.cast(largest, tf.int32)
+    chunks = tf.maximum(largest, 1)
     if any(lk.send_count is not None for lk in lookups):
         chunks = tf.stack([
             chunks[i] if lk.send_count is None else
             _chunk(lk.table, lk.send_count, largest[i], r.counts, size, lk.name)
             for i, (lk, r) in enumerate(zip(lookups, routes))])
-    if count == 1:  # nothing to group: the single lookup's own exchange
-        route, chunk = routes[0], chunks[0]
-        send = mxrec_ops.pack_send([route.where], [route.pairs], chunks, size)
-        exchanges = [_received(tf.reshape(communication.alltoall(send), [-1, 2]), chunk,
-                               is_train)]
-        return exchanges, _agreed_stamps(summary, stamps, distinct, count), \
-            [summary[base + 2 * count + i] for i in range(len(also))]
-    # Every lookup's (ID, count) pairs into its columns of one [N, sum(chunks), 2] buffer.
-    send = mxrec_ops.pack_send([r.where for r in routes], [r.pairs for r in routes], chunks,
-                               size)
+    return chunks
+
+
+class _ReceivedSlots(NamedTuple):
+    """The filled slots of the fused ID all-to-all, grouped by lookup (MxrecExchangeReceived):
+    per slot its lookup, its peer, its slot within the lookup's own [N * chunk] buffer
+    (`valid`) and its row in the lookup's owned IDs (`first`), [V] int32 each; the filled
+    slots per lookup, [L] int32."""
+
+    lookup: tf.Tensor
+    peer: tf.Tensor
+    valid: tf.Tensor
+    first: tf.Tensor
+    per_lookup: tf.Tensor
+
+
+def _received_all(routes, chunks: tf.Tensor, is_train: bool, size: int):
+    """Every lookup's (ID, count) pairs into its columns of one [N, sum(chunks), 2] buffer,
+    the all-to-all, and the owner's side split by lookup: ([Exchange], _ReceivedSlots)."""
+    count = len(routes)
+    send = sharded_ops.pack_send([r.where for r in routes], [r.pairs for r in routes], chunks,
+                                 size)
     received = tf.reshape(communication.alltoall(send), [-1, 2])
     # The received slots that hold an ID, grouped by lookup, in peer-then-column order
     # within a lookup (the order of `exchange`'s tf.where), in one op.
-    pairs, lookup, peer, valid, per_lookup = mxrec_ops.exchange_received(received, chunks,
-                                                                         size)
+    pairs, lookup, peer, valid, per_lookup = sharded_ops.exchange_received(received, chunks,
+                                                                           size)
     ids, occurrences = pairs[:, 0], pairs[:, 1]
     # Every received ID is planned once; in training with its occurrences as its weight
     # (admission counts every occurrence of the global batch, as in one process).
-    owned_sizes = per_lookup
     first = tf.range(tf.size(lookup)) - tf.gather(tf.cumsum(per_lookup, exclusive=True),
                                                   lookup)
     valid_parts = tf.split(valid, per_lookup, num=count)
@@ -834,26 +402,30 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
     exchanges = [Exchange(chunk=chunk, valid=v, owned=o, first=f, weights=w, owned_size=m)
                  for chunk, v, o, f, w, m in zip(chunk_parts, valid_parts, owned_parts,
                                                  first_parts, weight_parts,
-                                                 tf.unstack(owned_sizes, num=count))]
-    if groups is not None and any(len(g) > 1 for g in groups):
-        # Each lookup's rows in its send group's buffer: per peer after its group's earlier
-        # lookups (`group_offset`) in rows of the group's width (`group_chunk`).
-        offset, width = _within_groups(chunks, groups, count)
-        owned_offset, _ = _within_groups(owned_sizes, groups, count)
-        spot = (valid + peer * tf.gather(width - chunks, lookup) + tf.gather(offset, lookup))
-        group_first = first + tf.gather(owned_offset, lookup)
-        for ex, sp, gf, w, o in zip(exchanges, tf.split(spot, per_lookup, num=count),
-                                    tf.split(group_first, per_lookup, num=count),
-                                    tf.unstack(width, num=count),
-                                    tf.unstack(offset, num=count)):
-            ex.spot, ex.group_first, ex.group_chunk, ex.group_offset = sp, gf, w, o
-    return exchanges, _agreed_stamps(summary, stamps, distinct, count), \
-        [summary[base + 2 * count + i] for i in range(len(also))]
+                                                 tf.unstack(per_lookup, num=count))]
+    return exchanges, _ReceivedSlots(lookup, peer, valid, first, per_lookup)
+
+
+def _place_in_groups(exchanges, slots: _ReceivedSlots, chunks: tf.Tensor, groups) -> None:
+    """Sets each Exchange's `spot` and `group_*` fields: its rows in its send group's buffer,
+    per peer after its group's earlier lookups (`group_offset`) in rows of the group's width
+    (`group_chunk`)."""
+    count = len(exchanges)
+    offset, width = _within_groups(chunks, groups, count)
+    owned_offset, _ = _within_groups(slots.per_lookup, groups, count)
+    spot = (slots.valid + slots.peer * tf.gather(width - chunks, slots.lookup)
+            + tf.gather(offset, slots.lookup))
+    group_first = slots.first + tf.gather(owned_offset, slots.lookup)
+    for ex, sp, gf, w, o in zip(exchanges, tf.split(spot, slots.per_lookup, num=count),
+                                tf.split(group_first, slots.per_lookup, num=count),
+                                tf.unstack(width, num=count),
+                                tf.unstack(offset, num=count)):
+        ex.spot, ex.group_first, ex.group_chunk, ex.group_offset = sp, gf, w, o
 
 
 def _received_slots_reference(received: tf.Tensor, chunks: tf.Tensor):
     """exchange_all's grouping of the received slots composed of TensorFlow ops: the
-    reference MxrecExchangeReceived (mxrec_ops.exchange_received) is tested against
+    reference MxrecExchangeReceived (sharded_ops.exchange_received) is tested against
     (tests/test_exchange_received_op.py). `received` [N * sum(chunks), 2] int64 (ID,
     occurrences; 0 in an empty slot), per peer the lookups' columns concatenated; `chunks`
     [L] int32, each lookup's columns per peer. Unlike the op it checks neither N * sum(chunks)

@@ -3,7 +3,7 @@
 `mxrec.distributed.multirank.MultiRank.lookup_planner` hands `sharded_lookup` to
 `sparse_lookup` for tensor IDs on several ranks, and to the FeatureSpec path
 (`mxrec.core.planners.feature_spec_lookup`). The IDs go to their owners, each owner
-looks its IDs up in its shard like a one-process table (mxrec.distributed.id_exchange); or, for
+looks its IDs up in its shard like a one-process table (mxrec.distributed.routing); or, for
 a table replicated on every rank (is_dp=True, mxrec.distributed.replicated), every rank
 looks the global batch up in its replica, through the same pieces (its own `route` and
 `send_back`). The owner's key stage runs through `mxrec.core.planners.run_key_stage`, as
@@ -14,22 +14,29 @@ import tensorflow as tf
 
 from mxrec.core import planners
 from mxrec.core.table import default_values
-from mxrec.distributed import communication, id_exchange, replicated, sharded_pipeline
+from mxrec.distributed import (
+    communication,
+    id_exchange,
+    replicated,
+    routing,
+    send_back,
+    sharded_pipeline,
+)
 
 
 class ShardedParts:
-    """The pieces of a sharded lookup (mxrec.distributed.id_exchange) the graph modifier rewires.
+    """The pieces of a sharded lookup (mxrec.distributed.routing) the graph modifier rewires.
 
     Attributes:
         local_time: the rank's batch time before the all-reduce, or None.
-        route: the rank-local routing (id_exchange.Route).
+        route: the rank-local routing (routing.Route).
         exchange: what the owner received (id_exchange.Exchange); `exchange.owned` is the
             key stage's input.
         router: the function that makes `route` from the IDs, (ids, size) -> Route:
-            id_exchange.route, or replicated.route for an is_dp=True table.
+            routing.route, or replicated.route for an is_dp=True table.
     """
 
-    def __init__(self, local_time, route, exchange, router=id_exchange.route):
+    def __init__(self, local_time, route, exchange, router=routing.route):
         self.local_time = local_time
         self.route = route
         self.exchange = exchange
@@ -50,7 +57,7 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
         id_exchange.fence_iterators(ids)
     # A replicated table (is_dp=True): every rank owns every ID and plans the global batch.
     router, back = ((replicated.route, replicated.send_back) if table.is_dp
-                    else (id_exchange.route, id_exchange.send_back))
+                    else (routing.route, send_back.send_back))
     with tf.name_scope(scope):
         default = default_values(table, request.serving_default_value)
         local_time = request.local_time()
@@ -59,8 +66,8 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
             routed = router(ids, communication.get_rank_size())
             exchanged = id_exchange.exchange(table, routed, is_train, request.pad_to)
         else:
-            routed, exchanged = id_exchange.shared_exchange(table, ids, is_train, request.pad_to,
-                                                            router)
+            routed, exchanged = id_exchange.shared_exchange(table, ids, is_train,
+                                                            request.pad_to, router)
         rows, restore, reused = planners.run_key_stage(table, exchanged.owned, is_train,
                                                        timestamp, weights=exchanged.weights)
         # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out of the

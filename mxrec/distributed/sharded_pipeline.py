@@ -2,11 +2,11 @@
 
 TensorFlow's collectives cannot run inside a tf.data function in the session runtime (the
 function has no CollectiveExecutor), so the ID exchange of a sharded lookup
-(mxrec.distributed.id_exchange) cannot join the one-process pipeline's `dataset.map`. The planning
-is split in three:
+(mxrec.distributed.id_exchange) cannot join the one-process pipeline's `dataset.map`. The
+planning is split in three:
 
     dataset ─► map(route) ─► prefetch(prefetch_batch_number) ─► local iterator
-                 │   replays each lookup's ID preprocessing and runs `id_exchange.route`:
+                 │   replays each lookup's ID preprocessing and runs `routing.route`:
                  │   local unique IDs, occurrence counts, owner buckets (no collective)
     planning subgraph (in the step's session.run, the same collectives on every rank):
         the element held since the previous planning, and the next local element
@@ -17,7 +17,7 @@ is split in three:
         prefetch + 1) ─► every rank has one more: hold it; else mark the end of the data
     step: dequeue ─► commit the batch ─► the owners' device lookups from the planned rows
           ─► ONE embedding all-to-all back for all lookups, ONE gradient all-to-all per
-          backward pass (`id_exchange.send_back_all` replaces the lookups' own send-backs)
+          backward pass (`send_back.send_back_all` replaces the lookups' own send-backs)
 
 With prefetch p > 0 the queue holds p planned batches between steps: the step trains batch
 k while it plans batch k + p (that planning is a control input of the step's backward
@@ -47,7 +47,7 @@ from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
-from mxrec.distributed import communication, id_exchange
+from mxrec.distributed import communication, id_exchange, routing, send_back
 from mxrec.graph import pipeline, trace
 from mxrec.util import ops as mxrec_ops
 
@@ -67,7 +67,7 @@ class _Element:
     and its local batch time (or None)."""
 
     components: Tuple[tf.Tensor, ...]
-    routes: List[id_exchange.Route]
+    routes: List[routing.Route]
     stamps: List[Optional[tf.Tensor]]
 
 
@@ -89,7 +89,7 @@ def _route_fn(source: trace.IteratorSource, lookups, graph: tf.Graph):
             if parts.local_time is not None and times.index(parts.local_time.name) == len(stamps):
                 wanted.append(parts.local_time)
             values = _replay(graph_def, outputs, wanted, f"mxrec_ids_{index}")
-            routed = parts.router(values[0], size)  # id_exchange.route, or replicated.route
+            routed = parts.router(values[0], size)  # routing.route, or replicated.route
             routes.append(tuple(getattr(routed, field) for field in _ROUTE_FIELDS))
             if len(values) > 1:
                 stamps.append(tf.cast(values[1], tf.int64))
@@ -127,7 +127,7 @@ def _unpack(value, lookups) -> _Element:
                       else by_name[lookup.record.sharded.local_time.name]
                       for lookup in lookups]
     return _Element(components=tuple(components),
-                    routes=[id_exchange.Route(*route) for route in routes],
+                    routes=[routing.Route(*route) for route in routes],
                     stamps=element_stamps)
 
 
@@ -149,7 +149,7 @@ class _Layout:
     def width(self, lookups: int) -> int:
         """Entries of the queue after the components."""
         return (lookups * len(_PLAN_FIELDS) + len(self.rounds)
-                + len(self.groups) * len(id_exchange.SendPlan.FIELDS))
+                + len(self.groups) * len(send_back.SendPlan.FIELDS))
 
 
 def _key_rounds(lookups) -> List[List[int]]:
@@ -187,7 +187,7 @@ def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next:
     Every lookup of the element shares one agreement all-reduce and one ID all-to-all
     (id_exchange.exchange_all); the agreement also tells whether every rank has a next element
     (`has_next`, this rank's). The key stages run in `layout.rounds`, and the send-back of
-    each send group is planned (id_exchange.plan_send_backs)."""
+    each send group is planned (send_back.plan_send_backs)."""
     flat = list(element.components)
     planned = [id_exchange.PlannedLookup(lookup.name, lookup.record.table, lookup.send_count)
                for lookup in lookups]
@@ -216,8 +216,8 @@ def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next:
                  exchanged.first, exchanged.owned, *stage]
     flat += batch_ids
     if layout.groups:
-        for plan in id_exchange.plan_send_backs(exchanges, element.routes, layout.groups):
-            flat += [getattr(plan, field) for field in id_exchange.SendPlan.FIELDS]
+        for plan in send_back.plan_send_backs(exchanges, element.routes, layout.groups):
+            flat += [getattr(plan, field) for field in send_back.SendPlan.FIELDS]
     return flat, missing < 0  # the largest of -has_next: -1 when every rank has one
 
 
@@ -352,7 +352,7 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
         queue = tf.queue.FIFOQueue(
             prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups)
             + [tf.int64] * len(layout.rounds)
-            + [tf.int32] * (len(layout.groups) * len(id_exchange.SendPlan.FIELDS)),
+            + [tf.int32] * (len(layout.groups) * len(send_back.SendPlan.FIELDS)),
             name="planned_batches")
         ended = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name="data_ended")
         held = tf.queue.FIFOQueue(
@@ -384,8 +384,8 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
                    for i in range(len(lookups))]
         rest = entry[len(specs) + len(lookups) * per_lookup:]
         round_ids, rest = rest[:len(layout.rounds)], rest[len(layout.rounds):]
-        per_group = len(id_exchange.SendPlan.FIELDS)
-        plans = [id_exchange.SendPlan(*rest[g * per_group:(g + 1) * per_group])
+        per_group = len(send_back.SendPlan.FIELDS)
+        plans = [send_back.SendPlan(*rest[g * per_group:(g + 1) * per_group])
                  for g in range(len(layout.groups))]
         if is_train:
             # The step that reads a batch's planned rows trains it: commit there, one commit
@@ -413,12 +413,12 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
             plan["rows"].set_shape(record.rows.shape)
             plan["reused"].set_shape(record.reused.shape)
         # One embedding all-to-all forward and one gradient all-to-all per backward pass for
-        # all lookups of the step (id_exchange.send_back_all, from the planned SendPlans); with
+        # all lookups of the step (send_back.send_back_all, from the planned SendPlans); with
         # prefetch p > 0 the writes of the gradients into the tables (without a backward
         # pass, the forward send-back) wait for the planning of batch k + p, so the planning
         # overlaps the step's exchanges and model (with prefetch 0 the dequeue waits for it
         # already).
-        fused, gated = id_exchange.send_back_all(
+        fused, gated = send_back.send_back_all(
             [lookup.record.sharded.exchange for lookup in lookups], layout.groups, plans,
             [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope,
             after=[planned_next] if prefetch > 0 else [])
@@ -440,7 +440,7 @@ def rebuild(source: trace.IteratorSource, lookups, is_train: bool, prefetch: int
 
 def _schedule_next_plan(planned_next: tf.Tensor, replacements) -> None:
     """Makes the step run `planned_next` (planning batch k + p while batch k trains) where
-    id_exchange.send_back_all had nothing to gate (replicated lookups only, no backward pass):
+    send_back.send_back_all had nothing to gate (replicated lookups only, no backward pass):
     the first lookup's routing is read through an identity that waits for it."""
     old, new = replacements[0]  # the first (replicated) lookup's `where`
     with tf.control_dependencies([planned_next]):
