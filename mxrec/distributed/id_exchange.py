@@ -22,7 +22,6 @@ import tensorflow as tf
 
 from mxrec.core.graph_state import shared_tensor
 from mxrec.distributed import communication, routing, sharded_ops
-from mxrec.distributed.routing import Route
 
 
 def _fingerprint(table, send_count, is_train) -> int:
@@ -160,7 +159,8 @@ class Exchange:
             self.group_chunk, self.group_offset = self.chunk, tf.constant(0, tf.int32)
 
 
-def exchange(table, routed: Route, is_train: bool, send_count: Optional[int]) -> Exchange:
+def exchange(table, routed: routing.Route, is_train: bool,
+             send_count: Optional[int]) -> Exchange:
     """Sends each rank's unique IDs (and occurrence counts) to their owners: one
     all-reduce (the chunk, and a check that every rank built the same lookup) and one
     all-to-all."""
@@ -287,7 +287,7 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
 
     Args:
         lookups: [PlannedLookup], in the step's (every rank's) order.
-        routes: [Route], one per lookup.
+        routes: [routing.Route], one per lookup.
         stamps: per lookup its local batch time (int64 scalar) or None.
         also: more int64 scalars to take the largest of over the ranks in the same
             all-reduce (the graph modifier's "every rank has a next batch", negated).

@@ -66,19 +66,20 @@ class SendPlan:
     FIELDS = ("spots", "first", "position", "out_sizes", "owned_sizes", "chunk", "owned")
 
 
+def _joined(values):
+    """The tensors `values` concatenated along the rows (the one tensor where alone)."""
+    return values[0] if len(values) == 1 else tf.concat(values, axis=0)
+
+
 def plan_send_back(exchanges, routes) -> SendPlan:
     """The SendPlan of one send group: `exchanges` (placed in one buffer by exchange_all's
     `groups`, or one lookup alone) and their routes, in group order."""
-
-    def joined(values):
-        return values[0] if len(values) == 1 else tf.concat(values, axis=0)
-
     position = [positions(r, ex.group_chunk, ex.group_offset)
                 for ex, r in zip(exchanges, routes)]
     owned_sizes = tf.stack([tf.size(ex.owned, out_type=tf.int32) for ex in exchanges])
-    return SendPlan(spots=joined([ex.spot for ex in exchanges]),
-                    first=joined([ex.group_first for ex in exchanges]),
-                    position=joined(position),
+    return SendPlan(spots=_joined([ex.spot for ex in exchanges]),
+                    first=_joined([ex.group_first for ex in exchanges]),
+                    position=_joined(position),
                     out_sizes=tf.stack([tf.size(p, out_type=tf.int32) for p in position]),
                     owned_sizes=owned_sizes, chunk=exchanges[0].group_chunk,
                     owned=tf.reduce_sum(owned_sizes))
@@ -126,12 +127,8 @@ def plan_send_backs(exchanges, routes, groups):
     for g, group_position in zip(groups, positions_of):
         rows = [slot[i] for i in g]
         sizes = tf.gather(owned_sizes, rows)
-
-        def joined(values):
-            return values[0] if len(values) == 1 else tf.concat(values, axis=0)
-
-        plans.append(SendPlan(spots=joined([exchanges[i].spot for i in g]),
-                              first=joined([exchanges[i].group_first for i in g]),
+        plans.append(SendPlan(spots=_joined([exchanges[i].spot for i in g]),
+                              first=_joined([exchanges[i].group_first for i in g]),
                               position=group_position, out_sizes=tf.gather(flat_sizes, rows),
                               owned_sizes=sizes, chunk=exchanges[g[0]].group_chunk,
                               owned=tf.reduce_sum(sizes)))
@@ -293,8 +290,8 @@ def send_back_all(exchanges, groups, plans, scales, gradient_scope, after=()):
             list(after) if gate_forward else []):
         pairs = _forward_fused(exchanges, groups, plans, dims, size)
     for grads in passes.values():
-        # It does not wait for `after`: the ops that write the tables do (_gate_writers), so
-        # the gradients' exchange overlaps the planning of the next batch.
+        # A backward pass does not wait for `after`: the ops that write the tables do
+        # (_gate_writers), so the gradients' exchange overlaps the planning of the next batch.
         moved = _backward_fused(exchanges, groups, plans, scales, dims, grads, size)
         pairs += _gate_writers(moved, list(after)) if after else moved
     return pairs, bool(after) and (bool(passes) or bool(groups))
@@ -338,8 +335,7 @@ def _forward_fused(exchanges, groups, plans, dims, size: int):
                              for g in range(len(groups))):
         parts = []
         for g in members:
-            ex = [exchanges[i] for i in groups[g]]
-            emb = ex[0].emb if len(ex) == 1 else tf.concat([e.emb for e in ex], axis=0)
+            emb = _joined([exchanges[i].emb for i in groups[g]])
             parts.append(_scatter_out(plans[g], emb, dims[g], size))
         for g, back in zip(members, _alltoall_parts(parts, "alltoall")):
             out = _gather_back(plans[g], back, dims[g])
@@ -368,9 +364,8 @@ def _backward_fused(exchanges, groups, plans, scales, dims, grads, size: int):
                 if kind == "peer":
                     parts.append(tf.reshape(grads[index][0], tf.stack([size, -1])))
                     continue
-                ins = [grads[i][0] if i in grads else tf.zeros_like(exchanges[i].out)
-                       for i in groups[index]]
-                d_out = ins[0] if len(ins) == 1 else tf.concat(ins, axis=0)
+                d_out = _joined([grads[i][0] if i in grads else tf.zeros_like(exchanges[i].out)
+                                 for i in groups[index]])
                 parts.append(_scatter_grad(plans[index], d_out, dims[index], size))
             for (kind, index), back in zip(members, _alltoall_parts(parts, "alltoall")):
                 if kind == "peer":
