@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "multiworker"))
 
 from train import make_data  # noqa: E402
 
-from mxrec.core.sharding import owner_of_numpy  # noqa: E402
+from mxrec.distributed.routing import owner_of_numpy  # noqa: E402
 from mxrec.util.communication import _LADDER  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """MxrecExchangeReceived (exchange_all's grouping of the received slots) against the TF
-composition it replaces (sharding._received_slots_reference) and against NumPy: all five
+composition it replaces (id_exchange._received_slots_reference) and against NumPy: all five
 outputs equal, values, dtypes and shapes; and its checks."""
 
 import types
@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed import communication, sharding
-from mxrec.util import ops as mxrec_ops
+from mxrec.distributed import communication, id_exchange, routing, sharded_ops
 
 FIELDS = ("pairs", "lookup", "peer", "valid", "per_lookup")
 INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -86,8 +85,8 @@ def test_exchange_received_equals_reference_and_numpy(name):
     received, chunks, size = CASES[name]
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         r, c = tf.constant(received), tf.constant(chunks)
-        op = mxrec_ops.exchange_received(r, c, size)
-        ref = sharding._received_slots_reference(r, c)
+        op = sharded_ops.exchange_received(r, c, size)
+        ref = id_exchange._received_slots_reference(r, c)
         got, want_ref = sess.run((dict(zip(FIELDS, op)), dict(zip(FIELDS, ref))))
     want = numpy_received(received, chunks, size)
     for field in FIELDS:
@@ -100,12 +99,12 @@ def test_exchange_received_equals_reference_and_numpy(name):
 
 def test_exchange_received_static_shapes():
     with tf.Graph().as_default():
-        out = mxrec_ops.exchange_received(tf.zeros([12, 2], tf.int64),
-                                          tf.constant([1, 2, 3], tf.int32), 2)
+        out = sharded_ops.exchange_received(tf.zeros([12, 2], tf.int64),
+                                            tf.constant([1, 2, 3], tf.int32), 2)
         assert [t.shape.as_list() for t in out] == [[None, 2], [None], [None], [None], [3]]
         with pytest.raises(ValueError, match="must be 2"):
-            mxrec_ops.exchange_received(tf.zeros([12, 3], tf.int64),
-                                        tf.constant([1, 2, 3], tf.int32), 2)
+            sharded_ops.exchange_received(tf.zeros([12, 3], tf.int64),
+                                          tf.constant([1, 2, 3], tf.int32), 2)
 
 
 def _table(name):
@@ -118,10 +117,10 @@ def test_exchange_all_runs_the_op_on_the_cpu(monkeypatch):
     monkeypatch.setattr(communication, "allreduce", lambda t, reduction="sum": tf.identity(t))
     monkeypatch.setattr(communication, "alltoall", lambda t, grad_scale=None: tf.identity(t))
     with tf.Graph().as_default() as graph:
-        routes = [sharding.route(tf.constant([1, 2, 3, 2], tf.int64), 2),
-                  sharding.route(tf.constant([5], tf.int64), 2)]
-        lookups = [sharding.PlannedLookup(f"l{i}", _table(f"t{i}"), None) for i in range(2)]
-        sharding.exchange_all(lookups, routes, [None, None], True)
+        routes = [routing.route(tf.constant([1, 2, 3, 2], tf.int64), 2),
+                  routing.route(tf.constant([5], tf.int64), 2)]
+        lookups = [id_exchange.PlannedLookup(f"l{i}", _table(f"t{i}"), None) for i in range(2)]
+        id_exchange.exchange_all(lookups, routes, [None, None], True)
         ops = [op for op in graph.get_operations() if op.type == "MxrecExchangeReceived"]
         types_ = [op.type for op in graph.get_operations()]
     assert len(ops) == 1 and "TopKV2" not in types_
@@ -130,7 +129,7 @@ def test_exchange_all_runs_the_op_on_the_cpu(monkeypatch):
 
 def _run(received, chunks, size):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        return sess.run(mxrec_ops.exchange_received(
+        return sess.run(sharded_ops.exchange_received(
             tf.constant(np.asarray(received, np.int64).reshape(-1, 2)),
             tf.constant(chunks, tf.int32), size))
 
@@ -168,7 +167,7 @@ def test_size_must_be_a_positive_integer(size):
     with tf.Graph().as_default(), pytest.raises(
             ValueError, match=r"exchange_received: size \(the number of ranks\) must be an "
                               r"integer >= 1"):
-        mxrec_ops.exchange_received(tf.zeros([2, 2], tf.int64), tf.constant([1]), size)
+        sharded_ops.exchange_received(tf.zeros([2, 2], tf.int64), tf.constant([1]), size)
 
 
 def test_size_beyond_int32_names_the_op():

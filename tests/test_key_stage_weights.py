@@ -1,7 +1,7 @@
 """MxrecKeyStage's weights: position p standing for weights[p] occurrences of its ID.
 
 The owner of a sharded table plans the IDs it received with their occurrence counts as
-weights (mxrec.distributed.sharding) instead of repeating each ID that many times. The
+weights (mxrec.distributed.id_exchange) instead of repeating each ID that many times. The
 reference is the key stage of twin tables (same settings and history) on the repeated
 batch, `np.repeat(ids, weights)`: every batch's unique rows and reused rows, the restore
 index at each run's first copy, the tables' exported state (keys, rows, admission counts,

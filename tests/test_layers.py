@@ -40,7 +40,6 @@ ALLOWED: Dict[Tuple[str, str], str] = {
        for old, new in (
            ("mxrec.util.communication", "mxrec.distributed.communication"),
            ("mxrec.util.communication", "mxrec.distributed.hccl_ops"),
-           ("mxrec.core.sharding", "mxrec.distributed.sharding"),
            ("mxrec.core.replicated", "mxrec.distributed.replicated"),
            ("mxrec.core.sharded_state", "mxrec.distributed.sharded_state"),
            ("mxrec.graph.sharded", "mxrec.distributed.sharded_pipeline"),
@@ -186,8 +185,8 @@ def test_no_import_cycles():
 
 
 # Old import paths of moved modules: for users (and mx_rec's scripts), not for mxrec itself.
-OLD_PATHS = ("mxrec.util.communication", "mxrec.core.sharding", "mxrec.core.replicated",
-             "mxrec.core.sharded_state", "mxrec.graph.sharded", "mxrec.launch")
+OLD_PATHS = ("mxrec.util.communication", "mxrec.core.replicated", "mxrec.core.sharded_state",
+             "mxrec.graph.sharded", "mxrec.launch")
 # mx_rec's own module that names the old path (`mx_rec.util.tf_version_adapter.hccl_ops`).
 OLD_PATH_USERS = {"mxrec.util.tf_version_adapter": "mx_rec's tf_version_adapter re-exports "
                                                     "mx_rec's hccl_ops path",

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from mxrec.core.sharding import owner_of_numpy
+from mxrec.distributed.routing import owner_of_numpy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "examples" / "multiworker" / "train.py")
@@ -235,7 +235,7 @@ def _assert_same_steps_and_evaluation(one, many, ranks, steps, evaluations):
 
 def test_direct_path_evaluation_until_the_data_ends_with_a_lagging_rank(tmp_path):
     """The direct path's evaluation loop ends in OutOfRangeError, twice in a row, while rank
-    0 lags: the user's iterator initializer (fenced by sharding.fence_iterators) is where
+    0 lags: the user's iterator initializer (fenced by id_exchange.fence_iterators) is where
     the ranks meet, and training goes on after it."""
     args = ["--optimizer", "adagrad", "--steps", "12", "--eval_every", "4",
             "--eval_repeat", "2", "--lag", "0.3"]
@@ -400,7 +400,7 @@ def test_fence_iterators_fences_each_initializer_once(monkeypatch):
     have no initializer to fence."""
     import tensorflow as tf
 
-    from mxrec.core import sharding
+    from mxrec.distributed import id_exchange
     from mxrec.util import communication
 
     monkeypatch.setattr(communication, "_CLUSTER",
@@ -411,10 +411,10 @@ def test_fence_iterators_fences_each_initializer_once(monkeypatch):
         other = tf.compat.v1.data.make_initializable_iterator(data)
         one_shot = tf.compat.v1.data.make_one_shot_iterator(data)
         ids = tf.concat([train.get_next() + 1, tf.reverse(other.get_next(), [0])], 0)
-        assert sharding.fence_iterators(ids) == 2
-        assert sharding.fence_iterators(tf.identity(ids)) == 0  # each initializer once
-        assert sharding.fence_iterators(one_shot.get_next()) == 0
-        assert sharding.fence_iterators(tf.compat.v1.placeholder(tf.int64, [None])) == 0
+        assert id_exchange.fence_iterators(ids) == 2
+        assert id_exchange.fence_iterators(tf.identity(ids)) == 0  # each initializer once
+        assert id_exchange.fence_iterators(one_shot.get_next()) == 0
+        assert id_exchange.fence_iterators(tf.compat.v1.placeholder(tf.int64, [None])) == 0
         for iterator in (train, other):
             fences = [op for op in iterator.initializer.control_inputs
                       if op.type == "CollectiveReduce"]

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from support import needs_estimator
 
-from mxrec.core.sharding import owner_of_numpy
+from mxrec.distributed.routing import owner_of_numpy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAIN = str(ROOT / "examples" / "multiworker" / "train.py")

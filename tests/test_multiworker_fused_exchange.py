@@ -1,7 +1,7 @@
-"""The fused exchange of the graph modifier on several ranks (mxrec.distributed.sharding's
-exchange_all / fuse_exchanges_back): one step of 6 sharded lookups (5 tables of different
-dims, one of them looked up twice) runs the same collectives as a step of 1 lookup, and
-2 ranks train what one process trains (examples/multiworker/tables.py)."""
+"""The fused exchange of the graph modifier on several ranks (mxrec.distributed.id_exchange's
+exchange_all, mxrec.distributed.send_back's send_back_all): one step of 6 sharded lookups
+(5 tables of different dims, one of them looked up twice) runs the same collectives as a
+step of 1 lookup, and 2 ranks train what one process trains (examples/multiworker/tables.py)."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from mxrec.core.sharding import owner_of_numpy
+from mxrec.distributed.routing import owner_of_numpy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "examples" / "multiworker" / "tables.py")

@@ -141,12 +141,14 @@ def test_bad_inputs_end_in_errors_and_the_process_lives(mode):
     assert not wrong, f"{len(wrong)} of {len(names)} {mode} cases:\n" + "\n".join(wrong)
 
 
-# The issue's two rows through the public wrappers (mxrec.util.ops) and the raw ops, eagerly.
+# The issue's two rows through the public wrappers (mxrec.util.ops, mxrec.distributed.sharded_ops)
+# and the raw ops, eagerly.
 _ISSUE_ROWS = textwrap.dedent("""
     import json
     import numpy as np
     import tensorflow as tf
     from mxrec._lib import loader
+    from mxrec.distributed import sharded_ops
     from mxrec.util import ops
 
     loader.engine().create_table(key="issue/t", name="t", dim=4, capacity=10)
@@ -159,14 +161,14 @@ _ISSUE_ROWS = textwrap.dedent("""
         "gather_rows_grad": lambda: lib.mxrec_gather_rows_grad(
             grad=np.zeros((1, 4), np.float32), restore=np.zeros(1, np.int64),
             num_unique=np.int64(2**62)),
-        "scatter_rows": lambda: ops.scatter_rows(
+        "scatter_rows": lambda: sharded_ops.scatter_rows(
             nothing, np.zeros(0, np.int32), np.zeros(0, np.int32), np.int32(2**31 - 1)),
-        "gather_sum_rows": lambda: ops.gather_sum_rows(
+        "gather_sum_rows": lambda: sharded_ops.gather_sum_rows(
             tf.constant(nothing), np.zeros(0, np.int32), np.zeros(0, np.int32),
             np.int32(2**31 - 1)),
-        "pack_send": lambda: ops.pack_send([tf.constant([[1, 0]], tf.int32)],
-                                           [tf.constant([[7, 2]], tf.int64)],
-                                           tf.constant([1]), 2**62),
+        "pack_send": lambda: sharded_ops.pack_send([tf.constant([[1, 0]], tf.int32)],
+                                                   [tf.constant([[7, 2]], tf.int64)],
+                                                   tf.constant([1]), 2**62),
         "rows_by_id": lambda: lib.mxrec_rows_by_id(ids=ids, dim=2**62, seed=0,
                                                     distribution="normal", a=0.0, b=1.0),
     }

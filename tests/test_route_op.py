@@ -1,12 +1,11 @@
-"""MxrecRoute (sharding.route) against the TF composition it replaces (route_reference)
+"""MxrecRoute (routing.route) against the TF composition it replaces (route_reference)
 and against NumPy: all five outputs equal, values, dtypes and shapes."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed import sharding
-from mxrec.util import ops as mxrec_ops
+from mxrec.distributed import routing, sharded_ops
 
 SIZES = (1, 2, 3, 4, 7)
 FIELDS = ("pairs", "counts", "where", "order", "index")
@@ -80,7 +79,7 @@ def test_route_equals_reference_and_numpy(name):
     ids = np.asarray(BATCHES[name], np.int64)
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         tensor = tf.constant(ids)
-        built = {size: (sharding.route(tensor, size), sharding.route_reference(tensor, size))
+        built = {size: (routing.route(tensor, size), routing.route_reference(tensor, size))
                  for size in SIZES}
         ran = sess.run({size: (_fields(op), _fields(ref)) for size, (op, ref) in built.items()})
     for size in SIZES:
@@ -96,20 +95,20 @@ def test_route_equals_reference_and_numpy(name):
 
 def test_route_static_shapes():
     with tf.Graph().as_default():
-        known = sharding.route(tf.zeros([6, 4], tf.int64), 3)
+        known = routing.route(tf.zeros([6, 4], tf.int64), 3)
         assert known.index.shape.as_list() == [24]
         assert known.counts.shape.as_list() == [3]
         assert known.pairs.shape.as_list() == [None, 2]
         assert known.where.shape.as_list() == [None, 2]
         assert known.order.shape.as_list() == [None]
-        unknown = sharding.route(tf.compat.v1.placeholder(tf.int64, shape=None), 2)
+        unknown = routing.route(tf.compat.v1.placeholder(tf.int64, shape=None), 2)
         assert unknown.index.shape.as_list() == [None]
 
 
 def test_route_is_one_op_on_the_cpu_and_casts_int32_ids():
     ids = np.array([[5, -3], [5, 8]], np.int32)
     with tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
-        routed = sharding.route(tf.constant(ids), 2)
+        routed = routing.route(tf.constant(ids), 2)
         types = [op.type for op in graph.get_operations()]
         got = sess.run(_fields(routed))
     assert types.count("MxrecRoute") == 1 and "Unique" not in types
@@ -123,12 +122,12 @@ def test_route_is_one_op_on_the_cpu_and_casts_int32_ids():
 def test_route_size_must_be_a_positive_integer(size):
     with tf.Graph().as_default(), pytest.raises(ValueError, match=r"route: size \(the number "
                                                  r"of ranks\) must be an integer >= 1"):
-        mxrec_ops.route(tf.constant([1], tf.int64), size)
+        sharded_ops.route(tf.constant([1], tf.int64), size)
 
 
 def test_route_size_beyond_int32_names_the_op():
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        out = mxrec_ops.route(tf.constant([1], tf.int64), 2**31)
+        out = sharded_ops.route(tf.constant([1], tf.int64), 2**31)
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=r"MxrecRoute .*size = 2147483648 ranks is more than"):
             sess.run(out)
@@ -140,7 +139,7 @@ def test_route_in_a_dataset_map():
     batches = np.random.default_rng(3).integers(-50, 50, (3, 40))
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         dataset = tf.data.Dataset.from_tensor_slices(batches).map(
-            lambda ids: _fields(sharding.route(ids, 3)))
+            lambda ids: _fields(routing.route(ids, 3)))
         nxt = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         got = [sess.run(nxt) for _ in batches]
     for ids, out in zip(batches, got):

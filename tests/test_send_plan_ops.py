@@ -1,12 +1,12 @@
 """The send-back plan's ops (MxrecSendPositions, MxrecScatterRows, MxrecGatherSumRows) against
-NumPy and against the TensorFlow compositions they replace in mxrec.distributed.sharding,
+NumPy and against the TensorFlow compositions they replace in mxrec.distributed.send_back,
 bit for bit, and their errors on a bad plan."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.util import ops as mxrec_ops
+from mxrec.distributed import sharded_ops
 
 _v1 = tf.compat.v1
 
@@ -46,11 +46,11 @@ def test_send_positions_equal_numpy_and_the_tf_composition():
     group_of = [1, 0, 1, 2, 1]
 
     def build():
-        ops = mxrec_ops.send_positions(
+        ops = sharded_ops.send_positions(
             [tf.constant(r[0]) for r in routes], [tf.constant(r[1]) for r in routes],
             [tf.constant(r[2]) for r in routes], tf.constant(width), tf.constant(offset),
             group_of, 3)
-        # The composition sharding.positions used before the op, per lookup.
+        # The composition send_back.positions used before the op, per lookup.
         composed = []
         for (where, order, index), w, o in zip(routes, width, offset):
             flat = tf.constant(where)[:, 0] * int(w) + tf.constant(where)[:, 1] + int(o)
@@ -93,7 +93,7 @@ def test_send_positions_refuses_a_bad_route(case, message):
         width = np.zeros(0, np.int32)
 
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-        _run(lambda: mxrec_ops.send_positions(
+        _run(lambda: sharded_ops.send_positions(
             [tf.constant(where)], [tf.constant(order)], [tf.constant(index)],
             tf.constant(width), tf.constant([0], tf.int32), [0], 1))
 
@@ -102,14 +102,14 @@ def test_send_positions_refuses_more_groups_than_lookups():
     """An output per group: a huge num_groups would have TensorFlow allocate that many
     outputs (eagerly: until the process is killed) before the kernel could refuse it."""
     with pytest.raises(ValueError, match=r"num_groups must be in \[1, 1\].*got 2147483647"):
-        mxrec_ops.send_positions(
+        sharded_ops.send_positions(
             [tf.zeros([0, 2], tf.int32)], [tf.zeros([0], tf.int32)], [tf.zeros([0], tf.int32)],
             tf.constant([1]), tf.constant([0]), [0], 2**31 - 1)
 
 
 def test_send_positions_refuses_a_group_outside_num_groups():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="group_of"):
-        _run(lambda: mxrec_ops.send_positions(
+        _run(lambda: sharded_ops.send_positions(
             [tf.zeros([0, 2], tf.int32)], [tf.zeros([0], tf.int32)], [tf.zeros([0], tf.int32)],
             tf.constant([1]), tf.constant([0]), [2], 2))
 
@@ -124,8 +124,8 @@ def test_scatter_rows_equals_scatter_nd(dtype):
     spots[7] = spots[8]  # a repeated spot sums, as scatter_nd does
 
     def build():
-        op = mxrec_ops.scatter_rows(tf.constant(emb), tf.constant(first), tf.constant(spots),
-                                    tf.constant(64))
+        op = sharded_ops.scatter_rows(tf.constant(emb), tf.constant(first), tf.constant(spots),
+                                      tf.constant(64))
         ref = tf.scatter_nd(spots[:, None], tf.gather(emb, first), [64, 5])
         return op, ref
 
@@ -147,8 +147,8 @@ def test_gather_sum_rows_equals_the_segment_sum(dtype, scale):
     first[:3] = 11  # the owned row 11 sums three terms, in order
 
     def build():
-        op = mxrec_ops.gather_sum_rows(tf.constant(buffer), tf.constant(spots),
-                                       tf.constant(first), tf.constant(13), scale)
+        op = sharded_ops.gather_sum_rows(tf.constant(buffer), tf.constant(spots),
+                                         tf.constant(first), tf.constant(13), scale)
         moved = tf.constant(buffer) if scale is None else tf.constant(buffer) * scale
         ref = tf.math.unsorted_segment_sum(tf.gather(moved, spots), first, 13)
         return op, ref
@@ -175,27 +175,27 @@ def test_scatter_and_gather_refuse_an_index_outside(op, message):
     buffer = np.zeros([8, 2], np.float32)
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         if op == "scatter_first":
-            _run(lambda: mxrec_ops.scatter_rows(emb, tf.constant([0, 9]), tf.constant([0, 1]),
-                                                tf.constant(8)))
+            _run(lambda: sharded_ops.scatter_rows(emb, tf.constant([0, 9]), tf.constant([0, 1]),
+                                                  tf.constant(8)))
         elif op == "scatter_spot":
-            _run(lambda: mxrec_ops.scatter_rows(emb, tf.constant([0]), tf.constant([8]),
-                                                tf.constant(8)))
+            _run(lambda: sharded_ops.scatter_rows(emb, tf.constant([0]), tf.constant([8]),
+                                                  tf.constant(8)))
         elif op == "gather_spot":
-            _run(lambda: mxrec_ops.gather_sum_rows(buffer, tf.constant([0, -1]),
-                                                   tf.constant([0, 1]), tf.constant(3)))
+            _run(lambda: sharded_ops.gather_sum_rows(buffer, tf.constant([0, -1]),
+                                                     tf.constant([0, 1]), tf.constant(3)))
         else:
-            _run(lambda: mxrec_ops.gather_sum_rows(buffer, tf.constant([0]), tf.constant([3]),
-                                                   tf.constant(3)))
+            _run(lambda: sharded_ops.gather_sum_rows(buffer, tf.constant([0]), tf.constant([3]),
+                                                     tf.constant(3)))
 
 
 def test_the_ops_have_no_gradient():
     """Their users build the transposes themselves: a gradient through them is None."""
     def build():
         emb = tf.constant(np.ones((3, 2), np.float32))
-        out = mxrec_ops.scatter_rows(emb, tf.constant([0, 2]), tf.constant([1, 0]),
-                                     tf.constant(2))
-        back = mxrec_ops.gather_sum_rows(emb, tf.constant([0, 2]), tf.constant([1, 0]),
-                                         tf.constant(2))
+        out = sharded_ops.scatter_rows(emb, tf.constant([0, 2]), tf.constant([1, 0]),
+                                       tf.constant(2))
+        back = sharded_ops.gather_sum_rows(emb, tf.constant([0, 2]), tf.constant([1, 0]),
+                                           tf.constant(2))
         return [g is None for g in tf.gradients([out, back], [emb])]
 
     with tf.Graph().as_default():
@@ -216,8 +216,8 @@ def test_pack_send_equals_scatter_nd_over_every_lookup():
                                rng.integers(1, 9, u)], axis=1).astype(np.int64).reshape(-1, 2))
 
     def build():
-        op = mxrec_ops.pack_send([tf.constant(w) for w in wheres],
-                                 [tf.constant(p) for p in pairs], tf.constant(chunks), size)
+        op = sharded_ops.pack_send([tf.constant(w) for w in wheres],
+                                   [tf.constant(p) for p in pairs], tf.constant(chunks), size)
         # The composition exchange_all used before the op.
         offsets = np.concatenate([[0], np.cumsum(chunks)[:-1]])
         slots = np.concatenate([w + [0, o] for w, o in zip(wheres, offsets)]).astype(np.int32)
@@ -242,6 +242,6 @@ def test_pack_send_equals_scatter_nd_over_every_lookup():
 ])
 def test_pack_send_refuses_a_cell_outside(where, message):
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-        _run(lambda: mxrec_ops.pack_send([tf.constant(where, tf.int32)],
-                                         [tf.constant([[5, 1]], tf.int64)],
-                                         tf.constant([3]), 2))
+        _run(lambda: sharded_ops.pack_send([tf.constant(where, tf.int32)],
+                                           [tf.constant([[5, 1]], tf.int64)],
+                                           tf.constant([3]), 2))

@@ -1,4 +1,4 @@
-"""sharding.exchange_all (the graph modifier's fused ID exchange, vectorised over the
+"""id_exchange.exchange_all (the graph modifier's fused ID exchange, vectorised over the
 lookups) against `exchange` run lookup by lookup, the direct path's exchange, and against
 NumPy, in one process that plays one rank of N: the collectives are replaced by the
 identity (every peer sent what this rank sent), so the layouts are exercised, not MPI (the
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed import communication, sharding
+from mxrec.distributed import communication, id_exchange, routing, send_back
 
 
 def _table(name, dim=4):
@@ -49,13 +49,13 @@ def test_exchange_all_equals_lookup_by_lookup(fake_ranks, lookups_used, size, is
     stamp_values = [5, None, None, 7, 3][:lookups_used]
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         tables = [_table(f"t{i}") for i in range(len(batches))]
-        routes = [sharding.route(tf.constant(b, tf.int64), size) for b in batches]
-        lookups = [sharding.PlannedLookup(f"lookup_{i}", t, send_count)
+        routes = [routing.route(tf.constant(b, tf.int64), size) for b in batches]
+        lookups = [id_exchange.PlannedLookup(f"lookup_{i}", t, send_count)
                    for i, t in enumerate(tables)]
         stamps = [None if v is None else tf.constant(v, tf.int64) for v in stamp_values]
-        fused, times, (extra,) = sharding.exchange_all(
+        fused, times, (extra,) = id_exchange.exchange_all(
             lookups, routes, stamps, is_train, also=[tf.constant(-1, tf.int64)])
-        single = [sharding.exchange(t, r, is_train, send_count) for t, r in zip(tables, routes)]
+        single = [id_exchange.exchange(t, r, is_train, send_count) for t, r in zip(tables, routes)]
         fields = ("chunk", "valid", "owned", "first") + (("weights",) if is_train else ())
         assert all(e.weights is None for e in fused + single) or is_train
         got, want, pairs, times, extra = sess.run(
@@ -76,17 +76,17 @@ def test_exchange_all_equals_lookup_by_lookup(fake_ranks, lookups_used, size, is
         if is_train:
             np.testing.assert_array_equal(g["weights"], occurrences)
         assert g["chunk"] == (send_count or max(1, max(
-            np.bincount(sharding.owner_of_numpy(ids, size), minlength=size), default=0)))
+            np.bincount(routing.owner_of_numpy(ids, size), minlength=size), default=0)))
 
 
 def test_exchange_all_send_count_overflow_names_the_lookup(fake_ranks):
     fake_ranks(2)
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        routes = [sharding.route(tf.range(10, dtype=tf.int64), 2),
-                  sharding.route(tf.range(40, dtype=tf.int64), 2)]
-        lookups = [sharding.PlannedLookup("small", _table("a"), None),
-                   sharding.PlannedLookup("big", _table("b"), 3)]
-        fused, _, _ = sharding.exchange_all(lookups, routes, [None, None], True)
+        routes = [routing.route(tf.range(10, dtype=tf.int64), 2),
+                  routing.route(tf.range(40, dtype=tf.int64), 2)]
+        lookups = [id_exchange.PlannedLookup("small", _table("a"), None),
+                   id_exchange.PlannedLookup("big", _table("b"), 3)]
+        fused, _, _ = id_exchange.exchange_all(lookups, routes, [None, None], True)
         with pytest.raises(tf.errors.InvalidArgumentError) as failed:
             sess.run(fused[1].owned)
     message = str(failed.value).replace("\\'", "'")  # TF's messages escape quotes
@@ -96,15 +96,15 @@ def test_exchange_all_send_count_overflow_names_the_lookup(fake_ranks):
 
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_positions_gather_equals_the_route_and_its_gradient(size):
-    """One gather by sharding.positions gives what gather_nd by `where`, the inverse of
+    """One gather by send_back.positions gives what gather_nd by `where`, the inverse of
     `order` and the gather by `index` give, forward and backward, bit for bit."""
     rng = np.random.default_rng(size)
     ids = rng.integers(0, 40, (16, 3))
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        routed = sharding.route(tf.constant(ids, tf.int64), size)
+        routed = routing.route(tf.constant(ids, tf.int64), size)
         chunk = tf.maximum(tf.reduce_max(routed.counts), 1)
         back = tf.constant(rng.normal(size=(size, 40, 5)).astype(np.float32))[:, :chunk]
-        position = sharding.positions(routed, chunk)
+        position = send_back.positions(routed, chunk)
         got = tf.gather(tf.reshape(back, [-1, 5]), position)
         local = tf.gather(tf.gather_nd(back, routed.where),
                           tf.math.invert_permutation(routed.order))
@@ -119,7 +119,7 @@ def test_positions_gather_equals_the_route_and_its_gradient(size):
     # NumPy: each ID's row is its owner's bucket at its rank among that owner's unique IDs.
     flat = ids.ravel()
     unique = list(dict.fromkeys(flat.tolist()))
-    owner = sharding.owner_of_numpy(np.array(unique), size)
+    owner = routing.owner_of_numpy(np.array(unique), size)
     slot = {u: int(np.sum(owner[:i] == owner[i])) for i, u in enumerate(unique)}
     chunk = values["back"].shape[1]
     want_position = [int(owner[unique.index(v)]) * chunk + slot[v] for v in flat.tolist()]

@@ -1,11 +1,11 @@
-"""sharding.repeat_by_counts against np.repeat (the owner's IDs repeated by their
+"""id_exchange.repeat_by_counts against np.repeat (the owner's IDs repeated by their
 occurrences over the global batch, for admission)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed.sharding import repeat_by_counts
+from mxrec.distributed.id_exchange import repeat_by_counts
 
 
 def _run(values, counts):

@@ -1,4 +1,4 @@
-"""sharding.send_back_all (the graph modifier's fused send-back: one buffer per send group of
+"""send_back.send_back_all (the graph modifier's fused send-back: one buffer per send group of
 (dtype, dim, gradient scale), one all-to-all per dtype each way) against each lookup's own
 send_back on the direct path's exchange, and against NumPy, forward and backward, in one
 process that plays one rank of N: the collectives are replaced by the identity (every peer
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed import communication, sharded_pipeline, sharding
+from mxrec.distributed import communication, id_exchange, routing, send_back, sharded_pipeline
 from mxrec.graph import modifier
 
 
@@ -70,18 +70,18 @@ def _build(lookups, weights, size, is_train, fused, passes):
     gradients. Returns (exchanges, outs, d_embs per pass, groups, plans)."""
     tables = [_table(f"t{i}", dim) for i, (_, dim, _, _) in enumerate(lookups)]
     ids = [tf.constant(np.asarray(i, np.int64)) for i, _, _, _ in lookups]
-    routes = [sharding.route(t, size) for t in ids]
+    routes = [routing.route(t, size) for t in ids]
     keys = [(dtype, dim, scale) for _, dim, dtype, scale in lookups]
-    groups = sharding.send_groups(keys) if fused else None
+    groups = id_exchange.send_groups(keys) if fused else None
     if fused:
-        planned = [sharding.PlannedLookup(f"lookup_{i}", t, None) for i, t in enumerate(tables)]
-        exchanges, _, _ = sharding.exchange_all(planned, routes, [None] * len(lookups),
-                                                is_train, groups=groups)
+        planned = [id_exchange.PlannedLookup(f"lookup_{i}", t, None) for i, t in enumerate(tables)]
+        exchanges, _, _ = id_exchange.exchange_all(planned, routes, [None] * len(lookups),
+                                                   is_train, groups=groups)
     else:
-        exchanges = [sharding.exchange(t, r, is_train, None) for t, r in zip(tables, routes)]
+        exchanges = [id_exchange.exchange(t, r, is_train, None) for t, r in zip(tables, routes)]
     embs = [_embedding(ex.owned, dim, dtype) for ex, (_, dim, dtype, _) in zip(exchanges,
                                                                                lookups)]
-    outs = [sharding.send_back(t, emb, ex, r, i, scale)
+    outs = [send_back.send_back(t, emb, ex, r, i, scale)
             for t, emb, ex, r, i, (_, _, _, scale) in zip(tables, embs, exchanges, routes, ids,
                                                           lookups)]
     grads = []
@@ -89,7 +89,7 @@ def _build(lookups, weights, size, is_train, fused, passes):
         loss = tf.add_n([tf.reduce_sum(tf.cast(outs[i], tf.float64) * weights[i]) for i in used])
         found = tf.gradients(loss, [embs[i] for i in used])
         grads.append(dict(zip(used, found)))
-    plans = sharding.plan_send_backs(exchanges, routes, groups) if fused else None
+    plans = send_back.plan_send_backs(exchanges, routes, groups) if fused else None
     return exchanges, outs, grads, groups, plans
 
 
@@ -120,7 +120,7 @@ def test_send_back_all_equals_each_lookup_and_numpy(fake_ranks, size, is_train):
                                                        passes)
         assert groups == [[0, 1, 4], [2], [3], [5]]
         del moved[:]
-        pairs, gated = sharding.send_back_all(
+        pairs, gated = send_back.send_back_all(
             exchanges, groups, plans, [scale for _, _, _, scale in lookups],
             sharded_pipeline._gradient_scope)  # noqa: SLF001 (the pipeline's own grouping)
         assert not gated
@@ -155,11 +155,11 @@ def test_plan_send_backs_equals_plan_send_back_per_group(fake_ranks):
         fake_ranks(3)
         exchanges, _, _, groups, plans = _build(lookups, _weights(rng, lookups), 3, True,
                                                 True, [])
-        routes = [sharding.route(tf.constant(np.asarray(i, np.int64)), 3)
+        routes = [routing.route(tf.constant(np.asarray(i, np.int64)), 3)
                   for i, _, _, _ in lookups]
-        single = [sharding.plan_send_back([exchanges[i] for i in g], [routes[i] for i in g])
+        single = [send_back.plan_send_back([exchanges[i] for i in g], [routes[i] for i in g])
                   for g in groups]
-        fields = sharding.SendPlan.FIELDS
+        fields = send_back.SendPlan.FIELDS
         with tf.compat.v1.Session() as sess:
             got, want = sess.run([[[getattr(p, f) for f in fields] for p in plans],
                                   [[getattr(p, f) for f in fields] for p in single]])
@@ -170,8 +170,8 @@ def test_plan_send_backs_equals_plan_send_back_per_group(fake_ranks):
 
 def test_send_groups_by_key_in_order_of_first_use():
     keys = [("f32", 4, 0.5), None, ("f32", 8, 0.5), ("f32", 4, 0.5), ("f32", 4, None), None]
-    assert sharding.send_groups(keys) == [[0, 3], [2], [4]]
-    assert sharding.send_groups([None, None]) == []
+    assert id_exchange.send_groups(keys) == [[0, 3], [2], [4]]
+    assert id_exchange.send_groups([None, None]) == []
 
 
 @pytest.mark.parametrize("groups, message", [
@@ -182,10 +182,10 @@ def test_send_groups_by_key_in_order_of_first_use():
 def test_bad_groups_are_refused(fake_ranks, groups, message):
     with tf.Graph().as_default():
         fake_ranks(2)
-        routes = [sharding.route(tf.range(4, dtype=tf.int64), 2) for _ in range(2)]
-        planned = [sharding.PlannedLookup(f"l{i}", _table(f"t{i}", 4), None) for i in range(2)]
+        routes = [routing.route(tf.range(4, dtype=tf.int64), 2) for _ in range(2)]
+        planned = [id_exchange.PlannedLookup(f"l{i}", _table(f"t{i}", 4), None) for i in range(2)]
         with pytest.raises(ValueError, match=message):
-            sharding.exchange_all(planned, routes, [None, None], True, groups=groups)
+            id_exchange.exchange_all(planned, routes, [None, None], True, groups=groups)
 
 
 def test_send_back_all_refuses_a_mixed_group_and_a_lookup_without_send_back(fake_ranks):
@@ -198,13 +198,13 @@ def test_send_back_all_refuses_a_mixed_group_and_a_lookup_without_send_back(fake
         scales = [scale for _, _, _, scale in lookups]
         mixed = [[0, 2]] + [g for g in groups if 0 not in g and 2 not in g]
         with pytest.raises(ValueError, match=r"send group \[0, 2\] mixes \(dtype, dim"):
-            sharding.send_back_all(exchanges, mixed, plans[:len(mixed)], scales,
-                                   lambda t: "")
+            send_back.send_back_all(exchanges, mixed, plans[:len(mixed)], scales,
+                                    lambda t: "")
         with pytest.raises(ValueError, match="one plan per group and one scale per lookup"):
-            sharding.send_back_all(exchanges, groups, plans[:1], scales, lambda t: "")
+            send_back.send_back_all(exchanges, groups, plans[:1], scales, lambda t: "")
         exchanges[4].out = None
         with pytest.raises(ValueError, match=r"lookups \[4\] have no send-back"):
-            sharding.send_back_all(exchanges, groups, plans, scales, lambda t: "")
+            send_back.send_back_all(exchanges, groups, plans, scales, lambda t: "")
 
 
 def _ancestors(tensors):
@@ -242,7 +242,7 @@ def test_only_the_table_writes_wait_for_the_next_batchs_planning(fake_ranks):
             tables[i] = tf.Variable(tf.zeros(tf.shape(old), old.dtype), shape=[None, None])
             writes[i] = tf.raw_ops.ResourceScatterAdd(
                 resource=tables[i].handle, indices=tf.range(tf.shape(old)[0]), updates=old)
-        pairs, gated = sharding.send_back_all(
+        pairs, gated = send_back.send_back_all(
             exchanges, groups, plans, [scale for _, _, _, scale in lookups],
             sharded_pipeline._gradient_scope, after=[after])  # noqa: SLF001
         assert gated

@@ -1,4 +1,4 @@
-"""sharding.shared_exchange: lookups of one IDs tensor on the direct path share the routing,
+"""id_exchange.shared_exchange: lookups of one IDs tensor on the direct path share the routing,
 the ID exchange and the send-back's plan, and still give what each lookup's own exchange
 gives, forward and backward, in one process that plays one rank of N (the collectives are
 the identity, as in test_sharding_send_back_all). The multi-rank runs of a model that
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.distributed import communication, replicated, sharding
+from mxrec.distributed import communication, id_exchange, replicated, routing, send_back
 
 
 def _table(name, dim):
@@ -48,7 +48,7 @@ def _owned_embedding(ids, dim):
 
 def _lookup(table, ids, routed, exchanged):
     owned = _owned_embedding(exchanged.owned, table.dim)
-    out = sharding.send_back(table, owned, exchanged, routed, ids, 0.5)
+    out = send_back.send_back(table, owned, exchanged, routed, ids, 0.5)
     return owned, out
 
 
@@ -65,10 +65,10 @@ def test_second_lookup_of_same_ids_shares_and_equals_its_own(fake_ranks, size, s
     with tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
         ids = tf.constant(values, tf.int64)
         deep, wide = _table("deep", 4), _table("wide", 1)
-        routed_a, ex_a = sharding.shared_exchange(deep, ids, True, send_count)
+        routed_a, ex_a = id_exchange.shared_exchange(deep, ids, True, send_count)
         owned_a, out_a = _lookup(deep, ids, routed_a, ex_a)
         counted = dict(calls)
-        routed_b, ex_b = sharding.shared_exchange(wide, ids, True, send_count)
+        routed_b, ex_b = id_exchange.shared_exchange(wide, ids, True, send_count)
         # Nothing more routed, agreed or exchanged; the plan is the first lookup's.
         assert calls["allreduce"] == counted["allreduce"]
         assert calls["alltoall"] == counted["alltoall"]
@@ -82,8 +82,8 @@ def test_second_lookup_of_same_ids_shares_and_equals_its_own(fake_ranks, size, s
         assert len(_ops(graph, "MxrecSendPositions")) == positions == 1
         assert ex_b.emb is owned_b and ex_a.emb is owned_a  # each lookup its own record
         # The reference: the wide lookup through an exchange of its own.
-        routed_c = sharding.route(ids, size)
-        ex_c = sharding.exchange(wide, routed_c, True, send_count)
+        routed_c = routing.route(ids, size)
+        ex_c = id_exchange.exchange(wide, routed_c, True, send_count)
         owned_c, out_c = _lookup(wide, ids, routed_c, ex_c)
         d_out = tf.cast(tf.reshape(tf.range(tf.size(out_b)), tf.shape(out_b)), tf.float32)
         grads = tf.gradients([out_b, out_c], [owned_b, owned_c], [d_out, d_out])
@@ -105,24 +105,24 @@ def test_not_shared_across_ids_is_train_send_count_router_or_context(fake_ranks)
         ids = tf.constant([[1, 2], [3, 1]], tf.int64)
         other = tf.constant([[1, 2], [3, 1]], tf.int64)
         table = _table("t", 4)
-        routed, first = sharding.shared_exchange(table, ids, True, None)
+        routed, first = id_exchange.shared_exchange(table, ids, True, None)
         for kwargs in (dict(ids=other), dict(is_train=False), dict(send_count=8),
                        dict(router=replicated.route)):
             args = dict(table=table, ids=ids, is_train=True, send_count=None)
             args.update(kwargs)
-            got_route, got = sharding.shared_exchange(**args)
+            got_route, got = id_exchange.shared_exchange(**args)
             assert got_route is not routed and got.owned is not first.owned, kwargs
         # Inside a tf.cond the first exchange cannot be read: the branch builds its own.
         seen = []
 
         def branch():
-            seen.append(sharding.shared_exchange(table, ids, True, None))
+            seen.append(id_exchange.shared_exchange(table, ids, True, None))
             return tf.constant(0)
 
         tf.cond(tf.constant(True), branch, lambda: tf.constant(1))
         assert seen[0][0] is not routed
         # The same key again outside: shared.
-        again_route, again = sharding.shared_exchange(table, ids, True, None)
+        again_route, again = id_exchange.shared_exchange(table, ids, True, None)
         assert again_route is routed and again.owned is first.owned
         # Routed in this graph: the first, other IDs, evaluation, send_count (the replicated
         # router is TF ops, the branch is a function graph of its own).
@@ -152,13 +152,13 @@ def test_shared_lookups_send_in_one_all_to_all_each_way(fake_ranks, size):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         ids = tf.constant(values, tf.int64)
         deep, wide, other = _table("deep", 4), _table("wide", 1), _table("other", 2)
-        routed, ex_a = sharding.shared_exchange(deep, ids, True, None)
+        routed, ex_a = id_exchange.shared_exchange(deep, ids, True, None)
         owned_a, out_a = _lookup(deep, ids, routed, ex_a)
-        _, ex_b = sharding.shared_exchange(wide, ids, True, None)
+        _, ex_b = id_exchange.shared_exchange(wide, ids, True, None)
         owned_b, out_b = _lookup(wide, ids, routed, ex_b)
-        _, ex_o = sharding.shared_exchange(other, ids, True, None)
+        _, ex_o = id_exchange.shared_exchange(other, ids, True, None)
         owned_o = _owned_embedding(ex_o.owned, 2)
-        out_o = sharding.send_back(other, owned_o, ex_o, routed, ids, None)  # its own scale
+        out_o = send_back.send_back(other, owned_o, ex_o, routed, ids, None)  # its own scale
         forward = [n for n in _reachable([out_a, out_b, out_o])
                    if re.search(r"alltoall(_\d+)?/Identity$", n)]
         assert len(forward) == 2, forward  # deep + wide together, other alone
@@ -170,8 +170,8 @@ def test_shared_lookups_send_in_one_all_to_all_each_way(fake_ranks, size):
         # References: each through an exchange of its own.
         ref = []
         for table, d in ((deep, d_a), (wide, d_b)):
-            own_route = sharding.route(ids, size)
-            own = sharding.exchange(table, own_route, True, None)
+            own_route = routing.route(ids, size)
+            own = id_exchange.exchange(table, own_route, True, None)
             owned, out = _lookup(table, ids, own_route, own)
             ref.append((out, tf.gradients(out, owned, d)[0]))
         got = sess.run({"a": (out_a, grads[0]), "b": (out_b, grads[1]), "ref": ref,

@@ -31,7 +31,7 @@ constexpr int64_t kMaxIds = INT32_MAX;
 // Ranks a route spreads IDs over at most: each call keeps three arrays of one
 // entry per rank (far more ranks than any job has, far less memory than a host).
 constexpr int64_t kMaxRanks = int64_t{1} << 20;
-// owner_of's multiplier and shift (mxrec/distributed/sharding.py).
+// owner_of's multiplier and shift (mxrec/distributed/routing.py).
 constexpr uint64_t kOwnerMultiplier = 0x9E3779B97F4A7C15ULL;
 constexpr int kOwnerShift = 33;
 

@@ -1,5 +1,5 @@
 // Registration of MxrecExchangeReceived: the owner's side of the fused ID
-// exchange (mxrec.distributed.sharding.exchange_all) in one op, in place of
+// exchange (mxrec.distributed.id_exchange.exchange_all) in one op, in place of
 // TensorFlow's where, floordiv/floormod, repeat, gathers, stable argsort and
 // segment sum over the received slots. The kernel lives in
 // ../kernels/exchange_received_kernels.cc (CPU only).

@@ -1,5 +1,5 @@
 // Registration of MxrecRoute: the rank-local part of a sharded lookup
-// (mxrec.distributed.sharding.route) in one op, in place of TensorFlow's
+// (mxrec.distributed.routing.route) in one op, in place of TensorFlow's
 // unique, stable argsort, gathers, segment sum, bincount and cumsum. The kernel
 // lives in ../kernels/route_kernels.cc (CPU only).
 #include "tensorflow/core/framework/op.h"

@@ -1,6 +1,6 @@
 // Registrations of the send-back plan of the sharded exchange
-// (mxrec/distributed/sharding.py), each one op where the TensorFlow
-// composition took a dozen over every flat ID of the step:
+// (mxrec/distributed/id_exchange.py, send_back.py), each one op where the
+// TensorFlow composition took a dozen over every flat ID of the step:
 //   MxrecPackSend       every lookup's (ID, count) pairs into the buffer of the
 //                       ID all-to-all (exchange, exchange_all)
 //   MxrecSendPositions  each flat ID's row in the buffer of embeddings that

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.core import wing
-from mxrec.distributed import communication, planner, sharded_state, sharding
+from mxrec.distributed import communication, planner, routing, sharded_state
 
 
 class MultiRank(wing.OneProcess):
@@ -55,7 +55,7 @@ class MultiRank(wing.OneProcess):
     def owned(self, table, keys: np.ndarray, rank: int, size: int) -> np.ndarray:
         if table.is_dp:
             return np.ones(len(keys), bool)
-        return sharding.owner_of_numpy(keys, size) == rank
+        return routing.owner_of_numpy(keys, size) == rank
 
 
 def setup(rank: int, size: int):

@@ -3,7 +3,7 @@
 `mxrec.distributed.multirank.MultiRank.lookup_planner` hands `sharded_lookup` to
 `sparse_lookup` for tensor IDs on several ranks, and to the FeatureSpec path
 (`mxrec.core.planners.feature_spec_lookup`). The IDs go to their owners, each owner
-looks its IDs up in its shard like a one-process table (mxrec.distributed.sharding); or, for
+looks its IDs up in its shard like a one-process table (mxrec.distributed.routing); or, for
 a table replicated on every rank (is_dp=True, mxrec.distributed.replicated), every rank
 looks the global batch up in its replica, through the same pieces (its own `route` and
 `send_back`). The owner's key stage runs through `mxrec.core.planners.run_key_stage`, as
@@ -14,22 +14,29 @@ import tensorflow as tf
 
 from mxrec.core import planners
 from mxrec.core.table import default_values
-from mxrec.distributed import communication, replicated, sharded_pipeline, sharding
+from mxrec.distributed import (
+    communication,
+    id_exchange,
+    replicated,
+    routing,
+    send_back,
+    sharded_pipeline,
+)
 
 
 class ShardedParts:
-    """The pieces of a sharded lookup (mxrec.distributed.sharding) the graph modifier rewires.
+    """The pieces of a sharded lookup (mxrec.distributed.routing) the graph modifier rewires.
 
     Attributes:
         local_time: the rank's batch time before the all-reduce, or None.
-        route: the rank-local routing (sharding.Route).
-        exchange: what the owner received (sharding.Exchange); `exchange.owned` is the
+        route: the rank-local routing (routing.Route).
+        exchange: what the owner received (id_exchange.Exchange); `exchange.owned` is the
             key stage's input.
         router: the function that makes `route` from the IDs, (ids, size) -> Route:
-            sharding.route, or replicated.route for an is_dp=True table.
+            routing.route, or replicated.route for an is_dp=True table.
     """
 
-    def __init__(self, local_time, route, exchange, router=sharding.route):
+    def __init__(self, local_time, route, exchange, router=routing.route):
         self.local_time = local_time
         self.route = route
         self.exchange = exchange
@@ -47,20 +54,20 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
     if table.all2all_gradients_op == "sum_gradients_and_div_by_ranksize":
         grad_scale = 1.0 / communication.get_rank_size()
     if not request.modify_graph:  # the graph modifier's own initializers meet in their all-reduce
-        sharding.fence_iterators(ids)
+        id_exchange.fence_iterators(ids)
     # A replicated table (is_dp=True): every rank owns every ID and plans the global batch.
     router, back = ((replicated.route, replicated.send_back) if table.is_dp
-                    else (sharding.route, sharding.send_back))
+                    else (routing.route, send_back.send_back))
     with tf.name_scope(scope):
         default = default_values(table, request.serving_default_value)
         local_time = request.local_time()
-        timestamp = sharding.batch_time(local_time)
+        timestamp = id_exchange.batch_time(local_time)
         if request.modify_graph:  # the modifier replans each recorded lookup on its own
             routed = router(ids, communication.get_rank_size())
-            exchanged = sharding.exchange(table, routed, is_train, request.pad_to)
+            exchanged = id_exchange.exchange(table, routed, is_train, request.pad_to)
         else:
-            routed, exchanged = sharding.shared_exchange(table, ids, is_train, request.pad_to,
-                                                         router)
+            routed, exchanged = id_exchange.shared_exchange(table, ids, is_train,
+                                                            request.pad_to, router)
         rows, restore, reused = planners.run_key_stage(table, exchanged.owned, is_train,
                                                        timestamp, weights=exchanged.weights)
         # is_grad reaches the owner: a dynamic table's lookup then leaves its rows out of the

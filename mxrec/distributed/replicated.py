@@ -2,14 +2,14 @@
 
 Every rank holds the whole table and plans the whole global batch, so the replicas stay
 identical without ever sending a row. A replicated lookup is the sharded lookup
-(mxrec.distributed.sharding) with every rank as the owner of every ID: `route` puts each
-rank's unique IDs into the bucket of every peer, `sharding.exchange` and the owner's key
+(mxrec.distributed.routing) with every rank as the owner of every ID: `route` puts each
+rank's unique IDs into the bucket of every peer, `id_exchange.exchange` and the owner's key
 stage run unchanged, and `send_back` takes this rank's part of the result instead of
 sending embeddings back:
 
     ids (this rank's) ─► unique, occurrence counts ─► the same bucket [chunk, 2] of (ID,
         count) to every peer (chunk: the largest local unique count of any rank)
-        ─► sharding.exchange: every rank receives every rank's bucket, [N, chunk, 2], rank
+        ─► id_exchange.exchange: every rank receives every rank's bucket, [N, chunk, 2], rank
            q's in row q ─► the IDs of the global batch in rank order, each repeated by its
            occurrences ─► the table's own key stage and lookup (admission counts every
            occurrence; every rank plans the same IDs in the same order, so every host
@@ -33,11 +33,11 @@ from typing import Optional
 
 import tensorflow as tf
 
-from mxrec.distributed import communication, sharding
+from mxrec.distributed import communication, id_exchange, routing
 from mxrec.util.gradients import custom_gradient
 
 
-def route(ids: tf.Tensor, size: int) -> sharding.Route:
+def route(ids: tf.Tensor, size: int) -> routing.Route:
     """Local dedupe and occurrence counts of `ids` (any rank >= 1), every unique ID in the
     bucket of every peer (no collective).
 
@@ -50,14 +50,14 @@ def route(ids: tf.Tensor, size: int) -> sharding.Route:
     pairs = tf.stack([uniq, occurrences], axis=1)
     peers = tf.repeat(tf.range(size), num)
     slots = tf.tile(tf.range(num), [size])
-    return sharding.Route(pairs=tf.tile(pairs, [size, 1]),
-                          counts=tf.fill([size], num),
-                          where=tf.stack([peers, slots], axis=1),
-                          order=tf.range(num), index=index)
+    return routing.Route(pairs=tf.tile(pairs, [size, 1]),
+                         counts=tf.fill([size], num),
+                         where=tf.stack([peers, slots], axis=1),
+                         order=tf.range(num), index=index)
 
 
-def send_back(table, owned_emb: tf.Tensor, exchanged: sharding.Exchange,
-              routed: sharding.Route, ids: tf.Tensor, grad_scale: Optional[float]) -> tf.Tensor:
+def send_back(table, owned_emb: tf.Tensor, exchanged: id_exchange.Exchange,
+              routed: routing.Route, ids: tf.Tensor, grad_scale: Optional[float]) -> tf.Tensor:
     """This rank's part of the global batch's embeddings `owned_emb` [M, dim], spread over
     `ids`' positions: [*ids.shape, dim]. Differentiable in `owned_emb`: the gradient is the
     sum of every rank's (an all-to-all), times `grad_scale` where given."""
@@ -83,7 +83,7 @@ def send_back(table, owned_emb: tf.Tensor, exchanged: sharding.Exchange,
             if grad_scale is not None:
                 d_every = d_every * grad_scale
             # Recorded so that the graph modifier fuses it with the step's other gradient
-            # all-to-alls (sharding.send_back_all).
+            # all-to-alls (mxrec.distributed.send_back.send_back_all).
             exchanged.peer_backward.append((tiled, d_every))
             return d_every
 

@@ -2,22 +2,22 @@
 
 TensorFlow's collectives cannot run inside a tf.data function in the session runtime (the
 function has no CollectiveExecutor), so the ID exchange of a sharded lookup
-(mxrec.core.sharding) cannot join the one-process pipeline's `dataset.map`. The planning
-is split in three:
+(mxrec.distributed.id_exchange) cannot join the one-process pipeline's `dataset.map`. The
+planning is split in three:
 
     dataset ─► map(route) ─► prefetch(prefetch_batch_number) ─► local iterator
-                 │   replays each lookup's ID preprocessing and runs `sharding.route`:
+                 │   replays each lookup's ID preprocessing and runs `routing.route`:
                  │   local unique IDs, occurrence counts, owner buckets (no collective)
     planning subgraph (in the step's session.run, the same collectives on every rank):
         the element held since the previous planning, and the next local element
-        (get_next_as_optional) ─► `sharding.exchange_all` for all the element's lookups:
+        (get_next_as_optional) ─► `id_exchange.exchange_all` for all the element's lookups:
         ONE agreement all-reduce (every lookup's largest bucket and fingerprint, the batch
         times, "every rank has one more") and ONE ID all-to-all ─► the owners' deferred key
         stages ─► enqueue the element, its routing and its plan into a FIFOQueue (capacity
         prefetch + 1) ─► every rank has one more: hold it; else mark the end of the data
     step: dequeue ─► commit the batch ─► the owners' device lookups from the planned rows
           ─► ONE embedding all-to-all back for all lookups, ONE gradient all-to-all per
-          backward pass (`sharding.send_back_all` replaces the lookups' own send-backs)
+          backward pass (`send_back.send_back_all` replaces the lookups' own send-backs)
 
 With prefetch p > 0 the queue holds p planned batches between steps: the step trains batch
 k while it plans batch k + p (that planning is a control input of the step's backward
@@ -47,7 +47,7 @@ from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
-from mxrec.distributed import communication, sharding
+from mxrec.distributed import communication, id_exchange, routing, send_back
 from mxrec.graph import pipeline, trace
 from mxrec.util import ops as mxrec_ops
 
@@ -67,7 +67,7 @@ class _Element:
     and its local batch time (or None)."""
 
     components: Tuple[tf.Tensor, ...]
-    routes: List[sharding.Route]
+    routes: List[routing.Route]
     stamps: List[Optional[tf.Tensor]]
 
 
@@ -89,7 +89,7 @@ def _route_fn(source: trace.IteratorSource, lookups, graph: tf.Graph):
             if parts.local_time is not None and times.index(parts.local_time.name) == len(stamps):
                 wanted.append(parts.local_time)
             values = _replay(graph_def, outputs, wanted, f"mxrec_ids_{index}")
-            routed = parts.router(values[0], size)  # sharding.route, or replicated.route
+            routed = parts.router(values[0], size)  # routing.route, or replicated.route
             routes.append(tuple(getattr(routed, field) for field in _ROUTE_FIELDS))
             if len(values) > 1:
                 stamps.append(tf.cast(values[1], tf.int64))
@@ -127,7 +127,7 @@ def _unpack(value, lookups) -> _Element:
                       else by_name[lookup.record.sharded.local_time.name]
                       for lookup in lookups]
     return _Element(components=tuple(components),
-                    routes=[sharding.Route(*route) for route in routes],
+                    routes=[routing.Route(*route) for route in routes],
                     stamps=element_stamps)
 
 
@@ -140,7 +140,7 @@ class _Layout:
         rounds: lists of lookup indices, each a batch of one MxrecKeyStage call and one
             commit: distinct tables of one batch time, a table's repeated lookups in later
             rounds (the rounds run in order, so a table's lookups keep creation order).
-        groups: the send groups of the sharded lookups (sharding.send_groups).
+        groups: the send groups of the sharded lookups (id_exchange.send_groups).
     """
 
     rounds: List[List[int]]
@@ -149,7 +149,7 @@ class _Layout:
     def width(self, lookups: int) -> int:
         """Entries of the queue after the components."""
         return (lookups * len(_PLAN_FIELDS) + len(self.rounds)
-                + len(self.groups) * len(sharding.SendPlan.FIELDS))
+                + len(self.groups) * len(send_back.SendPlan.FIELDS))
 
 
 def _key_rounds(lookups) -> List[List[int]]:
@@ -177,7 +177,7 @@ def _layout(lookups) -> _Layout:
             (lookup.record.sharded.exchange.emb.dtype, lookup.record.table.dim,
              _grad_scale(lookup.record.table))
             for lookup in lookups]
-    return _Layout(rounds=_key_rounds(lookups), groups=sharding.send_groups(keys))
+    return _Layout(rounds=_key_rounds(lookups), groups=id_exchange.send_groups(keys))
 
 
 def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next: tf.Tensor):
@@ -185,14 +185,14 @@ def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next:
     whether every rank has a next element).
 
     Every lookup of the element shares one agreement all-reduce and one ID all-to-all
-    (sharding.exchange_all); the agreement also tells whether every rank has a next element
+    (id_exchange.exchange_all); the agreement also tells whether every rank has a next element
     (`has_next`, this rank's). The key stages run in `layout.rounds`, and the send-back of
-    each send group is planned (sharding.plan_send_backs)."""
+    each send group is planned (send_back.plan_send_backs)."""
     flat = list(element.components)
-    planned = [sharding.PlannedLookup(lookup.name, lookup.record.table, lookup.send_count)
+    planned = [id_exchange.PlannedLookup(lookup.name, lookup.record.table, lookup.send_count)
                for lookup in lookups]
     with tf.name_scope("exchange"):
-        exchanges, timestamps, (missing,) = sharding.exchange_all(
+        exchanges, timestamps, (missing,) = id_exchange.exchange_all(
             planned, element.routes, element.stamps, is_train,
             also=[-tf.cast(has_next, tf.int64)], groups=layout.groups)
     stages = [None] * len(lookups)
@@ -216,8 +216,8 @@ def _plan(element: _Element, lookups, layout: _Layout, is_train: bool, has_next:
                  exchanged.first, exchanged.owned, *stage]
     flat += batch_ids
     if layout.groups:
-        for plan in sharding.plan_send_backs(exchanges, element.routes, layout.groups):
-            flat += [getattr(plan, field) for field in sharding.SendPlan.FIELDS]
+        for plan in send_back.plan_send_backs(exchanges, element.routes, layout.groups):
+            flat += [getattr(plan, field) for field in send_back.SendPlan.FIELDS]
     return flat, missing < 0  # the largest of -has_next: -1 when every rank has one
 
 
@@ -375,7 +375,7 @@ def _make_planner(source: trace.IteratorSource, specs, lookups, is_train: bool, 
     queue = tf.queue.FIFOQueue(
         prefetch + 1, component_dtypes + list(_PLAN_DTYPES) * len(lookups)
         + [tf.int64] * len(layout.rounds)
-        + [tf.int32] * (len(layout.groups) * len(sharding.SendPlan.FIELDS)),
+        + [tf.int32] * (len(layout.groups) * len(send_back.SendPlan.FIELDS)),
         name="planned_batches")
     ended = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name="data_ended")
     held = tf.queue.FIFOQueue(
@@ -419,8 +419,8 @@ def _unpack_entry(entry: List[tf.Tensor], specs, lookups: int, layout: _Layout):
                for i in range(lookups)]
     rest = entry[len(specs) + lookups * per_lookup:]
     round_ids, rest = rest[:len(layout.rounds)], rest[len(layout.rounds):]
-    per_group = len(sharding.SendPlan.FIELDS)
-    plans = [sharding.SendPlan(*rest[g * per_group:(g + 1) * per_group])
+    per_group = len(send_back.SendPlan.FIELDS)
+    plans = [send_back.SendPlan(*rest[g * per_group:(g + 1) * per_group])
              for g in range(len(layout.groups))]
     return outputs, planned, round_ids, plans
 
@@ -463,13 +463,13 @@ def _fused_send_backs(lookups, layout: _Layout, plans, planned_next: tf.Tensor, 
                       replacements) -> List[Tuple[tf.Tensor, tf.Tensor]]:
     """The replacements of the lookups' send-backs by one embedding all-to-all forward and
     one gradient all-to-all per backward pass for all lookups of the step
-    (sharding.send_back_all, from the planned SendPlans).
+    (send_back.send_back_all, from the planned SendPlans).
 
     With prefetch p > 0 the writes of the gradients into the tables (without a backward
     pass, the forward send-back) wait for the planning of batch k + p, so the planning
     overlaps the step's exchanges and model (with prefetch 0 the dequeue waits for it
     already); where nothing was gated, `replacements` is rewired to wait for it."""
-    fused, gated = sharding.send_back_all(
+    fused, gated = send_back.send_back_all(
         [lookup.record.sharded.exchange for lookup in lookups], layout.groups, plans,
         [_grad_scale(lookup.record.table) for lookup in lookups], _gradient_scope,
         after=[planned_next] if prefetch > 0 else [])
@@ -492,7 +492,7 @@ def _initializer(kind_initializer: tf.Operation, planner: _Planner) -> tf.Operat
 
 def _schedule_next_plan(planned_next: tf.Tensor, replacements) -> None:
     """Makes the step run `planned_next` (planning batch k + p while batch k trains) where
-    sharding.send_back_all had nothing to gate (replicated lookups only, no backward pass):
+    send_back.send_back_all had nothing to gate (replicated lookups only, no backward pass):
     the first lookup's routing is read through an identity that waits for it."""
     old, new = replacements[0]  # the first (replicated) lookup's `where`
     with tf.control_dependencies([planned_next]):

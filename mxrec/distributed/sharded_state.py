@@ -20,7 +20,7 @@ hold it:
 These are the names and meanings of a one-process checkpoint (HostStateSaveable and the
 variables), so the checkpoint of N ranks restores on one process as its own, and a one-
 process checkpoint restores on N ranks. The content does not depend on N: a restore on M
-ranks keeps the IDs that rank owns under M (`sharding.owner_of`) and gives them rows
+ranks keeps the IDs that rank owns under M (`routing.owner_of`) and gives them rows
 0, 1, ... in ID order.
 
 Every rank must run the save (the gather is collective) at the same step, and write to a
@@ -36,7 +36,7 @@ from tensorflow.python.util import object_identity
 
 from mxrec._lib import loader
 from mxrec.core.host_state import _keys_with_sparse_folder
-from mxrec.distributed import communication, sharding
+from mxrec.distributed import communication, routing
 
 _HOST = ("keys", "rows", "counts", "last_seen", "free_rows", "meta", "threshold")
 
@@ -193,7 +193,7 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
                 [f"restoring table {table.table_name!r} (dim {table.dim}): the checkpoint's "
                  f"{variable.op.name!r} has rows of another dim:", tf.shape(layout)])
                 for layout, (variable, _) in zip(layouts, states)]
-            mine = tf.equal(sharding.owner_of(tf.cast(keys, tf.int64), size), rank)
+            mine = tf.equal(routing.owner_of(tf.cast(keys, tf.int64), size), rank)
             keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
             counts = tf.boolean_mask(counts, mine)
             last_seen = tf.boolean_mask(last_seen, mine)

@@ -38,7 +38,7 @@ class MxrecConfig:
             mxrec.launch`): rank and size come from its environment.
         rank_id: this process's rank in [0, rank_size).
         rank_size: number of training processes; > 1 shards every table across them
-            (mxrec.distributed.sharding) over TensorFlow's collectives
+            (mxrec.distributed.routing) over TensorFlow's collectives
             (mxrec.distributed.communication).
         train_steps: steps of one training round before evaluation; -1 = until the data ends.
         eval_steps: steps of one evaluation round; -1 = until the data ends.

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from mxrec.distributed import launch
-from mxrec.distributed.sharding import owner_of_numpy
+from mxrec.distributed.routing import owner_of_numpy
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "mx_rec_style" / "little_demo_ranks.py"
