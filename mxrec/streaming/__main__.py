@@ -239,6 +239,13 @@ def _train(args, parser) -> int:
     try:
         entries = StreamingTrainer(config, models.make_model_fn(model)).run()
     except (OwnershipError, MalformedDataError, NonFiniteModelError) as error:
+        from mxrec.distributed import communication
+
+        if communication.get_rank_size() > 1:
+            # Uncaught, it ends the whole job at once (MPI_Abort, or the launcher stopping
+            # the others); a rank that returned would leave the others waiting in their
+            # next exchange until it times out.
+            raise
         # Refusals an operator acts on: the message says what and how, no traceback.
         print(f"mxrec.streaming train: error: {error}", file=sys.stderr)
         return 1
