@@ -137,8 +137,8 @@ struct BatchPlanner::BatchWork {
   const int64_t* weights = nullptr;  // occurrences per position, or nullptr (one each)
   int64_t n = 0;
   bool train = false;
-  int64_t timestamp = 0;
   uint32_t epoch = 0;  // the table's save epoch (BatchInput)
+  int64_t timestamp = 0;
   bool parallel = false;
   // Shard groups of FindAndCount: one task per group, each scanning the whole
   // batch for the IDs of its shards.
@@ -345,11 +345,10 @@ void BatchPlanner::FindIds(BatchWork& w, ShardGroup shards) {
   const bool train = w.train;
   const int64_t* const weights = w.weights;
   const int64_t n = w.n;
-  IdMap& ids = *ids_;
   // Always inlined: a call that only prefetches is deleted (KeyMap::Prefetch).
-  auto prefetch = [&ids, &w](uint64_t h) __attribute__((always_inline)) {
+  auto prefetch = [this, &w](uint64_t h) __attribute__((always_inline)) {
     const int s = static_cast<int>(h >> kShardShift);
-    ids[s].Prefetch(h);
+    (*ids_)[s].Prefetch(h);
     w.dedupe[s].Prefetch(h);
   };
   // One position of the group's shards (`hash` is its hash).
@@ -366,8 +365,8 @@ void BatchPlanner::FindIds(BatchWork& w, ShardGroup shards) {
     Dedupe::Entry& entry = w.dedupe[s].FindOrAdd(key, hash, &added);
     if (added) {
       bool inserted = false;
-      const uint32_t index = train ? ids[s].FindOrInsert(key, hash, &inserted)
-                                   : ids[s].Find(key, hash);
+      const uint32_t index = train ? (*ids_)[s].FindOrInsert(key, hash, &inserted)
+                                   : (*ids_)[s].Find(key, hash);
       if (index == KeyMap::kNoRecord) {
         entry.local = kDefaultSlot;
       } else {
@@ -430,6 +429,7 @@ void BatchPlanner::CountIds(BatchWork& w, ShardGroup shards) {
   SharedCounts* const shared_counts = admission_->shared_counts.get();
   DeviceCachePlanner* const cache = cache_;
   const bool journal = w.journal != nullptr;
+  const uint32_t epoch = w.epoch;
   const float weight = static_cast<float>(admission_->options.faae_coefficient);
   for (int s = shards.lo; s < shards.hi; ++s) {
     KeyMap& map = (*ids_)[s];
@@ -449,7 +449,7 @@ void BatchPlanner::CountIds(BatchWork& w, ShardGroup shards) {
       }
       map.set_last_seen(id.index, w.timestamp);
       rec.seen_recently = 1;
-      rec.epoch = w.epoch;
+      rec.epoch = epoch;
       if (!count) continue;
       if (shared_counts != nullptr) {
         const uint64_t hash = HashKey(id.key);
