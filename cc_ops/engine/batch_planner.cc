@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <memory>
 #include <mutex>
-#include <string>
+#include <new>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 

@@ -73,6 +73,9 @@ class BatchPlanner {
   BatchPlanner(const TableOptions& options, IdMap* ids, DeviceRows* rows, DeviceCachePlanner* cache,
                const Admission* admission,
                const std::unordered_map<int64_t, uint64_t>* pending_admitted, TableStats* stats);
+  // A copy would plan against the same table's state.
+  BatchPlanner(const BatchPlanner&) = delete;
+  BatchPlanner& operator=(const BatchPlanner&) = delete;
 
   // Plans `batch` (n > 0) into `plan`, whose rows the caller cleared. On an
   // error the plan's rows are cleared again and the map stays valid: a
