@@ -47,8 +47,8 @@ def test_key_stage_probe_keeps_its_prefetches():
     library = Path(loader.__file__).resolve().parent / "libmxrec_engine.so"
     disassembly = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", str(library)],
                                  capture_output=True, text=True, check=True).stdout
-    bodies = _function_bodies(disassembly, "mxrec::HostTable::FindIds(")
-    assert bodies, "HostTable::FindIds is not in the engine library"
+    bodies = _function_bodies(disassembly, "mxrec::BatchPlanner::FindIds(")
+    assert bodies, "BatchPlanner::FindIds is not in the engine library"
     prefetches = sum(len(re.findall(r"\t(prefetch\w*|prfm)\s", body)) for body in bodies)
     # The one-pass scan and the scattered path each prefetch the map slot and the dedupe
     # entry, ahead and in the first run.

@@ -1,10 +1,11 @@
 // The host side of one sparse table: the ID -> device row map, admission
 // counts, last-seen times and the free device rows. Plain C++, no TensorFlow.
-// HostTable is the core table: its ID map (id_map.h), admission, the
-// key-stage planning of batches, pending batches (batch_journal.h),
-// eviction and statistics (host_table.cc), and checkpoint export and import
-// over that state (host_table_state.cc). A tiered table's device cache is
-// planned by its DeviceCachePlanner (device_cache_planner.h).
+// HostTable is the core table: its ID map (id_map.h), admission settings,
+// pending batches (batch_journal.h), eviction and statistics
+// (host_table.cc), and checkpoint export and import over that state
+// (host_table_state.cc). Its BatchPlanner plans each batch against that
+// state (batch_planner.h); a tiered table's device cache is planned by its
+// DeviceCachePlanner (device_cache_planner.h).
 #ifndef MXREC_ENGINE_HOST_TABLE_H_
 #define MXREC_ENGINE_HOST_TABLE_H_
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "batch_journal.h"
+#include "batch_planner.h"
 #include "device_cache_planner.h"
 #include "host_tier.h"
 #include "id_map.h"
@@ -63,6 +65,17 @@ struct AdmissionOptions {
   // that a rerun admits the same IDs; 1 admits every ID.
   double probability = 1.0;
   uint64_t seed = 0;
+};
+
+// A table's admission state: set by its HostTable (ConfigureAdmission,
+// SetThreshold, ShareCounts, ImportState), read by its BatchPlanner, which
+// counts and admits IDs by it.
+struct Admission {
+  AdmissionOptions options;
+  // set_threshold(0): counts no longer accumulate; the threshold stays.
+  bool counting_frozen = false;
+  // USE_COMBINE_FAAE: counts shared with the other tables of the group, or null.
+  std::shared_ptr<SharedCounts> shared_counts;
 };
 
 // What the key stage hands the training step for one batch of one table.
@@ -288,70 +301,9 @@ class HostTable {
  private:
   static constexpr int kShardShift = IdMap::kShardShift;
 
-  // Key-stage planning, admission and eviction (host_table.cc).
+  // Pending batches, admission and eviction (host_table.cc); Process hands
+  // each batch to planner_ under the table's lock.
   //
-  // The phases of Process, on its scratch: hash the IDs and count them per
-  // shard; find (in training: insert and count) each ID, the shards split
-  // among the pool's threads; number the batch's IDs and hand out rows in
-  // input order, then fill in the restore index. Each
-  // distinct ID gets its index in unique_rows from the slot function of the
-  // batch's mode: EvalSlot (evaluation), TieredSlot (training, host tier:
-  // rows are handed out once the batch is known, by the DeviceCachePlanner) or
-  // DeviceSlot (training, device-only: a row at once, or a shortfall); on
-  // several threads, evaluation and device-only training take
-  // SlotsInParallel, which hands out the same rows.
-  struct BatchWork;
-  // Process's scratch comes from one pool for every table of the process: a
-  // batch takes one (or a new one) and gives it back once planned, so that the
-  // process keeps as many as batches were planned at once, not one per table.
-  static std::unique_ptr<BatchWork> TakeScratch();
-  static void GiveBackScratch(std::unique_ptr<BatchWork> work);
-  void HashKeys(BatchWork& w, ThreadPool* pool);
-  // Shards [lo, hi): the part of a batch one FindAndCount task plans.
-  struct ShardGroup {
-    int lo;
-    int hi;
-    bool Holds(uint64_t hash) const {
-      const int s = static_cast<int>(hash >> kShardShift);
-      return s >= lo && s < hi;
-    }
-  };
-  // Finds (in training: inserts and counts) every ID, one task per group of
-  // shards: PrepareShards sizes the group's maps and dedupe tables for the
-  // batch, FindIds (pass 1, over the positions) gives each position its
-  // index among its shard's distinct IDs, CountIds (pass 2, training, over
-  // the distinct IDs) updates their records.
-  void FindAndCount(BatchWork& w, ThreadPool* pool);
-  void PrepareShards(BatchWork& w, ShardGroup shards);
-  void FindIds(BatchWork& w, ShardGroup shards);
-  void CountIds(BatchWork& w, ShardGroup shards);
-  Status AssignRows(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
-  // AssignRows's parts. OrderDistinct lists the batch's distinct IDs by first
-  // occurrence (parallel batches: each chunk of positions counts its first
-  // occurrences, then writes them at its offset). SlotsInParallel gives
-  // them their unique indices and rows on the pool for evaluation and
-  // device-only training: each chunk of distinct IDs classifies them (a
-  // row, a row wanted, none), then, from the chunks' counts, writes its
-  // unique indices and hands out the grants numbered by first occurrence,
-  // so the rows are those of the one-thread pass, whatever the threads do.
-  void OrderDistinct(BatchWork& w, ThreadPool* pool);
-  void SlotsInParallel(BatchWork& w, ThreadPool* pool, BatchPlan* plan);
-  // An evaluated ID's row as the step boundary sees it, or kDefaultSlot
-  // (EvalSlot's and SlotsInParallel's rule).
-  int32_t EvalRow(const BatchWork& w, int64_t key, const KeyRecord& rec) const;
-  int32_t EvalSlot(const BatchWork& w, int64_t key, const KeyRecord& rec, BatchPlan* plan) const;
-  // TieredSlot and DeviceSlot run once per distinct ID: they are inline,
-  // defined in the one file that calls them, because the -fPIC build would
-  // keep a plain member function out of line.
-  inline int32_t TieredSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan);
-  inline int32_t DeviceSlot(BatchWork& w, const RecordRef& id, BatchPlan* plan);
-  // A device-only batch that brings more new IDs than there are rows: takes
-  // back the rows it was given and returns the error.
-  Status RefuseBatch(BatchWork& w, BatchPlan* plan);
-  // Records in a deferred batch's journal the rows a device-only batch took.
-  void JournalGrants(BatchWork& w);
-  bool Admits(int64_t key, const KeyRecord& rec) const;
-  bool IsPadding(int64_t key) const;
   // Keys of every pending batch.
   std::vector<int64_t> PendingKeys() const;
   // mu_, taken after Commit's record is applied: the batches committed since
@@ -396,14 +348,12 @@ class HostTable {
   Status BuildMaps(const TableState& state, std::vector<KeyMap>* maps) const;
 
   // Locking: mu_ serialises everything below (one mutex per table serialises
-  // batches), the planner included; the HostTier has its own lock.
+  // batches), the planners included; the HostTier has its own lock.
   const TableOptions options_;
   mutable std::mutex mu_;
   IdMap ids_;
   DeviceRows rows_;
-  bool counting_frozen_ = false;
-  AdmissionOptions admission_;
-  std::shared_ptr<SharedCounts> shared_counts_;
+  Admission admission_;
   uint32_t epoch_ = 1;
   std::vector<std::pair<int64_t, uint32_t>> removed_log_;
   bool track_removals_ = false;  // a delta chain exists (ExportState delta_chain)
@@ -422,6 +372,9 @@ class HostTable {
   TableStats stats_;
   // Tiered tables only (null otherwise): the device cache over the host tier.
   std::unique_ptr<DeviceCachePlanner> cache_;
+  // Plans each batch over ids_, rows_ and cache_ (see batch_planner.h for
+  // what it reads and writes); declared last, as it refers to the members above.
+  BatchPlanner planner_;
 };
 
 }  // namespace mxrec

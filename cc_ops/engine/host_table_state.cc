@@ -54,8 +54,8 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   state->free_rows = std::move(boundary.free_rows);
   state->next_row = boundary.next_row;
   state->newest_timestamp = BoundaryNewest();
-  state->counting_frozen = counting_frozen_;
-  state->access_threshold = admission_.access_threshold;
+  state->counting_frozen = admission_.counting_frozen;
+  state->access_threshold = admission_.options.access_threshold;
   if (since_epoch > 0) {
     for (const auto& [key, epoch] : removed_log_) {
       if (epoch > since_epoch) state->removed.push_back(key);
@@ -242,8 +242,8 @@ Status HostTable::ImportState(const TableState& state) {
   rows_.free = state.free_rows;
   rows_.next = state.next_row;
   newest_timestamp_ = state.newest_timestamp;
-  counting_frozen_ = state.counting_frozen;
-  admission_.access_threshold = state.access_threshold;
+  admission_.counting_frozen = state.counting_frozen;
+  admission_.options.access_threshold = state.access_threshold;
   removed_log_.clear();
   // Batches planned against the state replaced never train: committing one
   // is an error (Commit), and HostTier::Replace dropped their swap plans.
