@@ -49,8 +49,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "multiworker"))
 
 from train import make_data  # noqa: E402
 
+from mxrec.distributed.communication import _LADDER  # noqa: E402
 from mxrec.distributed.routing import owner_of_numpy  # noqa: E402
-from mxrec.util.communication import _LADDER  # noqa: E402
 
 
 def exchange_bytes(ids: np.ndarray, ranks: int, batch: int, dim: int, steps: int,

@@ -317,7 +317,7 @@ def bench_delivery(partitions: int, rows: int, mode: str) -> list:
 
 def _grow_export(small_export: str, out: str, rows: int, dim: int) -> None:
     """A copy of an export whose "embedding" table holds `rows` IDs (via apply_delta)."""
-    from mxrec.saver import serving
+    from mxrec.export import saved_model as serving
 
     rng = np.random.default_rng(0)
     ids = rng.choice(np.int64(1) << 60, size=rows, replace=False).astype(np.int64)
@@ -326,7 +326,7 @@ def _grow_export(small_export: str, out: str, rows: int, dim: int) -> None:
 
 
 def bench_delta(sizes, changed: int, results: report.Report) -> None:
-    from mxrec.saver import serving
+    from mxrec.export import saved_model as serving
 
     work = tempfile.mkdtemp(prefix="bench_delta_")
     root, export = os.path.join(work, "data"), os.path.join(work, "export")

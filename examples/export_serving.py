@@ -16,8 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.export import saved_model as serving
 from mxrec.optimizers.adagrad import create_hash_optimizer
-from mxrec.saver import serving, sparse
+from mxrec.saver import sparse
 from mxrec.util.initialize import init, terminate_config_initializer
 from mxrec.util.variable import get_dense_and_sparse_variable
 

@@ -10,8 +10,8 @@ import tensorflow as tf  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 
+from mxrec import initialize  # noqa: E402
 from mxrec._lib import loader  # noqa: E402
-from mxrec.util import initialize  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -21,14 +21,14 @@ import tensorflow as tf
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from mxrec.core.embedding import create_table, sparse_lookup  # noqa: E402
-from mxrec.optimizers import gradient_descent  # noqa: E402
-from mxrec.saver.checkpoint import NonFiniteError, Saver  # noqa: E402
-from mxrec.util.communication import (  # noqa: E402
+from mxrec.distributed.communication import (  # noqa: E402
     allreduce,
     get_rank_id,
     get_rank_size,
     session_kwargs,
 )
+from mxrec.optimizers import gradient_descent  # noqa: E402
+from mxrec.saver.checkpoint import NonFiniteError, Saver  # noqa: E402
 from mxrec.util.initialize import init, terminate_config_initializer  # noqa: E402
 from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 

@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
+from mxrec.hooks import IncrementalCheckpointHook
 from mxrec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
-from mxrec.saver.checkpoint import CheckpointError, IncrementalCheckpointHook, Saver
+from mxrec.saver.checkpoint import CheckpointError, Saver
 from mxrec.util.initialize import init, terminate_config_initializer
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -366,7 +367,8 @@ def test_incremental_hook_saves_and_resumes(tmp_path):
 
 def test_delta_checkpoint_updates_a_serving_export(tmp_path):
     """Export at a full save, then apply a later delta: the export serves the newer rows."""
-    from mxrec.saver import serving, sparse
+    from mxrec.export import saved_model as serving
+    from mxrec.saver import sparse
 
     batches = _batches()
     with tf.Graph().as_default():

@@ -6,8 +6,9 @@ import pathlib
 
 import pytest
 
+from mxrec import launch
 from mxrec._lib import loader
-from mxrec.distributed import communication, launch
+from mxrec.distributed import communication
 
 _NAMES = ("MXREC_EXCHANGE", "MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER",
           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")

@@ -17,10 +17,10 @@ import tensorflow as tf
 
 from mxrec.constants.constants import ASCEND_SPARSE_LOOKUP_ID_OFFSET, ASCEND_SPARSE_LOOKUP_LOCAL_EMB
 from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.distributed import communication
 from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
 from mxrec.optimizers import adagrad, adagrad_by_addr
 from mxrec.saver.checkpoint import save_persistables
-from mxrec.util import communication
 from mxrec.util.initialize import init, terminate_config_initializer
 
 _v1 = tf.compat.v1

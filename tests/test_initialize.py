@@ -126,7 +126,7 @@ def test_multi_worker_settings_need_a_launcher(monkeypatch):
 
 
 def test_ranks_come_from_the_launchers_environment(monkeypatch):
-    from mxrec.util import communication
+    from mxrec.distributed import communication
 
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mxrec.distributed import launch
+from mxrec import launch
 
 # As prterun prints it: the sentence wraps before "signal 9".
 WRAPPED = """--------------------------------------------------------------------------

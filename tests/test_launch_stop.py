@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mxrec.distributed import launch
+from mxrec import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 GRACE = 2.0

@@ -158,8 +158,8 @@ def test_ranks_equal_one_process(tmp_path, case):
         _assert_equal_to_one_process(tmp_path / "direct", tmp_path / "many", ranks)
 
 
-# The graph modifier on several ranks (mxrec.graph.sharded): (ranks, prefetch, arguments,
-# reference arguments beyond the case's own). Every case loops until OutOfRangeError, so
+# The graph modifier on several ranks (mxrec.distributed.sharded_pipeline): (ranks, prefetch,
+# arguments, reference arguments beyond the case's own). Every case loops until OutOfRangeError, so
 # the end of the data is checked too (the same number of steps as one process), and
 # re-initialising the training iterator mid-stream (batches planned ahead are dropped) and
 # an evaluation iterator (its 2 global batches every 4 steps, until OutOfRangeError) are
@@ -400,8 +400,7 @@ def test_fence_iterators_fences_each_initializer_once(monkeypatch):
     have no initializer to fence."""
     import tensorflow as tf
 
-    from mxrec.distributed import id_exchange
-    from mxrec.util import communication
+    from mxrec.distributed import communication, id_exchange
 
     monkeypatch.setattr(communication, "_CLUSTER",
                         communication.Cluster(rank=0, size=2, addresses=["a:1", "b:2"]))

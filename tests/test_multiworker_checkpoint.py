@@ -1,7 +1,7 @@
 """TF's Saver and tf.estimator on several ranks, against one process on the global batch.
 
 Each rank's TF checkpoint holds the whole table keyed by ID in the one-process layout
-(mxrec.core.sharded_state), so a checkpoint of N ranks restores on M ranks and on one
+(mxrec.distributed.sharded_state), so a checkpoint of N ranks restores on M ranks and on one
 process. The reference is one process training straight through (examples/multiworker).
 """
 
@@ -193,7 +193,7 @@ def test_estimator_save_checkpoints_secs_is_refused_on_ranks(tmp_path):
 def test_a_rank_without_checkpoint_starts_from_rank_0s(tmp_path):
     """A restore on more ranks than saved: rank R's directory has no checkpoint, so its
     checkpoint state points at rank 0's latest, and lists nothing for max_to_keep."""
-    from mxrec.util import communication
+    from mxrec.distributed import communication
 
     model_dir, own = tmp_path / "model", tmp_path / "model" / "rank-3"
     with tf.Graph().as_default():
@@ -215,7 +215,7 @@ def test_a_rank_without_checkpoint_starts_from_rank_0s(tmp_path):
 
 
 def test_one_process_rank_directory_and_run_config(tmp_path):
-    from mxrec.util import communication
+    from mxrec.distributed import communication
 
     assert communication.rank_directory(str(tmp_path)) == str(tmp_path)
     assert communication.session_kwargs() == {}

@@ -20,7 +20,7 @@ from test_multiworker import (
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.core.asc.helper import get_asc_insert_func, planned_tensors
 from mxrec.core.embedding import create_table, sparse_lookup
-from mxrec.util import communication
+from mxrec.distributed import communication
 from mxrec.util.initialize import init, terminate_config_initializer
 
 COMMON = ["--steps", "12", "--threshold", "2", "--eval_every", "4"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mxrec.distributed import launch
+from mxrec import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK = ROOT / "tests" / "mx_rec_demo_rank.py"

@@ -21,7 +21,8 @@ import tensorflow as tf
 from test_multiworker import _shards, _train
 
 from mxrec.core.embedding import create_table, sparse_lookup
-from mxrec.saver import checkpoint, serving, sparse
+from mxrec.export import saved_model as serving
+from mxrec.saver import checkpoint, sparse
 from mxrec.saver.manifest import CheckpointError
 from mxrec.saver.warm_start import WarmStart
 

@@ -14,11 +14,11 @@ import tensorflow as tf
 
 from mxrec.core import tiers
 from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.hooks import IncrementalCheckpointHook
 from mxrec.optimizers import adagrad, gradient_descent
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver.checkpoint import (
     CheckpointError,
-    IncrementalCheckpointHook,
     NonFiniteError,
     Saver,
     save_persistables,

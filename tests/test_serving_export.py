@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 
 from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.export import saved_model as serving
 from mxrec.optimizers.lazy_adam import create_hash_optimizer
-from mxrec.saver import serving, sparse
+from mxrec.saver import sparse
 from mxrec.util.variable import get_dense_and_sparse_variable
 
 DIMS = {"user_table": 4, "item_table": 3}

@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf
 
 from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.export import saved_model as serving
+from mxrec.export.saved_model import NonFiniteError
 from mxrec.optimizers import adagrad
 from mxrec.saver import manifest as manifest_io
-from mxrec.saver import serving
 from mxrec.saver.checkpoint import Saver
-from mxrec.saver.serving import NonFiniteError
 from mxrec.util.initialize import init
 from mxrec.util.variable import get_dense_and_sparse_variable
 

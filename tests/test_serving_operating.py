@@ -23,7 +23,7 @@ import tensorflow as tf
 from absl import logging as absl_logging
 from serving_streams import MODEL, hashed, read_rows, request, train, write
 
-from mxrec.saver import serving as saver_serving
+from mxrec.export import saved_model as saver_serving
 from mxrec.serving import allowed_ops, versions
 from mxrec.serving import server as server_module
 from mxrec.serving.__main__ import main as serving_main

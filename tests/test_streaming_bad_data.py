@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from mxrec.saver import serving
+from mxrec.export import saved_model as serving
 from mxrec.serving import versions
 from mxrec.serving.predictor import ModelInstance
 from mxrec.streaming import donefile

@@ -22,9 +22,9 @@ import pytest
 import tensorflow as tf
 from test_streaming_trainer import MODEL_FLAGS, PARTITIONS, SCHEMA_SPEC, _export_state, write_stream
 
+from mxrec import launch
 from mxrec._lib import loader
-from mxrec.distributed import launch
-from mxrec.saver import serving
+from mxrec.export import saved_model as serving
 from mxrec.serving import versions
 from mxrec.serving.predictor import ModelInstance
 from mxrec.streaming import donefile, parsers

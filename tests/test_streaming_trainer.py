@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mxrec.saver import serving
+from mxrec.export import saved_model as serving
 from mxrec.serving import versions
 from mxrec.streaming import donefile, models, parsers
 from mxrec.streaming.trainer import FAULT_ENV, StreamConfig, StreamingTrainer

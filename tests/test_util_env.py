@@ -2,7 +2,8 @@
 
 import pytest
 
-from mxrec.distributed import communication, launch, mpi_ops
+from mxrec import launch
+from mxrec.distributed import communication, mpi_ops
 from mxrec.util import env
 
 

@@ -28,14 +28,14 @@ from train import make_data  # noqa: E402  (examples/multiworker/train.py)
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
 from mxrec.core.feature_process import EvictHook  # noqa: E402
-from mxrec.graph.modifier import GraphModifierHook  # noqa: E402
-from mxrec.optimizers import adagrad  # noqa: E402
-from mxrec.util.communication import (  # noqa: E402
+from mxrec.distributed.communication import (  # noqa: E402
     allreduce,
     get_rank_id,
     get_rank_size,
     run_config,
 )
+from mxrec.graph.modifier import GraphModifierHook  # noqa: E402
+from mxrec.optimizers import adagrad  # noqa: E402
 from mxrec.util.initialize import init, terminate_config_initializer  # noqa: E402
 from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 

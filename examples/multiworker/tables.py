@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train import make_data  # noqa: E402
 
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
+from mxrec.distributed.communication import allreduce, get_rank_id, get_rank_size, session_kwargs  # noqa: E402
 from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache  # noqa: E402
 from mxrec.optimizers import adagrad, gradient_descent  # noqa: E402
-from mxrec.util.communication import allreduce, get_rank_id, get_rank_size, session_kwargs  # noqa: E402
 from mxrec.util.initialize import init, terminate_config_initializer  # noqa: E402
 from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 

@@ -31,6 +31,13 @@ from mxrec.core import dynamic  # noqa: E402
 from mxrec.core.asc.feature_spec import FeatureSpec  # noqa: E402
 from mxrec.core.asc.helper import get_asc_insert_func  # noqa: E402
 from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup  # noqa: E402
+from mxrec.distributed.communication import (  # noqa: E402
+    allreduce,
+    get_rank_id,
+    get_rank_size,
+    rank_directory,
+    session_kwargs,
+)
 from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache  # noqa: E402
 from mxrec.optimizers import (  # noqa: E402
     adagrad,
@@ -42,13 +49,6 @@ from mxrec.optimizers import (  # noqa: E402
 )
 from mxrec.saver.checkpoint import Saver  # noqa: E402
 from mxrec.saver.warm_start import WarmStart  # noqa: E402
-from mxrec.util.communication import (  # noqa: E402
-    allreduce,
-    get_rank_id,
-    get_rank_size,
-    rank_directory,
-    session_kwargs,
-)
 from mxrec.util.initialize import init, terminate_config_initializer  # noqa: E402
 from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 

@@ -46,8 +46,8 @@ from mxrec.core.table import (  # noqa: F401 (SparseEmbedding, graph_tables: re-
     lookup_override,
     register_in_graph,
 )
+from mxrec.util.config import get_config_initializer
 from mxrec.util.device import accelerator_device
-from mxrec.util.initialize import get_config_initializer
 
 _EVICT_CONFIG_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient")
 

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.core.embedding import SparseEmbedding, create_table, sparse_lookup
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 
 class CountFilterEntry:

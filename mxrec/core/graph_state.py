@@ -4,7 +4,9 @@ The state is an attribute of the graph itself, not a value of a module-level map
 tensors it holds refer back to their graph, so a map from graph to state would keep every
 graph alive (a `WeakKeyDictionary` entry whose value reaches its key is never dropped). Held
 by the graph, the state and the graph form one cycle that Python's collector frees as soon
-as nothing else holds the graph (an Estimator builds a graph per `train`/`evaluate`).
+as nothing else holds the graph (an Estimator builds a graph per `train`/`evaluate`). What a
+higher layer provides for one graph (the serving export's lookup) is kept on the graph the same
+way, by `mxrec.util.registry`.
 """
 
 from typing import Callable, Dict, List, Optional, Set
@@ -17,8 +19,6 @@ class GraphState:
 
     Attributes:
         tables: {table name: the table created in this graph} (the latest of a name).
-        lookup_override: the serving export's (table, ids, scope, default) -> embeddings,
-            which builds the graph's lookups instead of the key stage, or None.
         modify_graph_lookups: the `LookupRecord`s of modify_graph=True lookups, in order.
         last_key_stage: {(key-stage chain, is_train): the latest key-stage op}; a table's
             next key stage runs after it (`SparseEmbedding.key_stage_dependency`).
@@ -38,7 +38,6 @@ class GraphState:
 
     def __init__(self):
         self.tables: Dict[str, object] = {}
-        self.lookup_override: Optional[Callable] = None
         self.modify_graph_lookups: List[object] = []
         self.last_key_stage: Dict[object, object] = {}
         self.tier_swap_chain: Dict[tuple, object] = {}

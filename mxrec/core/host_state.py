@@ -2,7 +2,7 @@
 
 The table registers it at creation (create_table's is_save), so the graph's own
 Saver, CheckpointSaverHook and Estimator checkpoints carry the host state with
-the device rows. Its old import path, mxrec.saver.host_state, re-exports it.
+the device rows.
 
 Each save also writes mx_rec's sparse checkpoint folder next to the TF checkpoint:
 a save to `<dir>/<name>` (`saver.save(sess, "saved-model/model-0", global_step=100)`

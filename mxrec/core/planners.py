@@ -8,7 +8,7 @@ the key stage.
   `mxrec.graph.modifier` moves into the input pipeline);
 - `feature_spec_lookup`: IDs that `get_asc_insert_func` planned in the dataset (on several
   ranks it only checks them there, and the wing's planner plans them in the step);
-- on several ranks, the wing's planners (`mxrec.distributed.planner`: sharded and
+- on several ranks, the wing's planners (`mxrec.distributed.sharded_lookup`: sharded and
   replicated tables), through `mxrec.core.wing.current().lookup_planner`;
 - multi-hot IDs (`mxrec.core.multi_hot`) sit on top: flattened, looked up by one of these.
 

@@ -28,11 +28,12 @@ from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
 from mxrec.core import gather, initial_values, row_initializer, wing
 from mxrec.core.graph_state import existing_state, graph_state
+from mxrec.util import registry
 
 # The ways a lookup gets its plan (SparseEmbedding.check_lookup).
 DIRECT, FEATURE_SPEC, MODIFY_GRAPH = "direct", "feature_spec", "modify_graph"
 
-# A graph's tables and its lookup override live in its GraphState (mxrec.core.graph_state).
+# A graph's tables live in its GraphState (mxrec.core.graph_state).
 # init()'s `tables` holds the latest table of each name, which an Estimator's or Paddle's
 # next graph replaces.
 
@@ -47,20 +48,13 @@ def graph_tables(graph) -> Dict[str, "SparseEmbedding"]:
     return {} if state is None else dict(state.tables)
 
 
-def set_lookup_override(graph, override: Callable) -> None:
-    """Makes `sparse_lookup` in `graph` return `override(table, ids, scope, default)`.
-
-    The tables created in `graph` then register no host-state saveable: their
-    rows come from wherever the override reads them (the serving export's
-    core-op tables). The serving export registers one (the core does not know about
-    serving).
-    """
-    graph_state(graph).lookup_override = override
-
-
 def lookup_override(graph) -> Optional[Callable]:
-    state = existing_state(graph)
-    return None if state is None else state.lookup_override
+    """What builds `graph`'s lookups instead of the key stage, or None: the serving
+    export's core-op lookup (table, ids, scope, default) -> embeddings, which the export
+    puts in the registry for its own graph (the core does not know about serving). The
+    tables created in such a graph register no host-state saveable: their rows come from
+    wherever the override reads them."""
+    return registry.provided(registry.LOOKUP_OVERRIDE, graph=graph)
 
 
 class SparseEmbedding:

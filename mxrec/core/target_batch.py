@@ -3,8 +3,8 @@
 
 The graph modifier replaces an iterator's get_next; mx_rec scripts then fetch the
 rewritten iterator's batch (its labels, say) through get_target_batch. The graph layer
-answers it (mxrec.graph.target_batch) from what sparse_lookup remembers in the graph's
-state (`GraphState.target_batches`, dropped with the graph).
+answers it (mxrec.graph.modifier.get_target_batch) from what sparse_lookup remembers in the
+graph's state (`GraphState.target_batches`, dropped with the graph).
 """
 
 from typing import Optional

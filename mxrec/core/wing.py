@@ -1,9 +1,10 @@
-"""What a table, a lookup, an optimizer and a checkpoint do in one process, and the slot
-through which multi-worker training (`mxrec.distributed`) replaces it.
+"""What a table, a lookup, an optimizer and a checkpoint do in one process, and how
+multi-worker training (`mxrec.distributed`) replaces it.
 
 The layers below the wing (core, graph, optimizers, saver) never import `mxrec.distributed`:
-they ask `current()`, which is `OneProcess()` until `init()` on several ranks installs the
-wing's (`mxrec.distributed.multirank.MultiRank`). Each method is one decision those layers
+they ask `current()`, which is `OneProcess()` until `init()` on several ranks fills the
+registry's `WING` slot (mxrec.util.registry) with the wing's
+(`mxrec.distributed.multirank.MultiRank`). Each method is one decision those layers
 would otherwise make with `if get_rank_size() > 1`.
 """
 
@@ -11,6 +12,8 @@ from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
+
+from mxrec.util import registry
 
 
 class OneProcess:
@@ -52,15 +55,9 @@ class OneProcess:
         return np.ones(len(keys), bool)
 
 
-_CURRENT = OneProcess()
+_ONE_PROCESS = OneProcess()
 
 
 def current() -> OneProcess:
     """The behaviour in force (OneProcess, or the wing's on several ranks)."""
-    return _CURRENT
-
-
-def install(wing: Optional[OneProcess]) -> None:
-    """Puts `wing` in force (None: back to one process); called by init()."""
-    global _CURRENT
-    _CURRENT = wing if wing is not None else OneProcess()
+    return registry.provided(registry.WING) or _ONE_PROCESS

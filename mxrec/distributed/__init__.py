@@ -1,8 +1,9 @@
-"""Several workers: ranks and collectives, the launcher, sharded and replicated tables.
+"""Several workers: ranks and collectives, sharded and replicated tables.
 
 - `communication`: this rank, its `tf.distribute.Server` and the collectives
-  (old path and mx_rec's: `mxrec.util.communication`); `hccl_ops`: mx_rec's names for them.
-- `launch`: `python -m mxrec.distributed.launch -n N script.py` (also `python -m mxrec.launch`).
+  (mx_rec's path: `mxrec.util.communication`); `hccl_ops`: mx_rec's names for them.
+- `multirank`: what `init()` installs on several ranks (the wing's behaviour).
+- `sharded_lookup`: the lookup planners of several ranks (sharded and replicated tables).
 - Tables sharded across ranks by ID, a lookup in three phases: `routing` (which rank owns
   an ID, the rank-local plan of what goes where), `id_exchange` (the IDs to their
   owners), `send_back` (the embeddings back, the gradients in reverse);
@@ -11,6 +12,6 @@
 - `sharded_state`: the saveable of a sharded table (the whole table, by ID).
 - `sharded_pipeline`: the graph modifier on several ranks.
 
-Nothing here is imported by importing `mxrec.distributed` itself, so the launcher stays a
-plain process starter.
+Nothing here is imported by importing `mxrec.distributed` itself. The launcher that starts
+the ranks is `mxrec.launch` (`python -m mxrec.launch -n N script.py`).
 """

@@ -47,7 +47,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from mxrec.util import env, ranks
+from mxrec.util import env, registry
 from mxrec.util.gradients import custom_gradient
 from mxrec.util.log import logger
 
@@ -319,7 +319,7 @@ def get_rank_size() -> int:
     return 1 if _CLUSTER is None else _CLUSTER.size
 
 
-ranks.register(get_rank_id, get_rank_size)  # the layers below the wing ask mxrec.util.ranks
+registry.provide(registry.RANKS, (get_rank_id, get_rank_size))  # read by mxrec.util.ranks
 
 
 def session_kwargs(config: Optional[tf.compat.v1.ConfigProto] = None) -> Dict:
@@ -339,8 +339,8 @@ def rank_directory(directory: str) -> str:
     On several ranks every rank runs TF's Saver (the save of a sharded table gathers the
     ranks' IDs, a collective), and every rank's checkpoint holds the whole model; several
     processes writing one path would corrupt it, so each writes its own. Any of them
-    restores on any number of ranks (`mxrec.core.sharded_state`). The directory is created
-    (TensorFlow 2.21's Saver no longer creates it).
+    restores on any number of ranks (`mxrec.distributed.sharded_state`). The directory is
+    created (TensorFlow 2.21's Saver no longer creates it).
     """
     own = directory if get_rank_id() == 0 else os.path.join(directory, f"rank-{get_rank_id()}")
     tf.io.gfile.makedirs(own)

@@ -1,7 +1,7 @@
 """mx_rec's `mx_rec.util.communication.hccl_ops`: ranks and allreduce.
 
 mx_rec calls Huawei's HCCL collectives; mxrec runs the same calls on
-TensorFlow's collectives (mxrec.util.communication). One process (no launcher)
+TensorFlow's collectives (mxrec.distributed.communication). One process (no launcher)
 is rank 0 of 1, where `allreduce` returns its input.
 
 Example:

@@ -1,18 +1,20 @@
 """Multi-worker training plugged into the single-process layers (`mxrec.core.wing`).
 
 `init()` on several ranks calls `setup`, which starts this rank's server
-(mxrec.distributed.communication) and installs `MultiRank`: lookups of tensor IDs go to the
-sharded and replicated planners (mxrec.distributed.planner), a table's variables and slots
-are this rank's own layout (LOCAL_VARIABLES, initialised once, saved through the table's
-`ShardedTableSaveable` by ID), mxrec's Saver waits for every rank and a restore keeps the
-IDs this rank owns. On one rank `setup` puts the one-process behaviour back.
+(mxrec.distributed.communication) and puts `MultiRank` in the registry's `WING` slot
+(mxrec.util.registry): lookups of tensor IDs go to the sharded and replicated planners
+(mxrec.distributed.sharded_lookup), a table's variables and slots are this rank's own
+layout (LOCAL_VARIABLES, initialised once, saved through the table's `ShardedTableSaveable`
+by ID), mxrec's Saver waits for every rank and a restore keeps the IDs this rank owns. On one
+rank `setup` puts the one-process behaviour back.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from mxrec.core import wing
-from mxrec.distributed import communication, planner, routing, sharded_state
+from mxrec.distributed import communication, routing, sharded_lookup, sharded_state
+from mxrec.util import registry
 
 
 class MultiRank(wing.OneProcess):
@@ -20,7 +22,7 @@ class MultiRank(wing.OneProcess):
 
     def lookup_planner(self, table, modify_graph: bool):
         del table, modify_graph
-        return planner.sharded_lookup
+        return sharded_lookup.sharded_lookup
 
     def variables_collection(self) -> str:
         # A rank's rows mean nothing to another rank count: TF's Saver saves the table
@@ -62,7 +64,7 @@ def setup(rank: int, size: int):
     """Starts this rank's server (size > 1) and puts the behaviour of `size` ranks in
     force; called by init()."""
     cluster = communication.setup(rank, size)
-    wing.install(MultiRank() if size > 1 else None)
+    registry.provide(registry.WING, MultiRank() if size > 1 else None)
     return cluster
 
 

@@ -32,12 +32,12 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from mxrec.core import target_batch
 from mxrec.core.graph_state import existing_state, graph_state
 from mxrec.core.planners import modify_graph_lookups
 from mxrec.graph import pipeline, trace
-from mxrec.graph import target_batch as _target_batch
-from mxrec.util import initialize
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util import registry
+from mxrec.util.config import get_config_initializer
 
 DEFAULT_DUMP_DIR = "export_graph"
 _REPLACED_GET_NEXT_MESSAGE = (
@@ -330,75 +330,45 @@ def get_initializer(is_training: bool, graph: Optional[tf.Graph] = None) -> tf.O
                         else "mxrec_eval_initializers")
 
 
-class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
-    """Rewrites an Estimator's graph and starts the rewritten iterators.
+def rewritten_initializers(graph: tf.Graph) -> List[tf.Operation]:
+    """The initializers of every rewritten iterator of `graph` (none before the rewrite).
 
-    Add it to the hooks of `train`, `evaluate`, `predict`, or to the
-    TrainSpec and EvalSpec of `train_and_evaluate`; build the lookups in
-    `model_fn` with `sparse_lookup(..., modify_graph=True, is_train=mode == TRAIN)`.
-
-    Example:
-        >>> est.train(input_fn, hooks=[GraphModifierHook()], max_steps=100)
+    Raises:
+        RuntimeError: an op built after the rewrite reads a key stage it retired.
     """
-
-    def __init__(self, dump_graph: bool = False, modify_graph: bool = True,
-                 dump_dir: str = DEFAULT_DUMP_DIR):
-        self._dump_graph = dump_graph
-        self._modify_graph = modify_graph
-        self._dump_dir = dump_dir
-        self._initializers: List[tf.Operation] = []
-        self._graph: Optional[tf.Graph] = None
-
-    def begin(self):
-        graph = tf.compat.v1.get_default_graph()
-        self._graph = graph
-        if self._modify_graph:
-            modify_graph_and_start_emb_cache(graph, dump_graph=self._dump_graph,
-                                             dump_dir=self._dump_dir)
-        state = _existing(graph)
-        if state is not None:
-            _check_retired(state)
-        self._initializers = [it.initializer for it in state.iterators] if state else []
-
-    def after_create_session(self, session, coord):
-        del coord
-        if self._initializers:
-            session.run(self._initializers)
-
-    def before_run(self, run_context):
-        """Swaps replaced get_next outputs in the caller's fetches for their replacements.
-
-        An Estimator fetches its predictions dict as model_fn returned it, and a model_fn
-        may put a raw feature there (mx_rec's demo returns its label). The dict (and lists
-        in it) are changed in place, so the fetch reads the step's own batch; a fetch held
-        in a tuple or alone cannot be changed and still fails with the message that names
-        `rewritten_tensor`.
-        """
-        state = _existing(self._graph) if self._graph is not None else None
-        if state is not None and state.replacements:
-            _swap_in_place(run_context.original_args.fetches, state.replacements)
-        return None
+    state = _existing(graph)
+    if state is None:
+        return []
+    _check_retired(state)
+    return [it.initializer for it in state.iterators]
 
 
-def _swap_in_place(fetches, replacements: Dict[str, tf.Tensor]) -> None:
-    """Replaces, inside dicts and lists (recursively), tensors named in `replacements`."""
-    if isinstance(fetches, dict):
-        keys = list(fetches)
-    elif isinstance(fetches, list):
-        keys = range(len(fetches))
-    else:
-        return
-    for key in keys:
-        value = fetches[key]
-        if isinstance(value, tf.Tensor) and value.name in replacements:
-            fetches[key] = replacements[value.name]
-        else:
-            _swap_in_place(value, replacements)
+def replacements(graph: tf.Graph) -> Dict[str, tf.Tensor]:
+    """{name of a replaced get_next output: the output that carries the step's own batch}."""
+    state = _existing(graph)
+    return {} if state is None else state.replacements
 
 
-# mxrec.util.initialize.get_initializer (mx_rec's import path) answers with this module's.
-initialize.register_initializer_provider(get_initializer)
-# ... and train_params_config.get_target_batch with mxrec.graph.target_batch's.
-initialize.register_target_batch_provider(
-    lambda is_training: _target_batch.get_target_batch(is_training, get_initializer,
-                                                       rewritten_tensor))
+def get_target_batch(is_training: bool):
+    """mx_rec's `train_params_config.get_target_batch(is_training)`: the `batch=` of this
+    mode's modify_graph lookups, its tensors swapped for the rewritten iterator's outputs.
+
+    Raises:
+        RuntimeError: the default graph was not rewritten for that mode, or its lookups
+            were given no `batch=`.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    get_initializer(is_training, graph)  # raises unless that mode was rewritten
+    batch = target_batch.batch_of(graph, is_training)
+    if batch is None:
+        raise RuntimeError(
+            f"get_target_batch({is_training}): no sparse_lookup(..., modify_graph=True, "
+            f"is_train={is_training}) of this graph was given batch=; pass the iterator's "
+            "get_next() as batch=, or fetch mxrec.graph.modifier.rewritten_tensor(tensor)")
+    return rewritten_tensor(batch, graph)
+
+
+# mxrec.util.config.get_initializer (mx_rec's `mxrec.util.initialize.get_initializer`) and
+# train_params_config.get_target_batch answer with this module's.
+registry.provide(registry.ITERATOR_INITIALIZER, get_initializer)
+registry.provide(registry.TARGET_BATCH, get_target_batch)

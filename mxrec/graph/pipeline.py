@@ -68,7 +68,8 @@ class RewrittenIterator:
         restore: the planned restore indexes, one per lookup.
         reused: the planned rows to re-initialise (handed to new IDs after eviction).
         replacements: (tensor of the user's graph, planned tensor) pairs the modifier also
-            rewires: a sharded lookup's routing and exchange (mxrec.graph.sharded).
+            rewires: a sharded lookup's routing and exchange
+            (mxrec.distributed.sharded_pipeline).
     """
 
     source: trace.IteratorSource

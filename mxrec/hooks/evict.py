@@ -1,7 +1,7 @@
 """EvictHook: removes IDs that stopped appearing, every N steps or T seconds.
 
-mx_rec's path is `mx_rec.core.feature_process.EvictHook`, which `mxrec.core.feature_process`
-re-exports (`mxrec.hooks.EvictHook` is the same class)."""
+mx_rec's path is `mx_rec.core.feature_process.EvictHook`: `mxrec.core.feature_process` is this
+module (mxrec.compat), and `mxrec.hooks.EvictHook` the same class."""
 
 import time
 from typing import Optional
@@ -9,7 +9,7 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 
 class EvictHook(tf.compat.v1.train.SessionRunHook):

@@ -5,7 +5,7 @@ from typing import Optional
 import tensorflow as tf
 
 from mxrec.core import tiers
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 STAT_NAMES = ("rows_in_use", "ids_tracked", "ids_seen", "admitted", "rejected", "evicted")
 # Tables with a host tier add rows per tier and the last step's swap traffic.

@@ -10,16 +10,18 @@
 docs/KERAS.md says what works and what is not available yet.
 """
 
-from mxrec.keras import callbacks, optimizers
+from typing import Dict, Optional
+
+from mxrec import initialize
+from mxrec.export import keras_model
+from mxrec.keras import _compat, callbacks, optimizers
 from mxrec.keras._compat import require_eager
-from mxrec.keras.layers import Embedding
-from mxrec.keras.saving import KerasSaver, warm_start
-from mxrec.keras.serving import export_serving
-from mxrec.util import initialize
+from mxrec.keras.layers import Embedding, embedding_layers
+from mxrec.keras.saving import KerasSaver, keras_name, warm_start
 
 
 def init(**kwargs):
-    """mxrec's init() (mxrec.util.initialize.init, the same settings) for TF2 code.
+    """mxrec's init() (mxrec.initialize.init, the same settings) for TF2 code.
 
     Raises:
         RuntimeError: eager execution is off (tf.compat.v1.disable_eager_execution()).
@@ -29,6 +31,49 @@ def init(**kwargs):
 
 
 terminate = initialize.terminate_config_initializer
+
+
+def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
+                   dense_names: Optional[Dict[str, str]] = None,
+                   signature_name: str = "serving_default", as_text: bool = False) -> str:
+    """Writes a SavedModel (tag "serve") of core ops that predicts as `model(x,
+    training=False)`: IDs without a row look up zeros (or the layer's
+    serving_default_value), padding keys zeros (mxrec.export.keras_model).
+
+    Args:
+        model: a Keras model with mxrec.keras Embedding layers; its inputs (by their names)
+            and outputs (by the model's output names) are the signature's.
+        export_dir: a directory that does not exist yet (TF Serving: `<base>/<version>`).
+        checkpoint: the rows and weights to serve: an mxrec checkpoint directory (either
+            path's) or one version folder; by default the model as it is now.
+        dense_names: {Keras name: name in the checkpoint} (mxrec.keras.saving), for a
+            checkpoint whose dense names differ from the model's.
+        signature_name, as_text: as in mxrec.export.saved_model.export_saved_model.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        RuntimeError: eager execution is off.
+        ValueError: export_dir exists; a table or weight missing from the checkpoint or of
+            another shape; the model's inference needs a resource other than its weights
+            (e.g. a tf.lookup table of its own) or an mxrec op.
+
+    Example:
+        >>> mk.export_serving(model, "/serving/user_model/1")  # predicts as model(x)
+    """
+    require_eager("mxrec.keras.export_serving")
+    dense_names = dict(dense_names or {})
+    dense = [(dense_names.get(keras_name(weight), keras_name(weight)),
+              _compat.tf_variable(weight))
+             for weight in model.weights if _compat.table_of(weight) is None]
+
+    def save_model(directory: str) -> None:
+        KerasSaver(directory, model, None, max_to_keep=None,
+                   dense_names=dense_names).save(step=0, kind="full")
+
+    return keras_model.export_model(model, export_dir, embedding_layers(model), dense,
+                                    save_model, checkpoint, signature_name, as_text)
 
 __all__ = ["Embedding", "KerasSaver", "callbacks", "export_serving", "init", "optimizers",
            "terminate", "warm_start"]

@@ -35,9 +35,9 @@ from mxrec._lib import loader
 from mxrec.core import embedding, gather, multi_hot, tiers
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
-from mxrec.keras import _compat, checkpoint
+from mxrec.keras import _compat, trackable
 from mxrec.util import ops as mxrec_ops
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 
 class KerasTable(SparseEmbedding):
@@ -227,7 +227,7 @@ class Embedding(tf.keras.layers.Layer):
             name="embeddings", shape=[config.device_vocabulary_size, config.dim],
             dtype=tf.float32, initializer=config.initializer, trainable=True)
         self.table.variable = _compat.tf_variable(self.embeddings)
-        self.host_state = checkpoint.HostState(self.table.table_key, self.table.table_name)
+        self.host_state = trackable.HostState(self.table.table_key, self.table.table_name)
         for weight in {id(w): w for w in (self.embeddings, self.table.variable)}.values():
             weight._mxrec_keras_table = self.table  # noqa: SLF001 (the optimizers' marker)
         if policy:
@@ -369,7 +369,7 @@ class Embedding(tf.keras.layers.Layer):
     def save_own_variables(self, store):
         """Keras' weights files (`model.save_weights("x.weights.h5")`, Keras 3's only
         format): the layer's weight as Keras stores it, and the table's host state (the
-        fields tf.train.Checkpoint saves, `checkpoint.HostState.arrays`) beside it."""
+        fields tf.train.Checkpoint saves, `trackable.HostState.arrays`) beside it."""
         super().save_own_variables(store)
         for name, value in self.host_state.arrays().items():
             store[name] = value
@@ -380,9 +380,9 @@ class Embedding(tf.keras.layers.Layer):
         table's host-state fields is refused before the weight changes)."""
         keys = list(store.keys())
         host = self.host_state.tensors_of({k: store[k] for k in keys
-                                           if k.startswith(checkpoint.ARRAY_PREFIX)})
-        weights = checkpoint.StoreSubset(
-            store, [k for k in keys if not k.startswith(checkpoint.ARRAY_PREFIX)])
+                                           if k.startswith(trackable.ARRAY_PREFIX)})
+        weights = trackable.StoreSubset(
+            store, [k for k in keys if not k.startswith(trackable.ARRAY_PREFIX)])
         super().load_own_variables(weights)
         self.host_state.import_tensors(host)
 

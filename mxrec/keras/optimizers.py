@@ -38,7 +38,7 @@ import tensorflow as tf
 from mxrec._lib import loader
 from mxrec.core import tiers
 from mxrec.keras import _compat
-from mxrec.keras.checkpoint import StoreSubset, TableSlots
+from mxrec.keras.trackable import StoreSubset, TableSlots
 
 _KERAS3 = _compat.keras_major() >= 3
 _SLOT_PREFIX = "mxrec."  # the table slots' names in Keras weights files

@@ -44,7 +44,7 @@ from mxrec.saver import checkpoint as saver_checkpoint
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver import merge
 from mxrec.saver.manifest import CheckpointError
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 GLOBAL_STEP = "global_step"
 

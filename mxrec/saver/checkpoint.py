@@ -53,8 +53,7 @@ table replicated on every rank, is_dp=True, keeps them all). WarmStart, the serv
 This module holds the Saver (what a table file contains, reading and writing
 rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,
 folding versions into one state is `mxrec.saver.merge`. The timer that
-saves, `IncrementalCheckpointHook`, is defined at the end of this module (its mx_rec path)
-and is importable from `mxrec.hooks.checkpoint` too.
+saves, `IncrementalCheckpointHook`, is a hook (`mxrec.hooks.incremental_checkpoint`).
 
 Example:
     >>> saver = Saver("/data/ckpt")
@@ -88,7 +87,7 @@ from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSIO
     version_name,
 )
 from mxrec.util import ranks
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 
 def load_variable(session, variable, value):
@@ -222,7 +221,7 @@ class Saver:
         runtime = get_config_initializer()
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"Saver: max_to_keep must be >= 1 or None, got {max_to_keep}")
-        self.check_finite = _check_flag("Saver", check_finite)
+        self.check_finite = check_flag("Saver", check_finite)
         self.directory = directory
         self.max_to_keep = max_to_keep
         graph = tf.compat.v1.get_default_graph()
@@ -312,7 +311,7 @@ class Saver:
         if kind == "delta" and self._last_epochs is None:
             raise CheckpointError("Saver.save(kind='delta') needs a full save (or a restore) "
                                   "first: a delta holds only what changed since the last save")
-        check = self.check_finite if check_finite is None else _check_flag("Saver.save",
+        check = self.check_finite if check_finite is None else check_flag("Saver.save",
                                                                            check_finite)
         step = int(step)
         files, digests, tables_meta, epochs, faults = self._build_files(session, kind, check)
@@ -486,7 +485,7 @@ class Saver:
         return self._last_step
 
     def serving_delta(self, step: int) -> Dict[str, Dict[str, np.ndarray]]:
-        """The delta saved at `step` in the form `mxrec.saver.serving.apply_delta` takes:
+        """The delta saved at `step` in the form `mxrec.export.saved_model.apply_delta` takes:
         {table: {"ids", "embeddings", "removed"}} (admitted IDs changed since the save
         before it, and the IDs removed since then); a delta written by N ranks gives the
         whole table's (each rank's file holds the IDs it owned)."""
@@ -520,7 +519,8 @@ class Saver:
                                                                       self._dense_feeds)})
 
 
-def _check_flag(where: str, value) -> bool:
+def check_flag(where: str, value) -> bool:
+    """`value` as a bool, or TypeError naming `where` unless it is True or False."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{where}: check_finite must be True or False, got {value!r}")
     return bool(value)
@@ -748,76 +748,3 @@ def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] 
         step = tf.compat.v1.train.global_step(session, global_step)
     return saver.save(session, step, kind="delta" if mode == 2 else "full",
                       check_finite=check_finite)
-
-
-class IncrementalCheckpointHook(tf.compat.v1.train.SessionRunHook):
-    """Full saves every `save_checkpoint_due_time` seconds, deltas every
-    `save_delta_checkpoints_secs` seconds, as init(is_incremental_checkpoint=True, ...)
-    configures; restores the latest version (or init's restore_model_version) when the
-    session starts and a checkpoint exists.
-
-    Args:
-        checkpoint_dir: the versions' directory.
-        save_checkpoint_due_time, save_delta_checkpoints_secs, restore_model_version:
-            override init()'s settings.
-        max_to_keep: the Saver's.
-        check_finite: the Saver's: each save refuses (NonFiniteError, out of the
-            session's run) a model holding a NaN or an infinity.
-    """
-
-    def __init__(self, checkpoint_dir: str, save_checkpoint_due_time: Optional[float] = None,
-                 save_delta_checkpoints_secs: Optional[float] = None,
-                 restore_model_version: Optional[int] = None, max_to_keep: Optional[int] = 5,
-                 check_finite: bool = False):
-        config = get_config_initializer().config
-        self._check_finite = _check_flag("IncrementalCheckpointHook", check_finite)
-        self._dir = checkpoint_dir
-        self._full_every = (config.save_checkpoint_due_time
-                            if save_checkpoint_due_time is None else save_checkpoint_due_time)
-        self._delta_every = (config.save_delta_checkpoints_secs
-                             if save_delta_checkpoints_secs is None
-                             else save_delta_checkpoints_secs)
-        self._version = (config.restore_model_version
-                         if restore_model_version is None else restore_model_version)
-        self._max_to_keep = max_to_keep
-        self._saver: Optional[Saver] = None
-        self._step = 0
-        self._last_full = self._last_delta = 0.0
-        self.restored_step: Optional[int] = None
-
-    def begin(self):
-        self._saver = Saver(self._dir, max_to_keep=self._max_to_keep,
-                            check_finite=self._check_finite)
-        self._global_step = tf.compat.v1.train.get_global_step()
-
-    def after_create_session(self, session, coord):
-        if self._saver.versions():
-            self.restored_step = self._saver.restore(session, self._version)
-            self._step = self.restored_step
-        else:
-            self._saver.save(session, self._current_step(session), kind="full")
-        self._last_full = self._last_delta = time.monotonic()
-
-    def _current_step(self, session) -> int:
-        if self._global_step is not None:
-            return int(session.run(self._global_step))
-        return self._step
-
-    def after_run(self, run_context, run_values):
-        self._step += 1
-        now = time.monotonic()
-        session = run_context.session
-        step = self._current_step(session)
-        if step == self._saver.last_step:
-            return  # nothing trained since the last save (the global step did not move)
-        if self._full_every and now - self._last_full >= self._full_every:
-            self._saver.save(session, step, kind="full")
-            self._last_full = self._last_delta = now
-        elif self._delta_every and now - self._last_delta >= self._delta_every:
-            self._saver.save(session, step, kind="delta")
-            self._last_delta = now
-
-    def end(self, session):
-        step = self._current_step(session)
-        if step != self._saver.last_step:
-            self._saver.save(session, step, kind="delta")

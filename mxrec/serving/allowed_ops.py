@@ -1,8 +1,8 @@
 """The op types a served graph may contain: what mxrec's exports write, and nothing that
 reaches a file, a process or the network.
 
-mxrec's exports (`mxrec.saver.serving.export_saved_model` and `apply_delta`, the streaming
-trainer's versions, `mxrec.keras.serving.export_serving`) write core TensorFlow compute
+mxrec's exports (`mxrec.export.saved_model.export_saved_model` and `apply_delta`, the
+streaming trainer's versions, `mxrec.keras.export_serving`) write core TensorFlow compute
 ops, resource variables, hash tables and the SavedModel saver's checkpoint ops. A version
 whose graph (or a function of its library) holds any other op type is refused, naming it:
 a graph that reads or writes files (ReadFile, WriteFile, MatchingFiles), runs Python

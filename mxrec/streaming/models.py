@@ -21,7 +21,7 @@ from typing import Callable, Dict, Optional, Sequence
 import tensorflow as tf
 
 from mxrec.core.embedding import create_table, sparse_lookup
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 MODELS = ("wide_deep", "dlrm", "dcn")
 # Plain TensorFlow bucket variables (ModelConfig.buckets): the trainer updates them with

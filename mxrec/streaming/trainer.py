@@ -56,11 +56,12 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.protobuf import config_pb2
 
+from mxrec import initialize
 from mxrec.core.embedding import add_timestamp
 from mxrec.distributed import communication
+from mxrec.export import saved_model
 from mxrec.optimizers.adagrad import create_hash_optimizer
 from mxrec.saver import manifest as checkpoint_manifest
-from mxrec.saver import serving
 from mxrec.saver.checkpoint import NonFiniteError, Saver
 from mxrec.saver.manifest import list_versions as checkpoint_versions
 from mxrec.serving import versions as serving_versions
@@ -82,7 +83,6 @@ from mxrec.streaming.partitions import (
     of_granularity,
     partition_at,
 )
-from mxrec.util import initialize
 from mxrec.util.variable import get_dense_and_sparse_variable
 
 FAULT_ENV = "MXREC_STREAMING_FAULT"
@@ -585,7 +585,7 @@ class StreamingTrainer:
                                                          only=["dense.npz"])
             tables, dense = self._saver.serving_delta(step), arrays["dense.npz"]
             if cfg.delta_export == "savedmodel":
-                serving.apply_delta(previous_dir, tables, staging, dense=dense)
+                saved_model.apply_delta(previous_dir, tables, staging, dense=dense)
             else:
                 tf.io.gfile.makedirs(staging)
             write_delta(posixpath.join(staging, DELTA_FILE), tables, dense)
@@ -606,7 +606,7 @@ class StreamingTrainer:
                         RAW_SIGNATURE: (raw, {"prob": tf.sigmoid(raw_logits),
                                               "logits": raw_logits})}
 
-            serving.export_saved_model(staging, version, build)
+            saved_model.export_saved_model(staging, version, build)
             info = {"kind": "full", "base": None}
         ownership.check_export_owner(cfg.export_base, self._identity)
         info["model_id"] = self._identity["model_id"]

@@ -3,7 +3,7 @@
 mx_rec adds `eos_map` to tf.data datasets (mx_rec.data.patch: an EosDataset over its
 librec_eos_ops.so); RecSDK's Wide&Deep calls it before get_asc_insert_func so that a
 FeatureSpec run with dynamic shapes ends cleanly, every rank together. mxrec adds the
-same method (when mxrec.util.initialize is imported):
+same method (when mxrec.util.config is imported):
 
 - the channel's dataset ends with its data or after the channel's maximum number of
   batches (`max_train_steps` for channel 0, `max_eval_steps` for channel 1; -1: no

@@ -2,7 +2,7 @@
 host ops object); the sharded lookup's ops are wrapped in mxrec.distributed.sharded_ops."""
 
 import os
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -13,16 +13,7 @@ from mxrec.constants.constants import (
     LIBREC_EOS_OPS_SO,
     TRAIN_CHANNEL_ID,
 )
-
-# The ConfigInitializer in force, as mxrec.util.initialize registers it (that module
-# imports this one, so this one does not import it).
-_runtime: Optional[Callable[[], object]] = None
-
-
-def register_runtime(provider: Callable[[], object]) -> None:
-    """Lets set_threshold find the tables of the init() in force (called by initialize)."""
-    global _runtime
-    _runtime = provider
+from mxrec.util import registry
 
 
 def key_stage(
@@ -177,9 +168,12 @@ class HostPipelineOps:
         Raises:
             ValueError: no table `emb_name`, or no lookup `ids_name` of it.
         """
-        if _runtime is None:
+        # The configuration in force, which mxrec.util.config provides (it imports this
+        # module, so this one does not import it).
+        get_config_initializer = registry.provided(registry.CONFIG)
+        if get_config_initializer is None:
             raise RuntimeError("set_threshold: call mxrec.util.initialize.init() first")
-        runtime = _runtime()
+        runtime = get_config_initializer()
         if emb_name not in runtime.tables:
             raise ValueError(f"set_threshold: no table named {emb_name!r} was created")
         if ids_name is not None:

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from mxrec.core.embedding import create_table, sparse_lookup
+from mxrec.export import saved_model as serving
 from mxrec.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
 from mxrec.optimizers import gradient_descent
-from mxrec.saver import serving
 from mxrec.util.initialize import init
 from mxrec.util.variable import get_dense_and_sparse_variable
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mxrec.distributed import launch
+from mxrec import launch
 from mxrec.distributed.routing import owner_of_numpy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ On several ranks the key stage of an ID runs on its owner, after an exchange bet
 ranks, which cannot run inside a tf.data function: the insert function checks each spec's
 IDs (dtype, batch_size, feat_count) and adds the batch's time (`spec.time_key`) and a mark
 of its mode (`spec.checked_key(is_training)`); `sparse_lookup(table, spec, batch=...)` then
-plans the IDs in the step as a lookup of tensor IDs does (mxrec.distributed.planner: route,
+plans the IDs in the step as a lookup of tensor IDs does (mxrec.distributed.sharded_lookup: route,
 exchange, the owner's key stage, send back).
 
 Example:
@@ -30,7 +30,7 @@ import tensorflow as tf
 from mxrec.core.asc.feature_spec import FeatureSpec
 from mxrec.util import ops as mxrec_ops
 from mxrec.util import ranks
-from mxrec.util.initialize import get_config_initializer
+from mxrec.util.config import get_config_initializer
 
 
 def _check_specs(specs) -> Tuple[FeatureSpec, ...]:

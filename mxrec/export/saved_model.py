@@ -39,11 +39,10 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from mxrec.core.table import set_lookup_override
 from mxrec.saver import finite, merge, sparse
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver.finite import NonFiniteError
-from mxrec.util import durable
+from mxrec.util import config, durable, registry
 
 SERVING_SCOPE = "mxrec_serving"
 _CONTEXT_COLLECTION = "mxrec_serving_export_context"
@@ -223,9 +222,7 @@ def serving_lookup(hashtable, ids: tf.Tensor, scope: str, default_value=None) ->
 def _private_runtime():
     """A ConfigInitializer of the export's own, so that the tables the user's function
     creates are new host tables, not the ones a training in this process is using."""
-    from mxrec.util import initialize
-
-    return initialize.scoped_config_initializer()
+    return config.scoped_config_initializer()
 
 
 def _input_names(node) -> list:
@@ -282,7 +279,7 @@ def _build(build_fn, source, signature_name: str):
     with graph.as_default(), _private_runtime():
         graph.add_to_collection(_CONTEXT_COLLECTION, context)
         # sparse_lookup in this graph builds core-op lookups, and its tables save nothing.
-        set_lookup_override(graph, serving_lookup)
+        registry.provide(registry.LOOKUP_OVERRIDE, serving_lookup, graph=graph)
         signatures = _signatures(build_fn(), graph, signature_name)
         graph_def = graph.as_graph_def()
         nodes = {node.name: node for node in graph_def.node}

@@ -1,6 +1,11 @@
-"""`export_serving(model, export_dir)`: a SavedModel of core ops, as the Session path's export.
+"""The Keras path's serving export: a SavedModel of core ops, as the Session path's export.
 
-The export is `mxrec.saver.serving.export_saved_model` itself: the same graph form (per
+`mxrec.keras.export_serving(model, export_dir)` is the user's call: it gathers what only the
+Keras layer knows (the model's mxrec Embedding layers, its dense weights under their checkpoint
+names, how to save the model as it is) and hands it to `export_model` here, below the Keras
+layer, so no import runs from the export up to `mxrec.keras`.
+
+The export is `mxrec.export.saved_model.export_saved_model` itself: the same graph form (per
 table a `StaticHashTable` ID -> index filled from `mxrec_serving/<table>/ids` by the main
 op, `mxrec_serving/<table>/embeddings` with a last row of zeros for unseen IDs), the same
 pruning and check that no mxrec op is left, the same files; so `mxrec.serving`'s REST
@@ -22,14 +27,11 @@ is, written to a temporary directory.
 
 import shutil
 import tempfile
-from typing import Dict, Optional
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from mxrec.keras import _compat
-from mxrec.keras.layers import embedding_layers
-from mxrec.keras.saving import KerasSaver, keras_name
-from mxrec.saver import serving as saver_serving
+from mxrec.export import saved_model
 
 
 class _StandIn:
@@ -53,7 +55,7 @@ class _StandIn:
         return tf.size(self.ids.value(), out_type=tf.int64)
 
     def lookup(self, ids, default_value, padding_keys):
-        return saver_serving._ServingTable.lookup(self, ids, default_value,  # noqa: SLF001
+        return saved_model._ServingTable.lookup(self, ids, default_value,  # noqa: SLF001
                                                   padding_keys)
 
 
@@ -62,7 +64,7 @@ def _name(tensor, index: int, prefix: str) -> str:
     return name.split(":")[0].replace("/", "_")
 
 
-def _trace(model, stand_ins):
+def _trace(model, layers, stand_ins):
     """The model's inference as a ConcreteFunction over core ops, and its input names."""
     inputs = list(model.inputs)
     names = [_name(t, i, "input") for i, t in enumerate(inputs)]
@@ -75,7 +77,6 @@ def _trace(model, stand_ins):
         out = model(list(args) if len(args) > 1 else args[0], training=False)
         return out
 
-    layers = embedding_layers(model)
     for layer in layers:  # not Keras' __setattr__: nothing of this is tracked
         object.__setattr__(layer, "_serving", stand_ins[layer.table.table_name])
     try:
@@ -93,53 +94,22 @@ def _output_names(model, count: int):
     return names
 
 
-def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
-                   dense_names: Optional[Dict[str, str]] = None,
-                   signature_name: str = "serving_default", as_text: bool = False) -> str:
-    """Writes a SavedModel (tag "serve") of core ops that predicts as `model(x,
-    training=False)`: IDs without a row look up zeros (or the layer's
-    serving_default_value), padding keys zeros.
-
-    Args:
-        model: a Keras model with mxrec.keras Embedding layers; its inputs (by their names)
-            and outputs (by the model's output names) are the signature's.
-        export_dir: a directory that does not exist yet (TF Serving: `<base>/<version>`).
-        checkpoint: the rows and weights to serve: an mxrec checkpoint directory (either
-            path's) or one version folder; by default the model as it is now.
-        dense_names: {Keras name: name in the checkpoint} (mxrec.keras.saving), for a
-            checkpoint whose dense names differ from the model's.
-        signature_name, as_text: as in mxrec.saver.serving.export_saved_model.
-
-    Returns:
-        export_dir.
+def _captures(concrete, stand_ins, dense) -> List[Tuple[tuple, str]]:
+    """What the traced function reads from outside, in its order: (what it is, the name of
+    its placeholder inside the function). What it is: (table, field) of a table's
+    stand-in, ("dense", checkpoint name, variable) of a dense weight, ("constant", value)
+    of an eager constant.
 
     Raises:
-        ValueError: export_dir exists; a table or weight missing from the checkpoint or of
-            another shape; the model's inference needs a resource other than its weights
-            (e.g. a tf.lookup table of its own) or an mxrec op.
+        ValueError: the function reads a resource that is neither a weight nor a table.
     """
-    _compat.require_eager("mxrec.keras.export_serving")
-    if tf.io.gfile.exists(export_dir):
-        raise ValueError(f"mxrec.keras.export_serving: export_dir {export_dir!r} already exists")
-    tables = {layer.table.table_name: layer.table for layer in embedding_layers(model)}
-    if not tables:
-        raise ValueError("mxrec.keras.export_serving: the model has no mxrec.keras Embedding")
-    stand_ins = {name: _StandIn(table) for name, table in tables.items()}
-    concrete, input_names = _trace(model, stand_ins)
-    outputs = tf.nest.flatten(concrete.structured_outputs)
-    output_names = _output_names(model, len(outputs))
-    # What the traced function reads from outside: table stand-ins and dense weights.
     resources = {}
     for name, stand_in in stand_ins.items():
         resources[id(stand_in.ids.handle)] = (name, "ids")
         resources[id(stand_in.embeddings.handle)] = (name, "embeddings")
         resources[id(stand_in.table.resource_handle)] = (name, "table")
-    dense_names = dict(dense_names or {})
-    for weight in model.weights:
-        if _compat.table_of(weight) is None:
-            variable = _compat.tf_variable(weight)
-            name = keras_name(weight)
-            resources[id(variable.handle)] = ("dense", dense_names.get(name, name), variable)
+    for name, variable in dense:
+        resources[id(variable.handle)] = ("dense", name, variable)
     captures = []
     for external, internal in concrete.graph.captures:
         found = resources.get(id(external))
@@ -150,51 +120,103 @@ def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
                              f"{external!r}, which is neither a weight of the model nor a "
                              "table; the export holds weights and tables only")
         captures.append((found, internal.name))
+    return captures
+
+
+def _serving_input(found: tuple, tables, context, dense_variables):
+    """The export graph's tensor for one capture (see `_captures`); a dense weight's
+    variable is made once, under its checkpoint name, in `dense_variables`."""
+    if found[0] == "constant":
+        return tf.constant(found[1])
+    if found[0] == "dense":
+        _, name, variable = found
+        if name not in dense_variables:
+            dense_variables[name] = tf.compat.v1.Variable(
+                tf.zeros(variable.shape, variable.dtype), name=name,
+                trainable=variable.trainable, use_resource=True)
+            if dense_variables[name].op.name != name:
+                raise ValueError(f"mxrec.keras.export_serving: weight name {name!r} "
+                                 "is taken in the serving graph; rename it with "
+                                 "dense_names")
+        return dense_variables[name].handle
+    table_name, field = found
+    serving_table = context.table(tables[table_name])
+    return {"ids": serving_table.ids.handle,
+            "embeddings": serving_table.embeddings.handle,
+            "table": serving_table.table.resource_handle}[field]
+
+
+def _builder(concrete, input_names, output_names, captures, tables) -> Callable:
+    """The export's model-building function: the traced function's graph imported into the
+    export's graph over placeholders of the model's input names, with its captures mapped
+    onto the serving tables, dense variables and constants."""
     graph_def = concrete.graph.as_graph_def()
     input_tensors = [t.name for t in concrete.inputs[:len(input_names)]]
-    output_tensors = [t.name for t in outputs]
+    output_tensors = [t.name for t in tf.nest.flatten(concrete.structured_outputs)]
 
     def build():
-        context = saver_serving._context()  # noqa: SLF001
+        context = saved_model._context()  # noqa: SLF001
         placeholders = {name: tf.compat.v1.placeholder(spec.dtype, spec.shape, name=name)
                         for name, spec in zip(input_names, concrete.structured_input_signature[0])}
         input_map = {tensor: placeholders[name]
                      for tensor, name in zip(input_tensors, input_names)}
-        dense = {}
+        dense_variables = {}
         for found, internal in captures:
-            if found[0] == "constant":
-                input_map[internal] = tf.constant(found[1])
-            elif found[0] == "dense":
-                _, name, variable = found
-                if name not in dense:
-                    dense[name] = tf.compat.v1.Variable(
-                        tf.zeros(variable.shape, variable.dtype), name=name,
-                        trainable=variable.trainable, use_resource=True)
-                    if dense[name].op.name != name:
-                        raise ValueError(f"mxrec.keras.export_serving: weight name {name!r} "
-                                         "is taken in the serving graph; rename it with "
-                                         "dense_names")
-                input_map[internal] = dense[name].handle
-            else:
-                table_name, field = found
-                serving_table = context.table(tables[table_name])
-                input_map[internal] = {"ids": serving_table.ids.handle,
-                                       "embeddings": serving_table.embeddings.handle,
-                                       "table": serving_table.table.resource_handle}[field]
+            input_map[internal] = _serving_input(found, tables, context, dense_variables)
         results = tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                                  return_elements=output_tensors, name="model")
         return placeholders, {name: tf.identity(t, name=name)
                               for name, t in zip(output_names, results)}
 
+    return build
+
+
+def export_model(model, export_dir: str, layers: Sequence, dense: List[Tuple[str, tf.Variable]],
+                 save_model: Callable[[str], None], checkpoint: Optional[str] = None,
+                 signature_name: str = "serving_default", as_text: bool = False) -> str:
+    """Writes a SavedModel (tag "serve") of core ops that predicts as `model(x,
+    training=False)`: IDs without a row look up zeros (or the layer's
+    serving_default_value), padding keys zeros. `mxrec.keras.export_serving` documents it
+    for users and calls it.
+
+    Args:
+        model: a Keras model; its inputs (by their names) and outputs (by the model's output
+            names) are the signature's.
+        export_dir: a directory that does not exist yet (TF Serving: `<base>/<version>`).
+        layers: the model's mxrec.keras Embedding layers; while the model is traced each
+            looks up through the stand-in put in its `_serving` attribute.
+        dense: (name in the checkpoint, tf.Variable) of each dense weight of the model.
+        save_model: writes a full version of the model as it is into a directory (used when
+            `checkpoint` is None).
+        checkpoint: the rows and weights to serve: an mxrec checkpoint directory (either
+            path's) or one version folder; by default the model as it is now.
+        signature_name, as_text: as in mxrec.export.saved_model.export_saved_model.
+
+    Returns:
+        export_dir.
+
+    Raises:
+        ValueError: export_dir exists; a table or weight missing from the checkpoint or of
+            another shape; the model's inference needs a resource other than its weights
+            (e.g. a tf.lookup table of its own) or an mxrec op.
+    """
+    if tf.io.gfile.exists(export_dir):
+        raise ValueError(f"mxrec.keras.export_serving: export_dir {export_dir!r} already exists")
+    tables = {layer.table.table_name: layer.table for layer in layers}
+    if not tables:
+        raise ValueError("mxrec.keras.export_serving: the model has no mxrec.keras Embedding")
+    stand_ins = {name: _StandIn(table) for name, table in tables.items()}
+    concrete, input_names = _trace(model, layers, stand_ins)
+    output_names = _output_names(model, len(tf.nest.flatten(concrete.structured_outputs)))
+    build = _builder(concrete, input_names, output_names,
+                     _captures(concrete, stand_ins, dense), tables)
     temporary = None
     try:
         if checkpoint is None:
             temporary = tempfile.mkdtemp(prefix="mxrec_keras_export_")
-            saver = KerasSaver(temporary, model, None, max_to_keep=None,
-                               dense_names=dense_names)
-            saver.save(step=0, kind="full")
+            save_model(temporary)
             checkpoint = temporary
-        return saver_serving.export_saved_model(export_dir, checkpoint, build,
+        return saved_model.export_saved_model(export_dir, checkpoint, build,
                                                 signature_name=signature_name, as_text=as_text)
     finally:
         if temporary is not None:

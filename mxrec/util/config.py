@@ -1,26 +1,29 @@
-"""Global configuration of mxrec: `init()` and `terminate_config_initializer()`.
+"""The configuration in force: what `init()` (mxrec.initialize) set up, read by every layer.
 
-The parameter names follow mx_rec's `init`. Every setting either takes effect,
-or is refused with NotImplementedError naming it (core binding, ...); `use_hot`,
-which mx_rec documents as a placement hint, only warns. Several ranks
-(`rank_size > 1`, `use_mpi=True`) train one model sharded across them
-(`mxrec.distributed`, docs/MULTIWORKER.md). docs/MX_REC_COMPAT.md lists each setting.
+`MxrecConfig` holds one init()'s settings, checked; `ConfigInitializer` is what that init()
+set up (the settings, the host tables created under it); `get_config_initializer()` answers
+which one is in force. The parameter names follow mx_rec's `init`. Every setting either
+takes effect, or is refused with NotImplementedError naming it (core binding, ...);
+`use_hot`, which mx_rec documents as a placement hint, only warns. docs/MX_REC_COMPAT.md
+lists each setting.
+
+`init()` itself is a floor above: it starts what the settings ask for (this rank's server,
+the wing's behaviour on several ranks) and then puts its ConfigInitializer in force here
+(`start`).
 """
 
 import contextlib
 import dataclasses
 import itertools
 import os
-import warnings
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from mxrec._lib import loader
 from mxrec.constants.constants import ENV_KEY_PROCESS_THREAD_NUM as _ENV_THREADS
-from mxrec.constants.constants import ENV_USE_COMBINE_FAAE as _ENV_COMBINE_FAAE
 from mxrec.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
-from mxrec.distributed import communication
 from mxrec.util import eos as _eos  # noqa: F401 (adds mx_rec's Dataset.eos_map)
 from mxrec.util import ops as _ops
+from mxrec.util import registry
 
 _MAX_THREADS = 64
 
@@ -38,8 +41,7 @@ class MxrecConfig:
             mxrec.launch`): rank and size come from its environment.
         rank_id: this process's rank in [0, rank_size).
         rank_size: number of training processes; > 1 shards every table across them
-            (mxrec.distributed.routing) over TensorFlow's collectives
-            (mxrec.distributed.communication).
+            (mxrec.distributed).
         train_steps: steps of one training round before evaluation; -1 = until the data ends.
         eval_steps: steps of one evaluation round; -1 = until the data ends.
         save_steps: steps between checkpoints; -1 = never by step.
@@ -142,16 +144,6 @@ class MxrecConfig:
             raise ValueError(
                 "init(): is_incremental_checkpoint=True needs save_delta_checkpoints_secs > 0"
             )
-
-
-def _env_int(name: str) -> Optional[int]:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
 
 
 class ConfigInitializer:
@@ -282,12 +274,13 @@ class TrainParamsConfig:
         """
         if not isinstance(is_training, bool):
             raise TypeError(f"get_target_batch: is_training must be a bool, got {is_training!r}")
-        if _target_batch_provider is None:
+        provider = registry.provided(registry.TARGET_BATCH)
+        if provider is None:
             raise RuntimeError(
                 "get_target_batch: the graph has no rewritten iterator; call "
                 "modify_graph_and_start_emb_cache() (mxrec.graph.modifier) after building the "
                 "model with sparse_lookup(..., modify_graph=True, batch=batch)")
-        return _target_batch_provider(is_training)
+        return provider(is_training)
 
     def get_training_mode_channel_id(self, is_training: bool) -> Optional[int]:
         """0 (training) or 1 (evaluation) once a lookup of that mode was built under this
@@ -303,51 +296,10 @@ class TrainParamsConfig:
 _current: Optional[ConfigInitializer] = None
 
 
-def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
-    """Configures mxrec for this process.
-
-    Args:
-        use_mpi: the processes were started by `mpirun` or `python -m mxrec.launch`: take
-            rank and size from their environment (OMPI_COMM_WORLD_RANK/SIZE or
-            MXREC_RANK/MXREC_SIZE); under either launcher that environment wins over
-            rank_id/rank_size anyway.
-        **kwargs: any field of `MxrecConfig` (mx_rec's names: train_steps, eval_steps,
-            save_steps, max_steps, prefetch_batch_number, use_dynamic,
-            use_dynamic_expansion, rank_id, rank_size, ...).
-
-    Returns:
-        The ConfigInitializer now in force.
-
-    Raises:
-        TypeError: an unknown setting, or a value of the wrong type.
-        ValueError: a value out of range.
-        NotImplementedError: a setting mxrec does not offer (bind_cpu=True, use_lccl=True,
-            recent_key_count_threshold > 0).
-
-    Example:
-        >>> init(train_steps=100, eval_steps=10, prefetch_batch_number=2)
-    """
+def start(config: MxrecConfig) -> ConfigInitializer:
+    """Puts a new ConfigInitializer of `config` in force, closing the one before (its host
+    tables dropped); `init()` calls it once it has started what `config` asks for."""
     global _current
-    known = {f.name for f in dataclasses.fields(MxrecConfig)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise TypeError(f"init() got unknown setting(s) {unknown}; known: {sorted(known)}")
-    env_threads = _env_int(_ENV_THREADS)
-    if env_threads is not None and "key_process_thread_num" not in kwargs:
-        kwargs["key_process_thread_num"] = env_threads
-    env_faae = _env_int(_ENV_COMBINE_FAAE)
-    if env_faae is not None and "use_combine_faae" not in kwargs:
-        kwargs["use_combine_faae"] = bool(env_faae)
-    rank, size = communication.ranks_from_environment(
-        use_mpi, kwargs.get("rank_id", 0), kwargs.get("rank_size", 1))
-    kwargs["rank_id"], kwargs["rank_size"] = rank, size
-    config = MxrecConfig(use_mpi=use_mpi, **kwargs)
-    from mxrec.distributed import multirank  # noqa: PLC0415 (the wing imports core)
-
-    multirank.setup(config.rank_id, config.rank_size)
-    if kwargs.get("use_hot") is True:
-        warnings.warn("init(use_hot=True): mxrec has no hot-embedding cache; the hint has no "
-                      "effect (every row is read from the table)", UserWarning, stacklevel=2)
     if _current is not None:
         _current.close()
     _current = ConfigInitializer(config)
@@ -391,7 +343,7 @@ def is_initialized() -> bool:
     return _current is not None
 
 
-_ops.register_runtime(get_config_initializer)
+registry.provide(registry.CONFIG, get_config_initializer)
 
 
 def set_if_load(if_load: bool) -> None:
@@ -448,26 +400,6 @@ get_use_dynamic = _getter("use_dynamic")
 get_use_dynamic_expansion = _getter("use_dynamic_expansion")
 
 
-# The graph layer's get_initializer, registered when mxrec.graph.modifier is imported
-# (this layer is below the graph layer and does not import it).
-_initializer_provider: Optional[Callable[[bool], object]] = None
-
-
-def register_initializer_provider(provider: Callable[[bool], object]) -> None:
-    """Lets `get_initializer` answer with `provider(is_training)` (the graph modifier's)."""
-    global _initializer_provider
-    _initializer_provider = provider
-
-
-_target_batch_provider: Optional[Callable[[bool], object]] = None
-
-
-def register_target_batch_provider(provider: Callable[[bool], object]) -> None:
-    """Lets `TrainParamsConfig.get_target_batch` answer (the graph layer registers it)."""
-    global _target_batch_provider
-    _target_batch_provider = provider
-
-
 def get_initializer(is_training: bool):
     """The initializer op of the rewritten training (True) or evaluation (False) iterator.
 
@@ -477,9 +409,10 @@ def get_initializer(is_training: bool):
     Raises:
         RuntimeError: no graph was rewritten (the graph modifier was never used).
     """
-    if _initializer_provider is None:
+    provider = registry.provided(registry.ITERATOR_INITIALIZER)
+    if provider is None:
         raise RuntimeError(
             "get_initializer: the graph has no rewritten iterator; call "
             "modify_graph_and_start_emb_cache() (mxrec.graph.modifier) after building the "
             "model with sparse_lookup(..., modify_graph=True)")
-    return _initializer_provider(is_training)
+    return provider(is_training)

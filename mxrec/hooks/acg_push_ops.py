@@ -9,6 +9,8 @@ each such string op of the graph feeds a modify_graph lookup, and refuses one th
 does not (it would stay in the step), naming it. Put it before
 `GraphModifierHook()` in the hook list, as mx_rec's examples do.
 
+mx_rec's path of this module is `mxrec.graph.acg_push_ops` (mxrec.compat).
+
 Example:
     >>> hooks = [ACGPushOpsToDatasetHook(dump_graph=False), GraphModifierHook()]
     >>> estimator.train(input_fn, hooks=hooks)
