@@ -21,18 +21,6 @@ ARGPARSE_BUILDERS = frozenset({
     "mxrec/streaming/__main__.py::build_parser",
 })
 
-# Being split in issue 58 by other branches; the integrator empties this set once they are
-# merged (an entry that is gone or no longer too long fails the test below).
-BEING_SPLIT = frozenset({
-    "mxrec/core/asc/helper.py::get_asc_insert_func",
-    "mxrec/core/asc/helper.py::get_asc_insert_func.insert",
-    "mxrec/distributed/sharding.py::exchange_all",
-    "mxrec/distributed/sharding.py::send_back_all",
-    "mxrec/keras/serving.py::export_serving",
-    "mxrec/saver/serving.py::apply_delta",
-    "mxrec/streaming/trainer.py::StreamingTrainer._build",
-    "mxrec/streaming/trainer.py::StreamingTrainer._train_partition",
-})
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> Iterator[Tuple[str, ast.AST]]:
@@ -64,7 +52,7 @@ def lengths():
 
 def test_no_function_is_longer_than_the_limit(lengths):
     long = {key: length for key, (length, _) in lengths.items()
-            if length > LIMIT and key not in ARGPARSE_BUILDERS | BEING_SPLIT}
+            if length > LIMIT and key not in ARGPARSE_BUILDERS}
     assert not long, (f"functions over {LIMIT} lines (split each by phase): "
                       + ", ".join(f"{key} ({length})" for key, length in sorted(long.items())))
 
@@ -79,10 +67,3 @@ def test_argparse_builders_only_build_parsers(lengths):
         calls = [call.func.attr for call in ast.walk(node)
                  if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)]
         assert "add_argument" in calls, f"{key} adds no argparse argument"
-
-
-def test_the_functions_being_split_are_still_long(lengths):
-    """Once another branch's split is merged, its entries leave BEING_SPLIT."""
-    done = sorted(key for key in BEING_SPLIT
-                  if key not in lengths or lengths[key][0] <= LIMIT)
-    assert not done, f"no longer over {LIMIT} lines or gone: drop from BEING_SPLIT: {done}"

@@ -34,7 +34,7 @@ Example:
 import functools
 import os
 import posixpath
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -528,9 +528,26 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
     if not isinstance(delta, Mapping):
         raise TypeError(f"apply_delta: delta must be a dict table_name -> arrays, got "
                         f"{type(delta).__name__}")
-    prefix = _variables_prefix(export_dir)
-    reader = tf.train.load_checkpoint(prefix)
+    reader = tf.train.load_checkpoint(_variables_prefix(export_dir))
     tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    faults = _apply_table_deltas(export_dir, delta, tensors, check_finite)
+    faults += _apply_dense(dense or {}, tensors, check_finite)
+    finite.raise_if_any(faults, f"apply_delta: {export_dir} to {output_dir}")
+    variables_dir = os.path.join(export_dir, "variables")
+
+    def write(staging: str) -> None:
+        _copy_tree(export_dir, staging, skip=variables_dir)
+        tf.io.gfile.makedirs(os.path.join(staging, "variables"))
+        _write_checkpoint(os.path.join(staging, "variables", "variables"), tensors)
+
+    _publish(_staging_beside(output_dir), output_dir, write)
+    return output_dir
+
+
+def _apply_table_deltas(export_dir: str, delta, tensors: Dict[str, np.ndarray],
+                        check_finite: bool) -> List[finite.Fault]:
+    """Each table's delta applied to its serving variables in `tensors`; the non-finite
+    rows of the deltas (with check_finite)."""
     tables = exported_tables(export_dir)
     faults = []
     for name, table_delta in delta.items():
@@ -547,7 +564,15 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
         tensors[serving_variable_name(name, _IDS)] = updated["ids"]
         tensors[serving_variable_name(name, _EMBEDDINGS)] = np.concatenate(
             [updated["embeddings"], np.zeros([1, dim], np.float32)])
-    for name, value in (dense or {}).items():
+    return faults
+
+
+def _apply_dense(dense: Mapping[str, np.ndarray], tensors: Dict[str, np.ndarray],
+                 check_finite: bool) -> List[finite.Fault]:
+    """The export's dense variables among `dense` replaced in `tensors` (other names, such as
+    optimizer slots, ignored); the non-finite ones (with check_finite)."""
+    faults = []
+    for name, value in dense.items():
         if name in tensors and not name.startswith(SERVING_SCOPE + "/"):
             if np.shape(value) != tensors[name].shape:
                 raise ValueError(f"apply_delta: dense variable {name!r} has shape "
@@ -556,16 +581,7 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
             tensors[name] = np.asarray(value, tensors[name].dtype)
             if check_finite:
                 faults += finite.dense_faults(name, tensors[name])
-    finite.raise_if_any(faults, f"apply_delta: {export_dir} to {output_dir}")
-    variables_dir = os.path.join(export_dir, "variables")
-
-    def write(staging: str) -> None:
-        _copy_tree(export_dir, staging, skip=variables_dir)
-        tf.io.gfile.makedirs(os.path.join(staging, "variables"))
-        _write_checkpoint(os.path.join(staging, "variables", "variables"), tensors)
-
-    _publish(_staging_beside(output_dir), output_dir, write)
-    return output_dir
+    return faults
 
 
 __all__ = ["NonFiniteError", "in_serving_export", "serving_lookup", "export_saved_model",

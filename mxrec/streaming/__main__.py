@@ -191,7 +191,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train(args, parser) -> int:
     from mxrec.streaming import models
-    from mxrec.streaming.trainer import StreamConfig, StreamingTrainer, summary
+
+    model, config = _train_config(args, parser)
+    if not _check_partitions(args, parser):
+        return 1
+    import tensorflow as tf
+
+    from mxrec.streaming.ownership import OwnershipError
+    from mxrec.streaming.parsers import MalformedDataError
+    from mxrec.streaming.trainer import NonFiniteModelError, StreamingTrainer, summary
+
+    tf.compat.v1.disable_eager_execution()
+    try:
+        entries = StreamingTrainer(config, models.make_model_fn(model)).run()
+    except (OwnershipError, MalformedDataError, NonFiniteModelError) as error:
+        from mxrec.distributed import communication
+
+        if communication.get_rank_size() > 1:
+            # Uncaught, it ends the whole job at once (MPI_Abort, or the launcher stopping
+            # the others); a rank that returned would leave the others waiting in their
+            # next exchange until it times out.
+            raise
+        # Refusals an operator acts on: the message says what and how, no traceback.
+        print(f"mxrec.streaming train: error: {error}", file=sys.stderr)
+        return 1
+    print(summary(entries))
+    if args.report:
+        from mxrec.streaming import report
+
+        report.write_png(config.donefile, args.report)
+        print(f"report: {args.report}")
+    return 0
+
+
+def _train_config(args, parser):
+    """(the ModelConfig, the StreamConfig) of `train`'s flags; a bad flag is the parser's
+    error (exit 2) naming it."""
+    from mxrec.streaming import models
+    from mxrec.streaming.trainer import StreamConfig
 
     if not os.path.isdir(args.data) and "://" not in args.data:
         parser.error(f"--data {args.data!r} is not a folder")
@@ -227,35 +264,7 @@ def _train(args, parser) -> int:
             on_nonfinite=args.on_nonfinite)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
-    if not _check_partitions(args, parser):
-        return 1
-    import tensorflow as tf
-
-    from mxrec.streaming.ownership import OwnershipError
-    from mxrec.streaming.parsers import MalformedDataError
-    from mxrec.streaming.trainer import NonFiniteModelError
-
-    tf.compat.v1.disable_eager_execution()
-    try:
-        entries = StreamingTrainer(config, models.make_model_fn(model)).run()
-    except (OwnershipError, MalformedDataError, NonFiniteModelError) as error:
-        from mxrec.distributed import communication
-
-        if communication.get_rank_size() > 1:
-            # Uncaught, it ends the whole job at once (MPI_Abort, or the launcher stopping
-            # the others); a rank that returned would leave the others waiting in their
-            # next exchange until it times out.
-            raise
-        # Refusals an operator acts on: the message says what and how, no traceback.
-        print(f"mxrec.streaming train: error: {error}", file=sys.stderr)
-        return 1
-    print(summary(entries))
-    if args.report:
-        from mxrec.streaming import report
-
-        report.write_png(config.donefile, args.report)
-        print(f"report: {args.report}")
-    return 0
+    return model, config
 
 
 def _check_partitions(args, parser) -> bool:

@@ -23,7 +23,7 @@ Example:
 """
 
 import os
-from typing import Dict, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -108,44 +108,12 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
     several_ranks = ranks.get_rank_size() > 1
 
     def insert(*element):
-        features = element[0]
-        if not isinstance(features, dict):
-            raise TypeError("get_asc_insert_func: the dataset's element must be a dict of "
-                            "features, or a tuple starting with one")
-        missing = [s.ids_key for s in specs if s.ids_key not in features]
-        if missing:
-            raise ValueError(f"get_asc_insert_func: the batch has no feature(s) {missing}; "
-                             f"it has {sorted(features)}")
+        features = _element_features(element, specs)
         timestamp = None
         for spec in specs:
             if spec.is_timestamp:
                 timestamp = tf.cast(tf.reduce_max(features[spec.ids_key]), tf.int64)
-        added: Dict[str, tf.Tensor] = {}
-        previous = []
-        # The specs to plan, in rounds of one packed key-stage call: consecutive specs, a
-        # table at most once per round (one table's specs plan in order; the engine would
-        # race them in one call) and one ID dtype, so the order of the tables' batches is
-        # the specs' order.
-        round_specs, round_ids, round_checks = [], [], []
-
-        def plan_round():
-            nonlocal previous
-            if not round_specs:
-                return
-            with tf.control_dependencies(previous + round_checks):
-                stage = mxrec_ops.key_stage_packed(
-                    round_ids, [runtime.table_key(s.table_name) for s in round_specs],
-                    is_training, timestamp=timestamp, deferred=True)
-            previous = [stage.op]
-            for slot, s in enumerate(round_specs):
-                added.update({s.rows_key: stage.unique_rows[slot],
-                              s.restore_key: stage.restore[slot],
-                              s.reused_key: stage.reused_rows[slot],
-                              s.batch_id_key: stage.batch_ids[slot:slot + 1]})
-            round_specs.clear()
-            round_ids.clear()
-            round_checks.clear()
-
+        rounds = _PackedRounds(runtime, is_training, timestamp)
         for spec in specs:
             if spec.is_timestamp:
                 continue
@@ -156,18 +124,13 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
             if several_ranks:  # checked here, planned in the step (sparse_lookup)
                 mark = tf.constant(True)
                 with tf.control_dependencies(_check_shape(spec, ids)):
-                    added[spec.checked_key(is_training)] = tf.identity(mark)
+                    rounds.added[spec.checked_key(is_training)] = tf.identity(mark)
                 if timestamp is not None:
-                    added[spec.time_key] = timestamp
+                    rounds.added[spec.time_key] = timestamp
                 continue
-            if (any(s.table_name == spec.table_name for s in round_specs)
-                    or (round_ids and round_ids[0].dtype != ids.dtype)):
-                plan_round()
-            round_specs.append(spec)
-            round_ids.append(tf.reshape(ids, [-1]))
-            round_checks.extend(_check_shape(spec, ids))
-        plan_round()
-        features = dict(features, **added)
+            rounds.add(spec, ids)
+        rounds.plan()
+        features = dict(features, **rounds.added)
         if dump_graph:
             os.makedirs(DUMP_DIR, exist_ok=True)
             tf.io.write_graph(tf.compat.v1.get_default_graph().as_graph_def(), DUMP_DIR,
@@ -177,6 +140,59 @@ def get_asc_insert_func(tgt_key_specs: Sequence[FeatureSpec] = None, is_training
         return (features,) + tuple(element[1:])
 
     return insert
+
+
+def _element_features(element: tuple, specs: Sequence[FeatureSpec]) -> Dict[str, tf.Tensor]:
+    """The dict of features of a dataset element (the element, or its first item), checked
+    to hold every spec's feature."""
+    features = element[0]
+    if not isinstance(features, dict):
+        raise TypeError("get_asc_insert_func: the dataset's element must be a dict of "
+                        "features, or a tuple starting with one")
+    missing = [s.ids_key for s in specs if s.ids_key not in features]
+    if missing:
+        raise ValueError(f"get_asc_insert_func: the batch has no feature(s) {missing}; "
+                         f"it has {sorted(features)}")
+    return features
+
+
+class _PackedRounds:
+    """The specs to plan, in rounds of one packed key-stage call: consecutive specs, a table
+    at most once per round (one table's specs plan in order; the engine would race them in
+    one call) and one ID dtype, so the order of the tables' batches is the specs' order.
+    Each round runs after the one before; `added` collects the planned tensors by key."""
+
+    def __init__(self, runtime, is_training: bool, timestamp: Optional[tf.Tensor]):
+        self.runtime, self.is_training, self.timestamp = runtime, is_training, timestamp
+        self.added: Dict[str, tf.Tensor] = {}
+        self.previous: List[tf.Operation] = []
+        self.specs: List[FeatureSpec] = []
+        self.ids: List[tf.Tensor] = []
+        self.checks: List[tf.Operation] = []
+
+    def add(self, spec: FeatureSpec, ids: tf.Tensor) -> None:
+        if (any(s.table_name == spec.table_name for s in self.specs)
+                or (self.ids and self.ids[0].dtype != ids.dtype)):
+            self.plan()
+        self.specs.append(spec)
+        self.ids.append(tf.reshape(ids, [-1]))
+        self.checks.extend(_check_shape(spec, ids))
+
+    def plan(self) -> None:
+        """One packed key-stage call for the round gathered so far (none when empty)."""
+        if not self.specs:
+            return
+        with tf.control_dependencies(self.previous + self.checks):
+            stage = mxrec_ops.key_stage_packed(
+                self.ids, [self.runtime.table_key(s.table_name) for s in self.specs],
+                self.is_training, timestamp=self.timestamp, deferred=True)
+        self.previous = [stage.op]
+        for slot, s in enumerate(self.specs):
+            self.added.update({s.rows_key: stage.unique_rows[slot],
+                               s.restore_key: stage.restore[slot],
+                               s.reused_key: stage.reused_rows[slot],
+                               s.batch_id_key: stage.batch_ids[slot:slot + 1]})
+        self.specs, self.ids, self.checks = [], [], []
 
 
 def planned_tensors(batch, spec: FeatureSpec) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
