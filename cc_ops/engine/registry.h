@@ -7,8 +7,8 @@
 // themselves. The engine's other process state: `DynamicStoreRegistry`
 // (dynamic_store.h: the dynamic-expansion stores, by the same keys) and three
 // atomics (huge_pages.cc: the allocation limit tests set; host_tier.cc: the
-// row count from which swaps run in parallel; ssd_tier.cc: a counter that
-// makes SSD file names unique).
+// row count from which swaps run in parallel and the spill writer's delay that
+// tests set).
 #ifndef MXREC_ENGINE_REGISTRY_H_
 #define MXREC_ENGINE_REGISTRY_H_
 
