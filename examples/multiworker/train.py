@@ -1,8 +1,12 @@
 """Multi-worker training: the same script on 1 or N ranks.
 
     python examples/multiworker/train.py                          # one process
-    python -m mxrec.launch -n 2 examples/multiworker/train.py     # two ranks, no MPI
-    mpirun -n 2 python examples/multiworker/train.py              # two ranks under OpenMPI
+    python -m mxrec.launch -n 2 examples/multiworker/train.py     # two ranks
+    python -m mxrec.launch -n 2 --engine grpc examples/multiworker/train.py
+    mpirun -n 2 python examples/multiworker/train.py              # two ranks under Open MPI
+
+Which exchange engine the ranks use (mxrec's MPI ops or TensorFlow's gRPC collectives) is
+said in docs/MULTIWORKER.md, "The exchange engine".
 
 Every rank reads the same synthetic stream and trains on its slice of each global batch
 (rows rank::N). Tables are sharded across the ranks; the dense model is replicated and its

