@@ -1,7 +1,8 @@
 """Multi-worker training: the same script on 1 or N ranks.
 
     python examples/multiworker/train.py                          # one process
-    python -m mxrec.launch -n 2 examples/multiworker/train.py     # two ranks, no MPI
+    python -m mxrec.launch -n 2 examples/multiworker/train.py     # two ranks (engine: MPI
+                                                                  # or gRPC, docs/MULTIWORKER.md)
     mpirun -n 2 python examples/multiworker/train.py              # two ranks under OpenMPI
 
 Every rank reads the same synthetic stream and trains on its slice of each global batch
