@@ -1,4 +1,4 @@
-"""Train a little two-table model, save it, export a serving SavedModel and apply a delta.
+"""Train a little one-table model, save it, publish a serving version and a delta of it.
 
 The export loads in TensorFlow Serving or `tf.saved_model.load` without mxrec: each
 table is a core-op StaticHashTable plus an embedding matrix, unseen IDs look up as zeros.
@@ -19,6 +19,7 @@ from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.export import saved_model as serving
 from mxrec.optimizers.adagrad import create_hash_optimizer
 from mxrec.saver import sparse
+from mxrec.serving.versions import export_version
 from mxrec.util.initialize import init, terminate_config_initializer
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -64,11 +65,15 @@ def main() -> int:
             ids, logits = model(is_train=False)
             return {"ids": ids}, {"prob": tf.sigmoid(logits)}
 
-        v1 = serving.export_saved_model(os.path.join(workdir, "serving", "1"), ckpt, build)
+        # Published as versions of an export base, with the manifest that
+        # `python -m mxrec.serving` checks before it loads a version.
+        base = os.path.join(workdir, "serving")
+        v1 = export_version(base, lambda folder: serving.export_saved_model(folder, ckpt, build))
         delta = {"user_table": {"ids": rows["ids"][:2], "removed": rows["ids"][2:4],
                                 "embeddings": np.zeros([2, 8], np.float32)}}
-        v2 = serving.apply_delta(v1, delta, os.path.join(workdir, "serving", "2"))
-        print(f"exported {v1} and, with a delta applied, {v2}")
+        v2 = export_version(base, lambda folder: serving.apply_delta(v1, delta, folder))
+        print(f"exported {v1} and, with a delta applied, {v2}; serve them with\n"
+              f"  python -m mxrec.serving --export-base {base} --model-name users")
     finally:
         terminate_config_initializer()
     return 0

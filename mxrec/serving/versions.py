@@ -9,7 +9,9 @@ and verified before use.
 
 `publish` renames a complete staging folder to `<version>` (one rename: a reader
 sees all of a version or none of it; TensorFlow Serving ignores names that are not
-numbers). `verify` checks a version against its manifest: a file missing or shorter than
+numbers). `export_version` is the way a model of one's own becomes a version: it runs an
+export (`export_saved_model`, `mxrec.keras.export_serving`) into a staging folder and
+publishes it. `verify` checks a version against its manifest: a file missing or shorter than
 listed is an IncompleteVersionError (a copy under way: look again later); a longer or
 changed file, a file the manifest does not list, or a malformed manifest is a
 DamagedVersionError naming it. `fingerprint` (names, sizes, mtimes) tells whether a
@@ -23,13 +25,16 @@ import posixpath
 import re
 import time
 import uuid
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from mxrec.util import durable
 
 MANIFEST = "mxrec_version.json"
+# The streaming trainer's claim on an export base (mxrec.streaming.ownership): the trainer
+# numbers its versions by step, so nothing else may publish there.
+OWNER_FILE = "mxrec_owner.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -92,6 +97,68 @@ def publish(staging: str, export_base: str, version: int, info: Optional[Dict] =
     return final
 
 
+def _next_version(export_base: str, version: Optional[int]) -> int:
+    """`version` checked (a number not yet in the base), or one more than the newest."""
+    if version is None:
+        return max(list_versions(export_base), default=0) + 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"export_version: version must be an int >= 0 or None (one more "
+                         f"than the newest), got {version!r}")
+    if tf.io.gfile.exists(posixpath.join(export_base, str(version))):
+        raise ValueError(f"export_version: serving version {version} exists already in "
+                         f"{export_base}; versions are never replaced: pass a larger version "
+                         "(or None for the next one)")
+    return version
+
+
+def export_version(export_base: str, write: Callable[[str], object],
+                   version: Optional[int] = None) -> str:
+    """Publishes a SavedModel as serving version `version` of `export_base`, with its manifest.
+
+    `write(folder)` writes the SavedModel into `folder`, a fresh staging folder beside the
+    versions that does not exist yet (as `export_saved_model` and `mxrec.keras.export_serving`
+    want their target); then the manifest (size and SHA-256 of every file) is written and
+    the folder renamed to EXPORT_BASE/<version>, so a predictor sees the whole version or
+    none of it, and can tell later whether a copy of it is whole. Call it on one process
+    (rank 0 on several ranks).
+
+    Args:
+        export_base: the folder of numeric versions a predictor follows (created if needed).
+        write: writes the SavedModel into the folder it is given.
+        version: the version number (an int >= 0 not yet in the base); None: one more than
+            the newest version there (1 in an empty base).
+
+    Returns:
+        The version's folder, EXPORT_BASE/<version>.
+
+    Raises:
+        ValueError: the version exists already, is not an int >= 0, `write` wrote no
+            SavedModel, or the base belongs to a streaming trainer (its OWNER_FILE).
+
+    Example:
+        >>> export_version("/serving/ctr", lambda folder: export_saved_model(
+        ...     folder, "/ckpt/ctr", build))                 # -> "/serving/ctr/1"
+    """
+    tf.io.gfile.makedirs(export_base)
+    if tf.io.gfile.exists(posixpath.join(export_base, OWNER_FILE)):
+        raise ValueError(f"export_version: {export_base} belongs to a streaming trainer "
+                         f"({OWNER_FILE}), which numbers its versions itself; give this "
+                         "model its own export base")
+    version = _next_version(export_base, version)
+    staging = staging_dir(export_base, version)
+    try:
+        write(staging)
+        if not any(tf.io.gfile.exists(posixpath.join(staging, name))
+                   for name in ("saved_model.pb", "saved_model.pbtxt")):
+            raise ValueError(f"export_version: write({staging!r}) wrote no SavedModel there "
+                             "(no saved_model.pb)")
+        return publish(staging, export_base, version, {"kind": "full", "base": None})
+    finally:
+        # Only what this call staged: the folder name is its own (a fresh uuid).
+        if tf.io.gfile.exists(staging):
+            tf.io.gfile.rmtree(staging)
+
+
 def _check_entries(path: str, manifest) -> Dict:
     """The manifest's {file: {"bytes", "sha256"}} map, each entry checked: a name inside the
     version (relative, no ".."), a byte count and a SHA-256 in hex."""
@@ -120,7 +187,10 @@ def read_manifest(version_dir: str) -> Dict:
     """
     path = posixpath.join(version_dir, MANIFEST)
     if not tf.io.gfile.exists(path):
-        raise DamagedVersionError(f"serving version {version_dir} has no {MANIFEST}")
+        raise DamagedVersionError(
+            f"serving version {version_dir} has no {MANIFEST}, so nothing can tell whether it "
+            "is whole: publish versions with mxrec.serving.versions.export_version (or the "
+            "streaming trainer), not by writing or copying a SavedModel into the base")
     try:
         with tf.io.gfile.GFile(path, "r") as f:
             manifest = json.loads(f.read())
@@ -206,5 +276,6 @@ def list_versions(export_base: str) -> List[int]:
                   if e.rstrip("/").isdigit())
 
 
-__all__ = ["MANIFEST", "DamagedVersionError", "IncompleteVersionError", "staging_dir",
-           "publish", "verify", "read_manifest", "fingerprint", "list_versions"]
+__all__ = ["MANIFEST", "OWNER_FILE", "DamagedVersionError", "IncompleteVersionError",
+           "staging_dir", "publish", "export_version", "verify", "read_manifest", "fingerprint",
+           "list_versions"]

@@ -24,6 +24,26 @@ LAYOUT = ("partitions ROOT/yyyyMMdd/ (daily) or ROOT/yyyyMMdd/hh/ (hourly), each
           "by its done marker file")
 
 
+_TRAIN_DESCRIPTION = """\
+Trains a built-in model (--model) on every ready partition of --data once, in time order
+(with --watch, also those that arrive), and after each partition saves a checkpoint
+(full or delta) to --model-dir, writes a serving version to --export-base (a SavedModel
+that python -m mxrec.serving or TensorFlow Serving loads) and appends a line with the
+partition's counts and AUC to MODEL_DIR/donefile.jsonl. A restarted run goes on after the
+last partition in the donefile: each partition is trained exactly once. On several ranks,
+start it with python -m mxrec.launch -n N -m mxrec.streaming train ...
+"""
+
+_EPILOG = """\
+examples:
+  python -m mxrec.streaming train --data ROOT --model-dir M --export-base E --hourly --watch
+  python -m mxrec.serving --export-base E --model-name ctr --port 8501
+  python -m mxrec.streaming replay --data ROOT/20240102/05 --url http://127.0.0.1:8501/v1/models/ctr
+
+guides: docs/STREAMING.md (data layout, flags, several ranks, operating), docs/SERVING.md
+"""
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser without prefix matching, whose flags take both spellings:
     `--export_base` is also `--export-base` and the other way round."""
@@ -77,11 +97,12 @@ def _add_data_flags(parser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m mxrec.streaming", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                     epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train ready partitions once, in time order",
-                                description="Streaming training with delivery.")
+                                description=_TRAIN_DESCRIPTION, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--data", required=True,
                        help="data root: ROOT/yyyyMMdd/hh/ or ROOT/yyyyMMdd/ partitions")
     train.add_argument("--model_dir", "--workdir", dest="workdir", metavar="DIR", required=True,
@@ -176,7 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = commands.add_parser("replay", help="send a partition to a predictor, print AUC",
                                  description="Replays a partition against a TF Serving REST "
-                                             "endpoint and prints the AUC of its answers.")
+                                             "endpoint (python -m mxrec.serving or TensorFlow "
+                                             "Serving) and prints the AUC of its answers.",
+                                 epilog=_EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("--data", required=True,
                         help="a partition folder (ROOT/yyyyMMdd/hh) or a data file")
     replay.add_argument("--url", required=True,

@@ -36,7 +36,7 @@ from mxrec.serving import versions as serving_versions
 from mxrec.util import durable
 
 MODEL_FILE = "mxrec_model.json"
-OWNER_FILE = "mxrec_owner.json"
+OWNER_FILE = serving_versions.OWNER_FILE
 LOCK_FILE = "trainer.lock"
 
 
