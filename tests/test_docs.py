@@ -29,6 +29,7 @@ changed (remove the entry then: the rules apply to the new text).
 """
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import pathlib
@@ -481,3 +482,83 @@ def test_code_block_runs(script, tmp_path):
     assert done.returncode == 0, (
         f"{script.ident} failed (exit status {done.returncode}); mark it with {FRAGMENT} on "
         f"the line before its fence if it is not meant to run alone:\n{done.stderr[-3000:]}")
+
+
+# ---------------------------------------------------------------------------------------
+# Command lines in shell blocks: they do not run here (set-ups, trainings, servers), but each
+# `python -m mxrec.streaming|serving ...` a page shows must parse with the CLI's own parser,
+# so a renamed or removed flag cannot stay in a guide. A line holding `...` is elided on
+# purpose and not parsed.
+
+_CLI = re.compile(r"(?:^|\s)python3? -m (mxrec\.(?:streaming|serving|launch))((?:\s+\S+)*)")
+
+
+def shell_commands(path: pathlib.Path) -> List[Tuple[int, str, List[str]]]:
+    """(line, module, argv) of each mxrec CLI call in the page's ```bash / ```sh blocks,
+    continuation lines joined, comments and a trailing `&` dropped."""
+    found, joined, start, shell = [], "", 0, False
+    for line in lines_of(path):
+        fence = _FENCE.match(line.text)
+        if fence:
+            shell = not shell and fence.group(2).strip() in ("bash", "sh", "shell", "console")
+            continue
+        if not shell:
+            continue
+        text = re.sub(r"\s#.*$", "", line.text).rstrip()
+        if not joined:
+            start = line.number
+        joined += " " + text.rstrip("\\")
+        if text.endswith("\\"):
+            continue
+        command, joined = joined.strip().rstrip("&").strip(), ""
+        match = _CLI.search(command)
+        if match and "..." not in command:
+            found.append((start, match.group(1), match.group(2).split()))
+    return found
+
+
+def _parse(module: str, argv: List[str]) -> Optional[str]:
+    """None when `argv` parses with `module`'s parser, else why not."""
+    if module == "mxrec.launch":  # its own flags first; the module it runs parses the rest
+        if "-m" not in argv:
+            return None
+        argv = argv[argv.index("-m") + 1:]
+        module, argv = argv[0], argv[1:]
+        if module not in ("mxrec.streaming", "mxrec.serving"):
+            return None
+    main = importlib.import_module(f"{module}.__main__")
+    try:
+        main.build_parser().parse_args(argv)
+    except SystemExit as stop:
+        return None if stop.code == 0 else f"exit status {stop.code}"
+    return None
+
+
+@pytest.mark.one_tf
+def test_documented_command_lines_parse(capsys):
+    bad = []
+    for page in pages():
+        for number, module, argv in shell_commands(page):
+            problem = _parse(module, argv)
+            if problem:
+                err = capsys.readouterr().err.strip().splitlines()
+                bad.append(f"{rel(page)}:{number}: python -m {module} {' '.join(argv)}: "
+                           f"{problem}: {err[-1] if err else ''}")
+    assert not bad, "documented command lines the CLI refuses:\n" + "\n".join(bad)
+
+
+@pytest.mark.one_tf
+def test_shell_commands_are_found_and_parsed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    page = _write(tmp_path, "docs/A.md", "\n".join([
+        "# A", "```bash",
+        "python -m mxrec.serving --export-base E --model-name m --port 1 &  # comment",
+        "python -m mxrec.streaming train --data D --model-dir W \\",
+        "    --no-such-flag 1",
+        "python -m mxrec.streaming train --data D ...   # elided",
+        "python -m mxrec.launch -n 2 -m mxrec.streaming train --data D --workdir W",
+        "```", "```python", "python -m mxrec.serving --nothing", "```"]) + "\n")
+    found = shell_commands(page)
+    assert [(n, m) for n, m, _ in found] == [(3, "mxrec.serving"), (4, "mxrec.streaming"),
+                                             (7, "mxrec.launch")]
+    assert [_parse(m, argv) for _, m, argv in found] == [None, "exit status 2", None]
