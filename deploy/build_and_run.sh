@@ -36,9 +36,11 @@ if [ -z "$runtime" ] && [ -d /sys/fs/cgroup/unified ] && [ -d /sys/fs/cgroup/mem
 fi
 [ -z "$runtime" ] || podman_args+=(--runtime "$runtime")
 pod() { podman "${podman_args[@]}" "$@"; }
-# podman asks for more open files than a container (such as a CI sandbox) may allow; ask for
-# this shell's own limits instead.
-limits=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)")
+# podman asks for more open files and processes than a container (such as a CI sandbox) may
+# allow; ask for this shell's own limits instead.
+# (The build's RUN steps take only the first: runc refuses a build step an nproc limit here.)
+build_limits=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)")
+limits=("${build_limits[@]}" --ulimit "nproc=$(ulimit -Su):$(ulimit -Hu)")
 
 mkdir -p "$work"
 if ! pod image exists "$base"; then
@@ -64,7 +66,7 @@ if [ -n "$ca" ]; then
 fi
 [ -z "${PIP_INDEX_URL:-}" ] || build_args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
 start=$SECONDS
-pod build "${limits[@]}" --format docker "${build_args[@]}" \
+pod build "${build_limits[@]}" --format docker "${build_args[@]}" \
   -f "$work/context/deploy/Dockerfile" -t "$image" "$work/context"
 echo "== built in $((SECONDS - start)) s: $(pod image inspect --format '{{.Size}}' "$image") bytes"
 
