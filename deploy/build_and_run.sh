@@ -5,7 +5,12 @@
 #      export base: its status answers 404, `mxrec-healthcheck --live` passes, `--ready` fails;
 #   2. the streaming trainer on 2 ranks over the MPI engine (`launch -n 2`), read-only root too,
 #      in a second container, on a small generated partition: it delivers version 1;
-#   3. the predictor serves it: the image's HEALTHCHECK turns healthy, a `raw` predict answers.
+#   3. the predictor serves it: the image's HEALTHCHECK turns healthy, a `raw` predict answers;
+#   4. an MPIJob as the operator runs it, in containers on a network of their own
+#      (198.18.0.0/24): 2 `worker` containers (sshd as uid 1000, the job's key pair mounted
+#      read-only and root-owned as from a Secret) and a launcher whose `mpirun --hostfile` starts
+#      one rank on each over ssh, with deploy/k8s/trainer-mpijob.yaml's mpirun options; the
+#      trainer resumes on a second partition and the predictor serves its version 2.
 # Usage (as root: debootstrap and rootful podman):
 #   apt-get install podman debootstrap     # Debian 12 ("runc" too where crun refuses the cgroups)
 #   bash deploy/build_and_run.sh [WORK_DIR]  # default /tmp/mxrec-deploy; reused between runs
@@ -37,10 +42,14 @@ fi
 [ -z "$runtime" ] || podman_args+=(--runtime "$runtime")
 pod() { podman "${podman_args[@]}" "$@"; }
 # podman asks for more open files and processes than a container (such as a CI sandbox) may
-# allow; ask for this shell's own limits instead.
-# (The build's RUN steps take only the first: runc refuses a build step an nproc limit here.)
+# allow: ask for this shell's open files, and for 16384 processes (threads count) per user
+# or this shell's limit if lower (runc could not set this sandbox's own 96553). The build's RUN
+# steps take only the first: runc refused them an nproc limit here.
 build_limits=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Hn)")
-limits=("${build_limits[@]}" --ulimit "nproc=$(ulimit -Su):$(ulimit -Hu)")
+nproc=$(ulimit -Hu); [ "$nproc" != unlimited ] && [ "$nproc" -lt 16384 ] || nproc=16384
+limits=("${build_limits[@]}" --ulimit "nproc=$nproc:$nproc")
+# The manifests' securityContext: no capabilities, no privilege escalation, uid 1000.
+limits+=(--cap-drop all --security-opt no-new-privileges)
 
 mkdir -p "$work"
 if ! pod image exists "$base"; then
@@ -73,7 +82,13 @@ echo "== built in $((SECONDS - start)) s: $(pod image inspect --format '{{.Size}
 shared=$work/shared
 rm -rf "$shared" && mkdir -p "$shared/data" "$shared/model" "$shared/export"
 chown -R 1000:1000 "$shared"  # the image's user
-cleanup() { pod rm -f mxrec-predictor mxrec-trainer > /dev/null 2>&1 || true; }
+net=mxrec-deploy-test
+cleanup() {  # one at a time: podman 4.3 stops at the first name that does not exist
+  for name in mxrec-predictor mxrec-trainer mxrec-launcher mxrec-worker-0 mxrec-worker-1; do
+    pod rm -f "$name" > /dev/null 2>&1 || true
+  done
+  pod network rm -f "$net" > /dev/null 2>&1 || true
+}
 trap cleanup EXIT
 cleanup
 
@@ -92,22 +107,26 @@ if pod exec mxrec-predictor mxrec-healthcheck --ready; then
 fi
 
 echo "== trainer: 2 ranks (MPI engine) on one generated partition"
-pod run --rm --name mxrec-trainer "${limits[@]}" -v "$shared:/shared" "$image" python -c '
-import os, random
-folder = "/shared/data/20240101/00"
+partition() {  # NAME SEED: a generated partition of the schema below, made ready
+  pod run --rm --name mxrec-trainer "${limits[@]}" -v "$shared:/shared" "$image" python -c '
+import os, random, sys
+folder = "/shared/data/" + sys.argv[1]
 os.makedirs(folder)
-rng = random.Random(0)
+rng = random.Random(int(sys.argv[2]))
 with open(os.path.join(folder, "part-00000"), "w") as f:
     for _ in range(2000):
         cats = [rng.randrange(50) for _ in range(3)]
         label = int(rng.random() < (0.8 if cats[0] < 10 else 0.2))
         f.write("\t".join([str(label), str(rng.randrange(100))] + [f"v{c}" for c in cats]) + "\n")
 open(os.path.join(folder, "_SUCCESS"), "w").close()
-'
+' "$@"
+}
+schema=y:label,d0:dense,c0:categorical,c1:categorical,c2:categorical
+partition 20240101/00 0
 pod run --rm --name mxrec-trainer "${limits[@]}" --read-only --tmpfs /tmp --shm-size 256m -v "$shared:/shared" "$image" \
   launch -n 2 --timeout 600 -m mxrec.streaming train --data /shared/data \
   --model-dir /shared/model --export-base /shared/export \
-  --schema y:label,d0:dense,c0:categorical,c1:categorical,c2:categorical \
+  --schema "$schema" \
   --batch-size 256 --dim 4 --hidden 8 --vocabulary 1000 --no-tensorboard
 ls "$shared/export"
 
@@ -131,5 +150,43 @@ probs = [p["prob"] for p in answer["predictions"]]
 if len(probs) != 2 or not all(0 < p < 1 for p in probs):
     sys.exit(f"unexpected predictions {answer}")
 EOF
-pod logs mxrec-predictor 2>&1 | tail -n 5
+
+echo "== an MPIJob in containers: a launcher and 2 workers on $net"
+pod network create --subnet 198.18.0.0/24 "$net" > /dev/null
+# The job's key pair as the operator makes it (ECDSA P-521 in a file named id_rsa) and
+# mounts it from a Secret: owned by root, mode 0644.
+rm -rf "$work/ssh" && mkdir -p "$work/ssh"
+pod run --rm --user 0:0 "${limits[@]}" -v "$work/ssh:/keys" "$image" \
+  ssh-keygen -q -t ecdsa -b 521 -N "" -C mxrec-deploy-test -f /keys/id_rsa
+cp "$work/ssh/id_rsa.pub" "$work/ssh/authorized_keys"
+chown -R 0:0 "$work/ssh" && chmod 0644 "$work/ssh"/* && chmod 0755 "$work/ssh"
+printf '%s\n' "198.18.0.10 slots=1" "198.18.0.11 slots=1" > "$work/hostfile"
+for i in 0 1; do
+  pod run -d --name "mxrec-worker-$i" --hostname "mxrec-worker-$i" "${limits[@]}" --read-only \
+    --tmpfs /tmp --shm-size 256m --network "$net" --ip "198.18.0.1$i" -v "$shared:/shared" \
+    -v "$work/ssh:/home/mxrec/.ssh:ro" "$image" worker > /dev/null
+done
+partition 20240101/01 1
+threads=(-e TF_NUM_INTRAOP_THREADS=1 -e TF_NUM_INTEROP_THREADS=1 -e KEY_PROCESS_THREAD_NUM=1
+         -e OMP_NUM_THREADS=1)
+pod run --rm --name mxrec-launcher --hostname mxrec-launcher "${limits[@]}" --read-only \
+  --tmpfs /tmp --network "$net" --ip 198.18.0.2 "${threads[@]}" -v "$shared:/shared" \
+  -v "$work/ssh:/home/mxrec/.ssh:ro" -v "$work/hostfile:/etc/mpi/hostfile:ro" "$image" \
+  bash -c 'for i in $(seq 60); do  # the readiness probe: sshd answers on both workers
+             ssh -o ConnectTimeout=2 198.18.0.10 true && ssh -o ConnectTimeout=2 198.18.0.11 true \
+               && break; sleep 1; done; exec "$@"' launcher \
+  mpirun --hostfile /etc/mpi/hostfile --bind-to none -x PATH -x TF_NUM_INTRAOP_THREADS \
+  -x TF_NUM_INTEROP_THREADS -x KEY_PROCESS_THREAD_NUM -x OMP_NUM_THREADS -x TF_CPP_MIN_LOG_LEVEL \
+  -x PYTHONUNBUFFERED python -m mxrec.streaming train --data /shared/data \
+  --model-dir /shared/model --export-base /shared/export --schema "$schema" \
+  --batch-size 256 --dim 4 --hidden 8 --vocabulary 1000 --no-tensorboard
+tail -n 2 "$shared/model/donefile.jsonl"
+for _ in $(seq 60); do
+  pod logs mxrec-predictor 2>&1 | grep -q "serving version 2" && break
+  sleep 1
+done
+pod logs mxrec-predictor 2>&1 | grep -E "serving|refused" | tail -n 3
+pod logs mxrec-predictor 2>&1 | grep -q "serving version 2" \
+  || die "the predictor never served the MPIJob's version 2"
+pod exec mxrec-predictor mxrec-healthcheck
 echo "== deploy/build_and_run.sh: passed"
