@@ -170,6 +170,7 @@ ONE_TF = (
     "tests/test_streaming_chaos.py::test_streaming_loop_under_chaos",
     "tests/test_streaming_ownership.py",
     "tests/test_stale_temporaries.py",
+    "tests/test_deploy.py",
 )
 MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA, "one_tf": ONE_TF}
 
