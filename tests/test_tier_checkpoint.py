@@ -361,7 +361,9 @@ def test_restore_while_batches_are_planned_fails_the_next_step(tmp_path):
             time.sleep(0.05)
         assert tiers.stats(table)["pending_plans"] > 0
         Saver(str(tmp_path)).restore(sess)
-        assert tiers.stats(table)["pending_plans"] == 0
+        # The restore dropped those plans; the prefetching thread may already have planned its
+        # next batch against the restored state, so the count is not checked here: the step
+        # below reads a batch planned before the restore, and that is the error.
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=r"'t'.*planned before the table was restored"):
             sess.run(train_op)
