@@ -148,6 +148,8 @@ RANKS_EXTRA = (
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
     "tests/test_multiworker_saver_finite.py::test_every_rank_refuses_a_save_that_one_rank_finds_non_finite[grpc]",
     "tests/test_streaming_ranks_nonfinite.py::test_skip_on_two_ranks_equals_one_process",
+    "tests/test_several_hosts.py::test_ranks_on_two_hosts_equal_one_process[2x2]",
+    "tests/test_several_hosts.py::test_a_folder_one_host_does_not_share_stops_every_rank",
 )
 
 # Tests marked `one_tf`: their subject does not change with the TensorFlow version (the
@@ -186,6 +188,7 @@ SERIAL_FILES = (
     "tests/test_launch_stop.py",
     "tests/test_launch_report.py",
     "tests/test_streaming_chaos.py",
+    "tests/test_several_hosts.py",
 )
 
 

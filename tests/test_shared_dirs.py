@@ -11,7 +11,6 @@ import os
 import threading
 
 import numpy as np
-import pytest
 
 from mxrec.saver import manifest
 from mxrec.util import shared_dirs
@@ -69,7 +68,8 @@ def _folders(tmp_path, names):
 
 def test_shared_folders_pass_and_leave_nothing(tmp_path):
     ranks = ThreadRanks(3)
-    folders = [("the model dir", str(tmp_path / "model")), ("the data root", str(tmp_path / "data"))]
+    folders = [("the model dir", str(tmp_path / "model")),
+               ("the data root", str(tmp_path / "data"))]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "20240101").mkdir()
     out = ranks.run(lambda r: shared_dirs.check(folders, r, 3, ranks.exchange(r), wait=0.5))
@@ -138,7 +138,7 @@ def test_sharded_save_into_a_folder_one_rank_does_not_share_stops_every_rank(tmp
             check_shared=check)
 
     out = ranks.run(lambda r: save(r, True))
-    for rank, error in enumerate(out):
+    for error in out:
         assert isinstance(error, shared_dirs.NotSharedError), out
         assert "mxrec Saver: the checkpoint folder" in str(error)
         assert "1 of 2 ranks do not see" in str(error)
