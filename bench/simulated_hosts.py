@@ -142,15 +142,26 @@ class SimulatedHosts:
     # ------------------------------------------------------------------ use
 
     def set_rate(self, rate: Optional[str]) -> None:
-        """Caps each host's outgoing link at `rate` ("1gbit"; None: uncapped): a token
-        bucket (tbf) of 1 MB burst and 10 ms queue, both directions of every link."""
+        """Caps what each host sends at `rate` ("1gbit"; None: uncapped): a token bucket
+        (tbf) on its interface, so every flow between two hosts is capped at its sender.
+
+        The bucket holds 64 KiB (one GSO packet of the veth link; a smaller bucket would make
+        tbf split those): a NIC sends at its line rate, so the bucket must stay small against
+        the megabyte a step sends, or a step's first megabyte would pass at the speed of
+        memory while the bucket refills during the step's compute. The queue holds 10 ms."""
         for namespace in self.namespaces:
             _run(["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", "eth0", "root"],
                  check=False)
             if rate is not None:
                 _run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0",
-                      "root", "tbf", "rate", rate, "burst", "1mb", "latency", "10ms"])
+                      "root", "tbf", "rate", rate, "burst", "64kb", "latency", "10ms"])
         self.rate = rate
+
+    def tx_bytes(self) -> List[int]:
+        """The bytes each host has sent on its link so far (its interface's counter)."""
+        return [int(_run(["ip", "netns", "exec", namespace, "cat",
+                          "/sys/class/net/eth0/statistics/tx_bytes"]).stdout)
+                for namespace in self.namespaces]
 
     def on(self, host: int, argv: List[str]) -> List[str]:
         """`argv` run on host `host` (its network namespace and hostname), in this
