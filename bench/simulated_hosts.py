@@ -17,8 +17,11 @@ the machine's on every host: a folder is shared, as a cluster's shared storage i
                                     *hosts.launcher_flags(), "train.py"]))
 
 Everything a run made (namespaces, their links and bridge, what still runs in them) is
-removed by `close()`, whatever happened; namespaces whose maker died without closing (their
-names carry its pid) are removed by the next run.
+removed by `close()`, whatever happened. A maker killed before it closed (SIGKILL, a
+SIGTERM that ends Python without `finally`) leaves them to its reaper: a process of its own
+session that reads a pipe from the maker until EOF, which the kernel gives it when the
+maker ends however it ends, and then removes the same namespaces. Namespaces whose maker and
+reaper are both gone (their names carry the maker's pid) are removed by the next run.
 """
 
 import os
@@ -45,6 +48,21 @@ def _run(argv: List[str], check: bool = True) -> subprocess.CompletedProcess:
     if check and done.returncode != 0:
         raise Unavailable(f"`{' '.join(argv)}` failed: {(done.stderr or done.stdout).strip()}")
     return done
+
+
+# The reaper (module docstring): `python -I -S -c _REAPER NAMESPACE...`, its stdin the pipe.
+_REAPER = """\
+import os, subprocess, sys
+sys.stdin.buffer.read()
+for name in sys.argv[1:]:
+    listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+    for pid in listed.stdout.split():
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+"""
 
 
 def unavailable() -> Optional[str]:
@@ -89,6 +107,7 @@ class SimulatedHosts:
         self.names = [f"host{i}" for i in range(count)]
         self.addresses = [f"198.18.0.{i + 1}" for i in range(count)]
         self._made: List[str] = []
+        self._reaper: Optional[subprocess.Popen] = None
 
     # ------------------------------------------------------------------ life
 
@@ -105,6 +124,10 @@ class SimulatedHosts:
 
     def start(self) -> None:
         remove_abandoned()
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _REAPER, *reversed(self.namespaces), self.switch],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)  # a Ctrl-C to the maker's process group spares it
         self._namespace(self.switch)
         _run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
         _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
@@ -138,6 +161,10 @@ class SimulatedHosts:
         for name in reversed(self._made):
             _remove_namespace(name)
         self._made = []
+        if self._reaper is not None:  # EOF: it finds nothing left to remove
+            self._reaper.stdin.close()
+            self._reaper.wait(timeout=60)
+            self._reaper = None
 
     # ------------------------------------------------------------------ use
 

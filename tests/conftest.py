@@ -150,6 +150,8 @@ RANKS_EXTRA = (
     "tests/test_streaming_ranks_nonfinite.py::test_skip_on_two_ranks_equals_one_process",
     "tests/test_several_hosts.py::test_ranks_on_two_hosts_equal_one_process[2x2]",
     "tests/test_several_hosts.py::test_a_folder_one_host_does_not_share_stops_every_rank",
+    "tests/test_several_hosts.py::test_a_sharded_save_on_two_hosts_restores_on_one",
+    "tests/test_several_hosts.py::test_the_streaming_cli_on_two_hosts",
 )
 
 # Tests marked `one_tf`: their subject does not change with the TensorFlow version (the
@@ -157,6 +159,7 @@ RANKS_EXTRA = (
 # an atomic save under SIGKILL, setup's rebuild stamp), so CI runs them under the default
 # TensorFlow only. Same rules as VARIANTS.
 ONE_TF = (
+    "tests/test_several_hosts.py::test_the_hosts_are_removed_after_a_run_and_after_their_maker_is_killed",
     "tests/test_streaming_trainer.py::test_exactly_once_across_kills",
     "tests/test_streaming_trainer.py::test_watch_mode_bad_lines_and_cli_errors",
     "tests/test_checkpoint.py::test_killed_during_save_leaves_a_loadable_version",

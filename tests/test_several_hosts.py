@@ -22,6 +22,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -176,3 +177,41 @@ def test_the_streaming_cli_on_two_hosts(hosts, tmp_path):
     assert len(want) == len(ALL_PARTITIONS)
     assert_same_versions(want, predictions(tmp_path / "export2", query), "2 hosts")
     shutil.rmtree(tmp_path / "export1")
+
+
+def _namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_the_hosts_are_removed_after_a_run_and_after_their_maker_is_killed(tmp_path):
+    """close() removes the namespaces (their links and bridge with them); a maker killed
+    before it closed leaves them to its reaper, which removes them and what runs there."""
+    reason = simulated_hosts.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with simulated_hosts.SimulatedHosts(2, str(tmp_path / "closed")) as made:
+        names = [made.switch, *made.namespaces]
+        assert all(name in _namespaces() for name in names)
+    assert not [name for name in names if name in _namespaces()]
+    maker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from bench import simulated_hosts\n"
+         f"h = simulated_hosts.SimulatedHosts(2, {str(tmp_path / 'killed')!r}).__enter__()\n"
+         "import subprocess\n"
+         "subprocess.Popen(h.on(1, ['sleep', '613.7']))\n"
+         "print(' '.join([h.switch] + h.namespaces), flush=True)\n"
+         "time.sleep(600)\n"],
+        env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        names = maker.stdout.readline().split()
+        assert len(names) == 3 and all(name in _namespaces() for name in names)
+    finally:
+        maker.kill()
+        maker.wait()
+    deadline = time.monotonic() + 30
+    while [name for name in names if name in _namespaces()] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [name for name in names if name in _namespaces()], _namespaces()
+    sleeping = subprocess.run(["pgrep", "-f", "^sleep 613.7$"], capture_output=True, text=True)
+    assert not sleeping.stdout.split(), "a process of a removed host still runs"
