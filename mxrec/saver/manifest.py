@@ -46,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from mxrec.util import durable
+from mxrec.util import durable, shared_dirs
 
 FORMAT_VERSION = 1
 _VERSION_RE = re.compile(r"^(full|delta)-(\d{12})$")
@@ -104,7 +104,8 @@ def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: 
 
 
 def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], manifest: Dict,
-                          rank: int, size: int, barrier: Callable[[int], int]) -> str:
+                          rank: int, size: int, barrier: Callable[[int], int],
+                          check_shared: bool = False) -> str:
     """The same as `write_version` for one rank of `size`, every rank calling it together.
 
     Each rank writes its own files (and a `rank-R.json` listing them) into one temporary
@@ -115,11 +116,25 @@ def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], ma
     A file whose size and SHA-256 `manifest["files"]` already holds (taken where it was
     built) is not hashed again.
 
+    With `check_shared` (a Saver's first save), every rank first looks for the writer file
+    rank 0 put into the temporary folder: a rank that does not see it writes into a folder
+    rank 0 will never read, so the save stops on every rank instead (mxrec.util.shared_dirs).
+
     Raises:
         CheckpointError: on every rank, the version exists already.
+        NotSharedError: on every rank, with `check_shared`, when a rank does not see the
+            folder rank 0 made (`directory` is not one shared filesystem); nothing is saved.
     """
     final = posixpath.join(directory, name)
     tmp = _agree_on_temporary(directory, name, final, rank, barrier)
+    if check_shared:
+        try:
+            shared_dirs.check_written(directory, "mxrec Saver: the checkpoint folder",
+                                      posixpath.join(tmp, WRITER_FILE), rank, size, barrier)
+        except shared_dirs.NotSharedError:
+            if rank == 0:
+                _remove_tree(tmp)
+            raise
     _write_rank_part(tmp, files, manifest, rank)
     barrier(0)
     if rank == 0:

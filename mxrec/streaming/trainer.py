@@ -42,6 +42,7 @@ Example:
 """
 
 import dataclasses
+import functools
 import json
 import os
 import posixpath
@@ -83,6 +84,7 @@ from mxrec.streaming.partitions import (
     of_granularity,
     partition_at,
 )
+from mxrec.util import shared_dirs
 from mxrec.util.variable import get_dense_and_sparse_variable
 
 FAULT_ENV = "MXREC_STREAMING_FAULT"
@@ -533,6 +535,21 @@ class StreamingTrainer:
             out[:, start:end] = got[:, :end - start]
         return out[0], out[1]
 
+    def _check_shared_folders(self, sess) -> None:
+        """Several ranks, once a run, before any rank reads the donefile: every rank sees
+        the model dir, the export base and the data root that rank 0 sees
+        (mxrec.util.shared_dirs; a data root rank 0 cannot write into stays unchecked, and
+        `_next` still finds a rank that does not see rank 0's next partition)."""
+        cfg = self.config
+        folders = [("the model dir (--model-dir)", cfg.workdir)]
+        if cfg.export_base:
+            folders.append(("the export base (--export-base)", cfg.export_base))
+        folders.append(("the data root (--data)", cfg.data))
+        shared_dirs.check(folders, self._rank, self._size,
+                          functools.partial(self._sum_over_ranks, sess),
+                          may_be_read_only=[cfg.data])
+        self._folders_checked = True
+
     def _barrier(self, sess) -> None:
         """Returns once every rank has called it (nothing in one process)."""
         if self._size > 1:
@@ -823,6 +840,7 @@ class StreamingTrainer:
             owns_runtime = True
         self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
         self._lock, self._identity = None, None
+        self._folders_checked = False
         try:
             if self._rank == 0:
                 self._check_model_dir()
@@ -865,6 +883,8 @@ class StreamingTrainer:
                 for feed in (self._train_feed, self._eval_feed):
                     if feed is not None:
                         feed.prepare(sess)
+                if not self._folders_checked:
+                    self._check_shared_folders(sess)
                 last = self._resume(sess)
                 writer = (tf.compat.v1.summary.FileWriter(
                     posixpath.join(cfg.workdir, "tensorboard"))
