@@ -39,7 +39,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from mxrec.saver import finite, merge, sparse
+from mxrec.saver import finite, fold, merge, sparse, stream
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver.finite import NonFiniteError
 from mxrec.util import config, durable, registry
@@ -141,12 +141,19 @@ class _SaverCheckpoint:
 
     def __init__(self, checkpoint: str, location):
         self.name = checkpoint
-        self._versions = merge.read_chain(*location)
-        self._names = merge.table_names(self._versions)
-        self._dims = {name: meta["dim"] for _, manifest, _ in self._versions
-                      for name, meta in manifest["tables"].items()}
-        self._dense = self._versions[-1][2]["dense.npz"]
+        # Every file verified, then mapped: a table is read a chunk of rows at a time and
+        # only its embeddings (no slots) are held, as the export's variable needs them.
+        self._copies = stream.LocalCopies()
+        self._versions = fold.open_chain(*location, self._copies)
+        self._names = fold.table_names(self._versions)
+        self._dims = {name: meta["dim"] for version in self._versions
+                      for name, meta in version.manifest["tables"].items()}
+        self._dense = self._versions[-1].dense
         self._tables: Dict[str, sparse.TableArrays] = {}
+
+    def close(self) -> None:
+        """Removes the local copies of files of another filesystem."""
+        self._copies.close()
 
     def table_names(self):
         return list(self._names)
@@ -157,7 +164,8 @@ class _SaverCheckpoint:
     def table_arrays(self, name: str) -> sparse.TableArrays:
         # Folded once per export (each signature's lookups of a table ask again).
         if name not in self._tables:
-            ids, embeddings = merge.admitted_arrays(self._versions, name, self._dims[name])
+            ids, embeddings = fold.admitted(fold.whole_table(self._versions, name),
+                                            self._dims[name])
             self._tables[name] = {"ids": ids, "embeddings": embeddings}
         return self._tables[name]
 
@@ -387,12 +395,16 @@ def export_saved_model(export_dir: str, checkpoint: str,
     if tf.io.gfile.exists(export_dir):
         raise ValueError(f"export_saved_model: export_dir {export_dir!r} already exists")
     source = _open_checkpoint(checkpoint)
-    graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source,
-                                                                     signature_name)
-    _publish(_staging_beside(export_dir), export_dir, functools.partial(
-        _write_saved_model, source, graph_def, var_defs, table_init_names, signature, names,
-        as_text, f"export_saved_model: {checkpoint} to {export_dir}" if check_finite
-        else None))
+    try:
+        graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source,
+                                                                         signature_name)
+        _publish(_staging_beside(export_dir), export_dir, functools.partial(
+            _write_saved_model, source, graph_def, var_defs, table_init_names, signature,
+            names, as_text, f"export_saved_model: {checkpoint} to {export_dir}"
+            if check_finite else None))
+    finally:
+        if isinstance(source, _SaverCheckpoint):
+            source.close()
     return export_dir
 
 

@@ -522,32 +522,8 @@ class Saver:
 
     def _folded(self, io_, versions: List["fold.OpenVersion"], same_ranks: bool
                 ) -> "fold.Folded":
-        """A table's state at the chain's end: this rank's own files when as many ranks
-        saved it, else every rank's files re-partitioned by owner (`fold.shard`)."""
-        name = io_.table.table_name
-        files, where = [], []
-        for version in versions:
-            if name not in version.manifest["tables"]:
-                continue
-            names = manifest_io.table_files(version.manifest, name)
-            if same_ranks:
-                names = names[self._rank:self._rank + 1]
-            for number, file_name in enumerate(names):
-                files.append((version.kind == "full" and number == 0, version.files[file_name]))
-                where.append(f"table {name!r}, file {file_name} of "
-                             f"{version_name(version.kind, version.manifest['step'])}")
-        if not files:
-            raise CheckpointError(f"table {name!r} is not in the checkpoint in {self.directory}")
-        folded = fold.fold(files, name, where)
-        if same_ranks:
-            return folded
-        table = io_.table
-        capacity = (dynamic.HOST_CAPACITY if isinstance(table, dynamic.DynamicTable)
-                    else table.device_vocabulary_size)
-        return fold.shard(folded, lambda keys: wing.current().owned(table, keys, self._rank,
-                                                                     self._size),
-                          tiered=getattr(table, "host_vocabulary_size", 0) > 0,
-                          capacity=capacity)
+        return folded_table(io_.table, versions, self._rank, self._size, same_ranks,
+                            self.directory)
 
     def serving_delta(self, step: int) -> Dict[str, Dict[str, np.ndarray]]:
         """The delta saved at `step` in the form `mxrec.export.saved_model.apply_delta` takes:
@@ -583,6 +559,29 @@ class Saver:
 
 # An epoch no save reaches: an export since it holds no ID and only closes an epoch.
 _NO_EPOCH = 2**32 - 1
+
+
+def folded_table(table, versions: List["fold.OpenVersion"], rank: int, size: int,
+                 own_files: bool, directory: str) -> "fold.Folded":
+    """A table's state at a chain's end for `rank` of `size`: that rank's own files
+    (`own_files`: as many ranks saved it), or every rank's files with the IDs the rank owns
+    now, rows given anew (`fold.shard`: a tiered table takes its IDs into the host tier, a
+    dynamic table's store grows to any count).
+
+    Raises:
+        CheckpointError: the table is not in the chain, or its files are damaged.
+    """
+    name = table.table_name
+    files, where = fold.table_files(versions, name, rank if own_files else None)
+    if not files:
+        raise CheckpointError(f"table {name!r} is not in the checkpoint in {directory}")
+    folded = fold.fold(files, name, where)
+    if own_files:
+        return folded
+    capacity = (dynamic.HOST_CAPACITY if isinstance(table, dynamic.DynamicTable)
+                else table.device_vocabulary_size)
+    return fold.shard(folded, lambda keys: wing.current().owned(table, keys, rank, size),
+                      tiered=getattr(table, "host_vocabulary_size", 0) > 0, capacity=capacity)
 
 
 def check_flag(where: str, value) -> bool:

@@ -262,6 +262,67 @@ def fold(files: Sequence[Tuple[bool, object]], name: str,
     return Folded(columns, source[alive], record[alive], name)
 
 
+def table_files(versions: Sequence[OpenVersion], name: str, rank: Optional[int] = None
+                ) -> Tuple[List[Tuple[bool, object]], List[str]]:
+    """The files of table `name` over a chain, in fold order, as `fold` takes them (the
+    first file of a full version starts afresh), and where each is (for messages): every
+    rank's, or only `rank`'s (a restore on as many ranks as saved it)."""
+    files, where = [], []
+    for version in versions:
+        if name not in version.manifest["tables"]:
+            continue
+        names = manifest_io.table_files(version.manifest, name)
+        if rank is not None:
+            names = names[rank:rank + 1]
+        for number, file_name in enumerate(names):
+            files.append((version.kind == "full" and number == 0, version.files[file_name]))
+            where.append(f"table {name!r}, file {file_name} of "
+                         f"{manifest_io.version_name(version.kind, version.manifest['step'])}")
+    return files, where
+
+
+def table_names(versions: Sequence[OpenVersion]) -> List[str]:
+    """The tables of a chain, sorted.
+
+    Raises:
+        CheckpointError: a delta holds a table that the full save it follows lacks.
+    """
+    base = set(versions[0].manifest["tables"]) if versions else set()
+    for version in versions[1:]:
+        for name in version.manifest["tables"]:
+            if name not in base:
+                raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
+    return sorted(base)
+
+
+def whole_table(versions: Sequence[OpenVersion], name: str) -> Folded:
+    """The whole table `name` at the chain's end: every rank's files folded (each rank's
+    device rows stay its own: good for `shard` and `admitted`, not for a restore as is)."""
+    files, where = table_files(versions, name)
+    if not files:
+        raise CheckpointError(f"table {name!r} is not in the checkpoint")
+    return fold(files, name, where)
+
+
+def admitted(folded: Folded, dim: int, state: str = "embedding", rows: int = 1 << 16
+             ) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids [K] int64 sorted, values [K, dim] float32) of one state of every admitted ID
+    (a device row or the host tier), read a chunk of `rows` IDs at a time.
+
+    Raises:
+        CheckpointError: an admitted ID has no value of that state.
+    """
+    positions = np.flatnonzero((folded.rows >= 0) | (folded.in_host != 0))
+    values = np.zeros((len(positions), dim), np.float32)
+    for begin in range(0, len(positions), rows):
+        part = positions[begin:begin + rows]
+        values[begin:begin + len(part)], held = folded.values(part, state, dim)
+        if not held.all():
+            raise CheckpointError(f"checkpoint holds no {state!r} value of ID "
+                                  f"{int(folded.keys[part[np.argmin(held)]])}")
+    return folded.keys[positions], values
+
+
 def shard(folded: Folded, keep: Callable[[np.ndarray], np.ndarray], tiered: bool,
           capacity: int) -> Folded:
     """The IDs one rank owns (`keep(keys)` is a mask), rows given anew: a tiered table
@@ -320,5 +381,5 @@ def tier_reader(folded: Folded, names: List[str], dim: int) -> Callable:
     return read
 
 
-__all__ = ["OpenVersion", "open_chain", "Folded", "fold", "shard", "chunk_positions",
-           "tier_reader"]
+__all__ = ["OpenVersion", "open_chain", "Folded", "fold", "table_files", "table_names",
+           "whole_table", "admitted", "shard", "chunk_positions", "tier_reader"]
