@@ -1,0 +1,112 @@
+"""A table larger than its process's memory limit: trained, saved (full and delta) and
+restored into a new process, inside a memory cgroup (cgroup v1, as a pod's limit holds a
+trainer; page cache counted), never killed for memory, every value equal to Adagrad's
+closed form.
+
+3 M IDs x dim 128 with Adagrad (2.9 GiB of rows and slots: device cache and host tier of
+128 Ki rows each, the rest on the SSD tier) in a cgroup of 1.5 GiB. The phases run in
+`big_table_worker.py`, which joins the cgroup before it builds anything; the saved chain
+is also checked here, outside the cgroup, file by file against the closed form.
+
+Skipped where the memory cgroup is not writable (not root, cgroup v2 only) or the disk
+lacks room for the checkpoint and the SSD files (about 8 GiB).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from mxrec.saver import fold, stream
+
+pytestmark = pytest.mark.serial
+
+CGROUPS = "/sys/fs/cgroup/memory"
+LIMIT = 1536 << 20
+IDS = 3_000_000
+DIM = 128
+LR, ACC0, INIT = 0.1, 0.9, 0.01
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "big_table_worker.py")
+DISK_NEEDED = 12 << 30
+
+
+def _weight(keys):
+    return ((keys * 2654435761) % 1000003).astype(np.float64) / 1000003 + 0.5
+
+
+@pytest.fixture
+def cgroup():
+    if not os.access(CGROUPS, os.W_OK) or not os.path.exists(
+            os.path.join(CGROUPS, "memory.limit_in_bytes")):
+        pytest.skip(f"needs a writable cgroup v1 memory controller at {CGROUPS} (root)")
+    path = os.path.join(CGROUPS, f"mxrec-big-table-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    try:
+        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(LIMIT))
+        yield path
+    finally:
+        os.rmdir(path)  # its processes are gone: the worker runs to its end
+
+
+def _oom_kills(path):
+    with open(os.path.join(path, "memory.oom_control")) as f:
+        fields = dict(line.split() for line in f)
+    return int(fields.get("oom_kill", 0))
+
+
+def _run(path, ckpt, ssd, phase):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.path.dirname(os.path.dirname(WORKER)))
+    done = subprocess.run([sys.executable, WORKER, path, ckpt, ssd, str(IDS), phase],
+                          env=env, capture_output=True, text=True, timeout=400)
+    assert _oom_kills(path) == 0, f"{phase}: killed for memory\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{phase}: exit {done.returncode}\n{done.stderr[-3000:]}"
+    assert done.stdout.startswith("OK"), done.stdout
+    return done.stdout.strip()
+
+
+def _check_saved_chain(ckpt):
+    """The chain's files against the closed form: every ID's embedding and accumulator
+    after one update (two for the IDs divisible by 3), read a chunk at a time."""
+    copies = stream.LocalCopies()
+    try:
+        folded = fold.whole_table(fold.open_chain(ckpt, None, copies), "big")
+        np.testing.assert_array_equal(np.sort(folded.keys), np.arange(IDS))
+        for begin in range(0, IDS, 1 << 18):
+            positions = np.arange(begin, min(IDS, begin + (1 << 18)))
+            keys = folded.keys[positions]
+            w = _weight(keys)
+            twice = keys % 3 == 0
+            acc1 = ACC0 + w * w
+            value = INIT - LR * w / np.sqrt(acc1)
+            acc = np.where(twice, acc1 + w * w, acc1)
+            value = np.where(twice, value - LR * w / np.sqrt(acc), value)
+            emb, held = folded.values(positions, "embedding", DIM)
+            slot, slot_held = folded.values(positions, "Adagrad/accumulator", DIM)
+            assert held.all() and slot_held.all()
+            np.testing.assert_allclose(emb, np.broadcast_to(value[:, None], emb.shape),
+                                       atol=2e-5)
+            np.testing.assert_allclose(slot, np.broadcast_to(acc[:, None], slot.shape),
+                                       rtol=1e-5)
+    finally:
+        copies.close()
+
+
+def test_a_table_larger_than_the_memory_limit_trains_saves_and_restores(cgroup, tmp_path):
+    assert IDS * DIM * 4 * 2 > 1.8 * LIMIT  # rows and Adagrad slots: far beyond the limit
+    if shutil.disk_usage(tmp_path).free < DISK_NEEDED:
+        pytest.skip(f"needs {DISK_NEEDED >> 30} GiB free under {tmp_path}")
+    ckpt = str(tmp_path / "ckpt")
+    ssd_train, ssd_restore = tmp_path / "ssd-train", tmp_path / "ssd-restore"
+    ssd_train.mkdir()
+    ssd_restore.mkdir()
+    trained = _run(cgroup, ckpt, str(ssd_train), "train")
+    shutil.rmtree(ssd_train)  # the trainer's SSD file: the disk the restore needs
+    restored = _run(cgroup, ckpt, str(ssd_restore), "restore")
+    print(trained, "|", restored)
+    _check_saved_chain(ckpt)
