@@ -218,7 +218,7 @@ class Saver:
         checkpoint_memory_mb: the memory (MiB) a save or restore may add for the tables'
             rows: they go through each table a chunk of rows at a time, tier by tier
             (device rows, host tier, SSD file), however large the table. Beyond it, a
-            table's records take about 25 bytes per ID (41 while a restore folds them).
+            table's records are held as columns (docs/CHECKPOINTS.md).
             A value below what one chunk of a table needs is refused (ValueError).
 
     Constructing a Saver (rank 0) removes the `.tmp-` folders that saves killed mid-way

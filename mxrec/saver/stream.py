@@ -10,7 +10,7 @@ reclaims (under a memory cgroup too), instead of copying the file into the proce
 The memory a save or restore may add is `checkpoint_memory_mb` (a `Saver` argument): the
 rows of a chunk (a table's embedding and optimizer slots) are sized to fit it
 (`chunk_rows`). Beyond it, a table's records (ID, device row, count, last-seen time,
-tier flag: 25 bytes per ID, and 16 more while versions fold) are held as columns.
+tier flag) are held as columns.
 
 Example:
     >>> entry = write_npz("/ckpt/.tmp-x/table-000.npz",
