@@ -21,7 +21,7 @@ from mxrec.core import tiers
 from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.optimizers.adagrad import create_hash_optimizer
 from mxrec.saver import stream
-from mxrec.saver.checkpoint import Saver
+from mxrec.saver.checkpoint import NonFiniteError, Saver
 from mxrec.util.initialize import init
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -167,3 +167,61 @@ def test_many_chunks_save_and_restore_every_tier_and_write_the_same_bytes(tmp_pa
     for key in want:
         np.testing.assert_array_equal(got[key][0], want[key][0])
         np.testing.assert_array_equal(got[key][1], want[key][1])
+
+
+def test_a_failing_tier_reader_leaves_the_table_as_it_was_and_raises_its_error(tmp_path):
+    """The engine's chunked import (HostTier::ReplaceFrom): the reader's exception comes
+    back as it was raised, and a chunk of the wrong size is refused; either way the table
+    keeps its state (the new host tier is built aside)."""
+    from mxrec._lib import loader
+
+    ids, train, table = _tiered_model(8)
+    rng = np.random.default_rng(1)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        for _ in range(20):
+            sess.run(train, {ids: rng.integers(0, 3000, 256)})
+        before = _values(sess, [table])
+        engine = loader.engine()
+        state = engine.export_state(table.table_key)
+        host = int(state["in_host"].sum())
+        assert host > 0
+        common = dict(keys=state["keys"], rows=state["rows"], counts=state["counts"],
+                      last_seen=state["last_seen"], free_rows=state["free_rows"],
+                      next_row=state["next_row"], newest_timestamp=state["newest_timestamp"],
+                      counting_frozen=state["counting_frozen"],
+                      access_threshold=state["access_threshold"], in_host=state["in_host"],
+                      lru_rows=state["lru_rows"], lru_ages=state["lru_ages"],
+                      tier_components=list(state["tier_components"]), chunk_rows=100)
+        width = len(state["tier_components"]) * 8
+
+        def failing(begin, n):
+            if begin >= 200:
+                raise OSError("disk gone")
+            return state["tier_present"][begin:begin + n], state["tier_values"][begin:begin + n]
+
+        with pytest.raises(OSError, match="disk gone"):
+            engine.import_state(table.table_key, tier_reader=failing, **common)
+        with pytest.raises(ValueError, match=r"chunk of 100 IDs holds 100 masks and "
+                                             rf"{100 * (width - 1)} values"):
+            engine.import_state(table.table_key, tier_reader=lambda b, n: (
+                np.zeros(n, np.uint32), np.zeros((n, width - 1), np.float32)), **common)
+        assert _values(sess, [table]).keys() == before.keys()
+        for key, (keys, values) in _values(sess, [table]).items():
+            np.testing.assert_array_equal(keys, before[key][0])
+            np.testing.assert_array_equal(values, before[key][1])
+
+
+def test_a_refused_save_leaves_no_spool_or_temporary(tmp_path):
+    ids, train, table = _tiered_model(8)
+    saver = Saver(str(tmp_path), checkpoint_memory_mb=1)
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        for begin in range(0, 3000, 250):  # most IDs in the host tier and on disk
+            sess.run(train, {ids: np.arange(begin, begin + 250)})
+        saver.save(sess, 1)
+        sess.run(table.variable.assign(tf.fill(tf.shape(table.variable), np.nan)))
+        # every value of the 300 device rows x dim 8
+        with pytest.raises(NonFiniteError, match="table 'big' embedding: 2400 non-finite"):
+            saver.save(sess, 2, check_finite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full-000000000001"]
