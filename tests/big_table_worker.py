@@ -6,7 +6,8 @@ train: every ID 0..IDS-1 trained once (Adagrad, gradient w(id) on every dim), a 
 the IDs divisible by 3 trained again, a delta save. restore: the chain restored into a new
 process, every ID read back by evaluation lookups a batch at a time and compared with
 Adagrad's closed form; then the first batch trained once more and compared again (the
-restored accumulators). Prints "OK <seconds per part>" at the end.
+restored accumulators). Under `python -m mxrec.launch -n N` the restore reshards the chain
+onto N ranks, each reading back its share of the IDs. Prints "OK <seconds per part>".
 """
 
 import os
@@ -26,6 +27,7 @@ from mxrec.core.embedding import create_table, sparse_lookup  # noqa: E402
 from mxrec.optimizers.adagrad import create_hash_optimizer  # noqa: E402
 from mxrec.saver.checkpoint import Saver  # noqa: E402
 from mxrec.util.initialize import init  # noqa: E402
+from mxrec.util.ranks import get_rank_id, get_rank_size  # noqa: E402
 from mxrec.util.variable import get_dense_and_sparse_variable  # noqa: E402
 
 DIM = 128
@@ -117,10 +119,13 @@ with v1.Session(config=config) as sess:
         assert saver.restore(sess) == 2
         times["restore"] = time.perf_counter() - start
         start = time.perf_counter()
-        check(sess, every, 1 + (every % 3 == 0), "restored")
-        first = every[:BATCH]
-        run_over(sess, first)
-        check(sess, first, 2 + (first % 3 == 0), "trained after the restore")
+        # On several ranks each looks up its share of the IDs (as many batches on each).
+        mine = every[get_rank_id()::get_rank_size()]
+        check(sess, mine, 1 + (mine % 3 == 0), "restored")
+        if get_rank_size() == 1:
+            first = every[:BATCH]
+            run_over(sess, first)
+            check(sess, first, 2 + (first % 3 == 0), "trained after the restore")
         times["check"] = time.perf_counter() - start
 print("OK", " ".join(f"{k}={v:.1f}s" for k, v in times.items()),
       f"peak_rss_anon={peak_kib[0] / 2**20:.2f}GiB", flush=True)

@@ -1,10 +1,11 @@
-"""A table larger than its process's memory limit: trained, saved (full and delta) and
-restored into a new process, inside a memory cgroup (cgroup v1, as a pod's limit holds a
-trainer; page cache counted), never killed for memory, every value equal to Adagrad's
-closed form.
+"""A table larger than its processes' memory limit: trained, saved (full and delta), restored
+into a new process and resharded onto 2 ranks, inside a memory cgroup (cgroup v1, as a pod's
+limit holds a trainer; page cache counted), never killed for memory, every value equal to
+Adagrad's closed form.
 
 3 M IDs x dim 128 with Adagrad (2.9 GiB of rows and slots: device cache and host tier of
-128 Ki rows each, the rest on the SSD tier) in a cgroup of 1.5 GiB. The phases run in
+128 Ki rows per rank each, the rest on the SSD tier) in a cgroup of 1.5 GiB (2.25 GiB for
+the two ranks together, each with its own TensorFlow). The phases run in
 `big_table_worker.py`, which joins the cgroup before it builds anything; the saved chain
 is also checked here, outside the cgroup, file by file against the closed form.
 
@@ -23,10 +24,13 @@ import pytest
 
 from mxrec.saver import fold, stream
 
-pytestmark = pytest.mark.serial
+# It starts processes of its own; its subject (how much memory a checkpoint takes) does not
+# change with the TensorFlow version.
+pytestmark = [pytest.mark.serial, pytest.mark.one_tf]
 
 CGROUPS = "/sys/fs/cgroup/memory"
 LIMIT = 1536 << 20
+LIMIT_TWO_RANKS = 2304 << 20
 IDS = 3_000_000
 DIM = 128
 LR, ACC0, INIT = 0.1, 0.9, 0.01
@@ -59,15 +63,21 @@ def _oom_kills(path):
     return int(fields.get("oom_kill", 0))
 
 
-def _run(path, ckpt, ssd, phase):
+def _run(path, ckpt, ssd, phase, ranks=1):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.path.dirname(os.path.dirname(WORKER)))
-    done = subprocess.run([sys.executable, WORKER, path, ckpt, ssd, str(IDS), phase],
-                          env=env, capture_output=True, text=True, timeout=400)
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER"):
+        env.pop(name, None)
+    command = [WORKER, path, ckpt, ssd, str(IDS), phase]
+    if ranks > 1:
+        command = ["-m", "mxrec.launch", "-n", str(ranks)] + command
+    done = subprocess.run([sys.executable] + command, env=env, capture_output=True, text=True,
+                          timeout=400)
     assert _oom_kills(path) == 0, f"{phase}: killed for memory\n{done.stderr[-3000:]}"
     assert done.returncode == 0, f"{phase}: exit {done.returncode}\n{done.stderr[-3000:]}"
-    assert done.stdout.startswith("OK"), done.stdout
-    return done.stdout.strip()
+    lines = [line for line in done.stdout.splitlines() if "OK " in line]
+    assert len(lines) == ranks, done.stdout[-3000:]
+    return " ".join(lines)
 
 
 def _check_saved_chain(ckpt):
@@ -97,16 +107,23 @@ def _check_saved_chain(ckpt):
         copies.close()
 
 
-def test_a_table_larger_than_the_memory_limit_trains_saves_and_restores(cgroup, tmp_path):
+def test_a_table_larger_than_the_memory_limit_trains_saves_restores_and_reshards(cgroup,
+                                                                              tmp_path):
     assert IDS * DIM * 4 * 2 > 1.8 * LIMIT  # rows and Adagrad slots: far beyond the limit
     if shutil.disk_usage(tmp_path).free < DISK_NEEDED:
         pytest.skip(f"needs {DISK_NEEDED >> 30} GiB free under {tmp_path}")
     ckpt = str(tmp_path / "ckpt")
-    ssd_train, ssd_restore = tmp_path / "ssd-train", tmp_path / "ssd-restore"
-    ssd_train.mkdir()
-    ssd_restore.mkdir()
-    trained = _run(cgroup, ckpt, str(ssd_train), "train")
-    shutil.rmtree(ssd_train)  # the trainer's SSD file: the disk the restore needs
-    restored = _run(cgroup, ckpt, str(ssd_restore), "restore")
-    print(trained, "|", restored)
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    trained = _run(cgroup, ckpt, str(ssd), "train")
+    shutil.rmtree(ssd)  # each phase's SSD file: the disk the next one needs
+    ssd.mkdir()
+    restored = _run(cgroup, ckpt, str(ssd), "restore")
+    shutil.rmtree(ssd)
+    ssd.mkdir()
+    with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(LIMIT_TWO_RANKS))
+    assert IDS * DIM * 4 * 2 > LIMIT_TWO_RANKS
+    resharded = _run(cgroup, ckpt, str(ssd), "restore", ranks=2)
+    print(trained, "|", restored, "|", resharded)
     _check_saved_chain(ckpt)
