@@ -21,7 +21,7 @@ from mxrec.core import tiers
 from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.optimizers.adagrad import create_hash_optimizer
 from mxrec.saver import stream
-from mxrec.saver.checkpoint import NonFiniteError, Saver
+from mxrec.saver.checkpoint import CheckpointError, NonFiniteError, Saver
 from mxrec.util.initialize import init
 from mxrec.util.variable import get_dense_and_sparse_variable
 
@@ -225,3 +225,41 @@ def test_a_refused_save_leaves_no_spool_or_temporary(tmp_path):
         with pytest.raises(NonFiniteError, match="table 'big' embedding: 2400 non-finite"):
             saver.save(sess, 2, check_finite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full-000000000001"]
+
+
+@pytest.mark.parametrize("where", ["local", "ram"])
+def test_write_npz_and_mapped_npz_round_trip(tmp_path, where):
+    """A file written a chunk at a time is the npz np.load reads, its entry the file's size
+    and SHA-256; read back mapped (a file of another filesystem through a local copy)."""
+    import hashlib
+
+    rng = np.random.default_rng(3)
+    rows = rng.random((1000, 7)).astype(np.float32)
+    keys = rng.integers(-2**63, 2**63 - 1, 1000, dtype=np.int64)
+    path = str(tmp_path / "t.npz") if where == "local" else "ram://mxrec-test/t.npz"
+    entry = stream.write_npz(path, [stream.whole("host/keys", keys, rows=99),
+                                    stream.whole("state/embedding", rows, rows=128),
+                                    stream.whole("host/threshold", np.array(3.5)),
+                                    stream.whole("host/removed", np.zeros(0, np.int64))])
+    copies = stream.LocalCopies()
+    try:
+        local = copies.local(path)
+        with open(local, "rb") as f:
+            data = f.read()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        stream.verify(path, entry)
+        with pytest.raises(CheckpointError, match="truncated"):
+            stream.verify(path, dict(entry, bytes=entry["bytes"] + 1))
+        mapped = stream.MappedNpz(local)
+        np.testing.assert_array_equal(mapped["state/embedding"][100:300], rows[100:300])
+        np.testing.assert_array_equal(mapped["host/keys"], keys)
+        assert float(mapped["host/threshold"]) == 3.5 and mapped["host/removed"].shape == (0,)
+        with np.load(local) as npz:
+            assert list(npz.files) == ["host/keys", "state/embedding", "host/threshold",
+                                       "host/removed"]
+            np.testing.assert_array_equal(npz["state/embedding"], rows)
+    finally:
+        copies.close()
+    with pytest.raises(CheckpointError, match="got 999 rows, its shape says"):
+        stream.write_npz(str(tmp_path / "bad.npz"), [stream.Member(
+            "x", np.float32, (1000, 7), lambda: iter([rows[:999]]))])

@@ -22,6 +22,7 @@ Example:
 """
 
 import hashlib
+import io
 import os
 import posixpath
 import shutil
@@ -113,12 +114,14 @@ class _HashingWriter:
 
     def __init__(self, raw):
         self._raw = raw
+        # tf.io.gfile's files take bytes only; a local file takes the buffer as it is.
+        self._as_bytes = not isinstance(raw, io.IOBase)
         self._hash = hashlib.sha256()
         self._bytes = 0
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self._raw.write(view)
+        self._raw.write(bytes(view) if self._as_bytes else view)
         self._hash.update(view)
         self._bytes += len(view)
         return len(view)
