@@ -45,15 +45,19 @@ against the state it replaces.
 Several ranks: each rank writes `table-XXX-rankRRRRR.npz` with the IDs it owns, rank 0
 writes `dense.npz` and, after every rank's files are in, the manifest (`"ranks": N`, each
 table's `"files"` per rank). Restored on N ranks, each takes back its file; on another
-count, every rank folds all files and keeps the IDs it owns there (`merge.reshard`; a
+count, every rank folds all files and keeps the IDs it owns there (`fold.shard`; a
 table replicated on every rank, is_dp=True, keeps them all). WarmStart, the serving export and
 `sparse.export` read such a directory as it is: every rank's files fold into the whole table
-(`merge.whole_tables`).
+(`fold.whole_table`).
 
-This module holds the Saver (what a table file contains, reading and writing
-rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,
-folding versions into one state is `mxrec.saver.merge`. The timer that
-saves, `IncrementalCheckpointHook`, is a hook (`mxrec.hooks.incremental_checkpoint`).
+Tables are written and read a chunk of rows at a time (`checkpoint_memory_mb`): a save
+streams each file (`mxrec.saver.table_file`, `mxrec.saver.stream`), a restore maps the
+verified files and folds them as columns (`mxrec.saver.fold`).
+
+This module holds the Saver (reading and writing rows) and save_persistables; the
+directory's files are `mxrec.saver.manifest`, which versions a restore reads is
+`mxrec.saver.merge.chain`. The timer that saves, `IncrementalCheckpointHook`, is a hook
+(`mxrec.hooks.incremental_checkpoint`).
 
 Example:
     >>> saver = Saver("/data/ckpt")
@@ -65,6 +69,7 @@ Example:
 import functools
 import operator
 import os
+import posixpath
 import tempfile
 import time
 import warnings
@@ -603,23 +608,6 @@ def _barrier_input(barrier: tf.Tensor) -> tf.Tensor:
     return source
 
 
-def _file_faults(table_name: str, arrays: Dict[str, np.ndarray]) -> List[finite.Fault]:
-    """The non-finite values of a table file's rows: each state's device rows (keyed by the
-    admitted IDs) and, with a host tier, each state's host-tier (and SSD) rows."""
-    keys = arrays[schema.host_key("keys")]
-    device_ids = keys[arrays[schema.host_key("rows")] >= 0]
-    faults = []
-    for state in schema.names_with_prefix(arrays, "state"):
-        faults += finite.table_faults(table_name, state, device_ids,
-                                      arrays[schema.state_key(state)])
-    if schema.host_key("in_host") in arrays:
-        tier_ids = keys[arrays[schema.host_key("in_host")].astype(bool)]
-        for state in schema.names_with_prefix(arrays, "tier"):
-            faults += finite.table_faults(table_name, f"host/SSD tier {state}", tier_ids,
-                                          arrays[schema.tier_key(state)])
-    return faults
-
-
 def table_io(table):
     """The reader and writer of a table's rows and slot rows (device variables, or the
     dynamic store)."""
@@ -707,13 +695,26 @@ def _stacked(rows: List[np.ndarray]) -> np.ndarray:
 
 
 def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]:
-    """`Saver.serving_delta` of the delta saved at `step` in `directory`."""
-    manifest, arrays = manifest_io.read_version(directory, "delta", int(step))
+    """`Saver.serving_delta` of the delta saved at `step` in `directory`: its files verified,
+    then mapped (only the embeddings are read, not the slots)."""
+    copies = stream.LocalCopies()
+    try:
+        return _serving_delta(directory, int(step), copies)
+    finally:
+        copies.close()
+
+
+def _serving_delta(directory: str, step: int, copies: stream.LocalCopies
+                   ) -> Dict[str, Dict[str, np.ndarray]]:
+    manifest = manifest_io.read_manifest(directory, "delta", step)
+    folder = posixpath.join(directory, version_name("delta", step))
+    for file_name, expect in sorted(manifest["files"].items()):
+        stream.verify(posixpath.join(folder, file_name), expect)
     delta = {}
     for name in manifest["tables"]:
         ids, embeddings, removed = [], [], []
         for file_name in manifest_io.table_files(manifest, name):
-            table_arrays = arrays[file_name]
+            table_arrays = stream.MappedNpz(copies.local(posixpath.join(folder, file_name)))
             admitted = table_arrays[schema.host_key("rows")] >= 0
             ids.append(table_arrays[schema.host_key("keys")][admitted])
             embeddings.append(table_arrays[schema.state_key("embedding")])
@@ -760,25 +761,6 @@ def _run_jobs(jobs: List, parallel: bool) -> List:
                                     thread_name_prefix="mxrec_save") as pool:
         pending = [pool.submit(job) for job in jobs]
         return [future.result() for future in pending]
-
-
-def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.ndarray]:
-    """The host-tier part of a tiered table's file: where rows live, the cache order, and
-    the host-tier values of each state (embedding, slots) with a mask of those it holds."""
-    components = list(host["tier_components"])
-    values = host["tier_values"]
-    present = host["tier_present"]
-    arrays = {schema.host_key(k): host[k] for k in schema.TIER_ARRAYS}
-    arrays[schema.host_key("in_host")] = host["in_host"].astype(np.uint8)
-    for name in state_names:
-        if name in components:
-            c = components.index(name)
-            arrays[schema.tier_key(name)] = values[:, c, :]
-            arrays[schema.tier_mask_key(name)] = ((present >> np.uint32(c)) & 1).astype(np.uint8)
-        else:  # a slot never swapped out: every host-tier ID restarts it from its initial value
-            arrays[schema.tier_key(name)] = np.zeros((len(present), dim), np.float32)
-            arrays[schema.tier_mask_key(name)] = np.zeros(len(present), np.uint8)
-    return arrays
 
 
 def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] = None,
