@@ -7,7 +7,8 @@ the IDs divisible by 3 trained again, a delta save. restore: the chain restored 
 process, every ID read back by evaluation lookups a batch at a time and compared with
 Adagrad's closed form; then the first batch trained once more and compared again (the
 restored accumulators). Under `python -m mxrec.launch -n N` the restore reshards the chain
-onto N ranks, each reading back its share of the IDs. Prints "OK <seconds per part>".
+onto N ranks, each reading back its share of the IDs. export: the chain's serving export
+(SavedModel) into CKPT_DIR/../export. Prints "OK <seconds per part>".
 """
 
 import os
@@ -56,6 +57,19 @@ def closed_form(keys: np.ndarray, updates: np.ndarray) -> np.ndarray:
 
 
 init()
+if phase == "export":  # the serving export of the chain, a chunk of rows at a time
+    from mxrec.export.saved_model import export_saved_model
+
+    def build():
+        query = v1.placeholder(tf.int64, [None], name="ids")
+        serving = create_table(tf.int64, DIM, "big", v1.constant_initializer(INIT),
+                               device_vocabulary_size=8)
+        return {"ids": query}, {"emb": sparse_lookup(serving, query, is_train=False)}
+
+    start = time.perf_counter()
+    export_saved_model(os.path.join(os.path.dirname(ckpt), "export"), ckpt, build)
+    print(f"OK export={time.perf_counter() - start:.1f}s", flush=True)
+    sys.exit(0)
 ids = v1.placeholder(tf.int64, [None])
 grads = v1.placeholder(tf.float32, [None])
 table = create_table(tf.int64, DIM, "big", v1.constant_initializer(INIT),

@@ -1,7 +1,7 @@
 """A table larger than its processes' memory limit: trained, saved (full and delta), restored
-into a new process and resharded onto 2 ranks, inside a memory cgroup (cgroup v1, as a pod's
-limit holds a trainer; page cache counted), never killed for memory, every value equal to
-Adagrad's closed form.
+into a new process, resharded onto 2 ranks and exported (SavedModel), inside a memory
+cgroup (cgroup v1, as a pod's limit holds a trainer; page cache counted), never killed for
+memory, every value equal to Adagrad's closed form.
 
 3 M IDs x dim 128 with Adagrad (2.9 GiB of rows and slots: device cache and host tier of
 128 Ki rows per rank each, the rest on the SSD tier) in a cgroup of 1.5 GiB (2.25 GiB for
@@ -89,13 +89,7 @@ def _check_saved_chain(ckpt):
         np.testing.assert_array_equal(np.sort(folded.keys), np.arange(IDS))
         for begin in range(0, IDS, 1 << 18):
             positions = np.arange(begin, min(IDS, begin + (1 << 18)))
-            keys = folded.keys[positions]
-            w = _weight(keys)
-            twice = keys % 3 == 0
-            acc1 = ACC0 + w * w
-            value = INIT - LR * w / np.sqrt(acc1)
-            acc = np.where(twice, acc1 + w * w, acc1)
-            value = np.where(twice, value - LR * w / np.sqrt(acc), value)
+            value, acc = _closed_form(folded.keys[positions])
             emb, held = folded.values(positions, "embedding", DIM)
             slot, slot_held = folded.values(positions, "Adagrad/accumulator", DIM)
             assert held.all() and slot_held.all()
@@ -107,7 +101,44 @@ def _check_saved_chain(ckpt):
         copies.close()
 
 
-def test_a_table_larger_than_the_memory_limit_trains_saves_restores_and_reshards(cgroup,
+def _closed_form(keys):
+    """(embedding, accumulator) after one update of every ID, two of those divisible by 3."""
+    w = _weight(keys)
+    twice = keys % 3 == 0
+    acc1 = ACC0 + w * w
+    value = INIT - LR * w / np.sqrt(acc1)
+    acc = np.where(twice, acc1 + w * w, acc1)
+    return np.where(twice, value - LR * w / np.sqrt(acc), value), acc
+
+
+def _check_export(export_dir):
+    """The SavedModel's table (IDs, then embeddings read in slices) against the closed form."""
+    import tensorflow as tf
+
+    prefix = os.path.join(export_dir, "variables", "variables")
+    name = "mxrec_serving/big/"
+    reader = tf.train.load_checkpoint(prefix)
+    keys = reader.get_tensor(name + "ids")
+    np.testing.assert_array_equal(keys, np.arange(IDS))
+    assert reader.get_variable_to_shape_map()[name + "embeddings"] == [IDS + 1, DIM]
+    graph = tf.Graph()
+    with graph.as_default():
+        spec = tf.compat.v1.placeholder(tf.string, [])
+        read = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name + "embeddings"],
+                                    shape_and_slices=tf.reshape(spec, [1]),
+                                    dtypes=[tf.float32])[0]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            for begin in range(0, IDS + 1, 1 << 18):
+                count = min(IDS + 1, begin + (1 << 18)) - begin
+                got = sess.run(read, {spec: f"{IDS + 1} {DIM} {begin},{count}:-"})
+                want = np.zeros([count], np.float64)
+                real = min(count, IDS - begin)  # the last row is the zero row
+                want[:real] = _closed_form(keys[begin:begin + real])[0]
+                np.testing.assert_allclose(got, np.broadcast_to(want[:, None], got.shape),
+                                           atol=2e-5)
+
+
+def test_a_table_larger_than_the_memory_limit_trains_saves_restores_and_exports(cgroup,
                                                                               tmp_path):
     assert IDS * DIM * 4 * 2 > 1.8 * LIMIT  # rows and Adagrad slots: far beyond the limit
     if shutil.disk_usage(tmp_path).free < DISK_NEEDED:
@@ -125,5 +156,9 @@ def test_a_table_larger_than_the_memory_limit_trains_saves_restores_and_reshards
         f.write(str(LIMIT_TWO_RANKS))
     assert IDS * DIM * 4 * 2 > LIMIT_TWO_RANKS
     resharded = _run(cgroup, ckpt, str(ssd), "restore", ranks=2)
-    print(trained, "|", restored, "|", resharded)
+    with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(LIMIT))
+    exported = _run(cgroup, ckpt, str(ssd), "export")
+    print(trained, "|", restored, "|", resharded, "|", exported)
     _check_saved_chain(ckpt)
+    _check_export(str(tmp_path / "export"))
