@@ -375,8 +375,13 @@ Status DeviceCachePlanner::Restore(const TableState& state, const std::vector<in
   host_records.reserve(host_keys.size());
   for (int64_t key : host_keys) host_records.push_back(FindIn(maps, key).tier);
   std::vector<int32_t> host_slots;
-  MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
-                                       state.tier_values, &host_slots));
+  if (state.tier_reader) {
+    MXREC_RETURN_IF_ERROR(tier_->ReplaceFrom(host_keys, state.tier_components, state.tier_reader,
+                                             state.tier_chunk_rows, &host_slots));
+  } else {
+    MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
+                                         state.tier_values, &host_slots));
+  }
   // Nothing below fails.
   free_host_slots_.clear();
   host_arrival_.clear();

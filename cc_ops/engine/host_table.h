@@ -128,6 +128,16 @@ struct TableState {
   std::vector<std::string> tier_components;
   std::vector<uint32_t> tier_present;
   std::vector<float> tier_values;
+  // In chunks instead (a checkpoint that streams), set by the caller:
+  // ImportState reads the in_host IDs' values from `tier_reader` (and
+  // tier_present/tier_values stay empty); ExportState hands them to
+  // `tier_writer` (components, masks, values of up to tier_chunk_rows IDs
+  // each call, in order) and leaves tier_present/tier_values empty.
+  TierValueReader tier_reader;
+  std::function<Status(const std::vector<std::string>& components, const uint32_t* present,
+                       const float* values, int64_t n)>
+      tier_writer;
+  int64_t tier_chunk_rows = 65536;
 };
 
 struct TableStats {

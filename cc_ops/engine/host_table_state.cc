@@ -40,7 +40,12 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   Boundary boundary;
   MXREC_RETURN_IF_ERROR(ViewBoundary(&boundary));
   const std::vector<ExportedRecord> records = CollectRecords(boundary, since_epoch);
+  // The caller's chunked writer (and its chunk size) outlive the reset.
+  auto tier_writer = std::move(state->tier_writer);
+  const int64_t tier_chunk_rows = state->tier_chunk_rows;
   *state = TableState();
+  state->tier_writer = std::move(tier_writer);
+  state->tier_chunk_rows = tier_chunk_rows;
   state->keys.reserve(records.size());
   state->rows.reserve(records.size());
   state->counts.reserve(records.size());
@@ -195,8 +200,35 @@ Status HostTable::ExportTier(const std::vector<ExportedRecord>& records, const B
     }
   }
   cache_->ExportRecency(boundary.next_row, boundary.unowned, state);
-  return cache_->tier()->Gather(host_keys, host_slots, &state->tier_components, &state->tier_present,
-                       &state->tier_values);
+  if (!state->tier_writer) {
+    return cache_->tier()->Gather(host_keys, host_slots, &state->tier_components,
+                                  &state->tier_present, &state->tier_values);
+  }
+  if (state->tier_chunk_rows < 1) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': a save's chunk of host-tier rows must hold at least one row, got ",
+                       state->tier_chunk_rows);
+  }
+  // A chunk of IDs at a time: the values in memory at once are one chunk's. The
+  // table's lock is held throughout, so the tier is the one at the boundary.
+  std::vector<uint32_t> present;
+  std::vector<float> values;
+  MXREC_RETURN_IF_ERROR(cache_->tier()->Gather({}, {}, &state->tier_components, &present, &values));
+  const size_t chunk = static_cast<size_t>(state->tier_chunk_rows);
+  for (size_t begin = 0; begin < host_keys.size(); begin += chunk) {
+    const size_t end = std::min(host_keys.size(), begin + chunk);
+    const std::vector<int64_t> keys(host_keys.begin() + begin, host_keys.begin() + end);
+    const std::vector<int32_t> slots(host_slots.begin() + begin, host_slots.begin() + end);
+    std::vector<std::string> components;
+    MXREC_RETURN_IF_ERROR(cache_->tier()->Gather(keys, slots, &components, &present, &values));
+    if (components != state->tier_components) {
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                         "': the host tier's components changed during a save");
+    }
+    MXREC_RETURN_IF_ERROR(state->tier_writer(state->tier_components, present.data(),
+                                             values.data(), static_cast<int64_t>(end - begin)));
+  }
+  return Status::Ok();
 }
 
 void HostTable::MarkPendingChanged(const Boundary& boundary) {

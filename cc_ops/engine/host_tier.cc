@@ -722,10 +722,28 @@ Status HostTier::Replace(const std::vector<int64_t>& keys,
                        keys.size(), " IDs, ", present.size(), " masks, ", values.size(),
                        " floats for ", components.size(), " components of dim ", dim, ")");
   }
+  const TierValueReader reader = [&](int64_t begin, int64_t n, uint32_t* out_present,
+                                     float* out_values) {
+    std::copy(present.begin() + begin, present.begin() + begin + n, out_present);
+    std::copy(values.begin() + begin * width, values.begin() + (begin + n) * width, out_values);
+    return Status::Ok();
+  };
+  return ReplaceFrom(keys, components, reader, 65536, slots);
+}
+
+Status HostTier::ReplaceFrom(const std::vector<int64_t>& keys,
+                             const std::vector<std::string>& components,
+                             const TierValueReader& reader, int64_t chunk_rows,
+                             std::vector<int32_t>* slots) {
+  if (chunk_rows < 1) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': a restore's chunk of host-tier rows must hold at least one row, got ",
+                       chunk_rows);
+  }
   std::unique_lock<std::mutex> lock(mu_);
   WaitSpills(&lock, 0);  // the writer holds slots and the file of the state replaced
   return GuardAllocation(options_.name, "restoring the host tier", [&] {
-    return ReplaceLocked(keys, components, present, values, slots);
+    return ReplaceLocked(keys, components, reader, chunk_rows, slots);
   });
 }
 
@@ -739,28 +757,21 @@ struct HostTier::Rebuilt {
   std::vector<std::vector<Chunk>> chunks;
   int64_t live = 0;
   std::vector<int32_t> slots;  // per key: its host slot (-1: on disk or no values)
-  std::vector<int64_t> disk_keys;
-  std::vector<SsdRecord> disk_records;
   std::unique_ptr<SsdTier> ssd;
 };
 
 Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
                                const std::vector<std::string>& components,
-                               const std::vector<uint32_t>& present,
-                               const std::vector<float>& values, std::vector<int32_t>* slots) {
+                               const TierValueReader& reader, int64_t chunk_rows,
+                               std::vector<int32_t>* slots) {
   DrainLocked();
   // The new state is built aside and replaces the old one only once all of it,
   // the SSD file included, is written: a restore that fails on the way (disk,
-  // memory, a bad checkpoint) leaves the tier as it was.
+  // memory, a bad checkpoint) leaves the tier as it was. The old file keeps
+  // serving the old state until the swap below.
   Rebuilt next;
   MXREC_RETURN_IF_ERROR(MapComponents(components, &next));
-  MXREC_RETURN_IF_ERROR(FillAside(keys, components, present, values, &next));
-  // A new file: the old one keeps serving the old state until the swap below.
-  if (!next.disk_keys.empty()) {
-    MXREC_RETURN_IF_ERROR(
-        SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &next.ssd));
-    MXREC_RETURN_IF_ERROR(next.ssd->PutBatch(next.disk_keys, next.disk_records));
-  }
+  MXREC_RETURN_IF_ERROR(FillAside(keys, components, reader, chunk_rows, &next));
   cursor_.reserve(next.names.size());
   // Nothing below fails: the new state replaces the old one.
   InstallLocked(&next, slots);
@@ -788,19 +799,41 @@ Status HostTier::MapComponents(const std::vector<std::string>& components, Rebui
 
 Status HostTier::FillAside(const std::vector<int64_t>& keys,
                            const std::vector<std::string>& components,
-                           const std::vector<uint32_t>& present, const std::vector<float>& values,
+                           const TierValueReader& reader, int64_t chunk_rows,
                            Rebuilt* next) const {
   const size_t width = components.size() * static_cast<size_t>(options_.dim);
-  const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
   next->slots.assign(keys.size(), -1);
   next->chunks.resize(next->names.size());
   int32_t next_slot = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if ((present[i] & mask) == 0) continue;  // no values: restarts from the initializer
-    const float* row = values.data() + i * width;
-    if (next_slot < options_.host_capacity) {
-      const int32_t slot = next_slot++;
-      MXREC_RETURN_IF_ERROR(StoreAside(slot, keys[i], present[i], row, components, next));
+  const size_t chunk = static_cast<size_t>(std::min<int64_t>(
+      chunk_rows, std::max<int64_t>(static_cast<int64_t>(keys.size()), 1)));
+  std::vector<uint32_t> present(chunk);
+  std::vector<float> values(chunk * width);
+  for (size_t begin = 0; begin < keys.size(); begin += chunk) {
+    const size_t n = std::min(chunk, keys.size() - begin);
+    MXREC_RETURN_IF_ERROR(reader(static_cast<int64_t>(begin), static_cast<int64_t>(n),
+                                 present.data(), values.data()));
+    MXREC_RETURN_IF_ERROR(
+        FillChunk(keys, begin, n, components, present.data(), values.data(), &next_slot, next));
+  }
+  return Status::Ok();
+}
+
+Status HostTier::FillChunk(const std::vector<int64_t>& keys, size_t begin, size_t n,
+                           const std::vector<std::string>& components, const uint32_t* present,
+                           const float* values, int32_t* next_slot, Rebuilt* next) const {
+  const size_t width = components.size() * static_cast<size_t>(options_.dim);
+  const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
+  // Beyond host_capacity the rows go to a new SSD file, a chunk's records at a time.
+  std::vector<int64_t> disk_keys;
+  std::vector<SsdRecord> disk_records;
+  for (size_t j = 0; j < n; ++j) {
+    const size_t i = begin + j;
+    if ((present[j] & mask) == 0) continue;  // no values: restarts from the initializer
+    const float* row = values + j * width;
+    if (*next_slot < options_.host_capacity) {
+      const int32_t slot = (*next_slot)++;
+      MXREC_RETURN_IF_ERROR(StoreAside(slot, keys[i], present[j], row, components, next));
       next->slots[i] = slot;
       continue;
     }
@@ -810,10 +843,15 @@ Status HostTier::FillAside(const std::vector<int64_t>& keys,
                          "host_vocabulary_size (", options_.host_capacity,
                          ") and the table has no SSD tier");
     }
-    next->disk_keys.push_back(keys[i]);
-    next->disk_records.push_back(RecordAside(present[i], row, components.size(), next->index));
+    disk_keys.push_back(keys[i]);
+    disk_records.push_back(RecordAside(present[j], row, components.size(), next->index));
   }
-  return Status::Ok();
+  if (disk_keys.empty()) return Status::Ok();
+  if (!next->ssd) {
+    MXREC_RETURN_IF_ERROR(
+        SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &next->ssd));
+  }
+  return next->ssd->PutBatch(disk_keys, disk_records);
 }
 
 Status HostTier::StoreAside(int32_t slot, int64_t key, uint32_t present, const float* row,

@@ -30,6 +30,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -107,6 +108,12 @@ struct TierStats {
     fn("pending_plans", pending_plans);
   }
 };
+
+// Checkpoint import in chunks: fills present[0, n) and values[n * components *
+// dim] (the layout of HostTier::Gather) for the IDs begin, ..., begin + n - 1
+// of the import's order, so that a restore holds one chunk of values at a time.
+using TierValueReader =
+    std::function<Status(int64_t begin, int64_t n, uint32_t* present, float* values)>;
 
 class HostTier {
  public:
@@ -186,6 +193,12 @@ class HostTier {
   Status Replace(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
                  const std::vector<uint32_t>& present, const std::vector<float>& values,
                  std::vector<int32_t>* slots);
+  // The same with the values read in chunks of `chunk_rows` IDs from `reader`:
+  // the values in memory at once are one chunk's (and the host slots'), the
+  // SSD tier's rows written chunk by chunk.
+  Status ReplaceFrom(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
+                     const TierValueReader& reader, int64_t chunk_rows,
+                     std::vector<int32_t>* slots);
 
   TierStats Stats() const;
   int64_t pending_plans() const;
@@ -288,7 +301,7 @@ class HostTier {
   }
   Status OpenSsdLocked();
   Status ReplaceLocked(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
-                       const std::vector<uint32_t>& present, const std::vector<float>& values,
+                       const TierValueReader& reader, int64_t chunk_rows,
                        std::vector<int32_t>* slots);
   // ReplaceLocked's steps: the tier's new contents, built aside (the
   // checkpoint's components mapped to this tier's, then the keys' values in
@@ -297,8 +310,10 @@ class HostTier {
   struct Rebuilt;
   Status MapComponents(const std::vector<std::string>& components, Rebuilt* next) const;
   Status FillAside(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
-                   const std::vector<uint32_t>& present, const std::vector<float>& values,
-                   Rebuilt* next) const;
+                   const TierValueReader& reader, int64_t chunk_rows, Rebuilt* next) const;
+  Status FillChunk(const std::vector<int64_t>& keys, size_t begin, size_t n,
+                   const std::vector<std::string>& components, const uint32_t* present,
+                   const float* values, int32_t* next_slot, Rebuilt* next) const;
   Status StoreAside(int32_t slot, int64_t key, uint32_t present, const float* row,
                     const std::vector<std::string>& components, Rebuilt* next) const;
   SsdRecord RecordAside(uint32_t present, const float* row, size_t count,

@@ -6,8 +6,10 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/dynamic_store.h"
@@ -129,14 +131,96 @@ int Component(HostTier* tier, const std::string& name) {
   return index;
 }
 
+// Writes a save's host-tier values, chunk by chunk, into a spool folder:
+// `present.bin` (uint32 per in_host ID) and `component-<c>.bin` ([IDs, dim]
+// float32 of component c), which the Saver then copies into the checkpoint
+// file one chunk at a time.
+class TierSpool {
+ public:
+  TierSpool(std::string folder, int64_t dim) : folder_(std::move(folder)), dim_(dim) {}
+  ~TierSpool() {
+    for (std::FILE* f : files_) std::fclose(f);
+  }
+
+  Status Write(const std::vector<std::string>& components, const uint32_t* present,
+               const float* values, int64_t n) {
+    if (files_.empty()) {
+      MXREC_RETURN_IF_ERROR(Open("present.bin"));
+      for (size_t c = 0; c < components.size(); ++c) {
+        MXREC_RETURN_IF_ERROR(Open("component-" + std::to_string(c) + ".bin"));
+      }
+    }
+    MXREC_RETURN_IF_ERROR(Put(0, present, sizeof(uint32_t) * n));
+    const size_t width = components.size() * static_cast<size_t>(dim_);
+    std::vector<float> column(static_cast<size_t>(n * dim_));
+    for (size_t c = 0; c < components.size(); ++c) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy(values + i * width + c * dim_, values + i * width + (c + 1) * dim_,
+                  column.data() + i * dim_);
+      }
+      MXREC_RETURN_IF_ERROR(Put(c + 1, column.data(), sizeof(float) * column.size()));
+    }
+    return Status::Ok();
+  }
+
+  Status Close() {
+    for (size_t i = 0; i < files_.size(); ++i) {
+      const bool failed = std::fclose(files_[i]) != 0;
+      files_[i] = nullptr;
+      if (failed) return MXREC_ERROR(StatusCode::kInternal, "cannot write ", folder_);
+    }
+    files_.clear();
+    return Status::Ok();
+  }
+
+ private:
+  Status Open(const std::string& name) {
+    const std::string path = folder_ + "/" + name;
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) {
+      return MXREC_ERROR(StatusCode::kInternal, "cannot create the save's spool file ", path);
+    }
+    files_.push_back(f);
+    return Status::Ok();
+  }
+  Status Put(size_t file, const void* data, size_t bytes) {
+    if (bytes > 0 && std::fwrite(data, 1, bytes, files_[file]) != bytes) {
+      return MXREC_ERROR(StatusCode::kResourceExhausted, "cannot write ", bytes,
+                         " bytes to the save's spool files in ", folder_,
+                         " (is the disk full?)");
+    }
+    return Status::Ok();
+  }
+
+  std::string folder_;
+  int64_t dim_;
+  std::vector<std::FILE*> files_;
+};
+
 // The checkpoint state of a table as a dict (ExportState), and back.
-py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_chain) {
+// tier_spool: a folder where a tiered table's host-tier values go in chunks of
+// chunk_rows IDs (TierSpool) instead of into the dict.
+py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_chain,
+                     const std::string& tier_spool, int64_t chunk_rows) {
   std::shared_ptr<HostTable> table = Table(key);
   TableState state;
   Status status;
+  int64_t spooled = 0;
   {
     py::gil_scoped_release release;
+    std::unique_ptr<TierSpool> spool;
+    if (!tier_spool.empty() && table->tiered()) {
+      spool = std::make_unique<TierSpool>(tier_spool, table->options().dim);
+      state.tier_chunk_rows = chunk_rows;
+      state.tier_writer = [&spool, &spooled](const std::vector<std::string>& components,
+                                             const uint32_t* present, const float* values,
+                                             int64_t n) {
+        spooled += n;
+        return spool->Write(components, present, values, n);
+      };
+    }
     status = table->ExportState(since_epoch, delta_chain, &state);
+    if (status.ok() && spool) status = spool->Close();
   }
   RaiseIfError(status);
   py::dict d;
@@ -158,13 +242,43 @@ py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_ch
     d["lru_rows"] = ToArray(state.lru_rows);
     d["lru_ages"] = ToArray(state.lru_ages);
     d["tier_components"] = state.tier_components;
-    d["tier_present"] = ToArray(state.tier_present);
-    py::array_t<float> values({n_host, n_comp, dim});
-    std::copy(state.tier_values.begin(), state.tier_values.end(), values.mutable_data());
-    d["tier_values"] = values;
+    if (!tier_spool.empty()) {
+      d["tier_spooled"] = spooled;
+    } else {
+      d["tier_present"] = ToArray(state.tier_present);
+      py::array_t<float> values({n_host, n_comp, dim});
+      std::copy(state.tier_values.begin(), state.tier_values.end(), values.mutable_data());
+      d["tier_values"] = values;
+    }
   }
   d["epoch"] = state.epoch;
   return d;
+}
+
+// tier_reader(begin, n) -> (present [n] uint32, values [n, C, dim] float32):
+// the host-tier values of the in_host IDs begin, ..., begin + n - 1, read in
+// chunks of chunk_rows (None: tier_present and tier_values hold them all). It
+// runs with the GIL held, as the whole import does.
+TierValueReader PythonTierReader(py::object reader, int64_t width,
+                                 std::unique_ptr<py::error_already_set>* raised) {
+  return [reader, width, raised](int64_t begin, int64_t n, uint32_t* present, float* values) {
+    try {
+      py::tuple chunk = reader(begin, n);
+      Array<uint32_t> got_present = chunk[0].cast<Array<uint32_t>>();
+      Array<float> got_values = chunk[1].cast<Array<float>>();
+      if (got_present.size() != n || got_values.size() != n * width) {
+        return MXREC_ERROR(StatusCode::kInvalidArgument, "a restore's host-tier chunk of ", n,
+                           " IDs holds ", got_present.size(), " masks and ", got_values.size(),
+                           " values (expected ", n * width, ")");
+      }
+      std::copy(got_present.data(), got_present.data() + n, present);
+      std::copy(got_values.data(), got_values.data() + n * width, values);
+    } catch (py::error_already_set& err) {
+      *raised = std::make_unique<py::error_already_set>(std::move(err));
+      return MXREC_ERROR(StatusCode::kInternal, "the restore's host-tier reader raised");
+    }
+    return Status::Ok();
+  };
 }
 
 void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> rows,
@@ -172,14 +286,23 @@ void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> row
                  int64_t next_row, int64_t newest_timestamp, bool counting_frozen,
                  double access_threshold, Array<uint8_t> in_host, Array<int32_t> lru_rows,
                  Array<uint32_t> lru_ages, const std::vector<std::string>& tier_components,
-                 Array<uint32_t> tier_present, Array<float> tier_values) {
+                 Array<uint32_t> tier_present, Array<float> tier_values, py::object tier_reader,
+                 int64_t chunk_rows) {
+  std::shared_ptr<HostTable> table = Table(key);
   TableState state;
   state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
   state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
   state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
   state.tier_components = tier_components;
-  state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
-  state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
+  std::unique_ptr<py::error_already_set> raised;
+  if (!tier_reader.is_none()) {
+    state.tier_reader = PythonTierReader(
+        tier_reader, static_cast<int64_t>(tier_components.size()) * table->options().dim, &raised);
+    state.tier_chunk_rows = chunk_rows;
+  } else {
+    state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
+    state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
+  }
   state.keys.assign(keys.data(), keys.data() + keys.size());
   state.rows.assign(rows.data(), rows.data() + rows.size());
   state.counts.assign(counts.data(), counts.data() + counts.size());
@@ -189,7 +312,9 @@ void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> row
   state.newest_timestamp = newest_timestamp;
   state.counting_frozen = counting_frozen;
   state.access_threshold = access_threshold;
-  RaiseIfError(Table(key)->ImportState(state));
+  const Status status = table->ImportState(state);
+  if (raised) throw *raised;
+  RaiseIfError(status);
 }
 
 // Tables: create, look up, plan batches, statistics, eviction; the pool.
@@ -379,7 +504,9 @@ void DefineTierCalls(py::module_& m) {
 
 // Host state in and out of checkpoints.
 void DefineCheckpointCalls(py::module_& m) {
-  m.def("export_state", &ExportState, py::arg("key"), py::arg("since_epoch") = 0, py::arg("delta_chain") = false);
+  m.def("export_state", &ExportState, py::arg("key"), py::arg("since_epoch") = 0,
+        py::arg("delta_chain") = false, py::arg("tier_spool") = std::string(),
+        py::arg("chunk_rows") = 65536);
   m.def("import_state", &ImportState, py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
       py::arg("free_rows"), py::arg("next_row"), py::arg("newest_timestamp"),
       py::arg("counting_frozen"), py::arg("access_threshold"),
@@ -387,7 +514,8 @@ void DefineCheckpointCalls(py::module_& m) {
       py::arg("lru_ages") = py::array_t<uint32_t>(0),
       py::arg("tier_components") = std::vector<std::string>(),
       py::arg("tier_present") = py::array_t<uint32_t>(0),
-      py::arg("tier_values") = py::array_t<float>(0));
+      py::arg("tier_values") = py::array_t<float>(0), py::arg("tier_reader") = py::none(),
+      py::arg("chunk_rows") = 65536);
   m.def("prune_removed_log", [](const std::string& key, uint32_t epoch) {
     Table(key)->PruneRemovedLog(epoch);
   });

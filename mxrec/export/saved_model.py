@@ -39,9 +39,10 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from mxrec.saver import finite, merge, sparse
+from mxrec.saver import finite, fold, merge, sparse, stream
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver.finite import NonFiniteError
+from mxrec.saver.manifest import CheckpointError
 from mxrec.util import config, durable, registry
 
 SERVING_SCOPE = "mxrec_serving"
@@ -130,6 +131,14 @@ class _TfCheckpoint:
     def table_arrays(self, name: str) -> sparse.TableArrays:
         return sparse.table_arrays_from_reader(self.reader, name, self.name)
 
+    def table_chunks(self, name: str, rows: int):
+        """(ids, embedding rows in chunks of `rows`): `_SaverCheckpoint.table_chunks`'s
+        form, from the TF checkpoint's arrays (read whole: TF's reader takes no slice)."""
+        arrays = self.table_arrays(name)
+        embeddings = arrays["embeddings"]
+        return arrays["ids"], lambda: (embeddings[b:b + rows]
+                                       for b in range(0, len(embeddings), rows))
+
     def dense(self, name: str) -> Optional[np.ndarray]:
         return self.reader.get_tensor(name) if self.reader.has_tensor(name) else None
 
@@ -141,12 +150,19 @@ class _SaverCheckpoint:
 
     def __init__(self, checkpoint: str, location):
         self.name = checkpoint
-        self._versions = merge.read_chain(*location)
-        self._names = merge.table_names(self._versions)
-        self._dims = {name: meta["dim"] for _, manifest, _ in self._versions
-                      for name, meta in manifest["tables"].items()}
-        self._dense = self._versions[-1][2]["dense.npz"]
+        # Every file verified, then mapped: a table is read a chunk of rows at a time and
+        # only its embeddings (no slots) are held, as the export's variable needs them.
+        self._copies = stream.LocalCopies()
+        self._versions = fold.open_chain(*location, self._copies)
+        self._names = fold.table_names(self._versions)
+        self._dims = {name: meta["dim"] for version in self._versions
+                      for name, meta in version.manifest["tables"].items()}
+        self._dense = self._versions[-1].dense
         self._tables: Dict[str, sparse.TableArrays] = {}
+
+    def close(self) -> None:
+        """Removes the local copies of files of another filesystem."""
+        self._copies.close()
 
     def table_names(self):
         return list(self._names)
@@ -157,9 +173,28 @@ class _SaverCheckpoint:
     def table_arrays(self, name: str) -> sparse.TableArrays:
         # Folded once per export (each signature's lookups of a table ask again).
         if name not in self._tables:
-            ids, embeddings = merge.admitted_arrays(self._versions, name, self._dims[name])
+            ids, embeddings = fold.admitted(fold.whole_table(self._versions, name),
+                                            self._dims[name])
             self._tables[name] = {"ids": ids, "embeddings": embeddings}
         return self._tables[name]
+
+    def table_chunks(self, name: str, rows: int):
+        """(ids [K] sorted, a function giving the K embedding rows in chunks of `rows`, read
+        from the checkpoint's files as they are asked for)."""
+        folded = fold.whole_table(self._versions, name)
+        positions = np.flatnonzero((folded.rows >= 0) | (folded.in_host != 0))
+        dim = self._dims[name]
+
+        def chunks():
+            for begin in range(0, len(positions), rows):
+                part = positions[begin:begin + rows]
+                values, held = folded.values(part, "embedding", dim)
+                if not held.all():
+                    raise CheckpointError(f"checkpoint holds no 'embedding' value of ID "
+                                          f"{int(folded.keys[part[np.argmin(held)]])}")
+                yield values
+
+        return folded.keys[positions], chunks
 
     def dense(self, name: str) -> Optional[np.ndarray]:
         return self._dense.get(name)
@@ -387,19 +422,30 @@ def export_saved_model(export_dir: str, checkpoint: str,
     if tf.io.gfile.exists(export_dir):
         raise ValueError(f"export_saved_model: export_dir {export_dir!r} already exists")
     source = _open_checkpoint(checkpoint)
-    graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source,
-                                                                     signature_name)
-    _publish(_staging_beside(export_dir), export_dir, functools.partial(
-        _write_saved_model, source, graph_def, var_defs, table_init_names, signature, names,
-        as_text, f"export_saved_model: {checkpoint} to {export_dir}" if check_finite
-        else None))
+    try:
+        graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source,
+                                                                         signature_name)
+        _publish(_staging_beside(export_dir), export_dir, functools.partial(
+            _write_saved_model, source, graph_def, var_defs, table_init_names, signature,
+            names, as_text, f"export_saved_model: {checkpoint} to {export_dir}"
+            if check_finite else None))
+    finally:
+        if isinstance(source, _SaverCheckpoint):
+            source.close()
     return export_dir
+
+
+# Rows of a table's exported embeddings read, checked and written at a time.
+EXPORT_CHUNK_ROWS = 1 << 16
 
 
 def _write_saved_model(source, graph_def, var_defs, table_init_names, signature, names,
                        as_text: bool, check: Optional[str], export_dir: str) -> None:
     """Writes the pruned serving graph with the checkpoint's values as a SavedModel;
-    `check` (what is refused, for the message) refuses non-finite values before."""
+    `check` (what is refused, for the message) refuses non-finite values before.
+
+    The tables' embeddings never pass through the session: `_ChunkedSaver` writes them into
+    the SavedModel's variables a chunk of rows at a time."""
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
@@ -417,33 +463,93 @@ def _write_saved_model(source, graph_def, var_defs, table_init_names, signature,
                 {k: graph.get_tensor_by_name(n) for k, n in inputs.items()},
                 {k: graph.get_tensor_by_name(n) for k, n in outputs.items()})
             for name, (inputs, outputs) in signature.items()}
-        feeds, faults = {}, []
-        for variable in variables:
-            name = variable.op.name
-            if name in names["serving"]:
-                table, field = name[len(SERVING_SCOPE) + 1:].rsplit("/", 1)
-                arrays = source.table_arrays(table)
-                value = arrays["ids"] if field == _IDS else np.concatenate(
-                    [arrays["embeddings"], np.zeros([1, arrays["embeddings"].shape[1]],
-                                                    np.float32)])
-                if check is not None and field == _EMBEDDINGS:
-                    faults += finite.table_faults(table, "embedding", arrays["ids"],
-                                                  arrays["embeddings"])
-            else:
-                value = _dense_value(source, name, variable.shape)
-                if check is not None:
-                    faults += finite.dense_faults(name, value)
-            feeds[variable.initializer.inputs[1]] = value
+        feeds, chunked, faults = _export_values(source, variables, names, check is not None)
         if check is not None:
             finite.raise_if_any(faults, check)
         with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run([v.initializer for v in variables], feeds)
+            sess.run([v.initializer for v in variables if v.op.name not in chunked], feeds)
             builder = tf.compat.v1.saved_model.Builder(export_dir)
             builder.add_meta_graph_and_variables(
                 sess, [tf.saved_model.SERVING],
                 signature_def_map=signature_defs,
-                main_op=main_op, clear_devices=True, strip_default_attrs=True)
+                main_op=main_op, clear_devices=True, strip_default_attrs=True,
+                saver=_ChunkedSaver(variables, chunked))
             builder.save(as_text=as_text)
+
+
+def _export_values(source, variables, names, check: bool):
+    """(feeds of the variables the session holds, {embeddings variable: (rows, dim, chunks)}
+    written by `_ChunkedSaver`, non-finite faults when `check`, the embeddings read a chunk
+    at a time for it)."""
+    feeds, chunked, faults = {}, {}, []
+    for variable in variables:
+        name = variable.op.name
+        if name in names["serving"]:
+            table, field = name[len(SERVING_SCOPE) + 1:].rsplit("/", 1)
+            ids, chunks = source.table_chunks(table, EXPORT_CHUNK_ROWS)
+            if field == _IDS:
+                feeds[variable.initializer.inputs[1]] = ids
+                continue
+            dim = source.table_dim(table)
+            if check:
+                for begin, rows in zip(range(0, len(ids), EXPORT_CHUNK_ROWS), chunks()):
+                    faults += finite.table_faults(table, "embedding",
+                                                  ids[begin:begin + len(rows)], rows)
+            # The last row is the zero row that IDs not in the table look up.
+            chunked[name] = (len(ids) + 1, dim, functools.partial(
+                _with_zero_row, chunks, dim))
+            continue
+        value = _dense_value(source, name, variable.shape)
+        if check:
+            faults += finite.dense_faults(name, value)
+        feeds[variable.initializer.inputs[1]] = value
+    return feeds, chunked, faults
+
+
+def _with_zero_row(chunks, dim: int):
+    yield from chunks()
+    yield np.zeros([1, dim], np.float32)
+
+
+class _ChunkedSaver(tf.compat.v1.train.Saver):
+    """The SavedModel's saver: its restore is the default sharded Saver's, and its save
+    writes the variables the session holds in one part, then each chunked variable's rows
+    a chunk at a time as slices of the whole (one part each, in a graph of its own), and
+    merges the parts into the checkpoint every TensorFlow reads whole."""
+
+    def __init__(self, variables, chunked: Dict[str, Tuple[int, int, Callable]]):
+        super().__init__(variables, sharded=True, allow_empty=True,
+                         write_version=tf.compat.v1.train.SaverDef.V2)
+        self._held = [v for v in variables if v.op.name not in chunked]
+        self._chunked = chunked
+
+    def save(self, sess, save_path, *args, **kwargs):  # noqa: D102 (tf Saver's)
+        del args, kwargs
+        held = dict(zip([v.op.name for v in self._held], sess.run(self._held)))
+        graph = tf.Graph()
+        with graph.as_default():
+            prefix = tf.compat.v1.placeholder(tf.string, [])
+            names = tf.compat.v1.placeholder(tf.string, [None])
+            slices = tf.compat.v1.placeholder(tf.string, [None])
+            chunk = tf.compat.v1.placeholder(tf.float32, [None, None])
+            save_chunk = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                                           shape_and_slices=slices, tensors=[chunk])
+            parts = tf.compat.v1.placeholder(tf.string, [None])
+            merge_parts = tf.raw_ops.MergeV2Checkpoints(
+                checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=True)
+            with tf.compat.v1.Session(graph=graph) as chunks_session:
+                written = [f"{save_path}_temp_part-0"]
+                _write_checkpoint(written[0], held)
+                for name, (rows, dim, chunks) in sorted(self._chunked.items()):
+                    begin = 0
+                    for values in chunks():
+                        written.append(f"{save_path}_temp_part-{len(written)}")
+                        chunks_session.run(save_chunk, {
+                            prefix: written[-1], names: [name], chunk: values,
+                            slices: [f"{rows} {dim} {begin},{len(values)}:-"]})
+                        begin += len(values)
+                chunks_session.run(merge_parts, {parts: written, prefix: save_path})
+        return save_path
 
 
 def exported_tables(export_dir: str) -> Dict[str, sparse.TableArrays]:

@@ -45,15 +45,19 @@ against the state it replaces.
 Several ranks: each rank writes `table-XXX-rankRRRRR.npz` with the IDs it owns, rank 0
 writes `dense.npz` and, after every rank's files are in, the manifest (`"ranks": N`, each
 table's `"files"` per rank). Restored on N ranks, each takes back its file; on another
-count, every rank folds all files and keeps the IDs it owns there (`merge.reshard`; a
+count, every rank folds all files and keeps the IDs it owns there (`fold.shard`; a
 table replicated on every rank, is_dp=True, keeps them all). WarmStart, the serving export and
 `sparse.export` read such a directory as it is: every rank's files fold into the whole table
-(`merge.whole_tables`).
+(`fold.whole_table`).
 
-This module holds the Saver (what a table file contains, reading and writing
-rows) and save_persistables; the directory's files are `mxrec.saver.manifest`,
-folding versions into one state is `mxrec.saver.merge`. The timer that
-saves, `IncrementalCheckpointHook`, is a hook (`mxrec.hooks.incremental_checkpoint`).
+Tables are written and read a chunk of rows at a time (`checkpoint_memory_mb`): a save
+streams each file (`mxrec.saver.table_file`, `mxrec.saver.stream`), a restore maps the
+verified files and folds them as columns (`mxrec.saver.fold`).
+
+This module holds the Saver (reading and writing rows) and save_persistables; the
+directory's files are `mxrec.saver.manifest`, which versions a restore reads is
+`mxrec.saver.merge.chain`. The timer that saves, `IncrementalCheckpointHook`, is a hook
+(`mxrec.hooks.incremental_checkpoint`).
 
 Example:
     >>> saver = Saver("/data/ckpt")
@@ -64,6 +68,9 @@ Example:
 
 import functools
 import operator
+import os
+import posixpath
+import tempfile
 import time
 import warnings
 from concurrent import futures
@@ -77,7 +84,7 @@ from mxrec._lib import loader
 from mxrec.core import dynamic, wing
 from mxrec.core.graph_state import graph_state
 from mxrec.core.table import graph_tables
-from mxrec.saver import finite, merge, schema
+from mxrec.saver import finite, fold, merge, schema, stream, table_file
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver.finite import NonFiniteError  # noqa: F401 (re-exported)
 from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)
@@ -86,7 +93,7 @@ from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSIO
     npz_bytes,
     version_name,
 )
-from mxrec.util import ranks
+from mxrec.util import durable, ranks
 from mxrec.util.config import get_config_initializer
 
 
@@ -140,6 +147,12 @@ class _TableIO:
             return {name: value[rows] for name, value in full.items()}
         return session.run(self.read, {self.rows: rows})
 
+    def read_state(self, session, name: str, rows: np.ndarray) -> np.ndarray:
+        """The rows `rows` of one state (the embedding or a slot)."""
+        if self.rows is None:  # a finalized graph: the whole variable, through its read op
+            return session.run(self.variables[name])[rows]
+        return session.run(self.read[name], {self.rows: rows})
+
     def write_rows(self, session, rows: np.ndarray, values: Dict[str, np.ndarray]):
         if self.rows is None:
             full = session.run(self.variables)
@@ -181,6 +194,10 @@ class _DynamicTableIO:
                 values[slot] = np.full((len(rows), self.table.dim), initial, np.float32)
         return values
 
+    def read_state(self, session, name: str, rows: np.ndarray) -> np.ndarray:
+        """The rows `rows` of one state (the embedding or a store slot)."""
+        return self.read_rows(session, rows)[name]
+
     def write_rows(self, session, rows: np.ndarray, values: Dict[str, np.ndarray]):
         del session
         dynamic.write_rows(self.table, rows, values["embedding"])
@@ -203,6 +220,11 @@ class Saver:
             after a successful full save (by rank 0 on several ranks). None keeps all.
         check_finite: the default of `save`'s check_finite: refuse (NonFiniteError) to
             save a model holding a NaN or an infinity.
+        checkpoint_memory_mb: the memory (MiB) a save or restore may add for the tables'
+            rows: they go through each table a chunk of rows at a time, tier by tier
+            (device rows, host tier, SSD file), however large the table. Beyond it, a
+            table's records are held as columns (docs/CHECKPOINTS.md).
+            A value below what one chunk of a table needs is refused (ValueError).
 
     Constructing a Saver (rank 0) removes the `.tmp-` folders that saves killed mid-way
     left in `directory` (`manifest.remove_stale_temporaries`: only those whose writer is
@@ -213,12 +235,16 @@ class Saver:
     snapshot), and their IDs count as changed for the next delta.
     """
 
-    # A subclass that builds its own state (mxrec.keras' KerasSaver) saves unchecked by default.
+    # A subclass that builds its own state (mxrec.keras' KerasSaver) saves unchecked by default,
+    # within the default memory budget.
     check_finite = False
+    memory_mb = stream.DEFAULT_MEMORY_MB
 
     def __init__(self, directory: str, max_to_keep: Optional[int] = 5,
-                 check_finite: bool = False):
+                 check_finite: bool = False,
+                 checkpoint_memory_mb: int = stream.DEFAULT_MEMORY_MB):
         runtime = get_config_initializer()
+        self.memory_mb = stream.check_memory_mb("Saver", checkpoint_memory_mb)
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"Saver: max_to_keep must be >= 1 or None, got {max_to_keep}")
         self.check_finite = check_flag("Saver", check_finite)
@@ -232,6 +258,9 @@ class Saver:
             if table is None or table.table_key != runtime.table_key(name):
                 continue
             self._tables.append(table_io(table))
+        for io_ in self._tables:
+            stream.check_fits("Saver", self.memory_mb, io_.table.table_name, io_.table.dim,
+                              len(io_.state_names()))
         elsewhere = sorted(set(runtime.tables) - {io_.table.table_name for io_ in self._tables})
         if elsewhere:
             message = (f"mxrec Saver({directory!r}): table(s) {elsewhere} of this init() were "
@@ -320,7 +349,19 @@ class Saver:
         check = self.check_finite if check_finite is None else check_flag("Saver.save",
                                                                            check_finite)
         step = int(step)
-        files, digests, tables_meta, epochs, faults = self._build_files(session, kind, check)
+        prepared = []
+        try:
+            return self._save_prepared(session, step, kind, check, prepared)
+        finally:
+            for table in prepared:
+                table.close()
+
+    def _save_prepared(self, session, step: int, kind: str, check: bool,
+                       prepared: List[table_file.Prepared]) -> str:
+        """save()'s work; `prepared` gets each table's export (their spools removed by the
+        caller)."""
+        files, digests, tables_meta, epochs, faults = self._build_files(session, kind, check,
+                                                                        prepared)
         if check:
             # Before anything is written; the epochs the export closed are not kept, so the
             # next delta still holds every ID changed since the last save that was written.
@@ -347,14 +388,16 @@ class Saver:
         logging.info("mxrec checkpoint: wrote %s", path)
         return path
 
-    def _build_files(self, session, kind: str, check: bool):
-        """(files, their digests, the manifest's tables, each table's epoch, non-finite
-        faults when `check`) of a save, nothing written yet."""
-        # Each table's file (its engine state, its rows read from the variables, the npz
-        # and its digest) is built on a thread of its own: the engine's export, the
-        # session's reads and the digest run without the GIL, so tables overlap. The
-        # engine's state is at the step boundary whichever table is first.
-        jobs = [functools.partial(self._table_file, session, index, io_, kind, check)
+    def _build_files(self, session, kind: str, check: bool,
+                     prepared: List[table_file.Prepared]):
+        """(files: bytes or writers, their digests where known, the manifest's tables, each
+        table's epoch, non-finite faults when `check`) of a save, nothing written yet."""
+        # Each table's export (its engine state, its host tier spooled, the finiteness
+        # check) runs on a thread of its own: the engine's export and the session's reads
+        # run without the GIL, so tables overlap. The engine's state is at the step
+        # boundary whichever table is first. The files are written later, a chunk at a
+        # time (table_file.Prepared.write).
+        jobs = [functools.partial(self._table_file, session, index, io_, kind, check, prepared)
                 for index, io_ in enumerate(self._tables)]
         jobs.append(functools.partial(self._dense_file, session, check))
         built = _run_jobs(jobs, parallel=session is not None)
@@ -363,9 +406,8 @@ class Saver:
         tables_meta = {}
         epochs = {}
         faults: List[finite.Fault] = []
-        for io_, (file_name, data, digest, meta, epoch, table_faults) in zip(self._tables,
-                                                                            built[:-1]):
-            files[file_name], digests[file_name] = data, digest
+        for io_, (file_name, data, meta, epoch, table_faults) in zip(self._tables, built[:-1]):
+            files[file_name] = data
             tables_meta[io_.table.table_name] = meta
             epochs[io_.table.table_name] = epoch
             faults += table_faults
@@ -402,29 +444,33 @@ class Saver:
         logging.error("mxrec checkpoint: %s: not finite: %s", refusing, finite.describe(faults))
         finite.raise_if_any(faults, refusing)
 
-    def _table_file(self, session, index: int, io_, kind: str, check: bool = False):
-        """(file name, npz bytes, their size and digest, manifest entry, epoch, non-finite
-        faults when `check`) of one table's part of a save."""
+    def _table_file(self, session, index: int, io_, kind: str, check: bool,
+                    prepared: List[table_file.Prepared]):
+        """(file name, its writer, manifest entry, epoch, non-finite faults when `check`) of
+        one table's part of a save; the export is appended to `prepared`."""
         table = io_.table
         since = 0 if kind == "full" else self._last_epochs.get(table.table_name, 0)
-        host = loader.engine().export_state(table.table_key, since, delta_chain=True)
-        admitted = host["rows"] >= 0
-        rows = host["rows"][admitted]
-        values = io_.read_rows(session, rows) if len(rows) else {
-            name: np.zeros((0, table.dim), np.float32) for name in io_.state_names()}
-        arrays = {schema.host_key(k): host[k] for k in schema.HOST_ARRAYS}
-        arrays[schema.SCALARS_KEY] = schema.pack_scalars(host)
-        arrays[schema.ACCESS_THRESHOLD_KEY] = np.array(host["access_threshold"], np.float64)
-        arrays.update({schema.state_key(name): value for name, value in values.items()})
-        if "in_host" in host:  # a table with a host tier: its host-tier rows too
-            arrays.update(_tier_arrays(host, io_.state_names(), table.dim))
+        rows = stream.chunk_rows(self.memory_mb, table.dim, len(io_.state_names()))
+        export = table_file.Prepared(io_, since, self._spool_folder(index), rows)
+        prepared.append(export)
+        host = export.host
         file_name = (f"table-{index:03d}.npz" if self._size == 1
                      else f"table-{index:03d}-rank{self._rank:05d}.npz")
         meta = {"file": file_name, "dim": table.dim, "ids": int(len(host["keys"])),
                 "removed": int(len(host["removed"])), "state": io_.state_names()}
-        faults = _file_faults(table.table_name, arrays) if check else []
-        data = npz_bytes(arrays)
-        return file_name, data, manifest_io.file_entry(data), meta, int(host["epoch"]), faults
+        faults = export.faults(session) if check else []
+        return (file_name, functools.partial(export.write, session), meta, export.epoch,
+                faults)
+
+    def _spool_folder(self, index: int) -> str:
+        """A local folder for a tiered table's host-tier values during a save: a temporary
+        of the checkpoint directory (a stale one is removed as any other), or of the
+        system's temporary folder where the directory is not local."""
+        local = durable.local_path(self.directory)
+        if local is None:
+            return tempfile.mkdtemp(prefix=f"mxrec-spool-{index:03d}-")
+        os.makedirs(local, exist_ok=True)
+        return os.path.join(local, manifest_io.temporary_name(f"spool-{index:03d}"))
 
     def _dense_file(self, session, check: bool = False
                     ) -> Optional[Tuple[bytes, Dict, List[finite.Fault]]]:
@@ -456,41 +502,41 @@ class Saver:
     def restore(self, session, version: Optional[int] = None) -> int:
         """Loads the latest version, or the one saved at step `version`; returns its step.
 
+        Every file of the chain is checked (size, SHA-256) before anything is loaded; the
+        tables are then read a chunk of rows at a time (`checkpoint_memory_mb`).
+
         Raises:
             CheckpointError: nothing to restore, a broken chain, or a bad file, named.
         """
-        versions = merge.read_chain(self.directory, version)
-        chain = [(kind, manifest["step"]) for kind, manifest, _ in versions]
-        last_manifest = versions[-1][1]
-        dense = versions[-1][2]["dense.npz"]
-        state: Dict[str, Dict] = {}
-        if all(m.get("ranks", 1) == self._size for _, m, _ in versions):
-            # Saved by as many ranks as restore it: each rank takes back its own shard.
-            for kind, manifest, arrays in versions:
-                for name in manifest["tables"]:
-                    files = manifest_io.table_files(manifest, name)
-                    merge.merge_table(state.setdefault(name, {}), arrays[files[self._rank]],
-                                      kind, name)
-        else:
-            # Saved by another number of ranks: every shard, re-partitioned by owner.
-            state = merge.whole_tables(versions)
+        copies = stream.LocalCopies()
+        try:
+            versions = fold.open_chain(self.directory, version, copies)
+            same_ranks = all(v.manifest.get("ranks", 1) == self._size for v in versions)
+            tables = {}
             for io_ in self._tables:
-                name = io_.table.table_name
-                if name in state:
-                    state[name] = shard_of(state[name], io_.table, self._rank, self._size)
-        self._load_into_graph(session, state, dense)
+                tables[io_.table.table_name] = self._folded(io_, versions, same_ranks)
+            self._load_into_graph(session, tables, versions[-1].dense)
+        finally:
+            copies.close()
         epochs = {}
         engine = loader.engine()
         for io_ in self._tables:
-            # Close an epoch, so that the next delta holds only later changes (and
-            # the removals of restored IDs).
-            epochs[io_.table.table_name] = int(
-                engine.export_state(io_.table.table_key, 0, delta_chain=True)["epoch"])
+            # Close an epoch, so that the next delta holds only later changes (and the
+            # removals of restored IDs): an export of no ID (none changed after the last
+            # epoch there can be) closes it without copying the table.
+            epochs[io_.table.table_name] = int(engine.export_state(
+                io_.table.table_key, _NO_EPOCH, delta_chain=True)["epoch"])
+        chain = [(v.kind, v.manifest["step"]) for v in versions]
         self._last_epochs = epochs
-        self._last_step = last_manifest["step"]
+        self._last_step = versions[-1].manifest["step"]
         self._last_full = chain[0][1]
         logging.info("mxrec checkpoint: restored step %d from %s", self._last_step, chain)
         return self._last_step
+
+    def _folded(self, io_, versions: List["fold.OpenVersion"], same_ranks: bool
+                ) -> "fold.Folded":
+        return folded_table(io_.table, versions, self._rank, self._size, same_ranks,
+                            self.directory)
 
     def serving_delta(self, step: int) -> Dict[str, Dict[str, np.ndarray]]:
         """The delta saved at `step` in the form `mxrec.export.saved_model.apply_delta` takes:
@@ -499,13 +545,10 @@ class Saver:
         whole table's (each rank's file holds the IDs it owned)."""
         return serving_delta(self.directory, step)
 
-    def _load_into_graph(self, session, state, dense):
+    def _load_into_graph(self, session, tables: Dict[str, "fold.Folded"], dense):
         for io_ in self._tables:
-            name = io_.table.table_name
-            if name not in state:
-                raise CheckpointError(f"table {name!r} is not in the checkpoint in "
-                                      f"{self.directory}")
-            load_table_state(session, io_, state[name])
+            rows = stream.chunk_rows(self.memory_mb, io_.table.dim, len(io_.state_names()))
+            table_file.load(session, io_, tables[io_.table.table_name], rows)
         self._load_dense(session, dense)
 
     def _read_dense(self, session) -> Dict[str, np.ndarray]:
@@ -527,6 +570,33 @@ class Saver:
                                                                       self._dense_feeds)})
 
 
+# An epoch no save reaches: an export since it holds no ID and only closes an epoch.
+_NO_EPOCH = 2**32 - 1
+
+
+def folded_table(table, versions: List["fold.OpenVersion"], rank: int, size: int,
+                 own_files: bool, directory: str) -> "fold.Folded":
+    """A table's state at a chain's end for `rank` of `size`: that rank's own files
+    (`own_files`: as many ranks saved it), or every rank's files with the IDs the rank owns
+    now, rows given anew (`fold.shard`: a tiered table takes its IDs into the host tier, a
+    dynamic table's store grows to any count).
+
+    Raises:
+        CheckpointError: the table is not in the chain, or its files are damaged.
+    """
+    name = table.table_name
+    files, where = fold.table_files(versions, name, rank if own_files else None)
+    if not files:
+        raise CheckpointError(f"table {name!r} is not in the checkpoint in {directory}")
+    folded = fold.fold(files, name, where)
+    if own_files:
+        return folded
+    capacity = (dynamic.HOST_CAPACITY if isinstance(table, dynamic.DynamicTable)
+                else table.device_vocabulary_size)
+    return fold.shard(folded, lambda keys: wing.current().owned(table, keys, rank, size),
+                      tiered=getattr(table, "host_vocabulary_size", 0) > 0, capacity=capacity)
+
+
 def check_flag(where: str, value) -> bool:
     """`value` as a bool, or TypeError naming `where` unless it is True or False."""
     if not isinstance(value, (bool, np.bool_)):
@@ -544,23 +614,6 @@ def _barrier_input(barrier: tf.Tensor) -> tf.Tensor:
         raise CheckpointError(f"mxrec Saver: the ranks' barrier sums {source!r}, not an int32 "
                               "scalar: the ranks cannot agree on a save's finiteness")
     return source
-
-
-def _file_faults(table_name: str, arrays: Dict[str, np.ndarray]) -> List[finite.Fault]:
-    """The non-finite values of a table file's rows: each state's device rows (keyed by the
-    admitted IDs) and, with a host tier, each state's host-tier (and SSD) rows."""
-    keys = arrays[schema.host_key("keys")]
-    device_ids = keys[arrays[schema.host_key("rows")] >= 0]
-    faults = []
-    for state in schema.names_with_prefix(arrays, "state"):
-        faults += finite.table_faults(table_name, state, device_ids,
-                                      arrays[schema.state_key(state)])
-    if schema.host_key("in_host") in arrays:
-        tier_ids = keys[arrays[schema.host_key("in_host")].astype(bool)]
-        for state in schema.names_with_prefix(arrays, "tier"):
-            faults += finite.table_faults(table_name, f"host/SSD tier {state}", tier_ids,
-                                          arrays[schema.tier_key(state)])
-    return faults
 
 
 def table_io(table):
@@ -650,13 +703,26 @@ def _stacked(rows: List[np.ndarray]) -> np.ndarray:
 
 
 def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]:
-    """`Saver.serving_delta` of the delta saved at `step` in `directory`."""
-    manifest, arrays = manifest_io.read_version(directory, "delta", int(step))
+    """`Saver.serving_delta` of the delta saved at `step` in `directory`: its files verified,
+    then mapped (only the embeddings are read, not the slots)."""
+    copies = stream.LocalCopies()
+    try:
+        return _serving_delta(directory, int(step), copies)
+    finally:
+        copies.close()
+
+
+def _serving_delta(directory: str, step: int, copies: stream.LocalCopies
+                   ) -> Dict[str, Dict[str, np.ndarray]]:
+    manifest = manifest_io.read_manifest(directory, "delta", step)
+    folder = posixpath.join(directory, version_name("delta", step))
+    for file_name, expect in sorted(manifest["files"].items()):
+        stream.verify(posixpath.join(folder, file_name), expect)
     delta = {}
     for name in manifest["tables"]:
         ids, embeddings, removed = [], [], []
         for file_name in manifest_io.table_files(manifest, name):
-            table_arrays = arrays[file_name]
+            table_arrays = stream.MappedNpz(copies.local(posixpath.join(folder, file_name)))
             admitted = table_arrays[schema.host_key("rows")] >= 0
             ids.append(table_arrays[schema.host_key("keys")][admitted])
             embeddings.append(table_arrays[schema.state_key("embedding")])
@@ -703,25 +769,6 @@ def _run_jobs(jobs: List, parallel: bool) -> List:
                                     thread_name_prefix="mxrec_save") as pool:
         pending = [pool.submit(job) for job in jobs]
         return [future.result() for future in pending]
-
-
-def _tier_arrays(host: Dict, state_names: List[str], dim: int) -> Dict[str, np.ndarray]:
-    """The host-tier part of a tiered table's file: where rows live, the cache order, and
-    the host-tier values of each state (embedding, slots) with a mask of those it holds."""
-    components = list(host["tier_components"])
-    values = host["tier_values"]
-    present = host["tier_present"]
-    arrays = {schema.host_key(k): host[k] for k in schema.TIER_ARRAYS}
-    arrays[schema.host_key("in_host")] = host["in_host"].astype(np.uint8)
-    for name in state_names:
-        if name in components:
-            c = components.index(name)
-            arrays[schema.tier_key(name)] = values[:, c, :]
-            arrays[schema.tier_mask_key(name)] = ((present >> np.uint32(c)) & 1).astype(np.uint8)
-        else:  # a slot never swapped out: every host-tier ID restarts it from its initial value
-            arrays[schema.tier_key(name)] = np.zeros((len(present), dim), np.float32)
-            arrays[schema.tier_mask_key(name)] = np.zeros(len(present), np.uint8)
-    return arrays
 
 
 def save_persistables(session, dirname: str, mode: int = 0, step: Optional[int] = None,

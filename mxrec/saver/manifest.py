@@ -40,7 +40,7 @@ import re
 import socket
 import time
 import uuid
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -80,8 +80,26 @@ def npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: Dict) -> str:
-    """Writes `files` and `manifest.json` as the version `name`; returns its path."""
+# A file of a version: its bytes, or a writer that writes it at the path it is given and
+# returns its manifest entry (a table file streamed in chunks: `mxrec.saver.stream`).
+FileData = Union[bytes, Callable[[str], Dict]]
+
+
+def write_file(path: str, data: FileData, known: Optional[Dict] = None) -> Dict:
+    """Writes one file of a version; returns its manifest entry (`known` when the caller
+    already hashed these bytes)."""
+    if callable(data):
+        return data(path)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
+    if known is not None and known.get("bytes") == len(data):
+        return known
+    return file_entry(data)
+
+
+def write_version(directory: str, name: str, files: Dict[str, FileData], manifest: Dict) -> str:
+    """Writes `files` and `manifest.json` as the version `name`; returns its path. The
+    manifest's `files` gets each file's entry (size and SHA-256) as it is written."""
     gfile = tf.io.gfile
     gfile.makedirs(directory)
     final = posixpath.join(directory, name)
@@ -90,9 +108,11 @@ def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: 
     tmp = posixpath.join(directory, temporary_name(name))
     try:
         gfile.makedirs(tmp)
+        known = manifest.get("files", {})
+        manifest = dict(manifest, files=dict(known))
         for file_name, data in files.items():
-            with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
-                f.write(data)
+            manifest["files"][file_name] = write_file(posixpath.join(tmp, file_name), data,
+                                                      known.get(file_name))
         with gfile.GFile(posixpath.join(tmp, "manifest.json"), "w") as f:
             f.write(json.dumps(manifest, indent=1, sort_keys=True))
         durable.fsync_tree(tmp)
@@ -103,7 +123,7 @@ def write_version(directory: str, name: str, files: Dict[str, bytes], manifest: 
     return final
 
 
-def write_version_sharded(directory: str, name: str, files: Dict[str, bytes], manifest: Dict,
+def write_version_sharded(directory: str, name: str, files: Dict[str, FileData], manifest: Dict,
                           rank: int, size: int, barrier: Callable[[int], int],
                           check_shared: bool = False) -> str:
     """The same as `write_version` for one rank of `size`, every rank calling it together.
@@ -161,17 +181,16 @@ def _agree_on_temporary(directory: str, name: str, final: str, rank: int,
     return posixpath.join(directory, _sharded_temporary_name(name, attempt - 1))
 
 
-def _write_rank_part(tmp: str, files: Dict[str, bytes], manifest: Dict, rank: int) -> None:
+def _write_rank_part(tmp: str, files: Dict[str, FileData], manifest: Dict, rank: int) -> None:
     """One rank's files, durable, and its `rank-R.json`: the manifest with its own files."""
     gfile = tf.io.gfile
-    for file_name, data in files.items():
-        with gfile.GFile(posixpath.join(tmp, file_name), "wb") as f:
-            f.write(data)
-        durable.fsync_path(posixpath.join(tmp, file_name))
     known = manifest.get("files", {})  # digests the caller already took (Saver.save)
-    part = dict(manifest, files={n: known[n] if n in known and known[n]["bytes"] == len(d)
-                                 else file_entry(d)
-                                 for n, d in files.items()})
+    entries = {}
+    for file_name, data in files.items():
+        entries[file_name] = write_file(posixpath.join(tmp, file_name), data,
+                                        known.get(file_name))
+        durable.fsync_path(posixpath.join(tmp, file_name))
+    part = dict(manifest, files=entries)
     with gfile.GFile(posixpath.join(tmp, f"rank-{rank}.json"), "w") as f:
         f.write(json.dumps(part, sort_keys=True))
 

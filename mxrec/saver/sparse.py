@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
-from mxrec.saver import merge
+from mxrec.saver import fold, merge, stream
 
 HOST_SUFFIX = "/mxrec_host"
 _HOST_FIELDS = ("keys", "rows", "counts", "last_seen", "free_rows", "meta", "threshold")
@@ -144,19 +144,25 @@ def table_arrays_from_reader(reader, name: str, checkpoint: str) -> TableArrays:
 
 
 def _from_saver_versions(names, checkpoint, location) -> Dict[str, TableArrays]:
-    versions = merge.read_chain(*location)
-    tables = merge.table_names(versions)
-    dims = {name: meta["dim"] for _, manifest, _ in versions
-            for name, meta in manifest["tables"].items()}
-    missing = [n for n in names or () if n not in tables]
-    if missing:
-        raise ValueError(f"export: no table named {missing} in checkpoint {checkpoint!r}; "
-                         f"tables: {tables}")
-    out = {}
-    for name in names or tables:
-        ids, embeddings = merge.admitted_arrays(versions, name, dims[name])
-        out[name] = {"ids": ids, "embeddings": embeddings}
-    return out
+    # Every file verified, then mapped and read a chunk of rows at a time: what is held is
+    # the embeddings returned.
+    copies = stream.LocalCopies()
+    try:
+        versions = fold.open_chain(*location, copies)
+        tables = fold.table_names(versions)
+        dims = {name: meta["dim"] for version in versions
+                for name, meta in version.manifest["tables"].items()}
+        missing = [n for n in names or () if n not in tables]
+        if missing:
+            raise ValueError(f"export: no table named {missing} in checkpoint "
+                             f"{checkpoint!r}; tables: {tables}")
+        out = {}
+        for name in names or tables:
+            ids, embeddings = fold.admitted(fold.whole_table(versions, name), dims[name])
+            out[name] = {"ids": ids, "embeddings": embeddings}
+        return out
+    finally:
+        copies.close()
 
 
 def _from_checkpoint(names, checkpoint) -> Dict[str, TableArrays]:

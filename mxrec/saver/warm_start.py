@@ -70,7 +70,7 @@ from mxrec._lib import loader
 from mxrec.core import dynamic, tiers
 from mxrec.core.table import graph_tables
 from mxrec.saver import checkpoint as saver_checkpoint
-from mxrec.saver import merge, sparse
+from mxrec.saver import fold, merge, sparse, stream, table_file
 from mxrec.util import ranks
 
 _HOST_DTYPES = {
@@ -322,14 +322,23 @@ class _VersionsEntry(_Entry):
         self._ios = [saver_checkpoint.table_io(table) for table in self.tables]
 
     def run(self, session) -> None:
-        versions = merge.read_chain(self.directory, self.step)
-        state = merge.whole_tables(versions)
-        dense = versions[-1][2]["dense.npz"]
-        rank, size = ranks.get_rank_id(), ranks.get_rank_size()
-        for io_ in self._ios:
-            table = io_.table
-            shard = saver_checkpoint.shard_of(state[table.table_name], table, rank, size)
-            saver_checkpoint.load_table_state(session, io_, shard, missing_states="keep")
+        # Each table folded as columns and loaded a chunk of rows at a time (the Saver's
+        # default checkpoint_memory_mb), every file checked before any is read.
+        copies = stream.LocalCopies()
+        try:
+            versions = fold.open_chain(self.directory, self.step, copies)
+            rank, size = ranks.get_rank_id(), ranks.get_rank_size()
+            for io_ in self._ios:
+                table = io_.table
+                folded = saver_checkpoint.folded_table(table, versions, rank, size,
+                                                       own_files=False,
+                                                       directory=self.directory)
+                rows = stream.chunk_rows(stream.DEFAULT_MEMORY_MB, table.dim,
+                                         len(io_.state_names()))
+                table_file.load(session, io_, folded, rows, missing_states="keep")
+            dense = versions[-1].dense
+        finally:
+            copies.close()
         for variable in self.dense:
             source = self.prev_names.get(variable.op.name, variable.op.name)
             saver_checkpoint.load_variable(session, variable, dense[source])

@@ -1,0 +1,385 @@
+"""A restore's fold of table files into one table state, as columns: no object per ID.
+
+Each table file of a version chain is a run of events in fold order: its removed IDs, then
+its records (as `merge.merge_table` applies them); the first file of a full version starts
+afresh. An ID's last event decides its state: removed (gone), or the record of that file,
+with its values where that file holds them (the device rows `state/<s>` of the IDs with a
+row, the host tier's `tier/<s>` of those in the tier). `fold` finds every ID's last event
+by one stable sort of the events' IDs; the result holds, per ID, its record and where its
+values lie (which file, which row there), and `Folded.values` reads the values of a chunk
+of IDs from the files (mapped by `stream.MappedNpz`, so only those rows are read).
+
+`shard` keeps the IDs one rank owns and gives them rows anew, as `merge.reshard` does.
+
+Example:
+    >>> folded = fold([(True, full_file), (False, delta_file)], "user")
+    >>> folded.keys, folded.rows                      # every ID's record, as columns
+    >>> folded.values(np.arange(1000), "embedding")   # (values [1000, dim], held [1000])
+"""
+
+import io
+import posixpath
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from mxrec.saver import manifest as manifest_io
+from mxrec.saver import merge, schema, stream
+from mxrec.saver.manifest import CheckpointError
+
+
+class OpenVersion(NamedTuple):
+    """A version of a chain, every file verified: its table files mapped
+    (`stream.MappedNpz`) and, for the chain's last version, its dense variables."""
+
+    kind: str
+    manifest: Dict
+    files: Dict[str, stream.MappedNpz]
+    dense: Optional[Dict[str, np.ndarray]]
+
+
+def open_chain(directory: str, version: Optional[int], copies: stream.LocalCopies
+               ) -> List[OpenVersion]:
+    """The versions a restore of `version` (a step; None: the latest) reads, in order: each
+    delta's predecessor checked, then every file of every version checked against its
+    manifest (size, SHA-256, read a block at a time) before any is mapped.
+
+    Raises:
+        CheckpointError: nothing to read, a broken chain, a bad or missing file.
+    """
+    steps = merge.chain(manifest_io.list_versions(directory), version, directory)
+    manifests = []
+    previous = None
+    for kind, step in steps:
+        manifest = manifest_io.read_manifest(directory, kind, step)
+        if kind == "delta" and manifest["previous"] != previous:
+            raise CheckpointError(
+                f"delta checkpoint at step {step} follows step {manifest['previous']}, "
+                f"which is missing from {directory}; cannot apply it")
+        for name in manifest["tables"]:
+            for file_name in manifest_io.table_files(manifest, name):
+                if file_name not in manifest["files"]:
+                    raise CheckpointError(
+                        f"checkpoint {manifest_io.version_name(kind, step)} in {directory}: "
+                        f"table {name!r} names file {file_name}, which its manifest does "
+                        "not list; the version is damaged")
+        manifests.append(manifest)
+        previous = step
+    for (kind, step), manifest in zip(steps, manifests):
+        folder = posixpath.join(directory, manifest_io.version_name(kind, step))
+        for file_name, expect in sorted(manifest["files"].items()):
+            stream.verify(posixpath.join(folder, file_name), expect)
+    out = []
+    for index, ((kind, step), manifest) in enumerate(zip(steps, manifests)):
+        folder = posixpath.join(directory, manifest_io.version_name(kind, step))
+        files = {name: stream.MappedNpz(copies.local(posixpath.join(folder, name)))
+                 for name in manifest["files"] if name != "dense.npz"}
+        dense = None
+        if index == len(steps) - 1:
+            with tf.io.gfile.GFile(posixpath.join(folder, "dense.npz"), "rb") as f:
+                with np.load(io.BytesIO(f.read())) as npz:
+                    dense = {key: npz[key] for key in npz.files}
+        out.append(OpenVersion(kind, manifest, files, dense))
+    return out
+
+
+class _File(NamedTuple):
+    """One table file's columns, and where each record's values lie in it."""
+
+    arrays: object  # MappedNpz or {name: array}
+    keys: np.ndarray
+    where: np.ndarray  # per record: its row in state/<s> (device) or tier/<s>; -1: none
+    from_tier: np.ndarray  # per record: its values are in tier/<s> (the host tier)
+
+
+class Folded:
+    """A table's state at a chain's end, as columns (see the module's docstring).
+
+    Attributes:
+        keys, rows, counts, last_seen, in_host: every ID's record.
+        free_rows, scalars, access_threshold, lru_rows, lru_ages (None when the files
+            hold none), state_names: the table-wide fields of the last file folded.
+        newest: the newest timestamp over every file folded.
+    """
+
+    def __init__(self, files: List[_File], source: np.ndarray, record: np.ndarray, name: str):
+        self.name = name
+        self._files = files
+        self._source = source  # per ID: its file
+        self._record = record  # per ID: its record in that file
+        self.keys = np.zeros(len(source), np.int64)
+        self.rows = np.zeros(len(source), np.int32)
+        self.counts = np.zeros(len(source), np.float32)
+        self.last_seen = np.zeros(len(source), np.int64)
+        self.in_host = np.zeros(len(source), np.uint8)
+        for f, file in enumerate(files):
+            mine = np.flatnonzero(source == f)
+            if not len(mine):
+                continue
+            at = record[mine]
+            arrays = file.arrays
+            self.keys[mine] = file.keys[at]
+            self.rows[mine] = np.asarray(arrays[schema.host_key("rows")])[at]
+            self.counts[mine] = np.asarray(arrays[schema.host_key("counts")])[at]
+            self.last_seen[mine] = np.asarray(arrays[schema.host_key("last_seen")])[at]
+            if schema.host_key("in_host") in arrays:
+                self.in_host[mine] = np.asarray(arrays[schema.host_key("in_host")])[at]
+        last = files[-1].arrays
+        self.free_rows = np.asarray(last[schema.host_key("free_rows")])
+        self.scalars = np.asarray(last[schema.SCALARS_KEY])
+        self.access_threshold = float(np.asarray(last[schema.ACCESS_THRESHOLD_KEY]))
+        self.lru_rows = (np.asarray(last[schema.host_key("lru_rows")])
+                         if schema.host_key("lru_rows") in last else None)
+        self.lru_ages = (np.asarray(last[schema.host_key("lru_ages")])
+                         if schema.host_key("lru_ages") in last else None)
+        self.state_names = schema.names_with_prefix(last, "state")
+        self.newest = max(schema.scalar(np.asarray(f.arrays[schema.SCALARS_KEY]),
+                                        "newest_timestamp") for f in files)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def tier_state_names(self) -> List[str]:
+        """The states (embedding, slots) the host tier holds values of: those of the files'
+        host tiers, and the device states of IDs that `shard` moved into the tier."""
+        names = set()
+        for file in self._files:
+            names.update(schema.names_with_prefix(file.arrays, "tier"))
+        host = self.in_host != 0
+        moved = host & ~self._from_tier_of(np.arange(len(self)))
+        if moved.any():
+            for f in np.unique(self._source[moved]):
+                names.update(schema.names_with_prefix(self._files[f].arrays, "state"))
+        return sorted(names)
+
+    def _from_tier_of(self, positions: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(positions), bool)
+        for f, file in enumerate(self._files):
+            mine = self._source[positions] == f
+            if mine.any():
+                out[mine] = file.from_tier[self._record[positions[mine]]]
+        return out
+
+    def values(self, positions: np.ndarray, state: str, dim: int
+               ) -> Tuple[np.ndarray, np.ndarray]:
+        """(values [n, dim] float32, held [n] bool) of `state` for the IDs at `positions`:
+        each ID's values where its last event's file holds them (zeros, not held, where
+        that file has none of that state: the tier's mask, or a state it lacks)."""
+        positions = np.asarray(positions, np.int64)
+        out = np.zeros((len(positions), dim), np.float32)
+        held = np.zeros(len(positions), bool)
+        for f, file in enumerate(self._files):
+            mine = np.flatnonzero(self._source[positions] == f)
+            if not len(mine):
+                continue
+            at = self._record[positions[mine]]
+            where = file.where[at]
+            tier = file.from_tier[at]
+            for in_tier, key in ((False, schema.state_key(state)), (True, schema.tier_key(state))):
+                part = mine[(tier == in_tier) & (where >= 0)]
+                if not len(part) or key not in file.arrays:
+                    continue
+                index = file.where[self._record[positions[part]]]
+                order = np.argsort(index, kind="stable")  # the file read in order
+                rows = np.asarray(file.arrays[key][index[order]], np.float32)
+                out[part[order]] = rows
+                has = np.ones(len(part), bool)
+                if in_tier:
+                    has = np.asarray(file.arrays[schema.tier_mask_key(state)][index]) != 0
+                    out[part[~has]] = 0.0
+                held[part] = has
+        return out, held
+
+    def take(self, keep: np.ndarray, rows: np.ndarray, in_host: np.ndarray) -> "Folded":
+        """The IDs where `keep` is set, with the rows and tier flags given."""
+        out = Folded.__new__(Folded)
+        out.__dict__.update(self.__dict__)
+        out._source, out._record = self._source[keep], self._record[keep]
+        out.keys, out.counts = self.keys[keep], self.counts[keep]
+        out.last_seen = self.last_seen[keep]
+        out.rows, out.in_host = rows, in_host
+        return out
+
+
+def _file_columns(arrays, where_text: str) -> _File:
+    """A table file's keys and where each record's values lie (checked against the
+    arrays' lengths)."""
+    keys = np.asarray(arrays[schema.host_key("keys")], np.int64).reshape(-1)
+    rows = np.asarray(arrays[schema.host_key("rows")]).reshape(-1)
+    in_host = (np.asarray(arrays[schema.host_key("in_host")]).reshape(-1) != 0
+               if schema.host_key("in_host") in arrays else np.zeros(len(keys), bool))
+    device = rows >= 0
+    host = ~device & in_host
+    where = np.full(len(keys), -1, np.int64)
+    where[device] = np.arange(int(device.sum()))
+    where[host] = np.arange(int(host.sum()))
+    for prefix, count, what in (("state", int(device.sum()), "with a device row"),
+                                ("tier", int(host.sum()), "in the host tier")):
+        for state in schema.names_with_prefix(arrays, prefix):
+            held = len(arrays[f"{prefix}/{state}"])
+            if prefix == "tier":
+                held = min(held, len(arrays[schema.tier_mask_key(state)]))
+            if held < count:
+                raise CheckpointError(f"{where_text}: the checkpoint has {count} IDs {what} "
+                                      f"but only {held} rows of their {state!r} values; the "
+                                      "file is damaged (restore an earlier version)")
+    return _File(arrays, keys, where, host)
+
+
+def fold(files: Sequence[Tuple[bool, object]], name: str,
+         where: Optional[Sequence[str]] = None) -> Folded:
+    """Folds table files in order; each is (starts_afresh, arrays): the first file of a
+    full version starts afresh.
+
+    Raises:
+        CheckpointError: the first file does not start afresh (a delta without its full
+            save), or a file holds fewer rows of values than its records need.
+    """
+    start = max((i for i, (afresh, _) in enumerate(files) if afresh), default=None)
+    if start is None:
+        raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
+    where = list(where) if where is not None else [f"table {name!r}"] * len(files)
+    columns = [_file_columns(arrays, where[i]) for i, (_, arrays) in
+               enumerate(files) if i >= start]
+    keys, file_of, record_of = [], [], []
+    for f, (column, (_, arrays)) in enumerate(zip(columns, files[start:])):
+        removed = np.asarray(arrays[schema.host_key("removed")], np.int64).reshape(-1)
+        keys += [removed, column.keys]
+        file_of += [np.full(len(removed) + len(column.keys), f, np.int32)]
+        record_of += [np.full(len(removed), -1, np.int64), np.arange(len(column.keys))]
+    keys = np.concatenate(keys)
+    order = np.argsort(keys, kind="stable")  # each ID's events in fold order
+    sorted_keys = keys[order]
+    del keys
+    last = np.ones(len(order), bool)
+    last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+    chosen = order[last]
+    del order, sorted_keys, last
+    record = np.concatenate(record_of)[chosen]
+    source = np.concatenate(file_of)[chosen]
+    alive = record >= 0  # an ID whose last event is a removal is gone
+    return Folded(columns, source[alive], record[alive], name)
+
+
+def table_files(versions: Sequence[OpenVersion], name: str, rank: Optional[int] = None
+                ) -> Tuple[List[Tuple[bool, object]], List[str]]:
+    """The files of table `name` over a chain, in fold order, as `fold` takes them (the
+    first file of a full version starts afresh), and where each is (for messages): every
+    rank's, or only `rank`'s (a restore on as many ranks as saved it)."""
+    files, where = [], []
+    for version in versions:
+        if name not in version.manifest["tables"]:
+            continue
+        names = manifest_io.table_files(version.manifest, name)
+        if rank is not None:
+            names = names[rank:rank + 1]
+        for number, file_name in enumerate(names):
+            files.append((version.kind == "full" and number == 0, version.files[file_name]))
+            where.append(f"table {name!r}, file {file_name} of "
+                         f"{manifest_io.version_name(version.kind, version.manifest['step'])}")
+    return files, where
+
+
+def table_names(versions: Sequence[OpenVersion]) -> List[str]:
+    """The tables of a chain, sorted.
+
+    Raises:
+        CheckpointError: a delta holds a table that the full save it follows lacks.
+    """
+    base = set(versions[0].manifest["tables"]) if versions else set()
+    for version in versions[1:]:
+        for name in version.manifest["tables"]:
+            if name not in base:
+                raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
+    return sorted(base)
+
+
+def whole_table(versions: Sequence[OpenVersion], name: str) -> Folded:
+    """The whole table `name` at the chain's end: every rank's files folded (each rank's
+    device rows stay its own: good for `shard` and `admitted`, not for a restore as is)."""
+    files, where = table_files(versions, name)
+    if not files:
+        raise CheckpointError(f"table {name!r} is not in the checkpoint")
+    return fold(files, name, where)
+
+
+def admitted(folded: Folded, dim: int, state: str = "embedding", rows: int = 1 << 16
+             ) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids [K] int64 sorted, values [K, dim] float32) of one state of every admitted ID
+    (a device row or the host tier), read a chunk of `rows` IDs at a time.
+
+    Raises:
+        CheckpointError: an admitted ID has no value of that state.
+    """
+    positions = np.flatnonzero((folded.rows >= 0) | (folded.in_host != 0))
+    values = np.zeros((len(positions), dim), np.float32)
+    for begin in range(0, len(positions), rows):
+        part = positions[begin:begin + rows]
+        values[begin:begin + len(part)], held = folded.values(part, state, dim)
+        if not held.all():
+            raise CheckpointError(f"checkpoint holds no {state!r} value of ID "
+                                  f"{int(folded.keys[part[np.argmin(held)]])}")
+    return folded.keys[positions], values
+
+
+def shard(folded: Folded, keep: Callable[[np.ndarray], np.ndarray], tiered: bool,
+          capacity: int) -> Folded:
+    """The IDs one rank owns (`keep(keys)` is a mask), rows given anew: a tiered table
+    takes every admitted ID into the host tier (the device cache fills again as training
+    reads them); a device-only table gives its admitted IDs rows 0, 1, ... in ID order.
+
+    Raises:
+        CheckpointError: a device-only shard needs more rows than `capacity`.
+    """
+    mask = keep(folded.keys) if len(folded) else np.zeros(0, bool)
+    kept = np.flatnonzero(mask)
+    kept = kept[np.argsort(folded.keys[kept], kind="stable")]
+    admitted = (folded.rows[kept] >= 0) | (folded.in_host[kept] != 0)
+    rows = np.full(len(kept), -1, np.int32)
+    in_host = np.zeros(len(kept), np.uint8)
+    if tiered:
+        in_host[admitted] = 1
+        next_row = 0
+    else:
+        next_row = int(admitted.sum())
+        rows[admitted] = np.arange(next_row, dtype=np.int32)
+    if next_row > capacity:
+        raise CheckpointError(
+            f"table {folded.name!r}: this rank's share of the checkpoint has {next_row} "
+            f"admitted IDs but device_vocabulary_size is {capacity}; raise "
+            "device_vocabulary_size (per rank) or restore on more ranks")
+    out = folded.take(kept, rows, in_host)
+    out.scalars = schema.with_scalars(folded.scalars, next_row=next_row,
+                                      newest_timestamp=folded.newest)
+    out.free_rows = np.zeros(0, np.int32)
+    out.lru_rows = np.zeros(0, np.int32) if tiered else None
+    out.lru_ages = np.zeros(0, np.uint32) if tiered else None
+    return out
+
+
+def chunk_positions(mask: np.ndarray, rows: int) -> List[np.ndarray]:
+    """The positions where `mask` is set, in pieces of `rows`."""
+    positions = np.flatnonzero(mask)
+    return [positions[b:b + rows] for b in range(0, len(positions), max(rows, 1))]
+
+
+def tier_reader(folded: Folded, names: List[str], dim: int) -> Callable:
+    """The engine's import reader of the host tier's values: (begin, n) -> (present [n]
+    uint32, values [n, len(names), dim] float32) of the in_host IDs begin..begin+n-1."""
+    host = np.flatnonzero(folded.in_host != 0)
+
+    def read(begin: int, n: int):
+        positions = host[begin:begin + n]
+        present = np.zeros(len(positions), np.uint32)
+        values = np.zeros((len(positions), len(names), dim), np.float32)
+        for c, state in enumerate(names):
+            values[:, c], held = folded.values(positions, state, dim)
+            present |= held.astype(np.uint32) << np.uint32(c)
+        return present, values
+
+    return read
+
+
+__all__ = ["OpenVersion", "open_chain", "Folded", "fold", "table_files", "table_names",
+           "whole_table", "admitted", "shard", "chunk_positions", "tier_reader"]

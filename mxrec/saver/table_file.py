@@ -1,0 +1,207 @@
+"""One table's part of a save and of a restore, in chunks of rows (`stream`).
+
+A save (`Prepared`): the engine exports the table's records at the step boundary (and,
+with a host tier, spools the tier's values into local files a chunk of IDs at a time,
+under the table's lock, so they are the boundary's); the file is then written member by
+member, the device rows read from the variables a chunk at a time. A restore (`load`):
+the fold's records go into the engine (the host tier's values read a chunk at a time from
+the files), then the device rows are written into the variables a chunk at a time.
+
+The layout of the file is `mxrec.saver.schema`'s, the same bytes `np.savez` would write.
+"""
+
+import os
+import shutil
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+
+from mxrec._lib import loader
+from mxrec.saver import finite, fold, schema, stream
+from mxrec.saver.manifest import CheckpointError
+
+
+class Prepared:
+    """A table's export, ready to be written (`write`) or checked (`faults`).
+
+    Args:
+        io_: the table's reader of rows (`checkpoint._TableIO` or `_DynamicTableIO`).
+        since: the epoch a delta starts after; 0 for a full save.
+        spool: a local folder for the host tier's values (a tiered table); removed by
+            `close`.
+        rows_per_chunk: rows read (and written) at a time.
+    """
+
+    def __init__(self, io_, since: int, spool: Optional[str], rows_per_chunk: int):
+        self.io_ = io_
+        self.rows_per_chunk = rows_per_chunk
+        tiered = getattr(io_.table, "host_vocabulary_size", 0) > 0
+        self.spool = spool if tiered else None
+        if self.spool is not None:
+            os.makedirs(self.spool, exist_ok=True)
+        self.host = loader.engine().export_state(
+            io_.table.table_key, since, delta_chain=True, tier_spool=self.spool or "",
+            chunk_rows=rows_per_chunk)
+        self.device_rows = self.host["rows"][self.host["rows"] >= 0]
+
+    def close(self) -> None:
+        """Removes the spool."""
+        if self.spool is not None:
+            shutil.rmtree(self.spool, ignore_errors=True)
+
+    @property
+    def epoch(self) -> int:
+        return int(self.host["epoch"])
+
+    # ------------------------------------------------------------ the file's arrays
+
+    def _device_chunks(self, session, state: str) -> Iterator[np.ndarray]:
+        rows = self.device_rows
+        for begin, end in stream.chunks_of(len(rows), self.rows_per_chunk):
+            yield np.asarray(_read_state(self.io_, session, state, rows[begin:end]), np.float32)
+
+    def _tier_count(self) -> int:
+        return int(self.host.get("tier_spooled", 0))
+
+    def _spooled(self, name: str, dtype, shape) -> np.ndarray:
+        count = int(np.prod(shape))
+        if count == 0:
+            return np.zeros(shape, dtype)
+        return np.memmap(os.path.join(self.spool, name), dtype=dtype, mode="r", shape=shape)
+
+    def _tier_chunks(self, state: str, mask: bool) -> Iterator[np.ndarray]:
+        """A state's host-tier values (or its mask) from the spool, a chunk at a time."""
+        count, dim = self._tier_count(), self.io_.table.dim
+        components = list(self.host["tier_components"])
+        present = self._spooled("present.bin", np.uint32, (count,))
+        c = components.index(state) if state in components else None
+        values = (self._spooled(f"component-{c}.bin", np.float32, (count, dim))
+                  if c is not None else None)
+        for begin, end in stream.chunks_of(count, self.rows_per_chunk):
+            if mask:
+                yield (np.zeros(end - begin, np.uint8) if c is None else
+                       ((np.asarray(present[begin:end]) >> np.uint32(c)) & 1).astype(np.uint8))
+            elif values is None:  # never swapped out: restarts from its initial value
+                yield np.zeros((end - begin, dim), np.float32)
+            else:
+                yield np.asarray(values[begin:end])
+
+    def members(self, session) -> List[stream.Member]:
+        """The file's arrays in the order `np.savez` of the whole dict wrote them."""
+        host, dim = self.host, self.io_.table.dim
+        out = [stream.whole(schema.host_key(k), host[k]) for k in schema.HOST_ARRAYS]
+        out.append(stream.whole(schema.SCALARS_KEY, schema.pack_scalars(host)))
+        out.append(stream.whole(schema.ACCESS_THRESHOLD_KEY,
+                                np.array(host["access_threshold"], np.float64)))
+        for state in self.io_.state_names():
+            out.append(stream.Member(schema.state_key(state), np.float32,
+                                     (len(self.device_rows), dim),
+                                     lambda s=state: self._device_chunks(session, s)))
+        if "in_host" not in host:
+            return out
+        out.append(stream.whole(schema.host_key("in_host"), host["in_host"].astype(np.uint8)))
+        out.append(stream.whole(schema.host_key("lru_rows"), host["lru_rows"]))
+        out.append(stream.whole(schema.host_key("lru_ages"), host["lru_ages"]))
+        count = self._tier_count()
+        for state in self.io_.state_names():
+            out.append(stream.Member(schema.tier_key(state), np.float32, (count, dim),
+                                     lambda s=state: self._tier_chunks(s, mask=False)))
+            out.append(stream.Member(schema.tier_mask_key(state), np.uint8, (count,),
+                                     lambda s=state: self._tier_chunks(s, mask=True)))
+        return out
+
+    def write(self, session, path: str) -> Dict:
+        """Writes the file at `path`; returns its manifest entry."""
+        return stream.write_npz(path, self.members(session))
+
+    def faults(self, session) -> List[finite.Fault]:
+        """The non-finite values the file would hold (device rows keyed by the admitted IDs,
+        host-tier rows by the tier's IDs), read a chunk at a time."""
+        name = self.io_.table.table_name
+        keys = self.host["keys"]
+        device_ids = keys[self.host["rows"] >= 0]
+        tier_ids = (keys[self.host["in_host"].astype(bool)] if "in_host" in self.host
+                    else np.zeros(0, np.int64))
+        found: List[finite.Fault] = []
+        for state in self.io_.state_names():
+            found += _merged(name, state, device_ids, self._device_chunks(session, state),
+                             self.rows_per_chunk)
+            if "in_host" in self.host:
+                found += _merged(name, f"host/SSD tier {state}", tier_ids,
+                                 self._tier_chunks(state, mask=False), self.rows_per_chunk)
+        return found
+
+
+def _read_state(io_, session, state: str, rows: np.ndarray) -> np.ndarray:
+    """One state's rows through the reader's `read_state`, or its `read_rows` (a reader that
+    reads every state at once: mxrec.keras')."""
+    read_state = getattr(io_, "read_state", None)
+    if read_state is not None:
+        return read_state(session, state, rows)
+    return io_.read_rows(session, rows)[state]
+
+
+def _merged(table: str, state: str, ids: np.ndarray, chunks: Iterator[np.ndarray],
+            rows: int) -> List[finite.Fault]:
+    """One fault of a state checked a chunk at a time: the counts summed, the first
+    example kept."""
+    total, example = 0, None
+    for index, chunk in enumerate(chunks):
+        begin = index * rows
+        for fault in finite.table_faults(table, state, ids[begin:begin + len(chunk)], chunk):
+            total += fault.count
+            example = example or fault
+    if example is None:
+        return []
+    return [example._replace(count=total)]
+
+
+def load(session, io_, folded: fold.Folded, rows_per_chunk: int,
+         missing_states: str = "error") -> None:
+    """Imports a folded table into its host table, then writes its device rows.
+
+    missing_states: what a state of the table (an optimizer slot) that the checkpoint lacks
+        gets: "error" (CheckpointError), or "keep" (the rows keep their current values).
+    """
+    name, dim = io_.table.table_name, io_.table.dim
+    missing = [n for n in io_.state_names() if n not in folded.state_names]
+    if missing and missing_states == "error" and (folded.rows >= 0).any():
+        raise CheckpointError(f"table {name!r}: the checkpoint has no {missing}; "
+                              "was it saved with another optimizer?")
+    _import_records(io_, folded, rows_per_chunk)
+    for positions in fold.chunk_positions(folded.rows >= 0, rows_per_chunk):
+        rows = folded.rows[positions]
+        written = {}
+        for state in io_.state_names():
+            if state in missing:
+                continue
+            written[state], held = folded.values(positions, state, dim)
+            if not held.all():
+                raise CheckpointError(f"checkpoint holds no {state!r} value of ID "
+                                      f"{int(folded.keys[positions[np.argmin(held)]])}")
+        if missing and io_.variables_in_graph:
+            current = io_.read_rows(session, rows)
+            written.update({state: current[state] for state in missing})
+        io_.write_rows(session, rows, written)
+
+
+def _import_records(io_, folded: fold.Folded, rows_per_chunk: int) -> None:
+    """The engine's import of the records (and the host tier's values, in chunks)."""
+    tier_args = {}
+    if (folded.in_host != 0).any() or folded.lru_rows is not None:
+        names = folded.tier_state_names()
+        tier_args = dict(
+            in_host=folded.in_host,
+            lru_rows=folded.lru_rows if folded.lru_rows is not None else np.zeros(0, np.int32),
+            lru_ages=folded.lru_ages if folded.lru_ages is not None else np.zeros(0, np.uint32),
+            tier_components=names,
+            tier_reader=fold.tier_reader(folded, names, io_.table.dim),
+            chunk_rows=rows_per_chunk)
+    scalars = folded.scalars
+    loader.engine().import_state(
+        io_.table.table_key, keys=folded.keys, rows=folded.rows, counts=folded.counts,
+        last_seen=folded.last_seen, free_rows=folded.free_rows,
+        next_row=schema.scalar(scalars, "next_row"),
+        newest_timestamp=schema.scalar(scalars, "newest_timestamp"),
+        counting_frozen=bool(schema.scalar(scalars, "counting_frozen")),
+        access_threshold=folded.access_threshold, **tier_args)
