@@ -49,6 +49,11 @@ class SsdIndex {
     int64_t length() const {
       return static_cast<int64_t>(where & ((uint64_t{1} << kLengthBits) - 1)) * 4;
     }
+    // The record moved to `offset` (compaction), its length unchanged.
+    void Move(int64_t offset) {
+      where = (static_cast<uint64_t>(offset / 4) << kLengthBits) |
+              (where & ((uint64_t{1} << kLengthBits) - 1));
+    }
   };
   static_assert(sizeof(Entry) == 16, "an index entry is a key and a packed location");
 
@@ -69,6 +74,15 @@ class SsdIndex {
     for (const Entry& e : slots_) {
       if (e.where != 0) fn(e);
     }
+  }
+  // Pointers to every entry; they hold until the next Put, Erase or Reserve.
+  std::vector<Entry*> Entries() {
+    std::vector<Entry*> out;
+    out.reserve(static_cast<size_t>(size_));
+    for (Entry& e : slots_) {
+      if (e.where != 0) out.push_back(&e);
+    }
+    return out;
   }
   void Reserve(int64_t count);
 
