@@ -241,6 +241,11 @@ Status SsdTier::CreateFile(const char* file, int* fd) const {
 void SsdTier::Map() {
   void* map = mmap(nullptr, kMapReserve, PROT_READ, MAP_SHARED, fd_, 0);
   if (map == MAP_FAILED) return;  // pread it is
+  // Records are read one at a time in the order a batch needs them: without
+  // this, each page fault reads ahead up to hundreds of KiB around a record of
+  // a few hundred bytes, and under a memory limit that evicts them again
+  // (measured: a 2.7 GB file in a 5 GiB cgroup read 819 GB in 10 minutes).
+  madvise(map, kMapReserve, MADV_RANDOM);
   map_ = static_cast<const char*>(map);
   map_bytes_ = kMapReserve;
 }
