@@ -8,6 +8,7 @@ writable (it needs root)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,17 @@ def memory_cgroup():
 def test_a_table_larger_than_its_memory_limit_trains_exactly(memory_cgroup, tmp_path):
     procs = str(memory_cgroup / "cgroup.procs")
     root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, str(root / "tests" / "tier_memory_worker.py"), str(IDS), str(tmp_path)],
-        preexec_fn=lambda: Path(procs).write_text(str(os.getpid())),
-        env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, timeout=600)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(root / "tests" / "tier_memory_worker.py"), str(IDS),
+             str(tmp_path)],
+            preexec_fn=lambda: Path(procs).write_text(str(os.getpid())),
+            env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True,
+            timeout=600)
+    finally:
+        # The worker exits with its table, whose SSD file (1.4 GB) stays on disk.
+        for leftover in tmp_path.glob("mxrec-ssd-*"):
+            shutil.rmtree(leftover)
     oom = (memory_cgroup / "memory.oom_control").read_text()
     assert "oom_kill 0" in oom, oom
     assert done.returncode == 0, done.stderr[-3000:]
