@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -180,6 +182,43 @@ Status MakePrivateDirectory(const std::string& dir, const std::string& name, std
   return Status::Ok();
 }
 
+// The tiers alive in this process, whose files go when it exits (a table is
+// not dropped at exit, and its file may be as large as the table). Allocated
+// once and never destroyed: the exit handler may run after static destructors.
+struct LiveTiers {
+  std::mutex mu;
+  std::set<const SsdTier*> tiers;
+  pid_t pid = 0;  // the process that registered them
+};
+
+LiveTiers& Live() {
+  static LiveTiers* live = new LiveTiers;
+  return *live;
+}
+
+void RemoveLiveTiersAtExit() {
+  LiveTiers& live = Live();
+  std::lock_guard<std::mutex> lock(live.mu);
+  // A forked child that exits must leave its parent's files alone.
+  if (getpid() != live.pid) return;
+  for (const SsdTier* tier : live.tiers) tier->RemoveFiles();
+}
+
+void RegisterLive(const SsdTier* tier) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(RemoveLiveTiersAtExit); });
+  LiveTiers& live = Live();
+  std::lock_guard<std::mutex> lock(live.mu);
+  live.pid = getpid();
+  live.tiers.insert(tier);
+}
+
+void UnregisterLive(const SsdTier* tier) {
+  LiveTiers& live = Live();
+  std::lock_guard<std::mutex> lock(live.mu);
+  live.tiers.erase(tier);
+}
+
 }  // namespace
 
 Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t capacity,
@@ -196,6 +235,7 @@ Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t ca
   tier->parent_ = dir;
   MXREC_RETURN_IF_ERROR(tier->CreateFile(kDataFile, &tier->fd_));
   tier->Map();
+  RegisterLive(tier.get());
   *out = std::move(tier);
   return Status::Ok();
 }
@@ -209,11 +249,15 @@ SsdTier::SsdTier(std::string dir, int dir_fd, std::string name, int64_t capacity
       fd_(-1) {}
 
 SsdTier::~SsdTier() {
+  UnregisterLive(this);
   Unmap();
-  if (fd_ >= 0) {
-    if (SameFile(dir_fd_, kDataFile, fd_)) unlinkat(dir_fd_, kDataFile, 0);
-    close(fd_);
-  }
+  RemoveFiles();
+  if (fd_ >= 0) close(fd_);
+  close(dir_fd_);
+}
+
+void SsdTier::RemoveFiles() const {
+  if (fd_ >= 0 && SameFile(dir_fd_, kDataFile, fd_)) unlinkat(dir_fd_, kDataFile, 0);
   // rmdir removes the directory only while it is empty: a file someone else
   // put there keeps it, and the file too.
   struct stat at;
@@ -222,7 +266,6 @@ SsdTier::~SsdTier() {
       at.st_ino == held.st_ino) {
     rmdir(dir_.c_str());
   }
-  close(dir_fd_);
 }
 
 Status SsdTier::CreateFile(const char* file, int* fd) const {

@@ -162,6 +162,11 @@ class SsdTier {
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
   int64_t file_bytes() const { return end_; }
   int64_t compactions() const { return compactions_; }
+  // Removes the data file, if it is still the one this tier created, and the
+  // private directory, if nothing else is in it (the destructor; and at the
+  // process's exit, for every tier still alive, since tables are not dropped
+  // then). Reads still work through the open file.
+  void RemoveFiles() const;
   // The data file and its private directory.
   const std::string& path() const { return path_; }
   const std::string& directory() const { return dir_; }
