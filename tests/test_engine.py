@@ -331,7 +331,7 @@ def _expected_map_bytes(ids, tiered, aged=False):
     """The ID map's bytes for a table that took `ids` (distinct) in one batch: per shard (the
     hash's top 4 bits) a probe array of 12-byte slots, the smallest of 16 grown by 1.5x
     steps (s + s // 2) that keeps the shard's IDs within 7/10 of it, and records (16 bytes,
-    + 8 tiered) in chunks of 64, 64, 128, ..., 2048, then 4096, with a table of one 8-byte
+    + 5 tiered) in chunks of 64, 64, 128, ..., 2048, then 4096, with a table of one 8-byte
     pointer per 64 records (one more for the tier records). `aged`: the table has shrunk, so
     its maps also keep a 2-byte shrink age per record (and its pointer table)."""
     shards = np.bincount((_splitmix64(ids) >> np.uint64(60)).astype(np.int64), minlength=16)
@@ -346,7 +346,7 @@ def _expected_map_bytes(ids, tiered, aged=False):
             while records < count:
                 records = records * 2 if records < 4096 else records + 4096
         families = 1 + (1 if tiered else 0) + (1 if aged else 0)
-        per_record = 16 + (8 if tiered else 0) + (2 if aged else 0)
+        per_record = 16 + (5 if tiered else 0) + (2 if aged else 0)
         total += slots * 12 + records * per_record + families * records // 8
     return total
 

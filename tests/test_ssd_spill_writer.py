@@ -6,6 +6,8 @@ read IDs back from spills still queued or being written, and saves, evaluation r
 eviction and restores run while spills are pending."""
 
 import itertools
+import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -190,3 +192,42 @@ def test_restore_while_spills_are_pending(engine, key, tmp_path):
         trainer.step()
     trainer.drain()
     assert trainer.everywhere() == trainer.want
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs with one 4 KiB page left free (needs root, as CI has; skipped where
+    a mount is not allowed)."""
+    path = tmp_path / "small"
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        (path / "filler").write_bytes(b"\0" * (60 << 10))
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_an_ssd_path_without_room_is_refused_with_the_bytes(engine, small_disk):
+    """Spills that would grow the SSD file past the free space of ssd_data_path's file system
+    fail before anything is written, and the next swap says which table, which path, how
+    many bytes were needed and how many are free; the values stay exact up to there."""
+    key = f"test_ssd_spill_writer_{next(_serial)}/full"
+    engine.create_table(key=key, name="full_disk", dim=DIM, capacity=DEVICE, host_capacity=HOST,
+                        ssd_capacity=SSD, ssd_path=str(small_disk))
+    engine.tier_register(key, SLOT)
+    try:
+        trainer = Trainer(engine, key, ahead=0)
+        with pytest.raises(Exception) as refused:
+            for _ in range(400):
+                trainer.step()
+        message = str(refused.value)
+        assert "'full_disk'" in message and f"ssd_data_path '{small_disk}'" in message, message
+        needed, free = re.search(r"by (\d+) bytes: .* has (\d+) bytes free", message).groups()
+        assert int(needed) > int(free) and int(free) <= 4096, message
+    finally:
+        engine.drop_prefix(key)
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]

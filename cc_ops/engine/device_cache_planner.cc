@@ -182,7 +182,9 @@ void DeviceCachePlanner::MoveToHost(const RecordRef& victim, uint32_t epoch) {
   victim.rec->epoch = epoch;  // its tier changed: the next delta holds it
   ++tier_ids_;
   ++host_resident_;
-  if (options_.ssd_capacity > 0) host_arrival_.emplace_back(victim.key, victim.tier->host_slot);
+  if (options_.ssd_capacity > 0) {
+    host_arrival_.emplace_back(victim.key, int32_t{victim.tier->host_slot});  // a packed field
+  }
 }
 
 void DeviceCachePlanner::PlaceArrival(const RecordRef& id, const RowGrant& grant, int32_t slot,

@@ -55,12 +55,15 @@ struct KeyRecord {
 static_assert(sizeof(KeyRecord) == 16, "KeyRecord grew: the map's memory per ID changes");
 
 // Where a tiered table's admitted ID keeps its values outside the device rows.
-struct TierRecord {
+// Packed to 5 bytes: one per ID of a tiered table, most of them on the SSD
+// tier in a table larger than memory, where every byte per ID counts.
+struct __attribute__((packed)) TierRecord {
   // The ID's host slot, or -1 when its values are on disk (or it has none yet).
   int32_t host_slot = -1;
   // Admitted, with its row in the host tier (KeyRecord::row == -1).
   uint8_t in_host = 0;
 };
+static_assert(sizeof(TierRecord) == 5, "TierRecord grew: a tiered table's memory per ID changes");
 
 inline uint64_t HashKey(int64_t key) {
   // splitmix64 finalizer: IDs are often sequential or share low bits.

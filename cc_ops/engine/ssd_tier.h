@@ -28,38 +28,75 @@
 
 namespace mxrec {
 
-// The SSD tier's index: key -> (offset, length) of its record in the file.
-// Linear probing with backward-shift deletion (as KeyMap); a slot whose length
-// is 0 is empty (every record has a header, so a stored length is never 0).
+// The SSD tier's index: key -> (offset, length) of its record in the file, 16
+// bytes per entry. Offsets and lengths are multiples of 4 (a record is a
+// 20-byte header and floats) and are kept in 4-byte units in one word: 40 bits
+// of offset (files up to 4 TiB) and 24 of length (records up to 64 MiB).
+// Linear probing with backward-shift deletion (as KeyMap), at most 4/5 full,
+// growing by 1.5x, the home slot the hash multiplied onto [0, slots): the
+// table is 53-80% full, so an entry costs 20-30 bytes of RAM (a power-of-two
+// table at most 3/4 full with 24-byte entries cost 32-64). A word of 0 is an
+// empty slot (every record has a header, so a stored length is never 0).
 class SsdIndex {
  public:
+  static constexpr int kLengthBits = 24;
+  static constexpr int64_t kMaxLength = ((int64_t{1} << kLengthBits) - 1) * 4;
+  static constexpr int64_t kMaxEnd = (int64_t{1} << (64 - kLengthBits)) * 4;
   struct Entry {
     int64_t key = 0;
-    int64_t offset = 0;
-    int64_t length = 0;
+    uint64_t where = 0;  // offset / 4 in the high 40 bits, length / 4 in the low 24
+    int64_t offset() const { return static_cast<int64_t>(where >> kLengthBits) * 4; }
+    int64_t length() const {
+      return static_cast<int64_t>(where & ((uint64_t{1} << kLengthBits) - 1)) * 4;
+    }
+    // The record moved to `offset` (compaction), its length unchanged.
+    void Move(int64_t offset) {
+      where = (static_cast<uint64_t>(offset / 4) << kLengthBits) |
+              (where & ((uint64_t{1} << kLengthBits) - 1));
+    }
   };
+  static_assert(sizeof(Entry) == 16, "an index entry is a key and a packed location");
 
-  SsdIndex() { Rehash(16); }
+  SsdIndex() { Rehash(kMinSlots); }
   int64_t size() const { return size_; }
+  // Slots allocated; bytes() the index's memory.
+  int64_t capacity() const { return static_cast<int64_t>(slots_.size()); }
+  int64_t bytes() const { return capacity() * static_cast<int64_t>(sizeof(Entry)); }
   const Entry* Find(int64_t key) const;
   // Inserts or replaces key's location; returns the replaced record's length
-  // (0 if the key was absent).
+  // (0 if the key was absent). offset and length: multiples of 4, length in
+  // (0, kMaxLength], offset + length <= kMaxEnd (SsdTier checks both).
   int64_t Put(int64_t key, int64_t offset, int64_t length);
   // Removes key; returns its record's length (0 if absent).
   int64_t Erase(int64_t key);
   template <typename Fn>
   void ForEach(Fn&& fn) const {
     for (const Entry& e : slots_) {
-      if (e.length != 0) fn(e);
+      if (e.where != 0) fn(e);
     }
+  }
+  // Pointers to every entry; they hold until the next Put, Erase or Reserve.
+  std::vector<Entry*> Entries() {
+    std::vector<Entry*> out;
+    out.reserve(static_cast<size_t>(size_));
+    for (Entry& e : slots_) {
+      if (e.where != 0) out.push_back(&e);
+    }
+    return out;
   }
   void Reserve(int64_t count);
 
  private:
+  static constexpr uint64_t kMinSlots = 16;
+  static constexpr int64_t kLoadNum = 4;
+  static constexpr int64_t kLoadDen = 5;
   uint64_t Home(int64_t key) const;
-  void Rehash(size_t buckets);
+  uint64_t Next(uint64_t i) const { return i + 1 == slots_.size() ? 0 : i + 1; }
+  bool OverLoad(int64_t count) const {
+    return count * kLoadDen > static_cast<int64_t>(slots_.size()) * kLoadNum;
+  }
+  void Rehash(size_t slots);
   std::vector<Entry> slots_;
-  uint64_t mask_ = 0;
   int64_t size_ = 0;
 };
 
@@ -125,6 +162,11 @@ class SsdTier {
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
   int64_t file_bytes() const { return end_; }
   int64_t compactions() const { return compactions_; }
+  // Removes the data file, if it is still the one this tier created, and the
+  // private directory, if nothing else is in it (the destructor; and at the
+  // process's exit, for every tier still alive, since tables are not dropped
+  // then). Reads still work through the open file.
+  void RemoveFiles() const;
   // The data file and its private directory.
   const std::string& path() const { return path_; }
   const std::string& directory() const { return dir_; }
@@ -146,12 +188,16 @@ class SsdTier {
   // `length` bytes at `offset` of the file into `out`.
   Status ReadBytes(int64_t offset, int64_t length, char* out) const;
   Status MaybeCompact();
+  // kResourceExhausted, naming the table, ssd_data_path and the bytes needed
+  // and free, when the file system has less than `bytes` free (to `what`).
+  Status CheckRoom(int64_t bytes, const char* what) const;
   // (Re)maps fd_ read-only over map_bytes_ of address space (the file grows
   // into it); on failure reads fall back to pread.
   void Map();
   void Unmap();
 
   std::string dir_;
+  std::string parent_;  // ssd_data_path, for messages
   int dir_fd_;
   std::string path_;
   std::string name_;

@@ -222,7 +222,7 @@ void TestSmallMapsTakeLittle() {
     map.tier(index).host_slot = static_cast<int32_t>(-key);
     const int64_t n = key + 1;
     if (n == 1 || n == 65 || n == 5000) {
-      EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(n, 16 + 8, 2));
+      EXPECT(map.bytes() == map.capacity() * 12 + RecordBytes(n, 16 + 5, 2));
     }
   }
   EXPECT(RecordCapacity(1) == 64 && RecordCapacity(65) == 128 && RecordCapacity(5000) == 8192);
