@@ -9,6 +9,11 @@ printed tables follow the goals, one section each.
     PYTHONPATH=. .venv/bin/python bench/run_all.py --quick     # a few minutes on 2 cores
     PYTHONPATH=. .venv/bin/python bench/run_all.py             # the full figures
     PYTHONPATH=.:/tmp/tfra .venv/bin/python bench/run_all.py   # with the TFRA column
+    PYTHONPATH=. .venv/bin/python bench/run_all.py --quick --only bench_tiers --merge
+
+`--merge` re-runs only the benchmarks named (--only, or all but --skip) and rewrites their
+rows and output sections in the existing page, keeping every other benchmark's as it was;
+the page's header says which were merged, when and in which mode.
 """
 
 import argparse
@@ -116,6 +121,62 @@ def render(results: list, quick: bool, tf_version: str, started: str, argv: list
     return "\n".join(lines)
 
 
+def _benchmark_of(row: str) -> str:
+    return row.split("|")[1].strip()
+
+
+def _parts(text: str) -> dict:
+    """A page's header lines, goal rows, figure rows and output sections (name -> lines)."""
+    parts = {"head": [], "goals": [], "figures": [], "outputs": {}}
+    where, fenced, current = "head", False, None
+    for line in text.rstrip("\n").split("\n"):
+        if not fenced and line in ("## Goals", "## Figures", "## Each benchmark's output"):
+            where = {"## Goals": "goals", "## Figures": "figures"}.get(line, "outputs")
+            continue
+        if where == "head":
+            parts["head"].append(line)
+        elif where in ("goals", "figures"):
+            if line.startswith("| ") and not line.startswith("| benchmark |"):
+                parts[where].append(line)
+        else:
+            if not fenced and line.startswith("### "):
+                current = line[4:].split(" (")[0]
+                parts["outputs"][current] = []
+            if line.startswith("```"):
+                fenced = not fenced
+            if current is not None:
+                parts["outputs"][current].append(line)
+    return parts
+
+
+def merge(old: str, new: str, names: list, note: str) -> str:
+    """`old` with the rows and output sections of the benchmarks `names` taken from `new`."""
+    old_parts, new_parts = _parts(old), _parts(new)
+    head = list(old_parts["head"])
+    while head and not head[-1].strip():
+        head.pop()
+    # An earlier merge's note goes when every benchmark it names is re-run now.
+    head = [line for line in head if not line.startswith("- merged: ") or not set(
+        line[len("- merged: "):].split(" re-run")[0].split(", ")) <= set(names)]
+    lines = head + [f"- {note}", ""]
+    for section, title, columns in (
+            ("goals", "## Goals", ["| benchmark | goal | target | measured | met |",
+                                   "|---|---|---:|---:|---|"]),
+            ("figures", "## Figures", ["| benchmark | figure | value |", "|---|---|---:|"])):
+        rows = [r for r in old_parts[section] if _benchmark_of(r) not in names]
+        rows += new_parts[section]
+        lines += [title, ""] + columns + sorted(rows, key=_benchmark_of) + [""]
+    outputs = {n: body for n, body in old_parts["outputs"].items() if n not in names}
+    outputs.update(new_parts["outputs"])
+    lines += ["## Each benchmark's output", ""]
+    for name in sorted(outputs):
+        body = outputs[name]
+        while body and not body[-1].strip():
+            body = body[:-1]
+        lines += body + [""]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -127,6 +188,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=3600,
                         help="seconds one benchmark may run (3600)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "RESULTS.md"))
+    parser.add_argument("--merge", action="store_true",
+                        help="rewrite only the benchmarks run in the existing --out page")
     args = parser.parse_args(argv)
     names = discover()
     only = [n for n in args.only.split(",") if n]
@@ -146,8 +209,16 @@ def main(argv=None) -> int:
         result = run_one(name, args.quick, args.timeout, [])
         print(f"{name}: exit status {result['status']}, {result['seconds']:.0f} s", flush=True)
         results.append(result)
+    text = render(results, args.quick, tf_version, started, argv)
+    if args.merge and os.path.exists(args.out):
+        with open(args.out) as f:
+            old = f.read()
+        mode = "quick" if args.quick else "full"
+        text = merge(old, text, names, f"merged: {', '.join(names)} re-run on {started} UTC "
+                                       f"({mode}, `{' '.join(['run_all.py'] + list(argv))}`; "
+                                       f"load average {os.getloadavg()[0]:.1f})")
     with open(args.out, "w") as f:
-        f.write(render(results, args.quick, tf_version, started, argv) + "\n")
+        f.write(text + "\n")
     print(f"wrote {args.out}")
     return 0 if all(r["figures"] is not None for r in results) else 1
 

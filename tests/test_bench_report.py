@@ -47,3 +47,35 @@ def test_discover_lists_every_benchmark():
     for name in ("bench_train", "bench_tiers", "bench_soak", "bench_streaming",
                  "bench_multiworker", "bench_key_stage"):
         assert name in names
+
+
+def _result(name, value, output):
+    return {"name": name, "status": 0, "seconds": 1.0, "stdout": output, "stderr": "",
+            "figures": {"rate": value, "goals": [
+                {"goal": "rate", "value": value, "target": 1.0, "met": value >= 1.0}]}}
+
+
+def test_merge_replaces_only_the_rerun_benchmarks_rows_and_output():
+    page = run_all.render([_result("bench_a", 2.0, "a's table\n### not a section"),
+                           _result("bench_c", 3.0, "c's table")], quick=False,
+                          tf_version="2.15.1", started="2026-01-01 00:00", argv=[])
+    rerun = run_all.render([_result("bench_a", 0.5, "a's new table"),
+                            _result("bench_b", 4.0, "b's table")], quick=True,
+                           tf_version="2.15.1", started="2026-02-02 00:00", argv=["--quick"])
+    merged = run_all.merge(page, rerun, ["bench_a", "bench_b"],
+                           "merged: bench_a, bench_b re-run on 2026-02-02")
+    assert "- date: 2026-01-01 00:00 UTC" in merged and "mode: full" in merged
+    assert "- merged: bench_a, bench_b re-run on 2026-02-02" in merged
+    goals = [line for line in merged.splitlines()
+             if line.endswith(("| met |", "NOT met |")) and not line.startswith("| benchmark")]
+    assert goals == ["| bench_a | rate | >= 1.0 | 0.500 | NOT met |",
+                     "| bench_b | rate | >= 1.0 | 4.000 | met |",
+                     "| bench_c | rate | >= 1.0 | 3.000 | met |"]
+    assert "| bench_a | rate | 2.000 |" not in merged and "| bench_c | rate | 3.000 |" in merged
+    assert "a's new table" in merged and "a's table" not in merged
+    assert "not a section" not in merged  # a '###' line inside the output went with it
+    assert "c's table" in merged and "b's table" in merged
+    # Merging again drops the note that the new merge covers, and changes nothing else.
+    again = run_all.merge(merged, rerun, ["bench_a", "bench_b"],
+                          "merged: bench_a, bench_b re-run on 2026-02-02")
+    assert again == merged
