@@ -6,18 +6,23 @@ this driver samples every 10 ms: anonymous RSS (`RssAnon` of /proc/PID/status: t
 tier's mapped file and the page cache are not in it) when the phase starts (the model
 built, every ID admitted) and its peak during the phase.
 
-    python bench/bench_checkpoint_memory.py --ids 1000000,4000000 [--tiered]
+    python bench/bench_checkpoint_memory.py --ids 1000000,4000000 [--kinds device,tiered]
     python bench/bench_checkpoint_memory.py --ids 1000000 --code /path/to/other/checkout
+    python bench/bench_checkpoint_memory.py --quick --json out.json   # bench/run_all.py
 
 `--code` runs the phases on another checkout of mxrec (its own mxrec/_lib built): the
 baseline of the same run. Prints a Markdown table.
+
+Goals (for bench/run_all.py): the save's extra memory (its peak over the trained process) and
+the restore's (its peak over what the trained process held) stay within the Saver's budget
+(`checkpoint_memory_mb`) plus what docs/CHECKPOINTS.md says a save and a restore hold beyond
+it (the records as columns: 25 bytes per ID for a save, 41 for a restore of one version) and
+a fixed MARGIN_MB for the allocator and TensorFlow. `--quick`: 1 M IDs.
 """
 
 import argparse
 import inspect
-import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -25,8 +30,20 @@ import tempfile
 import threading
 import time
 
+# The phases run in processes whose PYTHONPATH is --code's checkout (its mxrec first); this
+# checkout's bench package is looked up after it.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import report  # noqa: E402
+from bench.machine import cpu_name  # noqa: E402
+
 DIM = 64
 BATCH = 1 << 18
+# Bytes per ID a save and a restore hold beyond the budget (docs/CHECKPOINTS.md), and the
+# fixed margin of the goals.
+SAVE_RECORD_BYTES = 25
+RESTORE_RECORD_BYTES = 41
+MARGIN_MB = 128
 
 
 def _rss_anon_kib(pid: int) -> int:
@@ -116,45 +133,84 @@ def _run_phase(args, phase: str, directory: str, ssd: str) -> dict:
             "peak_gib": peak / 2**20}
 
 
+def _measure(args, ids: int) -> dict:
+    """Both phases at `ids` IDs in a work folder of their own; their figures and the
+    checkpoint's size."""
+    args.ids_one = ids
+    work = tempfile.mkdtemp(prefix="mxrec-bench-ckpt-", dir=os.environ.get("BENCH_DIR"))
+    try:
+        ckpt, ssd = os.path.join(work, "ckpt"), os.path.join(work, "ssd")
+        os.makedirs(ssd)
+        save = _run_phase(args, "save", ckpt, ssd)
+        restore = _run_phase(args, "restore", ckpt, ssd)
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ckpt)
+                   for f in fs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"ids": ids, "save": save, "restore": restore, "checkpoint_gib": size / 2**30}
+
+
+def _record(out, args, kind: str, got: dict) -> None:
+    """The figures and goals of one measurement (MiB over the trained process)."""
+    ids, save, restore = got["ids"], got["save"], got["restore"]
+    name = f"{kind}, {ids / 1e6:g} M IDs"
+    save_extra = (save["peak_gib"] - save["base_gib"]) * 1024
+    restore_extra = (restore["peak_gib"] - save["base_gib"]) * 1024
+    out.figure(f"{name}: save s", round(save["seconds"], 2))
+    out.figure(f"{name}: restore s", round(restore["seconds"], 2))
+    out.figure(f"{name}: trained process RssAnon MiB", round(save["base_gib"] * 1024))
+    out.figure(f"{name}: checkpoint GiB", round(got["checkpoint_gib"], 3))
+    for phase, extra, per_id in (("save", save_extra, SAVE_RECORD_BYTES),
+                                 ("restore", restore_extra, RESTORE_RECORD_BYTES)):
+        target = round(args.memory_mb + per_id * ids / 2**20 + MARGIN_MB)
+        out.goal(f"{name}: {phase} peak RssAnon over the trained process, MiB (budget "
+                 f"{args.memory_mb} + {per_id} B/ID + {MARGIN_MB}) (<=)", extra, target,
+                 lower_is_better=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ids", default="1000000,4000000")
-    parser.add_argument("--tiered", action="store_true")
+    parser.add_argument("--ids", default=None, help="IDs per run (1000000,4000000; --quick: "
+                                                    "1000000)")
+    parser.add_argument("--kinds", default="device,tiered",
+                        help="device (device-only) and/or tiered (host + SSD tiers)")
+    parser.add_argument("--tiered", action="store_true", help="--kinds tiered")
     parser.add_argument("--memory-mb", type=int, default=256)
     parser.add_argument("--code", default=os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
     parser.add_argument("--phase", choices=("save", "restore"))
     parser.add_argument("--dir")
     parser.add_argument("--ssd", default="")
+    report.add_arguments(parser)
     args = parser.parse_args()
     if args.phase:
         args.ids = int(float(args.ids))
         _phase(args)
         return
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"mxrec from {args.code}; table dim {DIM}, Adagrad, "
-          f"{'host + SSD tiers' if args.tiered else 'device-only'}; "
-          f"checkpoint_memory_mb={args.memory_mb} where the Saver takes it\n")
-    print("| IDs | table GiB | save s | RssAnon before save GiB | save peak GiB | "
-          "restore s | restore peak GiB | checkpoint GiB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for ids in [int(float(x)) for x in args.ids.split(",")]:
-        args.ids_one = ids
-        work = tempfile.mkdtemp(prefix="mxrec-bench-ckpt-", dir=os.environ.get("BENCH_DIR"))
-        try:
-            ckpt, ssd = os.path.join(work, "ckpt"), os.path.join(work, "ssd")
-            os.makedirs(ssd)
-            save = _run_phase(args, "save", ckpt, ssd)
-            restore = _run_phase(args, "restore", ckpt, ssd)
-            size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ckpt)
-                       for f in fs)
-            table = ids * DIM * 4 * 2 / 2**30
-            print(f"| {ids:,} | {table:.2f} | {save['seconds']:.1f} | {save['base_gib']:.2f} | "
-                  f"{save['peak_gib']:.2f} | {restore['seconds']:.1f} | "
-                  f"{restore['peak_gib']:.2f} | {size / 2**30:.2f} |", flush=True)
-            print(json.dumps({"ids": ids, "save": save, "restore": restore}), file=sys.stderr)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    kinds = ["tiered"] if args.tiered else [k for k in args.kinds.split(",") if k]
+    if set(kinds) - {"device", "tiered"}:
+        parser.error(f"--kinds takes device and tiered, got {args.kinds!r}")
+    counts = args.ids or ("1000000" if args.quick else "1000000,4000000")
+    out = report.Report()
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores; mxrec from {args.code}; table "
+          f"dim {DIM}, Adagrad; checkpoint_memory_mb={args.memory_mb} where the Saver takes "
+          "it; 'extra': MiB of RssAnon over the trained process\n")
+    print("| table | IDs | table GiB | save s | RssAnon trained GiB | save extra MiB | "
+          "restore s | restore extra MiB | checkpoint GiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for kind in kinds:
+        args.tiered = kind == "tiered"
+        for ids in [int(float(x)) for x in counts.split(",")]:
+            got = _measure(args, ids)
+            save, restore = got["save"], got["restore"]
+            print(f"| {kind} | {ids:,} | {ids * DIM * 4 * 2 / 2**30:.2f} | "
+                  f"{save['seconds']:.1f} | {save['base_gib']:.2f} | "
+                  f"{(save['peak_gib'] - save['base_gib']) * 1024:.0f} | "
+                  f"{restore['seconds']:.1f} | "
+                  f"{(restore['peak_gib'] - save['base_gib']) * 1024:.0f} | "
+                  f"{got['checkpoint_gib']:.2f} |", flush=True)
+            _record(out, args, kind, got)
+    out.write(args.json)
 
 
 if __name__ == "__main__":

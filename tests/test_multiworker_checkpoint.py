@@ -23,8 +23,8 @@ ESTIMATOR = str(ROOT / "examples" / "multiworker" / "estimator.py")
 COMMON = ["--optimizer", "adagrad", "--threshold", "2", "--steps", "20"]
 
 
-def _run(ranks, script, args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+def _run(ranks, script, args, timeout=300, **environment):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", **environment)
     for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER"):
         env.pop(name, None)
     command = [sys.executable, script] + args
@@ -141,6 +141,21 @@ def test_tf_saver_refuses_tiered_and_replicated_tables_on_several_ranks(tmp_path
     assert result.returncode != 0
     assert "has a host tier (host_vocabulary_size > 0) or is replicated (is_dp=True)" in \
         result.stdout and "mxrec.saver.checkpoint.Saver" in result.stdout, result.stdout[-3000:]
+
+
+def test_tf_saver_refuses_a_gathered_table_over_the_limit_on_several_ranks(tmp_path):
+    """Each rank would hold every rank's IDs, rows and slots: above MXREC_TF_SAVER_MAX_MB
+    (here 1 KiB) the save fails before the gathers, naming the table, the limit, the bytes
+    and mxrec's Saver; nothing is written."""
+    result = _run(2, TRAIN, ["--steps", "2", "--tf_save", str(tmp_path / "tf"),
+                             "--out", str(tmp_path / "o")], timeout=200,
+                  MXREC_TF_SAVER_MAX_MB="0.0009765625")
+    assert result.returncode != 0
+    text = (result.stdout + result.stderr).replace("\\'", "'")  # the Assert's repr quotes
+    for part in ("table 'emb'", "the limit of 0.000976562 MiB (MXREC_TF_SAVER_MAX_MB)",
+                 "bytes (estimate):] [", "mxrec.saver.checkpoint.Saver"):
+        assert part in text, (part, result.stdout[-3000:])
+    assert not list(tmp_path.glob("tf*/*.index")) and not list(tmp_path.glob("tf*.index"))
 
 
 # (ranks, extra arguments of the split run, extra arguments of both runs)

@@ -51,7 +51,7 @@ from mxrec.constants.constants import (  # noqa: F401 (re-exported: their old im
     ID_OFFSET_COLLECTION,
     LOCAL_EMB_COLLECTION,
 )
-from mxrec.core.host_state import HostStateSaveable
+from mxrec.core.host_state import HostStateSaveable, over_limit_message, tf_saver_limit_mb
 from mxrec.core.table import SparseEmbedding, pad_to_send_count, restore_rows
 
 # The host table of a dynamic table never runs out of rows: its rows are the
@@ -260,11 +260,16 @@ class StoreSaveable(HostStateSaveable):
     tensor, `<table>/mxrec_host/dynamic_store`, holds as an .npz the addresses of the IDs
     admitted at the step boundary and their embedding and slot rows. Restoring imports
     the host state first (it hands out the addresses), then writes the rows back.
+
+    That string holds the whole store (and is built from arrays of it): a store whose rows
+    and slots would exceed `MXREC_TF_SAVER_MAX_MB` twice over is refused before any row is
+    read, naming the table (mxrec's Saver streams such a table).
     """
 
     def __init__(self, table: DynamicTable):
-        super().__init__(table.table_name, table.table_key)
+        super().__init__(table.table_name, table.table_key, table.dim)
         self._table = table
+        self._limit_mb = tf_saver_limit_mb()
         with tf.device(_CPU):
             blob = tf.py_function(self._export, [], tf.string,
                                   name=f"{table.table_name}_export_store")
@@ -277,10 +282,17 @@ class StoreSaveable(HostStateSaveable):
         engine = loader.engine()
         host = engine.export_state(table.table_key, 0, False)
         addresses = host["rows"][host["rows"] >= 0].astype(np.int64)
+        slots = _slot_initials(table)
+        # The arrays and the .npz made of them are held at once.
+        estimate = 2 * len(addresses) * (1 + len(slots)) * table.dim * 4
+        if estimate > self._limit_mb * 2**20:
+            raise ValueError(over_limit_message(
+                table.table_name, "its dynamic store's rows and slots twice (arrays and .npz)",
+                estimate, self._limit_mb))
         existing = set(engine.dynamic_store_stats(table.table_key)["slot_names"])
         arrays = {"addresses": addresses,
                   "embedding": engine.dynamic_store_read(table.table_key, addresses, "")}
-        for slot, initial in _slot_initials(table).items():
+        for slot, initial in slots.items():
             arrays[f"slot/{slot}"] = (
                 engine.dynamic_store_read(table.table_key, addresses, slot) if slot in existing
                 else np.full((len(addresses), table.dim), initial, np.float32))

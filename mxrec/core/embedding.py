@@ -185,7 +185,7 @@ def _register_saveable(runtime, config: arguments.TableConfig, table: SparseEmbe
     if runtime.config.use_dynamic_expansion:
         dynamic.register_saveable(table)
     elif not wing.current().register_saveable(table, tiered=config.tiered, is_dp=config.is_dp):
-        host_state.register(config.name, table.table_key)
+        host_state.register(config.name, table.table_key, table.dim)
 
 
 def _normalized_policy(config: Dict) -> Dict:

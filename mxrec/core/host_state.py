@@ -12,8 +12,19 @@ folder (`glob("./saved-model/sparse-model-0-*")`) to decide whether a checkpoint
 exists; everything a restore needs is in the TF checkpoint itself, which
 `saver.restore(sess, "saved-model/model-0-100")` reads. TF's Saver deletes old
 checkpoints beyond max_to_keep; their sparse folders stay.
+
+TF's saveable interface takes whole tensors: a save exports the table's host state (every
+ID's record and, with a host tier, every host-tier row) as tensors held in memory at once,
+and a restore reads them back whole. A table whose export would exceed
+`MXREC_TF_SAVER_MAX_MB` (default 4096 MiB) is refused when the save runs, before anything is
+exported, with an error naming the table, the estimate and the limit: mxrec's own Saver
+(`mxrec.saver.checkpoint.Saver`) streams such a table in bounded chunks.
 """
 
+import os
+from typing import Optional
+
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
@@ -46,6 +57,79 @@ TIER_FIELDS = _TIER_FIELDS  # mxrec.keras saves them too
 _RECENCY_FIELDS = ("lru_rows", "lru_ages")
 
 
+# The limit on what one TF-Saver save of a table holds in memory (see the module docstring).
+TF_SAVER_LIMIT_ENV = "MXREC_TF_SAVER_MAX_MB"
+DEFAULT_TF_SAVER_MAX_MB = 4096.0
+# Bytes the export holds per ID: its record (key and last seen int64, row int32, count
+# float32), with a host tier also in_host (int32), and per host-tier ID its presence bits
+# (int64) besides its values.
+RECORD_BYTES = 24
+TIER_RECORD_BYTES = 4
+TIER_PRESENT_BYTES = 8
+
+def tf_saver_limit_mb() -> float:
+    """`MXREC_TF_SAVER_MAX_MB`: MiB one TF-Saver save of a table may hold ("inf": no limit).
+
+    Raises:
+        ValueError: a value that is not a number > 0, naming the variable.
+    """
+    raw = os.environ.get(TF_SAVER_LIMIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TF_SAVER_MAX_MB
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # NaN too
+        raise ValueError(f"{TF_SAVER_LIMIT_ENV} must be a number of MiB > 0 (or inf), got "
+                         f"{raw!r}")
+    return value
+
+
+def over_limit_message(table_name: str, what: str, estimate: Optional[int],
+                       limit_mb: float) -> str:
+    """The refusal of a TF-Saver save too large for memory: the table, the bytes (None: known
+    only when the save runs, given after the message), the limit, the setting, the way out."""
+    size = (f"about {estimate / 2**20:.0f} MiB ({estimate} bytes), over" if estimate is not None
+            else "more than")
+    return (f"table {table_name!r}: TF's Saver would hold {what} in memory at once, {size} "
+            f"the limit of {limit_mb:g} MiB ({TF_SAVER_LIMIT_ENV}); save the table with "
+            "mxrec's Saver (mxrec.saver.checkpoint.Saver; mxrec.keras.KerasSaver for a "
+            "Keras model), which streams it in chunks of "
+            f"checkpoint_memory_mb, or raise {TF_SAVER_LIMIT_ENV} if the memory is there")
+
+
+def export_bytes(table_key: str, dim: int, tiered: bool) -> int:
+    """The bytes of the per-ID arrays that exporting a table's host state holds now: every
+    tracked ID's record and, with a host tier, each host-tier ID's presence bits and values
+    (embedding and slots). The table-wide arrays (free rows, the device cache's order) are
+    bounded by device_vocabulary_size and left out."""
+    engine = loader.engine()
+    stats = engine.stats(table_key)
+    total = int(stats["ids_tracked"]) * (RECORD_BYTES + (TIER_RECORD_BYTES if tiered else 0))
+    if tiered:
+        components = max(len(engine.tier_components(table_key)), 1)
+        total += int(stats.get("tier_ids", 0)) * (TIER_PRESENT_BYTES + components * dim * 4)
+    return total
+
+
+def size_guard(table_name: str, table_key: str, dim: int, tiered: bool) -> tf.Tensor:
+    """An op that refuses (InvalidArgumentError) a save whose export would hold more than
+    the limit; the limit is read when the save is built."""
+    limit_mb = tf_saver_limit_mb()
+
+    def check():
+        estimate = export_bytes(table_key, dim, tiered)
+        if estimate > limit_mb * 2**20:
+            raise ValueError(over_limit_message(
+                table_name, "its host state (every ID's record and the host tier's rows)",
+                estimate, limit_mb))
+        return np.int64(estimate)
+
+    return tf.numpy_function(check, [], tf.int64, stateful=True,
+                             name=f"{table_name}_tf_saver_size_guard")
+
+
 class HostStateSaveable(saveable_object.SaveableObject):
     """Saves a table's host state under `<table>/mxrec_host/<field>`.
 
@@ -55,17 +139,22 @@ class HostStateSaveable(saveable_object.SaveableObject):
     With batches planned but not yet trained (the graph modifier's prefetched
     batches), the saved residency is where the values are: as before those plans.
 
+    A save whose export would hold more than `MXREC_TF_SAVER_MAX_MB` is refused before
+    anything is exported (see the module docstring).
+
     Restoring replaces the host state; a snapshot that does not fit the table
     (rows beyond device_vocabulary_size, an ID twice, a row used twice) is
     refused with an error naming the table, and the table is left as it was.
     """
 
-    def __init__(self, table_name: str, table_key: str):
+    def __init__(self, table_name: str, table_key: str, dim: int):
         self._table_key = table_key
         self._tiered = bool(loader.engine().is_tiered(table_key))
         with tf.device("/device:CPU:0"):
-            tensors = loader.op_library().mxrec_export_table(
-                table_key=table_key, name=f"{table_name}_export_host_state")
+            guard = size_guard(table_name, table_key, dim, self._tiered)
+            with tf.control_dependencies([guard]):
+                tensors = loader.op_library().mxrec_export_table(
+                    table_key=table_key, name=f"{table_name}_export_host_state")
         if ranks.get_rank_size() > 1:
             tensors = [_refused(table_name, t) for t in tensors]
         fields = _FIELDS + (_TIER_FIELDS if self._tiered else ())
@@ -165,8 +254,8 @@ def _refused(table_name: str, tensor: tf.Tensor) -> tf.Tensor:
         return tf.identity(tensor)
 
 
-def register(table_name: str, table_key: str) -> HostStateSaveable:
+def register(table_name: str, table_key: str, dim: int) -> HostStateSaveable:
     """Adds the table's host state to the graph's SAVEABLE_OBJECTS collection."""
-    saveable = HostStateSaveable(table_name, table_key)
+    saveable = HostStateSaveable(table_name, table_key, dim)
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return saveable

@@ -35,6 +35,7 @@ from tensorflow.python.training.saving import saveable_object
 from tensorflow.python.util import object_identity
 
 from mxrec._lib import loader
+from mxrec.core import host_state
 from mxrec.core.host_state import _keys_with_sparse_folder
 from mxrec.distributed import communication, routing
 
@@ -131,7 +132,8 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
             local = tf.size(keys)
             # Every rank's ID count (one-hot sum) and the largest: the all-to-all's chunk.
             sizes = communication.allreduce(tf.one_hot(rank, size, dtype=tf.int32) * local)
-            chunk = tf.maximum(tf.reduce_max(sizes), 1)
+            with tf.control_dependencies([self._size_check(sizes, len(states))]):
+                chunk = tf.maximum(tf.reduce_max(sizes), 1)
             ints = tf.stack([keys, last_seen, tf.cast(admitted, tf.int64)], axis=1)
             picked = tf.maximum(rows, 0)
             floats = tf.concat([counts[:, None]] + [
@@ -173,6 +175,22 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
             else:
                 specs.append(saveable_object.SaveSpec(tensor, "", name))
         return specs
+
+    def _size_check(self, sizes: tf.Tensor, states: int) -> tf.Operation:
+        """Refuses, before the gathers, a save whose whole table (every rank's IDs: three
+        int64 and a count each, and a row of each state) would exceed MXREC_TF_SAVER_MAX_MB
+        on each rank (it is held there several times over while it is sorted and laid out).
+        """
+        table = self._table
+        limit_mb = host_state.tf_saver_limit_mb()
+        per_id = 3 * 8 + 4 + states * table.dim * 4
+        estimate = tf.reduce_sum(tf.cast(sizes, tf.int64)) * per_id
+        limit = int(min(limit_mb * 2**20, 2**62))
+        message = host_state.over_limit_message(
+            table.table_name, "every rank's IDs, rows and slots on each rank", None, limit_mb)
+        # The estimate is known only when the save runs: the Assert prints it after.
+        return tf.debugging.Assert(estimate <= limit, [message, "bytes (estimate):", estimate],
+                                   summarize=1)
 
     def restore(self, restored_tensors, restored_shapes):
         """Keeps the IDs this rank owns under the current rank count, rows 0, 1, ... in ID

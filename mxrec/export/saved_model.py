@@ -146,7 +146,7 @@ class _TfCheckpoint:
 class _SaverCheckpoint:
     """A checkpoint of mxrec's own Saver (its directory: the latest version, or one version),
     written by any number of ranks: every rank's files of the chain fold into whole tables
-    (`merge.whole_tables`), so the export is the same as from one process's checkpoint."""
+    (`fold.whole_table`), so the export is the same as from one process's checkpoint."""
 
     def __init__(self, checkpoint: str, location):
         self.name = checkpoint

@@ -227,7 +227,8 @@ class Embedding(tf.keras.layers.Layer):
             name="embeddings", shape=[config.device_vocabulary_size, config.dim],
             dtype=tf.float32, initializer=config.initializer, trainable=True)
         self.table.variable = _compat.tf_variable(self.embeddings)
-        self.host_state = trackable.HostState(self.table.table_key, self.table.table_name)
+        self.host_state = trackable.HostState(self.table.table_key, self.table.table_name,
+                                             config.dim)
         for weight in {id(w): w for w in (self.embeddings, self.table.variable)}.values():
             weight._mxrec_keras_table = self.table  # noqa: SLF001 (the optimizers' marker)
         if policy:

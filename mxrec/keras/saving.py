@@ -41,8 +41,8 @@ import tensorflow as tf
 from mxrec.keras import _compat
 from mxrec.keras.layers import embedding_layers
 from mxrec.saver import checkpoint as saver_checkpoint
+from mxrec.saver import fold, merge, stream, table_file
 from mxrec.saver import manifest as manifest_io
-from mxrec.saver import merge
 from mxrec.saver.manifest import CheckpointError
 from mxrec.util.config import get_config_initializer
 
@@ -303,17 +303,34 @@ def warm_start(model, checkpoint: str, vars_to_warm_start: Union[str, Sequence[s
         model.trainable_weights if isinstance(vars_to_warm_start, str) else model.weights,
         dense_names)
     chosen_tables, chosen_dense = _choose(patterns, ios, dense)
+    # The manifests and the dense values first: what is missing fails before any load.
     versions = merge.read_chain(*location)
     manifest, dense_values = versions[-1][1], versions[-1][2]["dense.npz"]
     _check_chosen(manifest, dense_values, chosen_tables, chosen_dense, dense,
                   f"checkpoint {checkpoint!r} (step {manifest['step']})")
-    state = merge.whole_tables(versions)
-    for io_ in chosen_tables:
-        shard = saver_checkpoint.shard_of(state[io_.table.table_name], io_.table, 0, 1)
-        saver_checkpoint.load_table_state(None, io_, shard, missing_states="keep")
+    if chosen_tables:
+        _load_tables(location, chosen_tables)
     for name in chosen_dense:
         dense[name].assign(tf.constant(dense_values[name], dense[name].dtype))
     return [io_.table.table_name for io_ in chosen_tables] + chosen_dense
+
+
+def _load_tables(location: Tuple[str, Optional[int]], ios) -> None:
+    """Loads the chosen tables from the chain at `location` (directory, step) as the
+    Session path's WarmStart does: every file verified, then mapped, each table folded as
+    columns (all ranks' files, the IDs given rows anew) and loaded a chunk of rows at a
+    time, so that no per-ID object is made and no file is read whole."""
+    copies = stream.LocalCopies()
+    try:
+        versions = fold.open_chain(*location, copies)
+        for io_ in ios:
+            folded = saver_checkpoint.folded_table(io_.table, versions, 0, 1, own_files=False,
+                                                   directory=location[0])
+            rows = stream.chunk_rows(stream.DEFAULT_MEMORY_MB, io_.table.dim,
+                                     len(io_.state_names()))
+            table_file.load(None, io_, folded, rows, missing_states="keep")
+    finally:
+        copies.close()
 
 
 def _dense_by_checkpoint_name(weights, dense_names: Optional[Dict[str, str]]) -> Dict:

@@ -7,6 +7,9 @@ batch times, free rows, admission threshold: the fields of the Session path's
 fields and `MxrecImportTableTiered` for a table with a host tier) with the rows
 in the layer's weight, and restore it into the engine. A snapshot that does not fit the table
 is refused by the import op with an error naming the table, the table left as it was.
+These formats take whole tensors: a table whose export would exceed `MXREC_TF_SAVER_MAX_MB`
+is refused before anything is exported (`mxrec.core.host_state`; mxrec.keras' `KerasSaver`
+streams such a table).
 
 The Session path's checkpoints are name-based (`<table>/mxrec_host/<field>`), these are
 object-based: the two formats do not read each other yet.
@@ -24,15 +27,19 @@ class HostState(tf.__internal__.tracking.Trackable):
     saves where each ID's row lives, the device cache's order and the host-tier rows of the
     embedding and of each optimizer slot (the Session path's tier fields)."""
 
-    def __init__(self, table_key: str, table_name: str):
+    def __init__(self, table_key: str, table_name: str, dim: int):
         self._table_key = table_key
         self._table_name = table_name
+        self._dim = dim
         self._tiered = bool(loader.engine().is_tiered(table_key))
         self._fields = host_state.FIELDS + (host_state.TIER_FIELDS if self._tiered else ())
 
     def _serialize_to_tensors(self):
         with tf.device("/device:CPU:0"):
-            tensors = loader.op_library().mxrec_export_table(table_key=self._table_key)
+            guard = host_state.size_guard(self._table_name, self._table_key, self._dim,
+                                          self._tiered)
+            with tf.control_dependencies([guard]):
+                tensors = loader.op_library().mxrec_export_table(table_key=self._table_key)
         return {field: tensor for (field, _), tensor in zip(self._fields, tensors)}
 
     def _restore_from_tensors(self, restored_tensors):

@@ -67,7 +67,6 @@ Example:
 """
 
 import functools
-import operator
 import os
 import posixpath
 import tempfile
@@ -84,7 +83,7 @@ from mxrec._lib import loader
 from mxrec.core import dynamic, wing
 from mxrec.core.graph_state import graph_state
 from mxrec.core.table import graph_tables
-from mxrec.saver import finite, fold, merge, schema, stream, table_file
+from mxrec.saver import finite, fold, schema, stream, table_file
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver.finite import NonFiniteError  # noqa: F401 (re-exported)
 from mxrec.saver.manifest import (  # noqa: F401 (CheckpointError, FORMAT_VERSION: re-exported)
@@ -622,86 +621,6 @@ def table_io(table):
     return _DynamicTableIO(table) if isinstance(table, dynamic.DynamicTable) else _TableIO(table)
 
 
-@merge.paused_gc()
-def load_table_state(session, io_, table_state: Dict, missing_states: str = "error") -> None:
-    """Imports one table's folded state (`merge`) into its host table, then writes the rows
-    and slot rows of its device IDs.
-
-    missing_states: what a state of the table (an optimizer slot) that the checkpoint lacks
-        gets: "error" (CheckpointError), or "keep" (the rows keep their current values, e.g.
-        the slot's initial value after the variables' initialiser).
-    """
-    name = io_.table.table_name
-    engine = loader.engine()
-    records = table_state["records"]
-    keys = np.fromiter(records.keys(), np.int64, len(records))
-    # Column by column in each field's own type (an int64 last-seen time stays exact).
-    column = {field: np.fromiter(map(operator.itemgetter(i), records.values()), dtype,
-                                 len(records))
-              for i, (field, dtype) in enumerate(zip(schema.Record._fields, (
-                  np.int32, np.float32, np.int64, np.uint8)))}
-    rows = column["row"]
-    in_host = column["in_host"].astype(bool)
-    scalars = table_state["scalars"]
-    tier_args = {}
-    if in_host.any() or "lru_rows" in table_state:
-        tier_keys = keys[in_host]
-        names, present, packed = tier_components(
-            list(map(table_state["tier_values"].__getitem__, tier_keys.tolist())),
-            io_.table.dim)
-        tier_args = dict(
-            in_host=in_host.astype(np.uint8),
-            lru_rows=table_state.get("lru_rows", np.zeros(0, np.int32)),
-            lru_ages=table_state.get("lru_ages", np.zeros(0, np.uint32)),
-            tier_components=names, tier_present=present, tier_values=packed)
-    engine.import_state(
-        io_.table.table_key, keys=keys, rows=rows,
-        counts=column["count"], last_seen=column["last_seen"],
-        free_rows=table_state["free_rows"],
-        next_row=schema.scalar(scalars, "next_row"),
-        newest_timestamp=schema.scalar(scalars, "newest_timestamp"),
-        counting_frozen=bool(schema.scalar(scalars, "counting_frozen")),
-        access_threshold=float(table_state["access_threshold"]), **tier_args)
-    values = table_state["values"]
-    device = rows >= 0
-    if not device.any():
-        return
-    missing = [n for n in io_.state_names() if n not in table_state["state_names"]]
-    current = {}
-    if missing and missing_states == "error":
-        raise CheckpointError(f"table {name!r}: the checkpoint has no {missing}; "
-                              "was it saved with another optimizer?")
-    if missing and io_.variables_in_graph:
-        current = io_.read_rows(session, rows[device])
-    device_values = list(map(values.__getitem__, keys[device].tolist()))
-    written = {state_name: _stacked(list(map(operator.itemgetter(state_name), device_values)))
-               for state_name in io_.state_names() if state_name not in missing}
-    written.update(current)  # a dynamic table's store starts a slot it lacks at its initial
-    io_.write_rows(session, rows[device], written)
-
-
-def tier_components(entries: List[Dict[str, np.ndarray]], dim: int
-                    ) -> Tuple[List[str], np.ndarray, np.ndarray]:
-    """The host-tier values of a folded table in the engine's import form: (component names,
-    sorted; [N] uint32 bit c set where entry i holds component c; [N, C, dim] float32 values,
-    zero where absent), from one {component: row} dict per host-tier ID."""
-    names = sorted(set().union(*entries))
-    present = np.zeros(len(entries), np.uint32)
-    packed = np.zeros((len(entries), len(names), dim), np.float32)
-    for c, name in enumerate(names):  # a component at a time, not an ID at a time
-        found = list(map(operator.methodcaller("get", name), entries))
-        held = np.fromiter((value is not None for value in found), bool, len(found))
-        present |= held.astype(np.uint32) << np.uint32(c)
-        if held.any():
-            packed[held, c] = _stacked([value for value in found if value is not None])
-    return names, present, packed
-
-
-def _stacked(rows: List[np.ndarray]) -> np.ndarray:
-    """np.stack of equal 1-D rows, by one concatenate (no per-row reshape)."""
-    return np.concatenate(rows).reshape(len(rows), -1) if rows else np.stack(rows)
-
-
 def serving_delta(directory: str, step: int) -> Dict[str, Dict[str, np.ndarray]]:
     """`Saver.serving_delta` of the delta saved at `step` in `directory`: its files verified,
     then mapped (only the embeddings are read, not the slots)."""
@@ -737,21 +656,6 @@ def _serving_delta(directory: str, step: int, copies: stream.LocalCopies
         delta[name] = {"ids": ids, "embeddings": np.concatenate(embeddings)[first],
                        "removed": np.setdiff1d(np.concatenate(removed), ids)}
     return delta
-
-
-def shard_of(table_state: Dict, table, rank: int, size: int) -> Dict:
-    """The part of a whole table's folded state that `rank` of `size` owns (all of it for a
-    table replicated on every rank, is_dp=True), rows given anew for `table`
-    (`merge.reshard`): a tiered table takes its IDs into the host tier, a dynamic table's
-    store grows to any count."""
-    capacity = (dynamic.HOST_CAPACITY if isinstance(table, dynamic.DynamicTable)
-                else table.device_vocabulary_size)
-
-    def keep(keys):
-        return wing.current().owned(table, keys, rank, size)
-
-    return merge.reshard(table_state, keep, tiered=getattr(table, "host_vocabulary_size", 0) > 0,
-                         capacity=capacity, name=table.table_name)
 
 
 # Threads that build a save's files (tables and dense.npz) at once.

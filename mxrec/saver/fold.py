@@ -1,7 +1,7 @@
 """A restore's fold of table files into one table state, as columns: no object per ID.
 
 Each table file of a version chain is a run of events in fold order: its removed IDs, then
-its records (as `merge.merge_table` applies them); the first file of a full version starts
+its records; the first file of a full version starts
 afresh. An ID's last event decides its state: removed (gone), or the record of that file,
 with its values where that file holds them (the device rows `state/<s>` of the IDs with a
 row, the host tier's `tier/<s>` of those in the tier). `fold` finds every ID's last event
@@ -9,7 +9,8 @@ by one stable sort of the events' IDs; the result holds, per ID, its record and 
 values lie (which file, which row there), and `Folded.values` reads the values of a chunk
 of IDs from the files (mapped by `stream.MappedNpz`, so only those rows are read).
 
-`shard` keeps the IDs one rank owns and gives them rows anew, as `merge.reshard` does.
+`shard` keeps the IDs one rank owns and gives them rows anew (a restore on another rank
+count, WarmStart).
 
 Example:
     >>> folded = fold([(True, full_file), (False, delta_file)], "user")

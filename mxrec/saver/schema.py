@@ -20,7 +20,7 @@ A table file (`.npz`) holds:
 While a restore folds versions, each ID's record is a `Record`.
 """
 
-from typing import Dict, NamedTuple
+from typing import Dict
 
 import numpy as np
 
@@ -29,15 +29,6 @@ SCALARS = ("next_row", "newest_timestamp", "counting_frozen")
 TIER_ARRAYS = ("in_host", "lru_rows", "lru_ages")
 SCALARS_KEY = "host/scalars"
 ACCESS_THRESHOLD_KEY = "host/access_threshold"
-
-
-class Record(NamedTuple):
-    """One ID's host record while versions fold (`merge.merge_table`)."""
-
-    row: int  # device row, or -1
-    count: float
-    last_seen: int
-    in_host: int  # 1: the row lives in the host tier (or on disk)
 
 
 def host_key(name: str) -> str:

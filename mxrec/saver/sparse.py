@@ -7,7 +7,7 @@ Two sources give the same answer for the same state:
 * a checkpoint written by any `tf.compat.v1.train.Saver` of an mxrec graph: the
   host arrays `<table>/mxrec_host/{keys,rows}` and the variable `<table>`;
 * a directory (or version folder) of mxrec's own Saver, written by any number of ranks:
-  every rank's files of the chain folded into the whole table (`merge.whole_tables`).
+  every rank's files of the chain folded into the whole table (`fold.whole_table`).
 
 IDs counted but not admitted (row -1 in the host arrays) have no row and are
 left out. Rows come in device-row order, as `SparseEmbedding.export_rows` gives

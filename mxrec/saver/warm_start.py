@@ -299,7 +299,7 @@ class _VersionsEntry(_Entry):
                 raise ValueError(f"var_name_to_prev_var_name: table {table.table_name!r} cannot "
                                  "be renamed; mxrec tables warm-start from the same name")
         # The manifests and the dense values now: what is missing fails here, not at run.
-        versions = merge.read_chain(self.directory, self.step, skip_tables=True)
+        versions = merge.read_chain(self.directory, self.step)
         manifest, dense = versions[-1][1], versions[-1][2]["dense.npz"]
         where = f"checkpoint {self.path!r} (step {manifest['step']})"
         for table in self.tables:

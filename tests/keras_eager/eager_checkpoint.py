@@ -185,3 +185,25 @@ def test_a_weights_file_that_does_not_fit_the_table_is_refused(tmp_path):
         tiered.load_weights(path)
     assert layer.stats()["rows_in_use"] == 0
     np.testing.assert_array_equal(layer.embeddings.numpy(), before)
+
+
+def test_a_tf_checkpoint_over_the_tf_saver_limit_is_refused(tmp_path, monkeypatch):
+    """tf.train.Checkpoint takes the host state as whole tensors: above MXREC_TF_SAVER_MAX_MB
+    the save is refused before anything is exported, naming the table and KerasSaver's way;
+    below it, it saves."""
+    model, layer = _model()
+    _fit(model, [], _data())
+    tracked = int(layer.stats()["ids_tracked"])
+    assert tracked > 0
+    # Adagrad on a device-only table: 24 bytes of record per tracked ID.
+    monkeypatch.setenv("MXREC_TF_SAVER_MAX_MB", repr((24 * tracked - 1) / 2**20))
+    checkpoint = tf.train.Checkpoint(model=model)
+    # Eagerly the guard's own ValueError; in a tf.function TF's error of it.
+    with pytest.raises((ValueError, tf.errors.OpError),
+                       match=rf"table 'user'.*\({24 * tracked} bytes\).*MXREC_TF_SAVER_MAX_MB"
+                             r".*mxrec.keras.KerasSaver"):
+        checkpoint.write(str(tmp_path / "over"))
+    assert not list(tmp_path.glob("over*"))
+    monkeypatch.setenv("MXREC_TF_SAVER_MAX_MB", repr(24 * tracked / 2**20))
+    checkpoint.write(str(tmp_path / "at"))
+    assert list(tmp_path.glob("at*.index"))
