@@ -96,8 +96,10 @@ def test_a_save_over_the_limit_is_refused_before_anything_is_written(tmp_path, m
 
 
 def test_a_dynamic_store_over_the_limit_is_refused(tmp_path, monkeypatch):
-    # About 1 KiB; the store of some 250 IDs holds 2 x 32 bytes each (dim 8, no slots).
-    monkeypatch.setenv(host_state.TF_SAVER_LIMIT_ENV, "0.001")
+    # 8 KiB: the IDs' records (about 5 KiB) fit, so the host state's own guard passes (the
+    # two guards run in no fixed order); the store of its some 180 IDs, 2 x 32 bytes each
+    # (dim 8, no slots) held twice, does not.
+    monkeypatch.setenv(host_state.TF_SAVER_LIMIT_ENV, "0.008")
     with tf.Graph().as_default():
         with pytest.raises(tf.errors.OpError, match=r"table 'big'.*dynamic store.*"
                                                     r"MXREC_TF_SAVER_MAX_MB"):
