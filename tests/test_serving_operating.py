@@ -100,7 +100,7 @@ class _Digests:
     def __init__(self, monkeypatch):
         self.count = 0
         self.fail = 0
-        real = versions._digest
+        real = versions.file_digest
 
         def digest(path):
             self.count += 1
@@ -109,7 +109,7 @@ class _Digests:
                 raise OSError(5, "Input/output error", path)
             return real(path)
 
-        monkeypatch.setattr(versions, "_digest", digest)
+        monkeypatch.setattr(versions, "file_digest", digest)
 
 
 def _flip_byte(path):

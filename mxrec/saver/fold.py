@@ -54,17 +54,7 @@ def open_chain(directory: str, version: Optional[int], copies: stream.LocalCopie
     previous = None
     for kind, step in steps:
         manifest = manifest_io.read_manifest(directory, kind, step)
-        if kind == "delta" and manifest["previous"] != previous:
-            raise CheckpointError(
-                f"delta checkpoint at step {step} follows step {manifest['previous']}, "
-                f"which is missing from {directory}; cannot apply it")
-        for name in manifest["tables"]:
-            for file_name in manifest_io.table_files(manifest, name):
-                if file_name not in manifest["files"]:
-                    raise CheckpointError(
-                        f"checkpoint {manifest_io.version_name(kind, step)} in {directory}: "
-                        f"table {name!r} names file {file_name}, which its manifest does "
-                        "not list; the version is damaged")
+        merge.check_link(directory, kind, step, manifest, previous)
         manifests.append(manifest)
         previous = step
     for (kind, step), manifest in zip(steps, manifests):

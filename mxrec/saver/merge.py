@@ -53,20 +53,31 @@ def read_chain(directory: str, version: Optional[int] = None) -> List[Version]:
     for index, (kind, step) in enumerate(steps):
         only = ("dense.npz",) if index == len(steps) - 1 else ()
         manifest, arrays = manifest_io.read_version(directory, kind, step, only=only)
-        if kind == "delta" and manifest["previous"] != previous_step:
-            raise CheckpointError(
-                f"delta checkpoint at step {step} follows step {manifest['previous']}, "
-                f"which is missing from {directory}; cannot apply it")
-        for name in manifest["tables"]:
-            for file_name in manifest_io.table_files(manifest, name):
-                if file_name not in manifest["files"]:
-                    raise CheckpointError(
-                        f"checkpoint {manifest_io.version_name(kind, step)} in {directory}: "
-                        f"table {name!r} names file {file_name}, which its manifest does "
-                        "not list; the version is damaged")
+        check_link(directory, kind, step, manifest, previous_step)
         out.append((kind, manifest, arrays))
         previous_step = step
     return out
+
+
+def check_link(directory: str, kind: str, step: int, manifest: Dict,
+               previous_step: Optional[int]) -> None:
+    """Checks one version of a chain read in step order: a delta follows the version read
+    before it (`previous_step`), and every file its tables name is in its manifest.
+
+    Raises:
+        CheckpointError: a delta whose base is missing; a table file the manifest omits.
+    """
+    if kind == "delta" and manifest["previous"] != previous_step:
+        raise CheckpointError(
+            f"delta checkpoint at step {step} follows step {manifest['previous']}, "
+            f"which is missing from {directory}; cannot apply it")
+    for name in manifest["tables"]:
+        for file_name in manifest_io.table_files(manifest, name):
+            if file_name not in manifest["files"]:
+                raise CheckpointError(
+                    f"checkpoint {manifest_io.version_name(kind, step)} in {directory}: "
+                    f"table {name!r} names file {file_name}, which its manifest does "
+                    "not list; the version is damaged")
 
 
 def chain(versions: List[Tuple[str, int]], version: Optional[int], directory: str

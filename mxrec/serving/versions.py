@@ -18,7 +18,6 @@ DamagedVersionError naming it. `fingerprint` (names, sizes, mtimes) tells whethe
 version's files changed since, without reading them.
 """
 
-import hashlib
 import json
 import os
 import posixpath
@@ -29,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from mxrec.saver.stream import file_digest
 from mxrec.util import durable
 
 MANIFEST = "mxrec_version.json"
@@ -59,19 +59,6 @@ def _files(root: str, prefix: str = "") -> List[str]:
     return out
 
 
-def _digest(path: str) -> Dict:
-    sha = hashlib.sha256()
-    size = 0
-    with tf.io.gfile.GFile(path, "rb") as f:
-        while True:
-            chunk = f.read(1 << 20)
-            if not chunk:
-                break
-            sha.update(chunk)
-            size += len(chunk)
-    return {"bytes": size, "sha256": sha.hexdigest()}
-
-
 def staging_dir(export_base: str, version: int) -> str:
     """A fresh folder name beside the versions for writing `version`."""
     return posixpath.join(export_base, f".tmp-{int(version)}-{uuid.uuid4().hex}")
@@ -88,7 +75,7 @@ def publish(staging: str, export_base: str, version: int, info: Optional[Dict] =
         raise ValueError(f"serving version {final} exists already")
     manifest = dict(info or {})
     manifest.update(version=int(version), time=time.time(),
-                    files={name: _digest(posixpath.join(staging, name))
+                    files={name: file_digest(posixpath.join(staging, name))
                            for name in _files(staging)})
     with tf.io.gfile.GFile(posixpath.join(staging, MANIFEST), "w") as f:
         f.write(json.dumps(manifest, indent=1, sort_keys=True))
@@ -236,7 +223,7 @@ def verify(version_dir: str) -> Dict:
     expected = manifest["files"]
     _sizes(version_dir, expected)
     for name, meta in sorted(expected.items()):
-        actual = _digest(posixpath.join(version_dir, name))
+        actual = file_digest(posixpath.join(version_dir, name))
         if actual["bytes"] != meta["bytes"]:  # changed while it was read
             raise IncompleteVersionError(f"serving version {version_dir}: {name} has "
                                          f"{actual['bytes']} bytes, the manifest says "
