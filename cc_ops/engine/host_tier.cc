@@ -688,7 +688,7 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
 Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
                         std::vector<std::string>* components, std::vector<uint32_t>* present,
                         std::vector<float>* values) const {
-  // Spills the writer has not indexed yet are read from their slots (below):
+  // Spills the writer has not written yet are read from their slots (below):
   // a save does not wait for the disk.
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t dim = options_.dim;

@@ -271,13 +271,14 @@ class HostTier {
   Status RetireAppliedLocked();
   // The background spill writer. FinishPlanLocked queues a plan's live
   // spills as a SpillJob; SpillLoop (its own thread, started with the first
-  // job) takes one job at a time: under mu_ it encodes the slots' values and
-  // reserves the file's end (BeginAppend), writes without the lock, then
-  // under mu_ again indexes the records whose spill is still pending (an ID
-  // erased or read back meanwhile is skipped), drops their pending_spills_
-  // entries and frees the slots. A failed write keeps the values in their
-  // slots (the IDs stay readable and saved from there) and is reported by the
-  // next swap.
+  // job) takes one job at a time: under mu_ it encodes the slots' values
+  // into the records the planner gave them (BeginAppend), writes without the
+  // lock, then under mu_ again marks live the records whose spill is still
+  // pending (an ID erased or read back meanwhile is skipped: its record was
+  // freed then, and is rewritten only by a later job), drops their
+  // pending_spills_ entries and frees the slots. A failed write keeps the
+  // values in their slots (the IDs stay readable and saved from there) and
+  // is reported by the next swap.
   struct SpillJob {
     uint64_t seq = 0;
     std::vector<int64_t> keys;
@@ -289,7 +290,7 @@ class HostTier {
   // Waits, with mu_ held through *lock, until at most `queued` jobs wait and,
   // when `queued` is 0, none is being written.
   void WaitSpills(std::unique_lock<std::mutex>* lock, size_t queued) const;
-  // Whether a queued, not yet indexed spill of `key` by plan `seq` from `slot`
+  // Whether a queued, not yet written spill of `key` by plan `seq` from `slot`
   // is still wanted.
   bool SpillPending(int64_t key, uint64_t seq, int32_t slot) const;
   // The value of `key` for `component` kept for a plan of sequence `seq`:
