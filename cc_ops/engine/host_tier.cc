@@ -974,7 +974,7 @@ TierStats HostTier::Stats() const {
       if (chunk) bytes += chunk_rows_ * options_.dim * static_cast<int64_t>(sizeof(float));
     }
   }
-  stats.host_bytes = bytes;
+  stats.host_bytes = bytes + (ssd_ ? ssd_->ram_bytes() : 0);
   stats.ssd_rows = ssd_ ? ssd_->size() : 0;
   stats.ssd_file_bytes = ssd_ ? ssd_->file_bytes() : 0;
   stats.ssd_record_bytes = ssd_ ? ssd_->record_bytes() : 0;

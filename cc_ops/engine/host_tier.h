@@ -95,7 +95,7 @@ struct SwapPlan {
 struct TierStats {
   int64_t host_rows = 0;      // IDs whose values are in host memory
   int64_t ssd_rows = 0;       // IDs whose values are on disk
-  int64_t host_bytes = 0;     // host memory held by row values (estimate)
+  int64_t host_bytes = 0;     // host memory of rows, slots and SSD records' live bits (estimate)
   int64_t ssd_file_bytes = 0;
   int64_t swap_in_total = 0;  // rows brought back from the host tier (embedding)
   int64_t swap_out_total = 0; // rows written to the host tier (embedding)

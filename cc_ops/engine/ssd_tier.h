@@ -106,6 +106,8 @@ class SsdTier {
   // Floats per record, and how many times the file was widened.
   int64_t stride() const { return stride_; }
   int64_t restrides() const { return restrides_; }
+  // Host memory the tier holds per record: its live bits.
+  int64_t ram_bytes() const { return static_cast<int64_t>(live_.capacity() * sizeof(uint64_t)); }
   // Removes the data file, if it is still the one this tier created, and the
   // private directory, if nothing else is in it (the destructor; and at the
   // process's exit, for every tier still alive, since tables are not dropped
