@@ -21,7 +21,7 @@ def test_ssd_tier_files(tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == [
-        "private directory: ok", "planted compaction file: ok",
+        "private directory: ok", "planted restride file: ok",
         "drop removes only its own: ok", "directory errors: ok"]
     assert not list(scratch.iterdir())
 

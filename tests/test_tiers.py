@@ -210,7 +210,8 @@ def test_eval_lookup_reads_host_rows():
 
 
 def test_ssd_stream_spills_and_reads_back(tmp_path, engine):
-    """IDs beyond host memory's share spill to the SSD file, compact, and read back exactly."""
+    """IDs beyond host memory's share spill to the SSD file, read back exactly, and spill
+    again into the records freed by the reads (the file stays within the IDs it ever held)."""
     init()
     table = create_table(tf.int64, 2, "t", _v1.zeros_initializer(), device_vocabulary_size=8,
                          host_vocabulary_size=16, ssd_vocabulary_size=4096,
@@ -222,7 +223,7 @@ def test_ssd_stream_spills_and_reads_back(tmp_path, engine):
     for step in range(700):
         if step < 200:  # new IDs, far more than host memory holds
             batch = rng.choice(100_000, size=6, replace=False).astype(np.int64)
-        else:  # read back, swap out again: dead records, compaction
+        else:  # read back, swap out again: freed records, reused
             batch = rng.choice(sorted(truth), size=6, replace=False).astype(np.int64)
         (rows, _, reused), = engine.process([key], [batch], True, step)
         current = np.stack([truth.get(device.get(int(r)), np.zeros(2, np.float32))
@@ -239,12 +240,46 @@ def test_ssd_stream_spills_and_reads_back(tmp_path, engine):
             truth[int(batch[i])] = np.array([batch[i], step], np.float32)
     stats = tiers.stats(table)
     assert stats["ssd_rows"] > 1000 and stats["host_rows"] <= 16, stats
-    assert stats["ssd_compactions"] > 0, stats
+    # Some 3000 rows go back to disk after step 200: without reuse of the records they
+    # freed, the file would hold about four times the IDs.
+    assert stats["ssd_record_bytes"] == 16 + 2 * 4, stats
+    assert stats["ssd_file_bytes"] <= len(truth) * stats["ssd_record_bytes"], stats
     ids, values = engine.tier_export(key, "embedding")
     for i, value in zip(ids, values):
         np.testing.assert_array_equal(value, truth[int(i)])
     assert len(ids) + 8 == len(truth)
 
+
+
+def test_ssd_resident_ids_cost_only_the_id_map(tmp_path, engine):
+    """Host memory the engine holds per SSD-resident ID (docs/TIERS.md, "Memory per ID"):
+    the ID map's bytes, at most 47 per ID with the tier record, and nothing in the tier
+    but a bit per record (its record number in the file is the tier record's: no index by
+    ID), while 30,000 more IDs go to disk; and the file holds one record per row on disk."""
+    key = "test_tiers_ram_per_ssd_id/t"
+    engine.create_table(key=key, name="ram_per_ssd_id", dim=4, capacity=512,
+                        host_capacity=1024, ssd_capacity=100_000, ssd_path=str(tmp_path))
+    try:
+        engine.tier_register(key, "slot")
+        device = np.zeros((512, 4), np.float32)
+        seen = []
+        for step in range(120):
+            ids = np.arange(step * 500, step * 500 + 500, dtype=np.int64) * 7919 + 1
+            (_, _, reused), = engine.process([key], [ids], True, step)
+            for component in ("embedding", "slot"):
+                engine.tier_swap(key, component, reused, device[reused])
+            if step in (59, 119):
+                seen.append((engine.tier_stats(key), engine.stats(key)["id_map_bytes"]))
+        (tier_half, _), (tier_all, map_all) = seen
+        assert tier_all["ssd_rows"] - tier_half["ssd_rows"] > 29_000, seen
+        # The SSD records' live bits: 1 per record (the vector grows by doubling).
+        assert tier_all["host_bytes"] - tier_half["host_bytes"] <= 60_000 // 4, seen
+        assert map_all <= 47 * 60_000, seen
+        record = tier_all["ssd_record_bytes"]
+        assert record == 16 + 2 * 4 * 4, seen
+        assert tier_all["ssd_file_bytes"] <= (tier_all["ssd_rows"] + 1024) * record, seen
+    finally:
+        engine.drop_prefix(key)
 
 def _apply_swap(engine, key, component, plan, truth, device):
     """Applies `plan` for one component: checks the values that come back against `truth`

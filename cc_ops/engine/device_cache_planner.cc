@@ -71,7 +71,7 @@ Status DeviceCachePlanner::AssignRows(const std::vector<RecordRef>& need,
                                       const std::vector<int32_t>& slots, uint32_t epoch,
                                       BatchPlan* plan, PendingBatch* journal) {
   MXREC_RETURN_IF_ERROR(CheckRoom(need));
-  tier_->TakeReleased(&free_host_slots_);
+  tier_->TakeReleased(&free_host_slots_, &free_ssd_records_);
   // Victims, in the order the loop below hands out rows: free rows first, then
   // never used ones, then victims. Picking them all up front picks the same
   // rows (the rows handed out meanwhile join the recency list's tail as
@@ -262,6 +262,16 @@ int32_t DeviceCachePlanner::AllocHostSlot() {
   return next_host_slot_++;
 }
 
+int64_t DeviceCachePlanner::AllocSsdRecord() {
+  if (!free_ssd_records_.empty()) {
+    const int32_t record = free_ssd_records_.back();
+    free_ssd_records_.pop_back();
+    return record;
+  }
+  if (next_ssd_record_ >= SsdTier::kMaxRecords) return -1;
+  return next_ssd_record_++;
+}
+
 void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
   if (options_.ssd_capacity <= 0) return;
   // IDs on disk (or with no values yet) are the tier's IDs without a host slot.
@@ -273,10 +283,16 @@ void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
     host_arrival_.pop_front();
     const RecordRef id = ids_->Find(key);
     if (id.rec == nullptr || !id.tier->in_host || id.tier->host_slot != slot) continue;  // moved since
-    id.tier->host_slot = -1;
+    const int64_t record = AllocSsdRecord();
+    if (record < 0) {
+      host_arrival_.emplace_front(key, slot);  // no record number left: it stays in host memory
+      break;
+    }
+    id.tier->host_slot = SsdSlot(record);
     --host_resident_;
     plan->spill_keys.push_back(key);
     plan->spill_slots.push_back(slot);
+    plan->spill_records.push_back(static_cast<int32_t>(record));
   }
   // Keep the arrival queue from growing without bound with entries long stale.
   if (static_cast<int64_t>(host_arrival_.size()) > 2 * host_resident_ + 1024) {
@@ -293,7 +309,7 @@ void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
 
 Status DeviceCachePlanner::HostSlots(int component, const int64_t* keys, int64_t n,
                                      std::vector<int32_t>* slots) {
-  slots->assign(static_cast<size_t>(n), -2);
+  slots->assign(static_cast<size_t>(n), kNotInTier);
   // At the step boundary: where pending swap plans have not moved values yet.
   std::unordered_map<int64_t, Physical> physical;
   if (tier_->pending_plans() > 0) {
@@ -386,11 +402,16 @@ Status DeviceCachePlanner::Restore(const TableState& state, const std::vector<in
   }
   // Nothing below fails.
   free_host_slots_.clear();
+  free_ssd_records_.clear();
   host_arrival_.clear();
   next_host_slot_ = 0;
+  next_ssd_record_ = 0;
   host_resident_ = 0;
   for (size_t i = 0; i < host_records.size(); ++i) {
     host_records[i]->host_slot = host_slots[i];
+    if (IsSsdSlot(host_slots[i])) {
+      next_ssd_record_ = std::max(next_ssd_record_, SsdRecordOf(host_slots[i]) + 1);
+    }
     if (host_slots[i] < 0) continue;
     next_host_slot_ = std::max(next_host_slot_, host_slots[i] + 1);
     ++host_resident_;

@@ -1,8 +1,9 @@
 // The device-cache planner of a tiered table (host_vocabulary_size > 0): the
 // device table is a cache of device_vocabulary_size rows over the host tier.
 // The planner owns which ID each device row holds, the recency list that
-// picks swap victims, the host slot numbers of the IDs in the host tier and
-// its spills to the SSD tier, and the HostTier that stores the values. It
+// picks swap victims, the host slot numbers of the IDs in the host tier, its
+// spills to the SSD tier and their record numbers in the SSD file, and the
+// HostTier that stores the values. It
 // hands device rows to a training batch's arriving IDs and queues the swap
 // plan. See "Host and SSD tiers" in docs/ARCHITECTURE.md.
 //
@@ -81,7 +82,7 @@ class DeviceCachePlanner {
 
   // Eviction: device row `row` loses its owner.
   void ReleaseRow(int32_t row) { LruUnlink(row); }
-  // Eviction: an ID in the tier (at `host_slot`, -1 if on disk) is removed.
+  // Eviction: an ID in the tier (at `host_slot`, as TierRecord's) is removed.
   void EraseTierId(int64_t key, int32_t host_slot);
 
   // IDs that pending swap plans moved: where their values still are. `row_owner`
@@ -92,8 +93,9 @@ class DeviceCachePlanner {
   Status PhysicalView(std::unordered_map<int64_t, Physical>* physical,
                       std::unordered_map<int32_t, std::optional<int64_t>>* row_owner,
                       int component) const;
-  // The host slots of `keys` at the step boundary for tier component
-  // `component` (-2 where the tier holds none): what HostTier::Read reads.
+  // Where the values of `keys` are at the step boundary for tier component
+  // `component` (as TierRecord::host_slot; kNotInTier where the tier holds
+  // none): what HostTier::Read reads.
   Status HostSlots(int component, const int64_t* keys, int64_t n, std::vector<int32_t>* slots);
 
   // Checkpoints. The device cache's recency order at the step boundary
@@ -160,6 +162,9 @@ class DeviceCachePlanner {
   }
   void LruPushHead(int32_t row);
   int32_t AllocHostSlot();
+  // A free SSD record (the one freed last, so the file's hot end is reused),
+  // else the next never used one; -1 when SsdTier::kMaxRecords are in use.
+  int64_t AllocSsdRecord();
   // Chooses the oldest host-resident IDs to go to disk while host memory is
   // over host_vocabulary_size (SSD tier only), adding them to `plan`.
   void PlanSpills(SwapPlan* plan);
@@ -198,6 +203,10 @@ class DeviceCachePlanner {
   // no longer holds that slot are skipped.
   std::vector<int32_t> free_host_slots_;
   int32_t next_host_slot_ = 0;
+  // SSD records, numbered by this planner: free ones (4 bytes per freed
+  // record; none are freed while rows only arrive) and the next never used.
+  std::vector<int32_t> free_ssd_records_;
+  int64_t next_ssd_record_ = 0;
   int64_t host_resident_ = 0;
   std::deque<std::pair<int64_t, int32_t>> host_arrival_;
   uint32_t swap_protect_ = 1;

@@ -154,10 +154,19 @@ void HostTier::Enqueue(SwapPlan plan) {
   incoming_.push_back(std::move(plan));
 }
 
-void HostTier::TakeReleased(std::vector<int32_t>* free_slots) {
+void HostTier::TakeReleased(std::vector<int32_t>* free_slots,
+                            std::vector<int32_t>* free_records) {
   std::lock_guard<std::mutex> queue_lock(queue_mu_);
   free_slots->insert(free_slots->end(), released_.begin(), released_.end());
   released_.clear();
+  free_records->insert(free_records->end(), released_records_.begin(), released_records_.end());
+  released_records_.clear();
+}
+
+void HostTier::ReleaseRecordLocked(int64_t record) {
+  if (ssd_) ssd_->Release(record);
+  std::lock_guard<std::mutex> queue_lock(queue_mu_);
+  released_records_.push_back(static_cast<int32_t>(record));
 }
 
 void HostTier::PendingPlans(std::vector<SwapPlan>* plans, bool* partly_applied) {
@@ -176,11 +185,12 @@ int64_t HostTier::pending_plans() const {
 
 Status HostTier::OpenSsdLocked() {
   if (ssd_) return Status::Ok();
-  return SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &ssd_);
+  return SsdTier::Open(options_.ssd_path, options_.name,
+                       static_cast<int64_t>(components_.size()) * options_.dim, &ssd_);
 }
 
-Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out,
-                                   bool* found) {
+Status HostTier::ReadSpilledLocked(int component, int64_t key, int64_t record, uint64_t seq,
+                                   bool strict, float* out, bool* found) {
   *found = false;
   const int64_t dim = options_.dim;
   auto it = pending_spills_.find(key);
@@ -198,10 +208,19 @@ Status HostTier::ReadSpilledLocked(int component, int64_t key, uint64_t seq, flo
       return Status::Ok();
     }
   }
-  if (!ssd_) return Status::Ok();
   // The record stays on disk until every component of the plan read it
-  // (FinishPlanLocked erases it), so each component reads its own floats.
-  return ssd_->ReadComponent(key, component, dim, out, found);
+  // (FinishPlanLocked frees it), so each component reads its own floats.
+  if (strict) {
+    bool holds = false;
+    if (ssd_) MXREC_RETURN_IF_ERROR(ssd_->Holds(record, key, &holds));
+    if (!holds) {
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                         "': SSD record ", record, " does not hold ID ", key,
+                         " that a swap plan or a save reads from it");
+    }
+  }
+  if (!ssd_) return Status::Ok();
+  return ssd_->ReadComponent(record, key, component, dim, out, found);
 }
 
 Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
@@ -212,7 +231,7 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
       continue;
     }
     // Read back by every component: from disk, or from the slot of an older
-    // plan's spill the writer has not indexed yet (which it now skips).
+    // plan's spill the writer has not written yet (which it now skips).
     const int64_t key = plan.in_keys[i];
     auto it = pending_spills_.find(key);
     if (it != pending_spills_.end()) {
@@ -222,16 +241,18 @@ Status HostTier::FinishPlanLocked(const SwapPlan& plan) {
                     entries.end());
       if (entries.empty()) pending_spills_.erase(it);
     }
-    if (ssd_) ssd_->Erase(key);
+    if (IsSsdSlot(plan.in_slots[i])) ReleaseRecordLocked(SsdRecordOf(plan.in_slots[i]));
   }
   // The live spills go to the writer; their slots keep the values until they
-  // are on disk. A spill whose ID was erased (evicted) meanwhile frees its slot.
+  // are on disk. A spill whose ID was erased (evicted) or read back meanwhile
+  // frees its slot (its record was freed by the erase or the read).
   SpillJob job;
   job.seq = plan.seq;
   for (size_t i = 0; i < plan.spill_keys.size(); ++i) {
     if (SpillPending(plan.spill_keys[i], plan.seq, plan.spill_slots[i])) {
       job.keys.push_back(plan.spill_keys[i]);
       job.slots.push_back(plan.spill_slots[i]);
+      job.records.push_back(plan.spill_records[i]);
     } else {
       ReleaseLocked(plan.spill_slots[i]);
     }
@@ -282,6 +303,7 @@ Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* l
   // Spills dropped while the job waited (the ID erased, or read back) are not written.
   std::vector<int64_t> keys;
   std::vector<int32_t> slots;
+  std::vector<int64_t> records;
   std::vector<uint32_t> present;
   std::vector<int64_t> floats;
   for (size_t i = 0; i < job.keys.size(); ++i) {
@@ -293,6 +315,7 @@ Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* l
     }
     keys.push_back(job.keys[i]);
     slots.push_back(job.slots[i]);
+    records.push_back(job.records[i]);
     present.push_back(mask);
     floats.push_back(top * dim);
   }
@@ -304,7 +327,7 @@ Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* l
     status = OpenSsdLocked();
     SsdTier* ssd = ssd_.get();
     if (status.ok()) {
-      status = ssd->BeginAppend(keys, present, floats, [&](size_t i, char* out) {
+      status = ssd->BeginAppend(keys, records, present, floats, [&](size_t i, char* out) {
           const int top = static_cast<int>(floats[i] / std::max<int64_t>(dim, 1));
           for (int c = 0; c < top; ++c) {
             if (present[i] & (1u << c)) {
@@ -339,7 +362,7 @@ Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* l
       entries.erase(std::find(entries.begin(), entries.end(), std::make_pair(job.seq, slots[i])));
       if (entries.empty()) pending_spills_.erase(it);
     }
-    status = ssd->FinishAppend(append, keep);
+    ssd->FinishAppend(append, keep);
   }
   for (int32_t slot : job.slots) ReleaseLocked(slot);
   return status;
@@ -496,6 +519,7 @@ Status HostTier::LoadArrivalsLocked(int component, const SwapPlan& plan, Incomin
       fresh[i] = true;
       if (!plan.from_host[i]) continue;
       const int32_t slot = plan.in_slots[i];
+      if (slot == kNoValues) continue;  // restored without values: the initializer's
       if (slot < 0) {
         spilled[p].push_back(i);
         continue;
@@ -525,7 +549,8 @@ Status HostTier::LoadArrivalsLocked(int component, const SwapPlan& plan, Incomin
     *ins += part_ins[p];
     for (int64_t i : spilled[p]) {
       bool found = false;
-      MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, plan.in_keys[i], plan.seq,
+      MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, plan.in_keys[i],
+                                              SsdRecordOf(plan.in_slots[i]), plan.seq, true,
                                               incoming(i), &found));
       fresh[i] = !found;
       *ins += found ? 1 : 0;
@@ -601,9 +626,9 @@ Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, 
         std::memcpy(out, ValueAt(component, slot), dim * sizeof(float));
         found[i] = true;
       }
-    } else if (slot == -1) {
-      MXREC_RETURN_IF_ERROR(
-          ReadSpilledLocked(component, keys[i], next_seq_, out, &found[i]));
+    } else if (IsSsdSlot(slot)) {
+      MXREC_RETURN_IF_ERROR(ReadSpilledLocked(component, keys[i], SsdRecordOf(slot), next_seq_,
+                                              false, out, &found[i]));
     }
     if (!found[i]) std::memset(out, 0, dim * sizeof(float));
   }
@@ -620,9 +645,11 @@ void HostTier::Erase(int64_t key, int32_t slot) {
     }
   }
   if (slot >= 0) ReleaseLocked(slot);
-  // Spills still pending skip the key (their slots are freed with their plan).
+  // Spills still pending skip the key (their slots are freed with their plan);
+  // the record the planner gave it is free once the key is gone (a later
+  // spill to it is written after any still in flight: one writer, in order).
   pending_spills_.erase(key);
-  if (ssd_) ssd_->Erase(key);
+  if (IsSsdSlot(slot)) ReleaseRecordLocked(SsdRecordOf(slot));
 }
 
 Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<float>* values) {
@@ -661,7 +688,7 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
 Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
                         std::vector<std::string>* components, std::vector<uint32_t>* present,
                         std::vector<float>* values) const {
-  // Spills the writer has not indexed yet are read from their slots (below):
+  // Spills the writer has not written yet are read from their slots (below):
   // a save does not wait for the disk.
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t dim = options_.dim;
@@ -696,9 +723,15 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
       }
       continue;
     }
+    if (!IsSsdSlot(slots[i])) continue;  // no values: the ID restarts from the initializer
     bool on_disk = false;
-    if (ssd_) MXREC_RETURN_IF_ERROR(ssd_->Peek(keys[i], &on_disk, &record));
-    if (!on_disk) continue;  // no values: the ID restarts from the initializer
+    const int64_t number = SsdRecordOf(slots[i]);
+    if (ssd_) MXREC_RETURN_IF_ERROR(ssd_->Peek(number, keys[i], &on_disk, &record));
+    if (!on_disk) {
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                         "': SSD record ", number, " does not hold ID ", keys[i],
+                         " that the save reads from it");
+    }
     (*present)[i] = record.present;
     for (size_t c = 0; c < components_.size(); ++c) {
       if ((record.present & (1u << c)) && record.values.size() >= (c + 1) * dim) {
@@ -756,8 +789,9 @@ struct HostTier::Rebuilt {
   std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta;
   std::vector<std::vector<Chunk>> chunks;
   int64_t live = 0;
-  std::vector<int32_t> slots;  // per key: its host slot (-1: on disk or no values)
+  std::vector<int32_t> slots;  // per key: as TierRecord::host_slot
   std::unique_ptr<SsdTier> ssd;
+  int64_t records = 0;  // SSD records written, numbered from 0
 };
 
 Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
@@ -826,6 +860,7 @@ Status HostTier::FillChunk(const std::vector<int64_t>& keys, size_t begin, size_
   const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
   // Beyond host_capacity the rows go to a new SSD file, a chunk's records at a time.
   std::vector<int64_t> disk_keys;
+  std::vector<int64_t> disk_numbers;
   std::vector<SsdRecord> disk_records;
   for (size_t j = 0; j < n; ++j) {
     const size_t i = begin + j;
@@ -843,15 +878,26 @@ Status HostTier::FillChunk(const std::vector<int64_t>& keys, size_t begin, size_
                          "host_vocabulary_size (", options_.host_capacity,
                          ") and the table has no SSD tier");
     }
+    if (next->records >= std::min(options_.ssd_capacity, SsdTier::kMaxRecords)) {
+      return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", options_.name,
+                         "': the checkpoint holds more host-tier IDs than "
+                         "host_vocabulary_size (", options_.host_capacity,
+                         ") and ssd_vocabulary_size (", options_.ssd_capacity,
+                         ") together. Raise ssd_vocabulary_size or host_vocabulary_size in "
+                         "create_table().");
+    }
+    next->slots[i] = SsdSlot(next->records);
+    disk_numbers.push_back(next->records++);
     disk_keys.push_back(keys[i]);
     disk_records.push_back(RecordAside(present[j], row, components.size(), next->index));
   }
   if (disk_keys.empty()) return Status::Ok();
   if (!next->ssd) {
-    MXREC_RETURN_IF_ERROR(
-        SsdTier::Open(options_.ssd_path, options_.name, options_.ssd_capacity, &next->ssd));
+    MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name,
+                                        static_cast<int64_t>(next->names.size()) * options_.dim,
+                                        &next->ssd));
   }
-  return next->ssd->PutBatch(disk_keys, disk_records);
+  return next->ssd->PutBatch(disk_keys, disk_numbers, disk_records);
 }
 
 Status HostTier::StoreAside(int32_t slot, int64_t key, uint32_t present, const float* row,
@@ -904,6 +950,7 @@ void HostTier::InstallLocked(Rebuilt* next, std::vector<int32_t>* slots) {
   {
     std::lock_guard<std::mutex> queue_lock(queue_mu_);
     released_.clear();
+    released_records_.clear();
   }
   pending_spills_.clear();
   meta_.swap(next->meta);
@@ -919,17 +966,18 @@ TierStats HostTier::Stats() const {
   std::lock_guard<std::mutex> queue_lock(queue_mu_);
   TierStats stats = stats_;
   stats.host_rows = live_;
-  int64_t bytes = static_cast<int64_t>(meta_.capacity() * sizeof(SlotMeta) +
-                                       released_.capacity() * sizeof(int32_t));
+  int64_t bytes = static_cast<int64_t>(
+      meta_.capacity() * sizeof(SlotMeta) +
+      (released_.capacity() + released_records_.capacity()) * sizeof(int32_t));
   for (const auto& chunks : chunks_) {
     for (const auto& chunk : chunks) {
       if (chunk) bytes += chunk_rows_ * options_.dim * static_cast<int64_t>(sizeof(float));
     }
   }
-  stats.host_bytes = bytes;
+  stats.host_bytes = bytes + (ssd_ ? ssd_->ram_bytes() : 0);
   stats.ssd_rows = ssd_ ? ssd_->size() : 0;
   stats.ssd_file_bytes = ssd_ ? ssd_->file_bytes() : 0;
-  stats.ssd_compactions = ssd_ ? ssd_->compactions() : 0;
+  stats.ssd_record_bytes = ssd_ ? ssd_->record_bytes() : 0;
   stats.pending_plans = static_cast<int64_t>(plans_.size() + incoming_.size());
   return stats;
 }

@@ -14,10 +14,11 @@
 // table and the slots the plan names. A slot read back by plan t is handed
 // back to the planner (TakeReleased) once every component applied plan t.
 // With an SSD tier the planner also names, per plan, the oldest host slots to
-// spill; once every component applied the plan they are handed to the tier's
-// spill writer, a thread of its own that writes them to disk off the step
-// (see SpillLoop). Until a spill is on disk and indexed its values stay in
-// their slot, which every read (swaps, evaluation, saves) uses meanwhile.
+// spill, and the SSD record each goes to; once every component applied the
+// plan they are handed to the tier's spill writer, a thread of its own that
+// writes them to disk off the step (see SpillLoop). Until a spill is on disk
+// its values stay in their slot, which every read (swaps, evaluation, saves)
+// uses meanwhile.
 //
 // Each component keeps its own cursor into the plan queue, so the embedding
 // (swapped before the lookup's gather) and the slots (swapped in the
@@ -26,6 +27,7 @@
 #ifndef MXREC_ENGINE_HOST_TIER_H_
 #define MXREC_ENGINE_HOST_TIER_H_
 
+#include <climits>
 #include <cstdint>
 #include <condition_variable>
 #include <cstdlib>
@@ -46,6 +48,17 @@
 
 namespace mxrec {
 
+// Where a tier ID's values are, as TierRecord::host_slot and the plans keep it
+// (an int32): a host slot (>= 0), none yet (kNoValues: the ID restarts from
+// the initializer), or SSD record r as SsdSlot(r) = -2 - r. kNotInTier (never
+// a record: SsdTier::kMaxRecords keeps them above it) marks an ID the tier
+// does not hold.
+constexpr int32_t kNoValues = -1;
+constexpr int32_t kNotInTier = INT32_MIN;
+inline bool IsSsdSlot(int32_t slot) { return slot <= -2 && slot != kNotInTier; }
+inline int32_t SsdSlot(int64_t record) { return static_cast<int32_t>(-2 - record); }
+inline int64_t SsdRecordOf(int32_t slot) { return -2 - int64_t{slot}; }
+
 struct TierOptions {
   // The user's table name; every error message carries it.
   std::string name;
@@ -60,10 +73,10 @@ struct TierOptions {
 
 // One batch's cache decisions for one table: device row rows[i] passes from
 // out_keys[i] (when has_out[i]; its values go to host slot out_slots[i]) to
-// in_keys[i], whose values come from host slot in_slots[i] when from_host[i]
-// (in_slots[i] == -1: from the SSD tier) and from the initializer otherwise.
-// spill_keys / spill_slots: IDs whose host slots go to the SSD tier once the
-// plan is applied.
+// in_keys[i], whose values come from in_slots[i] (a host slot or an SSD
+// record, as TierRecord::host_slot) when from_host[i] and from the
+// initializer otherwise. spill_keys / spill_slots / spill_records: IDs whose
+// host slots go to those SSD records once the plan is applied.
 struct SwapPlan {
   uint64_t seq = 0;
   std::vector<int32_t> rows;
@@ -75,13 +88,14 @@ struct SwapPlan {
   std::vector<int32_t> in_slots;
   std::vector<int64_t> spill_keys;
   std::vector<int32_t> spill_slots;
+  std::vector<int32_t> spill_records;
   uint32_t applied = 0;  // bit k: component k applied this plan
 };
 
 struct TierStats {
   int64_t host_rows = 0;      // IDs whose values are in host memory
   int64_t ssd_rows = 0;       // IDs whose values are on disk
-  int64_t host_bytes = 0;     // host memory held by row values (estimate)
+  int64_t host_bytes = 0;     // host memory of rows, slots and SSD records' live bits (estimate)
   int64_t ssd_file_bytes = 0;
   int64_t swap_in_total = 0;  // rows brought back from the host tier (embedding)
   int64_t swap_out_total = 0; // rows written to the host tier (embedding)
@@ -89,7 +103,7 @@ struct TierStats {
   int64_t swap_in_last = 0;   // of the last step's plans
   int64_t swap_out_last = 0;
   int64_t pending_plans = 0;  // planned, not yet applied by every component
-  int64_t ssd_compactions = 0;
+  int64_t ssd_record_bytes = 0;  // bytes of one SSD record (the file holds whole records)
 
   // The one list of the statistics by name: fn(name, value) for each, in
   // this order (the pybind module's tier_stats dict is filled from it).
@@ -99,7 +113,7 @@ struct TierStats {
     fn("ssd_rows", ssd_rows);
     fn("host_bytes", host_bytes);
     fn("ssd_file_bytes", ssd_file_bytes);
-    fn("ssd_compactions", ssd_compactions);
+    fn("ssd_record_bytes", ssd_record_bytes);
     fn("swap_in_total", swap_in_total);
     fn("swap_out_total", swap_out_total);
     fn("fresh_total", fresh_total);
@@ -137,9 +151,11 @@ class HostTier {
   // spills are not queued: they move nothing.
   void Enqueue(SwapPlan plan);
 
-  // Moves the host slots freed since the last call (read back by applied
-  // plans, spilled, or erased) onto *free_slots, for the planner to reuse.
-  void TakeReleased(std::vector<int32_t>* free_slots);
+  // Moves the host slots and the SSD records freed since the last call (read
+  // back by applied plans, spilled, or erased) onto *free_slots and
+  // *free_records, for the planner to reuse. A record is freed only once no
+  // plan reads it and no spill still to be written targets it for its ID.
+  void TakeReleased(std::vector<int32_t>* free_slots, std::vector<int32_t>* free_records);
 
   // Applies the next plan of `component` to `n` rows: stores current[i]
   // (dim floats) as the value of the row's old owner and fills incoming[i]
@@ -166,19 +182,20 @@ class HostTier {
   static void SetSpillDelayForTesting(int64_t microseconds);
 
   // Values of `keys` still held by the tier for `component` (evaluation reads
-  // host rows in place); slots[i] is the key's host slot (-1: on disk, or no
-  // values; -2: not in the tier). found[i] is false where the tier has none.
+  // host rows in place); slots[i] is where the key's values are (as
+  // TierRecord::host_slot; kNotInTier: not in the tier). found[i] is false
+  // where the tier has none.
   Status Read(int component, const int64_t* keys, const int32_t* slots, int64_t n,
               float* values, bool* found);
 
-  // Forgets `key` (eviction), whose host slot is `slot` (-1: on disk): its
-  // stored values, and a pending write of them.
+  // Forgets `key` (eviction), whose values are at `slot` (as
+  // TierRecord::host_slot): its stored values, and a pending write of them.
   void Erase(int64_t key, int32_t slot);
 
   // Every key the tier holds for `component`, with its values, ordered by key.
   Status Export(int component, std::vector<int64_t>* keys, std::vector<float>* values);
 
-  // Checkpoints. Values of `keys` (host slots `slots`, -1: on disk): the
+  // Checkpoints. Values of `keys` (at `slots`, as TierRecord::host_slot): the
   // registered component names, a mask of the components each key holds, and
   // components.size() * dim floats per key (zeros where the bit is clear).
   Status Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
@@ -187,8 +204,8 @@ class HostTier {
   // Replaces every row of the tier with `keys` (layout of Gather; components
   // named as in the checkpoint, registered when new) and drops pending plans.
   // The first host_capacity keys with values get host slots 0, 1, ...; the
-  // rest go to a new SSD file. (*slots)[i] is key i's slot (-1: on disk or no
-  // values). On any error (the SSD file cannot be written, memory runs out)
+  // rest go to a new SSD file, records 0, 1, ... (*slots)[i] is key i's
+  // place, as TierRecord::host_slot. On any error (the SSD file cannot be written, memory runs out)
   // the tier is left as it was.
   Status Replace(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
                  const std::vector<uint32_t>& present, const std::vector<float>& values,
@@ -254,30 +271,38 @@ class HostTier {
   Status RetireAppliedLocked();
   // The background spill writer. FinishPlanLocked queues a plan's live
   // spills as a SpillJob; SpillLoop (its own thread, started with the first
-  // job) takes one job at a time: under mu_ it encodes the slots' values and
-  // reserves the file's end (BeginAppend), writes without the lock, then
-  // under mu_ again indexes the records whose spill is still pending (an ID
-  // erased or read back meanwhile is skipped), drops their pending_spills_
-  // entries and frees the slots. A failed write keeps the values in their
-  // slots (the IDs stay readable and saved from there) and is reported by the
-  // next swap.
+  // job) takes one job at a time: under mu_ it encodes the slots' values
+  // into the records the planner gave them (BeginAppend), writes without the
+  // lock, then under mu_ again marks live the records whose spill is still
+  // pending (an ID erased or read back meanwhile is skipped: its record was
+  // freed then, and is rewritten only by a later job), drops their
+  // pending_spills_ entries and frees the slots. A failed write keeps the
+  // values in their slots (the IDs stay readable and saved from there) and
+  // is reported by the next swap.
   struct SpillJob {
     uint64_t seq = 0;
     std::vector<int64_t> keys;
     std::vector<int32_t> slots;
+    std::vector<int32_t> records;
   };
   void SpillLoop();
   Status WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* lock);
   // Waits, with mu_ held through *lock, until at most `queued` jobs wait and,
   // when `queued` is 0, none is being written.
   void WaitSpills(std::unique_lock<std::mutex>* lock, size_t queued) const;
-  // Whether a queued, not yet indexed spill of `key` by plan `seq` from `slot`
+  // Whether a queued, not yet written spill of `key` by plan `seq` from `slot`
   // is still wanted.
   bool SpillPending(int64_t key, uint64_t seq, int32_t slot) const;
   // The value of `key` for `component` kept for a plan of sequence `seq`:
-  // from a slot whose spill to disk is still pending, else from disk (the
-  // record stays there until every component applied the plan).
-  Status ReadSpilledLocked(int component, int64_t key, uint64_t seq, float* out, bool* found);
+  // from a slot whose spill to disk is still pending, else from SSD record
+  // `record` (it stays there until every component applied the plan). With
+  // `strict`, a record that does not hold the key is an error (the plans'
+  // reads); without, the key is not found (evaluation, which reads slots
+  // taken under the table's lock after releasing it).
+  Status ReadSpilledLocked(int component, int64_t key, int64_t record, uint64_t seq, bool strict,
+                           float* out, bool* found);
+  // Frees SSD record `record` for the planner to reuse.
+  void ReleaseRecordLocked(int64_t record);
   // Every component applied `plan`: free the slots it read back, write its
   // spills to disk.
   Status FinishPlanLocked(const SwapPlan& plan);
@@ -332,6 +357,7 @@ class HostTier {
   mutable std::mutex queue_mu_;
   std::vector<SwapPlan> incoming_;
   std::vector<int32_t> released_;
+  std::vector<int32_t> released_records_;
   std::vector<std::string> components_;
   std::vector<uint64_t> cursor_;  // next plan seq per component
   std::deque<SwapPlan> plans_;

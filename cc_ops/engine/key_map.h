@@ -58,7 +58,9 @@ static_assert(sizeof(KeyRecord) == 16, "KeyRecord grew: the map's memory per ID 
 // Packed to 5 bytes: one per ID of a tiered table, most of them on the SSD
 // tier in a table larger than memory, where every byte per ID counts.
 struct __attribute__((packed)) TierRecord {
-  // The ID's host slot, or -1 when its values are on disk (or it has none yet).
+  // Where the ID's values are: its host slot (>= 0), none yet (-1), or SSD
+  // record r as -2 - r (host_tier.h: SsdSlot). The record number here is the
+  // SSD tier's whole index: it keeps none by ID.
   int32_t host_slot = -1;
   // Admitted, with its row in the host tier (KeyRecord::row == -1).
   uint8_t in_host = 0;

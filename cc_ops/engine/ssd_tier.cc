@@ -11,99 +11,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <utility>
 #include <vector>
 
-#include "key_map.h"  // HashKey
-
 namespace mxrec {
 
-uint64_t SsdIndex::Home(int64_t key) const {
-  return static_cast<uint64_t>((static_cast<unsigned __int128>(HashKey(key)) * slots_.size()) >> 64);
-}
-
-const SsdIndex::Entry* SsdIndex::Find(int64_t key) const {
-  for (uint64_t i = Home(key);; i = Next(i)) {
-    const Entry& e = slots_[i];
-    if (e.where == 0) return nullptr;
-    if (e.key == key) return &e;
-  }
-}
-
-int64_t SsdIndex::Put(int64_t key, int64_t offset, int64_t length) {
-  // Below the load limit, so a probe always meets an empty slot.
-  if (OverLoad(size_ + 1)) Reserve(size_ + 1);
-  const uint64_t where = (static_cast<uint64_t>(offset / 4) << kLengthBits) |
-                         static_cast<uint64_t>(length / 4);
-  for (uint64_t i = Home(key);; i = Next(i)) {
-    Entry& e = slots_[i];
-    if (e.where == 0) {
-      e.key = key;
-      e.where = where;
-      ++size_;
-      return 0;
-    }
-    if (e.key == key) {
-      const int64_t old = e.length();
-      e.where = where;
-      return old;
-    }
-  }
-}
-
-int64_t SsdIndex::Erase(int64_t key) {
-  uint64_t i = Home(key);
-  for (;; i = Next(i)) {
-    if (slots_[i].where == 0) return 0;
-    if (slots_[i].key == key) break;
-  }
-  const int64_t length = slots_[i].length();
-  // Backward shift: later entries of the probe run whose home lies at or
-  // before the hole move into it, so no look-up stops early at the hole.
-  for (uint64_t j = Next(i); slots_[j].where != 0; j = Next(j)) {
-    const uint64_t home = Home(slots_[j].key);
-    // Whether home lies cyclically in (i, j]: then the entry must stay.
-    const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
-    if (!stays) {
-      slots_[i] = slots_[j];
-      i = j;
-    }
-  }
-  slots_[i] = Entry{};
-  --size_;
-  return length;
-}
-
-void SsdIndex::Reserve(int64_t count) {
-  uint64_t slots = slots_.size();
-  while (count * kLoadDen > static_cast<int64_t>(slots) * kLoadNum) slots += slots / 2;
-  if (slots != slots_.size()) Rehash(slots);
-}
-
-void SsdIndex::Rehash(size_t slots) {
-  // The new array is filled before it replaces the old one (a failed
-  // allocation leaves the index as it was); no Put, so no load check.
-  std::vector<Entry> fresh(slots);
-  for (const Entry& e : slots_) {
-    if (e.where == 0) continue;
-    uint64_t i = static_cast<uint64_t>((static_cast<unsigned __int128>(HashKey(e.key)) * slots) >> 64);
-    while (fresh[i].where != 0) i = i + 1 == slots ? 0 : i + 1;
-    fresh[i] = e;
-  }
-  slots_.swap(fresh);
-}
-
 namespace {
-// Record layout: key, present mask, number of floats, floats.
-constexpr int64_t kHeaderBytes = 8 + 4 + 8;
-// Below this many dead bytes the file is never compacted.
-constexpr int64_t kMinCompactBytes = int64_t{1} << 14;
 // Address space reserved for the read mapping; a file that outgrows it is
 // read with pread beyond.
 constexpr size_t kMapReserve = size_t{16} << 30;
-// Compaction reads and writes blocks of this size.
-constexpr int64_t kCompactBlock = int64_t{8} << 20;
+// A restride reads and writes blocks of about this size.
+constexpr int64_t kCopyBlock = int64_t{8} << 20;
 
 std::string Sanitize(const std::string& name) {
   std::string out;
@@ -143,7 +63,7 @@ Status ReadAll(int fd, char* data, int64_t length, int64_t offset, const std::st
 
 // The tier's files, in its private directory.
 constexpr char kDataFile[] = "rows.dat";
-constexpr char kCompactFile[] = "rows.dat.compact";
+constexpr char kRestrideFile[] = "rows.dat.restride";
 
 // Whether `name` in the directory `dir_fd` is still the file open as `fd`, not
 // one put in its place.
@@ -221,7 +141,7 @@ void UnregisterLive(const SsdTier* tier) {
 
 }  // namespace
 
-Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t capacity,
+Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t floats,
                      std::unique_ptr<SsdTier>* out) {
   struct stat info;
   if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
@@ -231,7 +151,7 @@ Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t ca
   std::string private_dir;
   int dir_fd = -1;
   MXREC_RETURN_IF_ERROR(MakePrivateDirectory(dir, name, &private_dir, &dir_fd));
-  std::unique_ptr<SsdTier> tier(new SsdTier(private_dir, dir_fd, name, capacity));
+  std::unique_ptr<SsdTier> tier(new SsdTier(private_dir, dir_fd, name, std::max<int64_t>(floats, 0)));
   tier->parent_ = dir;
   MXREC_RETURN_IF_ERROR(tier->CreateFile(kDataFile, &tier->fd_));
   tier->Map();
@@ -240,12 +160,12 @@ Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t ca
   return Status::Ok();
 }
 
-SsdTier::SsdTier(std::string dir, int dir_fd, std::string name, int64_t capacity)
+SsdTier::SsdTier(std::string dir, int dir_fd, std::string name, int64_t stride)
     : dir_(std::move(dir)),
       dir_fd_(dir_fd),
       path_(dir_ + "/" + kDataFile),
       name_(std::move(name)),
-      capacity_(capacity),
+      stride_(stride),
       fd_(-1) {}
 
 SsdTier::~SsdTier() {
@@ -299,109 +219,113 @@ void SsdTier::Unmap() {
   map_bytes_ = 0;
 }
 
-Status SsdTier::Put(int64_t key, const SsdRecord& record) {
-  return PutBatch({key}, {record});
-}
-
-Status SsdTier::PutBatch(const std::vector<int64_t>& keys, const std::vector<SsdRecord>& records) {
+Status SsdTier::PutBatch(const std::vector<int64_t>& keys, const std::vector<int64_t>& numbers,
+                         const std::vector<SsdRecord>& records) {
+  if (keys.empty()) return Status::Ok();
   std::vector<uint32_t> present(keys.size());
   std::vector<int64_t> floats(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     present[i] = records[i].present;
     floats[i] = static_cast<int64_t>(records[i].values.size());
   }
-  return PutBatchWith(keys, present, floats, [&records](size_t i, char* out) {
-    if (!records[i].values.empty()) {
-      std::memcpy(out, records[i].values.data(), records[i].values.size() * sizeof(float));
-    }
-  });
-}
-
-Status SsdTier::PutBatchWith(const std::vector<int64_t>& keys,
-                             const std::vector<uint32_t>& present,
-                             const std::vector<int64_t>& floats,
-                             const std::function<void(size_t, char*)>& fill) {
-  if (keys.empty()) return Status::Ok();
   Append append;
-  MXREC_RETURN_IF_ERROR(BeginAppend(keys, present, floats, fill, &append));
+  MXREC_RETURN_IF_ERROR(BeginAppend(keys, numbers, present, floats,
+                                    [&records](size_t i, char* out) {
+                                      if (!records[i].values.empty()) {
+                                        std::memcpy(out, records[i].values.data(),
+                                                    records[i].values.size() * sizeof(float));
+                                      }
+                                    },
+                                    &append));
   MXREC_RETURN_IF_ERROR(WriteAppend(append));
-  return FinishAppend(append, std::vector<uint8_t>(keys.size(), 1));
+  FinishAppend(append, std::vector<uint8_t>(keys.size(), 1));
+  return Status::Ok();
 }
 
 Status SsdTier::BeginAppend(const std::vector<int64_t>& keys,
+                            const std::vector<int64_t>& numbers,
                             const std::vector<uint32_t>& present,
                             const std::vector<int64_t>& floats,
-                            const std::function<void(size_t, char*)>& fill,
-                            Append* append) const {
-  int64_t added = 0;
-  for (int64_t key : keys) added += index_.Find(key) != nullptr ? 0 : 1;
-  if (size() + added > capacity_) {
-    return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", name_,
-                       "': the SSD tier is full: all ", capacity_,
-                       " rows (ssd_vocabulary_size) are in use. Raise ssd_vocabulary_size or "
-                       "host_vocabulary_size in create_table().");
-  }
-  // Encoded straight into one buffer: key, present mask, float count, floats.
-  append->keys = keys;
-  append->lengths.resize(keys.size());
-  int64_t total = 0;
+                            const std::function<void(size_t, char*)>& fill, Append* append) {
+  int64_t widest = stride_;
+  int64_t top = records_in_file_;
   for (size_t i = 0; i < keys.size(); ++i) {
-    append->lengths[i] = kHeaderBytes + floats[i] * 4;
-    if (append->lengths[i] > SsdIndex::kMaxLength) {
-      return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", name_, "': a row of ",
-                         floats[i], " floats (dim times the optimizer's components) is over the "
-                         "SSD tier's limit of ", (SsdIndex::kMaxLength - kHeaderBytes) / 4,
-                         " floats per ID");
+    if (numbers[i] < 0 || numbers[i] >= kMaxRecords) {
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", name_, "': SSD record number ",
+                         numbers[i], " is outside [0, ", kMaxRecords, ")");
     }
-    total += append->lengths[i];
+    widest = std::max(widest, floats[i]);
+    top = std::max(top, numbers[i] + 1);
   }
-  if (end_ + total > SsdIndex::kMaxEnd) {
-    return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", name_,
-                       "': the SSD tier file would pass its limit of ", SsdIndex::kMaxEnd,
-                       " bytes (", end_, " used, ", total, " more needed)");
-  }
-  MXREC_RETURN_IF_ERROR(CheckRoom(total, "grow the SSD tier file"));
-  append->bytes.resize(static_cast<size_t>(total));
-  append->offset = end_;
+  if (widest > stride_) MXREC_RETURN_IF_ERROR(Restride(widest));
+  const int64_t bytes = record_bytes();
+  MXREC_RETURN_IF_ERROR(CheckRoom((top - records_in_file_) * bytes, "grow the SSD tier file"));
+  append->order.resize(keys.size());
+  std::iota(append->order.begin(), append->order.end(), size_t{0});
+  std::sort(append->order.begin(), append->order.end(),
+            [&numbers](size_t a, size_t b) { return numbers[a] < numbers[b]; });
+  append->numbers.resize(keys.size());
+  append->bytes.assign(keys.size() * static_cast<size_t>(bytes), 0);
   char* p = append->bytes.data();
-  for (size_t i = 0; i < keys.size(); ++i) {
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const size_t i = append->order[j];
+    append->numbers[j] = numbers[i];
     std::memcpy(p, &keys[i], 8);
     std::memcpy(p + 8, &present[i], 4);
-    std::memcpy(p + 12, &floats[i], 8);
     fill(i, p + kHeaderBytes);
-    p += append->lengths[i];
+    p += bytes;
   }
   return Status::Ok();
 }
 
 Status SsdTier::CheckRoom(int64_t bytes, const char* what) const {
+  if (bytes <= 0) return Status::Ok();
   struct statvfs fs;
   if (fstatvfs(fd_, &fs) != 0) return Status::Ok();  // no figure: the write itself will tell
   const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
   if (bytes <= free_bytes) return Status::Ok();
   return MXREC_ERROR(StatusCode::kResourceExhausted, "mxrec table '", name_, "': cannot ", what,
                      " ", path_, " by ", bytes, " bytes: the file system of ssd_data_path '",
-                     parent_, "' has ", free_bytes, " bytes free (the file holds ", end_,
-                     " bytes, ", live_bytes_, " of them live rows). Free space there, or point "
-                     "ssd_data_path at a larger disk.");
+                     parent_, "' has ", free_bytes, " bytes free (the file holds ",
+                     file_bytes(), " bytes, ", live_count_ * record_bytes(),
+                     " of them live rows). Free space there, or point ssd_data_path at a "
+                     "larger disk.");
 }
 
 Status SsdTier::WriteAppend(const Append& append) const {
-  return WriteAll(fd_, append.bytes.data(), static_cast<int64_t>(append.bytes.size()),
-                  append.offset, path_);
+  const int64_t bytes = record_bytes();
+  // Runs of consecutive record numbers go out with one write each.
+  for (size_t j = 0; j < append.numbers.size();) {
+    size_t end = j + 1;
+    while (end < append.numbers.size() && append.numbers[end] == append.numbers[end - 1] + 1) {
+      ++end;
+    }
+    MXREC_RETURN_IF_ERROR(WriteAll(fd_, append.bytes.data() + j * bytes,
+                                   static_cast<int64_t>(end - j) * bytes,
+                                   append.numbers[j] * bytes, path_));
+    j = end;
+  }
+  return Status::Ok();
 }
 
-Status SsdTier::FinishAppend(const Append& append, const std::vector<uint8_t>& keep) {
-  int64_t added = 0;
-  for (size_t i = 0; i < append.keys.size(); ++i) added += keep[i] ? 1 : 0;
-  index_.Reserve(index_.size() + added);
-  int64_t at = append.offset;
-  for (size_t i = 0; i < append.keys.size(); ++i) {
-    if (keep[i]) live_bytes_ += append.lengths[i] - index_.Put(append.keys[i], at, append.lengths[i]);
-    at += append.lengths[i];
+void SsdTier::FinishAppend(const Append& append, const std::vector<uint8_t>& keep) {
+  if (!append.numbers.empty()) {
+    records_in_file_ = std::max(records_in_file_, append.numbers.back() + 1);
+    live_.resize(std::max(live_.size(), static_cast<size_t>((records_in_file_ + 63) >> 6)), 0);
   }
-  end_ = at;
-  return MaybeCompact();
+  for (size_t j = 0; j < append.numbers.size(); ++j) {
+    if (!keep[append.order[j]]) continue;
+    const int64_t r = append.numbers[j];
+    if (Live(r)) continue;
+    live_[static_cast<size_t>(r >> 6)] |= uint64_t{1} << (r & 63);
+    ++live_count_;
+  }
+}
+
+void SsdTier::Release(int64_t number) {
+  if (!Live(number)) return;
+  live_[static_cast<size_t>(number >> 6)] &= ~(uint64_t{1} << (number & 63));
+  --live_count_;
 }
 
 Status SsdTier::ReadBytes(int64_t offset, int64_t length, char* out) const {
@@ -412,125 +336,99 @@ Status SsdTier::ReadBytes(int64_t offset, int64_t length, char* out) const {
   return ReadAll(fd_, out, length, offset, path_);
 }
 
-Status SsdTier::ReadHeader(const Location& loc, int64_t key, uint32_t* present,
-                           int64_t* floats) const {
+Status SsdTier::ReadHeader(int64_t number, int64_t* key, uint32_t* present) const {
   char header[kHeaderBytes];
-  MXREC_RETURN_IF_ERROR(ReadBytes(loc.offset, kHeaderBytes, header));
-  int64_t stored_key = 0;
-  std::memcpy(&stored_key, header, 8);
+  MXREC_RETURN_IF_ERROR(ReadBytes(number * record_bytes(), kHeaderBytes, header));
+  std::memcpy(key, header, 8);
   std::memcpy(present, header + 8, 4);
-  std::memcpy(floats, header + 12, 8);
-  if (stored_key != key || *floats < 0 || kHeaderBytes + *floats * 4 != loc.length) {
-    return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", name_, "': the SSD tier file ",
-                       path_, " is corrupted at offset ", loc.offset);
-  }
   return Status::Ok();
 }
 
-Status SsdTier::ReadComponent(int64_t key, int component, int64_t dim, float* out,
-                              bool* found) const {
-  *found = false;
-  const SsdIndex::Entry* entry = index_.Find(key);
-  if (entry == nullptr) return Status::Ok();
-  const Location loc{entry->offset(), entry->length()};
+Status SsdTier::Holds(int64_t number, int64_t key, bool* holds) const {
+  *holds = false;
+  if (!Live(number)) return Status::Ok();
+  int64_t stored = 0;
   uint32_t present = 0;
-  int64_t floats = 0;
-  MXREC_RETURN_IF_ERROR(ReadHeader(loc, key, &present, &floats));
-  if (!(present & (1u << component)) || floats < (component + 1) * dim) return Status::Ok();
-  MXREC_RETURN_IF_ERROR(ReadBytes(loc.offset + kHeaderBytes + component * dim * 4, dim * 4,
-                                  reinterpret_cast<char*>(out)));
+  MXREC_RETURN_IF_ERROR(ReadHeader(number, &stored, &present));
+  *holds = stored == key;
+  return Status::Ok();
+}
+
+Status SsdTier::ReadComponent(int64_t number, int64_t key, int component, int64_t dim,
+                              float* out, bool* found) const {
+  *found = false;
+  if (!Live(number)) return Status::Ok();
+  int64_t stored = 0;
+  uint32_t present = 0;
+  MXREC_RETURN_IF_ERROR(ReadHeader(number, &stored, &present));
+  if (stored != key || !(present & (1u << component)) || (component + 1) * dim > stride_) {
+    return Status::Ok();
+  }
+  MXREC_RETURN_IF_ERROR(ReadBytes(number * record_bytes() + kHeaderBytes + component * dim * 4,
+                                  dim * 4, reinterpret_cast<char*>(out)));
   *found = true;
   return Status::Ok();
 }
 
-Status SsdTier::ReadAt(const Location& loc, int64_t key, SsdRecord* record) const {
-  int64_t floats = 0;
-  MXREC_RETURN_IF_ERROR(ReadHeader(loc, key, &record->present, &floats));
-  record->values.resize(static_cast<size_t>(floats));
-  if (floats == 0) return Status::Ok();
-  return ReadBytes(loc.offset + kHeaderBytes, floats * 4,
+Status SsdTier::Peek(int64_t number, int64_t key, bool* found, SsdRecord* record) const {
+  *found = false;
+  if (!Live(number)) return Status::Ok();
+  int64_t stored = 0;
+  MXREC_RETURN_IF_ERROR(ReadHeader(number, &stored, &record->present));
+  if (stored != key) return Status::Ok();
+  record->values.resize(static_cast<size_t>(stride_));
+  *found = true;
+  if (stride_ == 0) return Status::Ok();
+  return ReadBytes(number * record_bytes() + kHeaderBytes, stride_ * 4,
                    reinterpret_cast<char*>(record->values.data()));
 }
 
-Status SsdTier::Take(int64_t key, bool* found, SsdRecord* record) {
-  MXREC_RETURN_IF_ERROR(Peek(key, found, record));
-  if (*found) Erase(key);
-  return Status::Ok();
-}
-
-Status SsdTier::Peek(int64_t key, bool* found, SsdRecord* record) const {
-  const SsdIndex::Entry* entry = index_.Find(key);
-  *found = entry != nullptr;
-  if (!*found) return Status::Ok();
-  return ReadAt(Location{entry->offset(), entry->length()}, key, record);
-}
-
-void SsdTier::Erase(int64_t key) { live_bytes_ -= index_.Erase(key); }
-
 Status SsdTier::ForEach(const std::function<void(int64_t, const SsdRecord&)>& fn) const {
-  std::vector<SsdIndex::Entry> entries;
-  entries.reserve(static_cast<size_t>(index_.size()));
-  index_.ForEach([&entries](const SsdIndex::Entry& e) { entries.push_back(e); });
   SsdRecord record;
-  for (const SsdIndex::Entry& e : entries) {
-    MXREC_RETURN_IF_ERROR(ReadAt(Location{e.offset(), e.length()}, e.key, &record));
-    fn(e.key, record);
+  for (int64_t r = 0; r < records_in_file_; ++r) {
+    if (!Live(r)) continue;
+    int64_t key = 0;
+    MXREC_RETURN_IF_ERROR(ReadHeader(r, &key, &record.present));
+    bool found = false;
+    MXREC_RETURN_IF_ERROR(Peek(r, key, &found, &record));
+    fn(key, record);
   }
   return Status::Ok();
 }
 
-Status SsdTier::MaybeCompact() {
-  const int64_t dead = end_ - live_bytes_;
-  if (dead < kMinCompactBytes || dead < live_bytes_) return Status::Ok();
-  const std::string tmp = dir_ + "/" + kCompactFile;
-  // The compacted copy is written beside the file it replaces.
-  MXREC_RETURN_IF_ERROR(CheckRoom(live_bytes_, "compact the SSD tier file"));
+Status SsdTier::Restride(int64_t stride) {
+  // Records keep their numbers: record r moves from r * old bytes to r * new
+  // bytes, its floats padded with zeros. The copy is written beside the file
+  // it replaces, in blocks.
+  const int64_t old_bytes = record_bytes();
+  const int64_t new_bytes = kHeaderBytes + stride * 4;
+  MXREC_RETURN_IF_ERROR(CheckRoom(records_in_file_ * new_bytes, "widen the records of"));
   int fd = -1;
-  MXREC_RETURN_IF_ERROR(CreateFile(kCompactFile, &fd));
-  // Live records in file order, read through blocks of the old file and
-  // written out in blocks. The entries are moved in place once the new file
-  // replaced the old one (8 bytes per live record meanwhile, no second index).
-  std::vector<SsdIndex::Entry*> live = index_.Entries();
-  std::sort(live.begin(), live.end(), [](const SsdIndex::Entry* a, const SsdIndex::Entry* b) {
-    return a->offset() < b->offset();
-  });
+  MXREC_RETURN_IF_ERROR(CreateFile(kRestrideFile, &fd));
+  const std::string tmp = dir_ + "/" + kRestrideFile;
+  const int64_t per_block = std::max<int64_t>(1, kCopyBlock / new_bytes);
   std::vector<char> in;
   std::vector<char> out;
-  int64_t in_start = 0;
-  int64_t in_end = 0;
-  int64_t end = 0;       // bytes of the new file, written or buffered
-  int64_t written = 0;   // bytes of the new file on disk
   Status status;
-  for (const SsdIndex::Entry* entry : live) {
-    const Location loc{entry->offset(), entry->length()};
-    if (loc.offset < in_start || loc.offset + loc.length > in_end) {
-      in_start = loc.offset;
-      const int64_t want = std::min(std::max(kCompactBlock, loc.length), end_ - in_start);
-      in.resize(static_cast<size_t>(want));
-      status = ReadAll(fd_, in.data(), want, in_start, path_);
-      if (!status.ok()) break;
-      in_end = in_start + want;
+  for (int64_t first = 0; first < records_in_file_ && status.ok(); first += per_block) {
+    const int64_t n = std::min(per_block, records_in_file_ - first);
+    in.resize(static_cast<size_t>(n * old_bytes));
+    out.assign(static_cast<size_t>(n * new_bytes), 0);
+    status = ReadAll(fd_, in.data(), n * old_bytes, first * old_bytes, path_);
+    if (!status.ok()) break;
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(out.data() + r * new_bytes, in.data() + r * old_bytes,
+                  static_cast<size_t>(old_bytes));
     }
-    out.insert(out.end(), in.begin() + (loc.offset - in_start),
-               in.begin() + (loc.offset - in_start + loc.length));
-    end += loc.length;
-    if (static_cast<int64_t>(out.size()) >= kCompactBlock) {
-      status = WriteAll(fd, out.data(), static_cast<int64_t>(out.size()), written, tmp);
-      if (!status.ok()) break;
-      written += static_cast<int64_t>(out.size());
-      out.clear();
-    }
+    status = WriteAll(fd, out.data(), n * new_bytes, first * new_bytes, tmp);
   }
-  if (status.ok() && !out.empty()) {
-    status = WriteAll(fd, out.data(), static_cast<int64_t>(out.size()), written, tmp);
-  }
-  if (status.ok() && renameat(dir_fd_, kCompactFile, dir_fd_, kDataFile) != 0) {
+  if (status.ok() && renameat(dir_fd_, kRestrideFile, dir_fd_, kDataFile) != 0) {
     status = MXREC_ERROR(StatusCode::kInternal, "mxrec table '", name_,
-                         "': replacing the SSD tier file ", path_, " after compaction failed: ",
+                         "': replacing the SSD tier file ", path_, " with wider records failed: ",
                          std::strerror(errno));
   }
   if (!status.ok()) {
-    if (SameFile(dir_fd_, kCompactFile, fd)) unlinkat(dir_fd_, kCompactFile, 0);
+    if (SameFile(dir_fd_, kRestrideFile, fd)) unlinkat(dir_fd_, kRestrideFile, 0);
     close(fd);
     return status;
   }
@@ -538,15 +436,8 @@ Status SsdTier::MaybeCompact() {
   close(fd_);
   fd_ = fd;
   Map();
-  int64_t at = 0;
-  for (SsdIndex::Entry* entry : live) {
-    const int64_t length = entry->length();
-    entry->Move(at);
-    at += length;
-  }
-  end_ = end;
-  live_bytes_ = end;
-  ++compactions_;
+  stride_ = stride;
+  ++restrides_;
   return Status::Ok();
 }
 

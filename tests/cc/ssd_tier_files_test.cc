@@ -1,7 +1,8 @@
 // The SSD tier's files (run by tests/test_ssd_tier_files.py with a scratch
 // directory standing for ssd_data_path): a private directory of mode 0700 per
 // tier, a data file of mode 0600 opened close-on-exec; a symlink or file
-// planted at the compaction file's name is neither followed nor truncated nor
+// planted at the name of the copy that widens the records (a component
+// registered after the first spill) is neither followed nor truncated nor
 // removed, and the error names the path and the setting; dropping the tier
 // removes only what it created; a directory that cannot be made is an error
 // naming ssd_data_path.
@@ -81,27 +82,24 @@ bool OpenCloseOnExec(const std::string& path) {
   return found;
 }
 
-// Rewrites the same keys until the dead bytes call for a compaction.
-Status Churn(SsdTier* tier, int rounds) {
+// Writes records 0..99 (keys 0..99) of `floats` floats: wider than the
+// tier's records, they make it copy its file into one of wider records.
+Status Fill(SsdTier* tier, int64_t floats) {
   SsdRecord record;
   record.present = 1;
-  record.values.assign(64, 1.5f);
+  record.values.assign(static_cast<size_t>(floats), 1.5f);
   std::vector<int64_t> keys;
   std::vector<SsdRecord> records;
   for (int64_t k = 0; k < 100; ++k) {
     keys.push_back(k);
     records.push_back(record);
   }
-  for (int i = 0; i < rounds; ++i) {
-    Status status = tier->PutBatch(keys, records);
-    if (!status.ok()) return status;
-  }
-  return Status::Ok();
+  return tier->PutBatch(keys, keys, records);
 }
 
 void TestPrivateDirectoryAndCleanUp(const std::string& scratch) {
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(scratch, "user/items", 1 << 20, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "user/items", 64, &tier).ok());
   const std::string dir = tier->directory();
   const std::set<std::string> entries = Entries(scratch);
   EXPECT(entries.size() == 1);
@@ -117,39 +115,41 @@ void TestPrivateDirectoryAndCleanUp(const std::string& scratch) {
   EXPECT(OpenCloseOnExec(dir));
   // A second tier of the same table (a restore builds one beside the old) gets its own.
   std::unique_ptr<SsdTier> second;
-  EXPECT(SsdTier::Open(scratch, "user/items", 1 << 20, &second).ok());
+  EXPECT(SsdTier::Open(scratch, "user/items", 64, &second).ok());
   EXPECT(second->directory() != dir && Entries(scratch).size() == 2);
-  EXPECT(Churn(tier.get(), 20).ok() && tier->compactions() > 0);
+  EXPECT(Fill(tier.get(), 64).ok() && Fill(tier.get(), 128).ok() && tier->restrides() == 1);
   EXPECT(Entries(dir) == std::set<std::string>{"rows.dat"});
   tier.reset();
   second.reset();
   EXPECT(Entries(scratch).empty());
 }
 
-void TestPlantedCompactionFileIsLeftAlone(const std::string& scratch) {
+void TestPlantedRestrideFileIsLeftAlone(const std::string& scratch) {
   const std::string victim = scratch + "/victim.txt";
   Write(victim, "not mxrec's");
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(scratch, "t", 1 << 20, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "t", 64, &tier).ok());
   const std::string dir = tier->directory();
-  const std::string planted = dir + "/rows.dat.compact";
+  const std::string planted = dir + "/rows.dat.restride";
+  EXPECT(Fill(tier.get(), 64).ok());
   EXPECT(symlink(victim.c_str(), planted.c_str()) == 0);
-  const Status refused = Churn(tier.get(), 20);
-  EXPECT(!refused.ok() && tier->compactions() == 0);
+  const Status refused = Fill(tier.get(), 128);
+  EXPECT(!refused.ok() && tier->restrides() == 0);
   const std::string message = refused.message();
   EXPECT(Contains(message, planted) && Contains(message, "ssd_data_path") &&
          Contains(message, "mxrec did not create"));
   EXPECT(Read(victim) == "not mxrec's");
   EXPECT(S_ISLNK(Mode(planted)));
-  // The records stay readable; with the link gone, compaction works again.
+  // The records stay readable; with the link gone, widening works again.
   bool found = false;
   SsdRecord record;
-  EXPECT(tier->Peek(42, &found, &record).ok() && found && record.values.size() == 64);
+  EXPECT(tier->Peek(42, 42, &found, &record).ok() && found && record.values.size() == 64);
   EXPECT(unlink(planted.c_str()) == 0);
-  EXPECT(Churn(tier.get(), 20).ok() && tier->compactions() > 0);
+  EXPECT(Fill(tier.get(), 128).ok() && tier->restrides() == 1);
+  EXPECT(tier->Peek(42, 42, &found, &record).ok() && found && record.values.size() == 128);
   // A plain file planted there is not truncated either.
   Write(planted, "someone's data");
-  EXPECT(!Churn(tier.get(), 40).ok());
+  EXPECT(!Fill(tier.get(), 192).ok());
   EXPECT(Read(planted) == "someone's data");
   EXPECT(unlink(planted.c_str()) == 0);
   tier.reset();
@@ -160,7 +160,7 @@ void TestPlantedCompactionFileIsLeftAlone(const std::string& scratch) {
 void TestDroppingRemovesOnlyWhatItCreated(const std::string& scratch) {
   // Another file in the private directory: the data file goes, the rest stays.
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(scratch, "t", 1 << 20, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "t", 64, &tier).ok());
   const std::string dir = tier->directory();
   Write(dir + "/notes.txt", "kept");
   tier.reset();
@@ -168,7 +168,7 @@ void TestDroppingRemovesOnlyWhatItCreated(const std::string& scratch) {
   EXPECT(Read(dir + "/notes.txt") == "kept");
   EXPECT(unlink((dir + "/notes.txt").c_str()) == 0 && rmdir(dir.c_str()) == 0);
   // A file renamed over the data file is not the tier's: it stays.
-  EXPECT(SsdTier::Open(scratch, "t", 1 << 20, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "t", 64, &tier).ok());
   const std::string other = scratch + "/other.dat";
   Write(other, "replacement");
   EXPECT(rename(other.c_str(), tier->path().c_str()) == 0);
@@ -203,8 +203,8 @@ int main(int argc, char** argv) {
   const std::string scratch = argv[1];
   TestPrivateDirectoryAndCleanUp(scratch);
   std::printf("private directory: ok\n");
-  TestPlantedCompactionFileIsLeftAlone(scratch);
-  std::printf("planted compaction file: ok\n");
+  TestPlantedRestrideFileIsLeftAlone(scratch);
+  std::printf("planted restride file: ok\n");
   TestDroppingRemovesOnlyWhatItCreated(scratch);
   std::printf("drop removes only its own: ok\n");
   TestDirectoryErrorsNameTheSetting(scratch);
