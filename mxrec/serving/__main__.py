@@ -1,6 +1,7 @@
 """python -m mxrec.serving: a TF Serving REST predictor that follows an export base.
 
-    python -m mxrec.serving --export-base DIR --model-name NAME --port P [--host 0.0.0.0]
+    python -m mxrec.serving --export-base DIR --model-name NAME --port P [--grpc-port G]
+                            [--host 0.0.0.0]
 
 Serves EXPORT_BASE/<newest valid version>, applies each new version as it appears
 (in place for mxrec delta versions, whole for SavedModels), refuses damaged ones and
@@ -8,6 +9,8 @@ keeps serving the old; logs a line per version switch (version, how, load time).
 A version still being copied is looked at again at the next poll; a damaged one (or
 one with an op outside the allowlist, or values that are not finite) once its files
 change. Until a version loads, GET /v1/models/NAME answers 404, as TF Serving does.
+Answers TF Serving's REST API on --port and, with --grpc-port, its gRPC API
+(PredictionService, ModelService) too; --port off leaves REST off.
 Listens on 127.0.0.1 unless --host says otherwise (0.0.0.0 in a container).
 """
 
@@ -16,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Optional
 
 _EPILOG = """\
 An export base holds numeric version folders, each with the mxrec_version.json manifest
@@ -27,9 +31,25 @@ examples:
   python -m mxrec.serving --export-base /serving/ctr --model-name ctr --port 8501
   curl http://127.0.0.1:8501/v1/models/ctr
   curl -d '{"instances": [{"ids": [1, 2]}]}' http://127.0.0.1:8501/v1/models/ctr:predict
+  python -m mxrec.serving --export-base /serving/ctr --model-name ctr --port 8501 \
+      --grpc-port 8500
 
 guide: docs/SERVING.md (requests, signatures, your own model, operating)
 """
+
+
+def _port(text: str) -> Optional[int]:
+    """A port number 0-65535, or "off" (None)."""
+    if text == "off":
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535 or off, got "
+                                         f"{text!r}") from None
+    if not 0 <= port < 65536:
+        raise argparse.ArgumentTypeError(f"must be 0-65535 or off, got {port}")
+    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,8 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder of numeric version folders (TF Serving layout)")
     parser.add_argument("--model-name", "--model_name", dest="model_name", required=True,
                         help="NAME in /v1/models/NAME")
-    parser.add_argument("--port", type=int, default=8501,
-                        help="TCP port (8501; 0: any free port, printed)")
+    parser.add_argument("--port", type=_port, default=8501,
+                        help="REST API's TCP port (8501; 0: any free port, printed; off: no "
+                             "REST API)")
+    parser.add_argument("--grpc-port", "--grpc_port", dest="grpc_port", type=_port,
+                        default=None,
+                        help="gRPC API's TCP port (TF Serving's PredictionService and "
+                             "ModelService; 0: any free port, printed; default: off)")
+    parser.add_argument("--grpc-max-message-bytes", "--grpc_max_message_bytes",
+                        dest="grpc_max_message", type=int, default=64 << 20,
+                        help="largest gRPC message either way; a larger request is answered "
+                             "RESOURCE_EXHAUSTED (64 MiB)")
+    parser.add_argument("--grpc-num-threads", "--grpc_num_threads", dest="grpc_threads",
+                        type=int, default=None,
+                        help="threads answering gRPC calls, a fixed pool (default: 4 per "
+                             "usable core)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: "
                              "every interface, as TF Serving, needed in a container)")
@@ -66,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "is closed (30000)")
     parser.add_argument("--max-queued-requests", "--max_queued_requests", dest="max_queued",
                         type=int, default=None,
-                        help="requests that may wait for a free thread; one more is answered "
-                             "503 at once (default: the number of threads)")
+                        help="requests that may wait for a free thread, per API; one more "
+                             "is answered 503 (gRPC: RESOURCE_EXHAUSTED) at once (default: the "
+                             "number of threads)")
     parser.add_argument("--allow-op", "--allow_op", dest="allow_ops", action="append",
                         default=[], metavar="OP",
                         help="an op type a custom model needs beyond those mxrec's exports "
@@ -81,53 +115,97 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.export_base) and "://" not in args.export_base:
-        parser.error(f"--export-base {args.export_base!r} is not a folder")
-    if not 0 <= args.port < 65536:
-        parser.error(f"--port must be 0-65535, got {args.port}")
-    if args.poll_interval <= 0:
-        parser.error(f"--poll-interval must be > 0, got {args.poll_interval}")
-    if args.max_body_bytes < 1:
-        parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
-    for flag, value in (("--rest-api-num-threads", args.num_threads),
-                        ("--rest-api-timeout-in-ms", args.timeout_ms),
-                        ("--max-queued-requests", args.max_queued)):
-        if value is not None and value < 1:
-            parser.error(f"{flag} must be >= 1, got {value}")
+    _check_args(parser, args)
     import tensorflow as tf
     from absl import logging
 
     tf.compat.v1.disable_eager_execution()
     logging.set_verbosity(logging.INFO)  # the version switches
     from mxrec.serving.predictor import Predictor
-    from mxrec.serving.server import ModelServer
 
     try:
         predictor = Predictor(args.export_base, args.signature, args.threads, args.allow_ops)
     except ValueError as error:
         parser.error(f"--allow-op: {error}")
     try:  # bind first: a busy port is reported before any model is loaded
-        server = ModelServer(predictor, args.model_name, args.port, args.poll_interval,
-                             host=args.host, max_body=args.max_body_bytes,
-                             num_threads=args.num_threads, timeout=args.timeout_ms / 1000,
-                             max_queued=args.max_queued)
+        servers = _bind(args, predictor)
     except OSError as error:
+        predictor.close()
         print(f"python -m mxrec.serving: error: {error.strerror or error}", file=sys.stderr)
         return 1
     predictor.poll()
-    server.start()
-    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
-    which = (f"version {predictor.version}" if predictor.version is not None else
-             "(no version yet: its status answers 404 until one loads)")
-    print(f"serving {args.model_name} {which} on "
-          f"http://{shown}:{server.port}/v1/models/{args.model_name} (listening on "
-          f"{args.host or '0.0.0.0'}, {server.num_threads} threads)", flush=True)
+    for server in servers:
+        server.start()
+    _announce(args, predictor, servers)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     done.wait(args.max_seconds)
-    server.stop()
+    for server in reversed(servers):  # gRPC first; the REST server closes the predictor
+        server.stop()
+    if args.port is None:
+        predictor.close()
     return 0
+
+
+def _check_args(parser, args) -> None:
+    if not os.path.isdir(args.export_base) and "://" not in args.export_base:
+        parser.error(f"--export-base {args.export_base!r} is not a folder")
+    if args.port is None and args.grpc_port is None:
+        parser.error("--port off needs a --grpc-port: one of the APIs must be on")
+    if args.poll_interval <= 0:
+        parser.error(f"--poll-interval must be > 0, got {args.poll_interval}")
+    if args.max_body_bytes < 1:
+        parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if not 1 <= args.grpc_max_message < 1 << 31:
+        parser.error(f"--grpc-max-message-bytes must be 1 to {(1 << 31) - 1} (gRPC's "
+                     f"limit), got {args.grpc_max_message}")
+    for flag, value in (("--rest-api-num-threads", args.num_threads),
+                        ("--grpc-num-threads", args.grpc_threads),
+                        ("--rest-api-timeout-in-ms", args.timeout_ms),
+                        ("--max-queued-requests", args.max_queued)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+
+
+def _bind(args, predictor) -> list:
+    """The servers the flags ask for, bound (REST first, then gRPC), not started; the REST
+    server polls the export base, or the gRPC one where REST is off."""
+    servers = []
+    try:
+        if args.port is not None:
+            from mxrec.serving.server import ModelServer
+
+            servers.append(ModelServer(
+                predictor, args.model_name, args.port, args.poll_interval, host=args.host,
+                max_body=args.max_body_bytes, num_threads=args.num_threads,
+                timeout=args.timeout_ms / 1000, max_queued=args.max_queued))
+        if args.grpc_port is not None:
+            from mxrec.serving.grpc_server import GrpcServer
+
+            servers.append(GrpcServer(
+                predictor, args.model_name, args.grpc_port, host=args.host,
+                max_message=args.grpc_max_message, num_threads=args.grpc_threads,
+                max_queued=args.max_queued,
+                poll_interval=args.poll_interval if args.port is None else None))
+    except OSError:
+        for server in servers:  # bound, never started: its listener goes
+            server.close()
+        raise
+    return servers
+
+
+def _announce(args, predictor, servers) -> None:
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    which = (f"version {predictor.version}" if predictor.version is not None else
+             "(no version yet: its status answers 404 until one loads)")
+    for server in servers:
+        if hasattr(server, "max_body"):
+            where = f"http://{shown}:{server.port}/v1/models/{args.model_name}"
+        else:
+            where = f"grpc://{shown}:{server.port} (model {args.model_name})"
+        print(f"serving {args.model_name} {which} on {where} (listening on "
+              f"{args.host or '0.0.0.0'}, {server.num_threads} threads)", flush=True)
 
 
 if __name__ == "__main__":

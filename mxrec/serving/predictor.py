@@ -286,15 +286,18 @@ class ModelInstance:
                                         f"that are not finite (first at flat index {index})")
 
     def predict(self, inputs: Dict[str, np.ndarray], signature: Optional[str] = None,
-                timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+                timeout: Optional[float] = None,
+                outputs: Optional[Iterable[str]] = None) -> Dict[str, np.ndarray]:
         """Runs a signature (the default one when None) on inputs {name: array}; the run is
         cancelled with tf.errors.DeadlineExceededError after `timeout` seconds (None: no
-        limit)."""
+        limit). `outputs` names the outputs to compute (None or empty: all of them; TF
+        Serving's output_filter)."""
         name = self.default_signature if signature is None else signature
         if name not in self.signatures:
             raise ValueError(f"unknown signature {name!r}; this model has "
                              f"{sorted(self.signatures)}")
-        wanted, outputs = self.signatures[name]
+        wanted, every = self.signatures[name]
+        outputs = _chosen(every, outputs)
         missing = sorted(set(wanted) - set(inputs))
         unknown = sorted(set(inputs) - set(wanted))
         if missing or unknown:
@@ -378,6 +381,15 @@ def _check_table_delta(version: int, name: str, dim: int, delta: Dict) -> None:
         raise NonFiniteVersionError(
             f"delta {version}: table {name!r} has {int((~np.isfinite(emb)).sum())} values "
             f"that are not finite, first in the row of ID {ids[index // dim]}")
+
+
+def _chosen(every: Dict[str, tf.Tensor], names: Optional[Iterable[str]]) -> Dict:
+    names = sorted(set(names or ()))
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise requests.RequestError(f"output tensor alias not found in signature: "
+                                    f"{unknown[0]}; the outputs are {sorted(every)}")
+    return {n: every[n] for n in names} if names else every
 
 
 class NonFiniteVersionError(versions.DamagedVersionError):
@@ -473,6 +485,16 @@ class Predictor:
         """(outputs, version) from the serving instance, all of one version."""
         with self.serving() as instance:
             return instance.predict(inputs, signature, timeout), instance.version
+
+    def follow(self, interval: float, stop: threading.Event) -> None:
+        """Polls the export base every `interval` seconds until `stop` is set (a server's
+        background thread); a failed poll is logged and the next one tried."""
+        while not stop.is_set():
+            try:
+                self.poll()
+            except Exception as error:  # noqa: BLE001 (a bad poll must not end serving)
+                logging.error("predictor: poll failed: %s", error)
+            stop.wait(interval)
 
     # ---------------------------------------------------------------- versions
 

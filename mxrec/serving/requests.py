@@ -281,6 +281,64 @@ def _single_or_named(value, specs: Mapping[str, InputSpec], where: str) -> Dict:
                        f"inputs {sorted(specs)}, got {_describe(value)}")
 
 
+def signature_specs(signatures: Mapping[str, Mapping[str, InputSpec]], name: str,
+                    default_signature: str) -> Tuple[str, Mapping[str, InputSpec]]:
+    """(name, input specs) of the signature a request names ("": the default one, as TF
+    Serving reads an empty signature_name).
+
+    Raises:
+        RequestError: the model has no signature of that name.
+    """
+    name = name or default_signature
+    if name not in signatures:
+        raise RequestError(f"unknown signature_name {name!r}; this model has "
+                           f"{sorted(signatures)}")
+    return name, signatures[name]
+
+
+def check_arrays(feeds: Mapping[str, np.ndarray], specs: Mapping[str, InputSpec],
+                 where: str = "the request") -> None:
+    """Checks typed arrays (a gRPC request's tensors) as `to_feeds` checks JSON: the input
+    names, each array's dtype and shape against its signature, one batch size for all, no
+    empty batch, finite floats.
+
+    Raises:
+        RequestError: naming the input and what was expected.
+    """
+    _check_names(feeds, specs, where)
+    sizes = {}
+    for key, spec in sorted(specs.items()):
+        value = feeds[key]
+        wanted = "string" if spec.kind == "string" else spec.dtype.name
+        got = ("string" if value.dtype.kind in "OSU" else value.dtype.name)
+        if got != wanted:
+            raise RequestError(f"input {key!r}: expected {wanted} values, got {got}")
+        dims = ["?" if d is None else str(d) for d in spec.shape]
+        fits = value.ndim == len(spec.shape) and all(
+            d is None or d == n for d, n in zip(spec.shape, value.shape))
+        if not fits:
+            raise RequestError(f"input {key!r}: expected shape [{', '.join(dims)}] (the first "
+                               f"dimension is the batch), got {list(value.shape)}")
+        if value.shape[0] == 0:
+            raise RequestError(f"input {key!r}: the batch is empty; send at least one row")
+        if spec.kind == "float":
+            index = _first_bad_float(value)
+            if index is not None:
+                position = [int(i) for i in np.unravel_index(index, value.shape)]
+                raise RequestError(f"input {key!r}, row {position[0]}, position "
+                                   f"{position[1:]}: expected {spec.expected()}, got "
+                                   f"{value.reshape(-1)[index]} (not finite)")
+        sizes[key] = value.shape[0]
+    if len(set(sizes.values())) > 1:
+        raise RequestError(f"the inputs have different batch sizes {dict(sorted(sizes.items()))}"
+                           "; every input needs one entry per row")
+
+
+def _first_bad_float(value: np.ndarray) -> Optional[int]:
+    bad = ~np.isfinite(value)
+    return int(np.argmax(bad.reshape(-1))) if bad.any() else None
+
+
 def to_feeds(body, signatures: Mapping[str, Mapping[str, InputSpec]],
              default_signature: str) -> Tuple[str, Dict[str, np.ndarray], bool]:
     """(signature name, {input: array}, row format?) of a parsed predict body.
@@ -300,10 +358,7 @@ def to_feeds(body, signatures: Mapping[str, Mapping[str, InputSpec]],
     name = body.get("signature_name", default_signature)
     if not isinstance(name, str):
         raise RequestError(f"'signature_name' must be a string, got {_describe(name)}")
-    if name not in signatures:
-        raise RequestError(f"unknown signature_name {name!r}; this model has "
-                           f"{sorted(signatures)}")
-    specs = signatures[name]
+    name, specs = signature_specs(signatures, name, default_signature)
     if "instances" in body:
         instances = body["instances"]
         if not isinstance(instances, list) or not instances:
@@ -363,4 +418,5 @@ def _jsonable(value):
 
 
 __all__ = ["RequestError", "InputSpec", "parse_json", "to_feeds", "outputs_to_json",
+           "signature_specs", "check_arrays",
            "INT64_MIN", "INT64_MAX"]

@@ -51,16 +51,14 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Optional
 
-import tensorflow as tf
 from absl import logging
 
-from mxrec.serving import requests
-from mxrec.serving.predictor import NoVersionError, Predictor
+from mxrec.serving import calls, requests
+from mxrec.serving.predictor import Predictor
 from mxrec.serving.requests import RequestError
 
 _PREDICT = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+))?:predict$")
 _STATUS = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+))?(/metadata)?$")
-_NODE_LINE = re.compile(r"^Node: '[^'\n]*'\n", re.MULTILINE)
 MAX_BODY = 64 << 20
 # A body over the limit is read and dropped up to this size, so that the client, which
 # sends all of it before reading the answer, gets the 413 and not a broken pipe.
@@ -306,19 +304,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _status(self, wanted: Optional[str]):
         """TF Serving's model status; 404 while no version is AVAILABLE."""
         name = self.server.model_name
-        status = self.server.predictor.status()
-        entries = status["model_version_status"]
-        if wanted is not None:
-            entries = [e for e in entries if e["version"] == str(int(wanted))]
-            if not entries:
-                raise RequestError(f"Could not find version {int(wanted)} of model {name}",
-                                   404)
-            return self._reply(200, {"model_version_status": entries})
-        if not any(e["state"] == "AVAILABLE" for e in entries):
-            # TF Serving's words; the versions it is loading or refused, for the operator.
-            return self._reply(404, {"error": f"Could not find any versions of model {name}",
-                                     "model_version_status": entries})
-        return self._reply(200, status)
+        try:
+            entries = calls.model_status(self.server.predictor, name, name,
+                                         None if wanted is None else int(wanted))
+        except RequestError as error:
+            if not hasattr(error, "entries"):
+                raise
+            # The versions it is loading or refused, for the operator.
+            return self._reply(404, {"error": str(error),
+                                     "model_version_status": error.entries})
+        return self._reply(200, {"model_version_status": entries})
 
     def _get(self):
         match = _STATUS.match(self.path)
@@ -327,38 +322,18 @@ class _Handler(BaseHTTPRequestHandler):
                                f"/v1/models/{self.server.model_name}", 404)
         if not match.group(3):
             return self._status(match.group(2))
-        try:
-            with self.server.predictor.serving() as instance:
-                if match.group(2) is not None and int(match.group(2)) != instance.version:
-                    raise RequestError(f"version {match.group(2)} is not serving (version "
-                                       f"{instance.version} is)", 404)
-                meta = instance.metadata()
-                body = {"model_spec": {"name": self.server.model_name, "signature_name": "",
-                                       "version": str(instance.version)},
-                        "metadata": {"signature_def": meta,
-                                     # mxrec's earlier form, kept for its clients
-                                     "inputs": sorted(instance.inputs),
-                                     "outputs": sorted(instance.outputs)}}
-                version = instance.version
-        except NoVersionError as error:
-            raise RequestError(str(error), 503) from None
+        name = self.server.model_name
+        wanted = None if match.group(2) is None else int(match.group(2))
+        with calls.serving(self.server.predictor, name, name, wanted) as instance:
+            meta = instance.metadata()
+            body = {"model_spec": {"name": name, "signature_name": "",
+                                   "version": str(instance.version)},
+                    "metadata": {"signature_def": meta,
+                                 # mxrec's earlier form, kept for its clients
+                                 "inputs": sorted(instance.inputs),
+                                 "outputs": sorted(instance.outputs)}}
+            version = instance.version
         return self._reply(200, body, version)
-
-    def _run(self, instance, feeds, name):
-        """The model's outputs; errors the graph raises for the request's values are 400s
-        (TF Serving's mapping), a run past the deadline a 504."""
-        try:
-            return instance.predict(feeds, name, timeout=self.deadline - time.monotonic())
-        except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
-            raise RequestError(f"the model refused the request's values: "
-                               f"{_op_words(error)}", 400) from None
-        except tf.errors.DeadlineExceededError:
-            raise RequestError(f"the model did not answer within the request's deadline of "
-                               f"{self.server.timeout:g} s (python -m mxrec.serving "
-                               "--rest-api-timeout-in-ms)", 504) from None
-        except tf.errors.ResourceExhaustedError as error:
-            raise RequestError(f"the model ran out of memory for this request (send smaller "
-                               f"batches): {_op_words(error)}", 429) from None
 
     def _post(self):
         match = _PREDICT.match(self.path)
@@ -368,27 +343,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._body()  # read, so that the connection stays usable
             raise error
         body = requests.parse_json(self._body())
-        wanted = match.group(2)
-        try:
-            with self.server.predictor.serving() as instance:
-                if wanted is not None and int(wanted) != instance.version:
-                    raise RequestError(f"version {wanted} is not serving (version "
-                                       f"{instance.version} is)", 404)
-                name, feeds, row_format = requests.to_feeds(
-                    body, instance.input_specs, instance.default_signature)
-                outputs = self._run(instance, feeds, name)
-                version = instance.version
-        except NoVersionError as error:
-            raise RequestError(str(error), 503) from None
+        name = self.server.model_name
+        wanted = None if match.group(2) is None else int(match.group(2))
+        with calls.serving(self.server.predictor, name, name, wanted) as instance:
+            signature, feeds, row_format = requests.to_feeds(
+                body, instance.input_specs, instance.default_signature)
+            outputs = calls.run(instance, feeds, signature, self.deadline,
+                                f"{self.server.timeout:g} s, python -m mxrec.serving "
+                                "--rest-api-timeout-in-ms")
+            version = instance.version
         return self._reply(200, requests.outputs_to_json(outputs, row_format), version)
-
-
-def _op_words(error: tf.errors.OpError) -> str:
-    """The failing op's own message and node, without the Python trace of where this
-    process defined the node (TensorFlow prepends it: nothing for a client)."""
-    text = error.message
-    node = _NODE_LINE.search(text)
-    return (text[node.end():] if node else text).strip()
 
 
 def _closing(error: RequestError) -> RequestError:
@@ -696,12 +660,7 @@ class ModelServer:
     # --------------------------------------------------------------- lifetime
 
     def _poll_loop(self):
-        while not self._stop.is_set():
-            try:
-                self.predictor.poll()
-            except Exception as error:  # noqa: BLE001 (a bad poll must not end serving)
-                logging.error("predictor: poll failed: %s", error)
-            self._stop.wait(self.poll_interval)
+        self.predictor.follow(self.poll_interval, self._stop)
 
     def start(self):
         targets = [self._watch] + [self._work] * self.num_threads
@@ -712,6 +671,12 @@ class ModelServer:
             thread.start()
             self._threads.append(thread)
         return self
+
+    def close(self):
+        """Releases the port of a server that was never started (the predictor stays open)."""
+        self._listener.close()
+        self._wake_read.close()
+        self._wake_write.close()
 
     def stop(self):
         """Stops accepting, lets the requests being answered finish (each within its

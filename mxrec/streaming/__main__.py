@@ -2,11 +2,12 @@
 
     python -m mxrec.streaming train --data ROOT --model-dir DIR [--export-base DIR] ...
     python -m mxrec.streaming replay --data ROOT/PARTITION --url http://127.0.0.1:P/v1/models/NAME
+    python -m mxrec.streaming replay --data ROOT/PARTITION --grpc 127.0.0.1:G --model_name NAME
 
 `train` trains every ready partition of ROOT once, in time order (and, with --watch,
 those that arrive), with a built-in model; `replay` sends a partition's records to a
-TF Serving REST endpoint (mxrec.serving or TensorFlow Serving) and prints the AUC of
-the answers. Run a subcommand with --help for its flags. Every flag takes both spellings
+TF Serving REST endpoint or gRPC API (mxrec.serving or TensorFlow Serving) and prints
+the AUC of the answers. Run a subcommand with --help for its flags. Every flag takes both spellings
 (--export-base and --export_base); abbreviations are not accepted.
 """
 
@@ -197,14 +198,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = commands.add_parser("replay", help="send a partition to a predictor, print AUC",
                                  description="Replays a partition against a TF Serving REST "
-                                             "endpoint (python -m mxrec.serving or TensorFlow "
-                                             "Serving) and prints the AUC of its answers.",
+                                             "endpoint or gRPC API (python -m mxrec.serving or "
+                                             "TensorFlow Serving) and prints the AUC of its "
+                                             "answers.",
                                  epilog=_EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("--data", required=True,
                         help="a partition folder (ROOT/yyyyMMdd/hh) or a data file")
-    replay.add_argument("--url", required=True,
-                        help="model URL, e.g. http://127.0.0.1:8501/v1/models/ctr")
+    target = replay.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url",
+                        help="a REST model URL, e.g. http://127.0.0.1:8501/v1/models/ctr")
+    target.add_argument("--grpc", metavar="HOST:PORT",
+                        help="a gRPC predictor (TF Serving's PredictionService), e.g. "
+                             "127.0.0.1:8500; needs --model_name")
+    replay.add_argument("--model_name", default=None,
+                        help="with --grpc: the model the requests name")
     _add_data_flags(replay)
     replay.add_argument("--max_requests", type=int, default=1000,
                         help="stop after this many requests (1000)")
@@ -365,11 +373,44 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 def _replay(args, parser) -> int:
     files, schema = _replay_inputs(args, parser)
-    url = args.url.rstrip("/") + ":predict"
-    sent = _send_batches(files, schema, args, url)
-    if sent is None:
-        return 1
-    return _print_replay_report(*sent)
+    if args.url is not None:
+        if args.model_name is not None:
+            parser.error("--model_name goes with --grpc; a --url names its model")
+        url = args.url.rstrip("/") + ":predict"
+        sent = _send_batches(files, schema, args, lambda batch: _predict(url, batch,
+                                                                         args.timeout))
+        return 1 if sent is None else _print_replay_report(*sent)
+    if not args.model_name:
+        parser.error("--grpc needs --model_name (the model the requests name)")
+    from mxrec.serving.grpc_client import PredictClient, parse_target
+
+    try:
+        parse_target(args.grpc)
+    except ValueError as error:
+        parser.error(f"--grpc: {error}")
+    client = PredictClient(args.grpc, args.model_name)
+    try:
+        sent = _send_batches(files, schema, args, lambda batch: _predict_grpc(
+            client, args.grpc, batch, args.timeout))
+    finally:
+        client.close()
+    return 1 if sent is None else _print_replay_report(*sent)
+
+
+def _predict_grpc(client, target: str, batch: dict, timeout: float):
+    """The probabilities the gRPC predictor gives for `batch`; None where it refused or
+    could not be reached (said on stderr)."""
+    import grpc
+    import numpy as np
+
+    inputs = {key: batch[key] for key in ("sparse", "dense") if key in batch}
+    try:
+        outputs, _ = client.predict(inputs, timeout=timeout)
+    except grpc.RpcError as error:
+        print(f"replay: {target} refused the call ({error.code().name}): {error.details()}",
+              file=sys.stderr)
+        return None
+    return np.asarray(outputs["prob"], np.float64).reshape(-1)
 
 
 def _replay_inputs(args, parser):
@@ -394,9 +435,10 @@ def _replay_inputs(args, parser):
     return files, schema
 
 
-def _send_batches(files: List[str], schema, args, url: str):
+def _send_batches(files: List[str], schema, args, predict):
     """(requests sent, their labels, the predicted probabilities) of up to --max_requests
-    batches posted to `url`; None where a request failed (said on stderr)."""
+    batches given to `predict` (a batch -> its probabilities, None where the request
+    failed, said on stderr); None where a request failed."""
     import tensorflow as tf
 
     from mxrec.streaming import parsers
@@ -415,7 +457,7 @@ def _send_batches(files: List[str], schema, args, url: str):
                     break
                 if len(out["label"]) == 0:
                     continue
-                prob = _predict(url, out, args.timeout)
+                prob = predict(out)
                 if prob is None:
                     return None
                 requests += 1
