@@ -1,0 +1,245 @@
+"""Serving latency and throughput: mxrec's predictor over TF Serving's REST and gRPC APIs,
+against the floor of the same SavedModel's session.run in one process.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_serving.py [--seconds 3] [--batches 1,64,512]
+    PYTHONPATH=. .venv/bin/python bench/bench_serving.py --quick --json serving.json
+
+A wide_deep model (26 Criteo tables x dim 8, hidden 64-32) is trained on one synthetic
+Criteo partition and exported; `python -m mxrec.serving --port 0 --grpc-port 0` serves it
+in a process of its own. For each batch size (rows of the partition, parsed as the
+trainer parses them) and 1 and 8 client threads, each client sends requests back to back
+for --seconds: REST with a pre-encoded JSON body on a keep-alive connection, gRPC with a
+pre-built PredictRequest on one channel per client (TF Serving's stubs). The floor is the
+SavedModel loaded by plain TensorFlow in this process, its signature run by the same
+number of threads. Printed per cell: p50 and p99 latency (ms), requests/s, rows/s, and p99
+over the floor's p99 at the same batch and threads. Clients and server share this
+machine's cores, so at 8 threads the client's own work is part of what is measured.
+
+Goals (1 client thread, batch 64): gRPC p99 <= 2 x the floor's p99, REST p99 <= 3 x.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+tf.compat.v1.disable_eager_execution()
+
+from bench import report  # noqa: E402
+from bench.bench_streaming import MODEL, _hourly_stream, _streaming, machine  # noqa: E402
+from mxrec.serving.grpc_client import PredictClient  # noqa: E402
+from mxrec.streaming import models, parsers  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _export(root: str, rows: int) -> str:
+    """Trains one partition and returns the export base (version 1)."""
+    _hourly_stream(os.path.join(root, "data"), 1, rows)
+    base = os.path.join(root, "export")
+    _streaming(os.path.join(root, "data"), os.path.join(root, "work"), 512, 0,
+               export_base=base, model=models.ModelConfig(**MODEL))
+    return base
+
+
+def _queries(root: str, rows: int) -> dict:
+    """{"sparse": int64 [rows, 26], "dense": float32 [rows, 13]}: the partition's first
+    rows, parsed and hashed as the trainer does."""
+    folder = os.path.join(root, "data", "20240101", "00")
+    files = [os.path.join(folder, "part-00000")]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        batch = sess.run(tf.compat.v1.data.make_one_shot_iterator(
+            parsers.make_dataset(files, parsers.CRITEO_TSV, rows)).get_next())
+    return {"sparse": batch["sparse"], "dense": batch["dense"]}
+
+
+def _drive(call, threads: int, seconds: float) -> dict:
+    """Runs `call(thread_index)` back to back on `threads` threads for `seconds` (after one
+    warm-up call each); returns p50/p99 latency in ms and requests/s."""
+    for index in range(threads):
+        call(index)
+    latencies = [[] for _ in range(threads)]
+    failures = []
+    start = time.perf_counter()
+    end = start + seconds
+
+    def loop(index):
+        own = latencies[index]
+        try:
+            while time.perf_counter() < end:
+                begun = time.perf_counter()
+                call(index)
+                own.append(time.perf_counter() - begun)
+        except Exception as error:  # noqa: BLE001 (reported, fails the run below)
+            failures.append(repr(error))
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - start
+    if failures:
+        raise RuntimeError(f"{len(failures)} client(s) failed: {failures[0]}")
+    every = np.concatenate([np.asarray(x) for x in latencies]) * 1000
+    return {"p50": float(np.percentile(every, 50)), "p99": float(np.percentile(every, 99)),
+            "rps": len(every) / elapsed, "count": int(len(every))}
+
+
+def _floor(export_dir: str):
+    """A call(index, feeds) running the SavedModel's signature in this process."""
+    graph = tf.Graph()
+    sess = tf.compat.v1.Session(graph=graph)
+    with graph.as_default():
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export_dir)
+    sig = meta.signature_def["serving_default"]
+    outputs = {k: v.name for k, v in sig.outputs.items()}
+    names = {k: v.name for k, v in sig.inputs.items()}
+    return lambda feeds: sess.run(outputs, {names[k]: v for k, v in feeds.items()}), sess
+
+
+def _start_server(base: str):
+    """python -m mxrec.serving in a process of its own; (process, REST port, gRPC port)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH")) if p), TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mxrec.serving", "--export-base", base, "--model-name", "ctr",
+         "--port", "0", "--grpc-port", "0", "--poll-interval", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    lines = [process.stdout.readline() for _ in range(2)]
+    if not all("serving ctr version 1" in line for line in lines):
+        process.kill()
+        raise RuntimeError(f"the predictor did not start: {lines}")
+    rest = int(lines[0].split("http://127.0.0.1:")[1].split("/")[0])
+    grpc_port = int(lines[1].split("grpc://127.0.0.1:")[1].split(" ")[0])
+    return process, rest, grpc_port
+
+
+def _rest_caller(port: int, threads: int, feeds: dict):
+    body = json.dumps({"inputs": {k: v.tolist() for k, v in feeds.items()}}).encode()
+    connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                   for _ in range(threads)]
+
+    def call(index):
+        connection = connections[index]
+        connection.request("POST", "/v1/models/ctr:predict", body=body,
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
+        json.loads(data)
+
+    return call, lambda: [c.close() for c in connections]
+
+
+def _grpc_caller(port: int, threads: int, feeds: dict):
+    clients = [PredictClient(f"127.0.0.1:{port}", "ctr") for _ in range(threads)]
+    request = clients[0].request(feeds)
+
+    def call(index):
+        answer = clients[index].stub.Predict(request, timeout=60)
+        tf.make_ndarray(answer.outputs["prob"])
+
+    return call, lambda: [c.close() for c in clients]
+
+
+def run(args, out: report.Report) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        base = _export(root, args.rows)
+        queries = _queries(root, max(args.batches))
+        floor, floor_session = _floor(os.path.join(base, "1"))
+        process, rest_port, grpc_port = _start_server(base)
+        try:
+            rows = _measure(args, queries, floor, rest_port, grpc_port)
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+            floor_session.close()
+    _print(args, rows, out)
+
+
+def _measure(args, queries, floor, rest_port, grpc_port) -> list:
+    rows = []
+    for batch in args.batches:
+        feeds = {k: v[:batch] for k, v in queries.items()}
+        for threads in args.threads:
+            cells = {"floor": _drive(lambda _, f=feeds: floor(f), threads, args.seconds)}
+            for api, make in (("REST", _rest_caller), ("gRPC", _grpc_caller)):
+                call, close = make(rest_port if api == "REST" else grpc_port, threads, feeds)
+                try:
+                    cells[api] = _drive(call, threads, args.seconds)
+                finally:
+                    close()
+            rows.append((batch, threads, cells))
+    return rows
+
+
+def _print(args, rows, out: report.Report) -> None:
+    print(f"\n### Serving: REST and gRPC against session.run (wide_deep, 26 tables x dim 8, "
+          f"{args.seconds:g} s per cell; {machine()})\n")
+    print("| API | batch | client threads | p50 ms | p99 ms | requests/s | rows/s | "
+          "p99 / floor p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    for batch, threads, cells in rows:
+        floor_p99 = cells["floor"]["p99"]
+        for api in ("floor", "REST", "gRPC"):
+            cell = cells[api]
+            name = "session.run (floor)" if api == "floor" else api
+            print(f"| {name} | {batch} | {threads} | {cell['p50']:.2f} | {cell['p99']:.2f} | "
+                  f"{cell['rps']:.0f} | {cell['rps'] * batch:.0f} | "
+                  f"{cell['p99'] / floor_p99:.2f} |")
+            key = f"{api.lower()} batch {batch} threads {threads}"
+            out.figure(f"{key} p50 ms", round(cell["p50"], 3))
+            out.figure(f"{key} p99 ms", round(cell["p99"], 3))
+            out.figure(f"{key} requests/s", round(cell["rps"], 1))
+        if batch == 64 and threads == 1:
+            out.goal("gRPC p99 / session.run p99, batch 64, 1 client thread (<=)",
+                     cells["gRPC"]["p99"] / floor_p99, 2.0, lower_is_better=True)
+            out.goal("REST p99 / session.run p99, batch 64, 1 client thread (<=)",
+                     cells["REST"]["p99"] / floor_p99, 3.0, lower_is_better=True)
+
+
+def _ints(text: str) -> list:
+    values = [int(v) for v in text.split(",") if v]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="seconds of requests per cell (3; --quick 1)")
+    parser.add_argument("--batches", type=_ints, default=[1, 64, 512],
+                        help="batch sizes (1,64,512); 64 carries the goals")
+    parser.add_argument("--threads", type=_ints, default=[1, 8],
+                        help="client threads (1,8); 1 carries the goals")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="rows of the trained partition (30000; --quick 8000)")
+    report.add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 1.0 if args.quick else 3.0
+    if args.rows is None:
+        args.rows = 8000 if args.quick else 30000
+    if not args.seconds > 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds}")
+    if args.rows < max(args.batches):
+        parser.error(f"--rows ({args.rows}) must hold the largest batch ({max(args.batches)})")
+    out = report.Report()
+    run(args, out)
+    out.write(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
