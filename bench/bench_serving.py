@@ -1,15 +1,17 @@
 """Serving latency and throughput: mxrec's predictor over TF Serving's REST and gRPC APIs,
 against the floor of the same SavedModel's session.run in one process.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_serving.py [--seconds 3] [--batches 1,64,512]
+    PYTHONPATH=. .venv/bin/python bench/bench_serving.py [--seconds 6] [--batches 1,64,512]
     PYTHONPATH=. .venv/bin/python bench/bench_serving.py --quick --json serving.json
 
 A wide_deep model (26 Criteo tables x dim 8, hidden 64-32) is trained on one synthetic
 Criteo partition and exported; `python -m mxrec.serving --port 0 --grpc-port 0` serves it
 in a process of its own. For each batch size (rows of the partition, parsed as the
 trainer parses them) and 1 and 8 client threads, each client sends requests back to back
-for --seconds: REST with a pre-encoded JSON body on a keep-alive connection, gRPC with a
-pre-built PredictRequest on one channel per client (TF Serving's stubs). The floor is the
+for --seconds, split into --rounds rounds taken in turn with the floor and the other API
+(so that other work on the machine falls on all three alike): REST with a pre-encoded JSON
+body on a keep-alive connection, gRPC with a pre-built PredictRequest on one channel per
+client (TF Serving's stubs). The floor is the
 SavedModel loaded by plain TensorFlow in this process, its signature run by the same
 number of threads. Printed per cell: p50 and p99 latency (ms), requests/s, rows/s, and p99
 over the floor's p99 at the same batch and threads. Clients and server share this
@@ -61,9 +63,9 @@ def _queries(root: str, rows: int) -> dict:
     return {"sparse": batch["sparse"], "dense": batch["dense"]}
 
 
-def _drive(call, threads: int, seconds: float) -> dict:
+def _drive(call, threads: int, seconds: float) -> list:
     """Runs `call(thread_index)` back to back on `threads` threads for `seconds` (after one
-    warm-up call each); returns p50/p99 latency in ms and requests/s."""
+    warm-up call each); returns [latencies in ms, elapsed seconds]."""
     for index in range(threads):
         call(index)
     latencies = [[] for _ in range(threads)]
@@ -86,12 +88,17 @@ def _drive(call, threads: int, seconds: float) -> dict:
         worker.start()
     for worker in workers:
         worker.join()
-    elapsed = time.perf_counter() - start
     if failures:
         raise RuntimeError(f"{len(failures)} client(s) failed: {failures[0]}")
-    every = np.concatenate([np.asarray(x) for x in latencies]) * 1000
+    return [np.concatenate([np.asarray(x) for x in latencies]) * 1000,
+            time.perf_counter() - start]
+
+
+def _summary(runs: list) -> dict:
+    """p50/p99 (ms) and requests/s over the rounds' latencies pooled."""
+    every = np.concatenate([latencies for latencies, _ in runs])
     return {"p50": float(np.percentile(every, 50)), "p99": float(np.percentile(every, 99)),
-            "rps": len(every) / elapsed, "count": int(len(every))}
+            "rps": len(every) / sum(seconds for _, seconds in runs), "count": int(len(every))}
 
 
 def _floor(export_dir: str):
@@ -168,24 +175,31 @@ def run(args, out: report.Report) -> None:
 
 
 def _measure(args, queries, floor, rest_port, grpc_port) -> list:
+    """Per batch and thread count, --rounds rounds of floor, REST, gRPC in turn (so that
+    the other work on the machine falls on all three alike), latencies pooled."""
     rows = []
     for batch in args.batches:
         feeds = {k: v[:batch] for k, v in queries.items()}
         for threads in args.threads:
-            cells = {"floor": _drive(lambda _, f=feeds: floor(f), threads, args.seconds)}
-            for api, make in (("REST", _rest_caller), ("gRPC", _grpc_caller)):
-                call, close = make(rest_port if api == "REST" else grpc_port, threads, feeds)
-                try:
-                    cells[api] = _drive(call, threads, args.seconds)
-                finally:
+            callers = {"floor": (lambda _, f=feeds: floor(f), lambda: None)}
+            for api, make, port in (("REST", _rest_caller, rest_port),
+                                    ("gRPC", _grpc_caller, grpc_port)):
+                callers[api] = make(port, threads, feeds)
+            runs = {api: [] for api in callers}
+            try:
+                for _ in range(args.rounds):
+                    for api, (call, _) in callers.items():
+                        runs[api].append(_drive(call, threads, args.seconds / args.rounds))
+            finally:
+                for _, close in callers.values():
                     close()
-            rows.append((batch, threads, cells))
+            rows.append((batch, threads, {api: _summary(r) for api, r in runs.items()}))
     return rows
 
 
 def _print(args, rows, out: report.Report) -> None:
     print(f"\n### Serving: REST and gRPC against session.run (wide_deep, 26 tables x dim 8, "
-          f"{args.seconds:g} s per cell; {machine()})\n")
+          f"{args.seconds:g} s per cell in {args.rounds} rounds; {machine()})\n")
     print("| API | batch | client threads | p50 ms | p99 ms | requests/s | rows/s | "
           "p99 / floor p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for batch, threads, cells in rows:
@@ -218,7 +232,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=None,
-                        help="seconds of requests per cell (3; --quick 1)")
+                        help="seconds of requests per cell, over its rounds (6; --quick 1)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds per cell, floor, REST and gRPC in turn (3; --quick 1)")
     parser.add_argument("--batches", type=_ints, default=[1, 64, 512],
                         help="batch sizes (1,64,512); 64 carries the goals")
     parser.add_argument("--threads", type=_ints, default=[1, 8],
@@ -228,7 +244,11 @@ def main(argv=None) -> int:
     report.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.seconds is None:
-        args.seconds = 1.0 if args.quick else 3.0
+        args.seconds = 1.0 if args.quick else 6.0
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.rows is None:
         args.rows = 8000 if args.quick else 30000
     if not args.seconds > 0:

@@ -25,7 +25,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from mxrec.serving import calls
+from mxrec.serving import calls, tensors
 from mxrec.serving.grpc_server import GrpcServer
 from mxrec.serving.predictor import Predictor
 from mxrec.serving.requests import RequestError
@@ -412,3 +412,34 @@ def test_cli_grpc_port_and_replay_over_grpc(stream, tmp_path):
         [sys.executable, "-m", "mxrec.serving", "--export-base", str(base), "--model-name",
          "ctr", "--port", "off"], capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode == 2 and "--grpc-port" in refused.stderr
+
+
+def test_tensor_protos_that_make_no_array_are_refused_naming_the_input():
+    def proto(dtype, dims, **values):
+        made = tensor_pb2.TensorProto(dtype=dtype, **values)
+        for size in dims:
+            made.tensor_shape.dim.add(size=size)
+        return made
+
+    unknown_rank = proto(tf.int64.as_datatype_enum, [])
+    unknown_rank.tensor_shape.unknown_rank = True
+    cases = [
+        (unknown_rank, 400, "unknown rank"),
+        (proto(tf.int64.as_datatype_enum, [-1, 3]), 400, "negative dimension"),
+        (proto(0, [2]), 400, "dtype 0 is not a TensorFlow dtype"),
+        (proto(tf.resource.as_datatype_enum, [2]), 400, "DT_RESOURCE"),
+        (proto(tf.int64.as_datatype_enum, [2, 3], tensor_content=b"\0" * 40), 400,
+         "DT_INT64 tensor of shape [2, 3]"),
+        (proto(tf.float32.as_datatype_enum, [1 << 62, 4], float_val=[1.0]), 413,
+         "more than this server's limit of 1000 bytes"),
+    ]
+    for made, status, words in cases:
+        with pytest.raises(RequestError) as caught:
+            tensors.to_array("ids", made, 1000)
+        assert caught.value.status == status and "input 'ids'" in str(caught.value) and \
+            words in str(caught.value), str(caught.value)
+    filled = proto(tf.int64.as_datatype_enum, [2, 2], int64_val=[7])  # TensorFlow's fill rule
+    np.testing.assert_array_equal(tensors.to_array("ids", filled, 1000), np.full([2, 2], 7))
+    for value in (np.array([[1, -(1 << 63)]], np.int64), np.array([b"a", b"\xff"], object),
+                  np.array([[0.5]], np.float32)):
+        np.testing.assert_array_equal(tf.make_ndarray(tensors.to_proto(value)), value)

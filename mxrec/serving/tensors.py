@@ -41,11 +41,11 @@ def to_array(name: str, proto: tensor_pb2.TensorProto, limit: int) -> np.ndarray
         raise RequestError(f"input {name!r}: the shape {dims} has a negative dimension")
     try:
         dtype = tf.dtypes.as_dtype(proto.dtype)
+        item = 1 if dtype == tf.string else dtype.size
     except TypeError:
         raise RequestError(f"input {name!r}: dtype {proto.dtype} is not a TensorFlow "
                            "dtype") from None
     count = math.prod(dims)
-    item = 1 if dtype == tf.string else dtype.size
     if count * item > limit:
         raise RequestError(f"input {name!r}: the shape {dims} holds {count} values "
                            f"({count * item} bytes), more than this server's limit of "
@@ -53,7 +53,7 @@ def to_array(name: str, proto: tensor_pb2.TensorProto, limit: int) -> np.ndarray
                            413)
     try:
         return tf.make_ndarray(proto)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, KeyError) as error:  # KeyError: a handle dtype
         raise RequestError(f"input {name!r}: the tensor's values do not make a "
                            f"{types_pb2.DataType.Name(proto.dtype)} tensor of shape {dims}: "
                            f"{error}") from None
