@@ -26,7 +26,7 @@ from tensorflow_serving.apis import (
 )
 
 from mxrec.serving import calls, tensors
-from mxrec.serving.grpc_server import GrpcServer
+from mxrec.serving.grpc_server import GrpcServer, PortInUseError
 from mxrec.serving.predictor import Predictor
 from mxrec.serving.requests import RequestError
 from mxrec.serving.server import ModelServer
@@ -292,6 +292,8 @@ def test_unavailable_before_a_version_loads(tmp_path):
     predictor.poll()
     server = GrpcServer(predictor, "ctr", port=0, num_threads=2).start()
     try:
+        with pytest.raises(PortInUseError, match="--grpc-port"):
+            GrpcServer(predictor, "ctr", port=server.port)
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             _refused(channel, _request({"sparse": np.ones([1, 3], np.int64)}),
                      grpc.StatusCode.UNAVAILABLE, "no model version is loaded")
