@@ -287,10 +287,12 @@ def test_a_call_whose_deadline_passed_waiting_is_not_computed(served):
         predictor.close()
 
 
-def test_unavailable_before_a_version_loads(tmp_path):
+def test_unavailable_before_a_version_loads_then_its_own_poll_serves_it(stream, tmp_path):
+    root, rows = stream
     predictor = Predictor(str(tmp_path))
     predictor.poll()
-    server = GrpcServer(predictor, "ctr", port=0, num_threads=2).start()
+    # Its own poll thread: what python -m mxrec.serving --port off runs.
+    server = GrpcServer(predictor, "ctr", port=0, num_threads=2, poll_interval=0.1).start()
     try:
         with pytest.raises(PortInUseError, match="--grpc-port"):
             GrpcServer(predictor, "ctr", port=server.port)
@@ -302,6 +304,13 @@ def test_unavailable_before_a_version_loads(tmp_path):
             with pytest.raises(grpc.RpcError) as caught:
                 model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status)
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            publish_copy(root / "export", tmp_path, 1)
+            for _ in range(300):
+                if predictor.version == 1:
+                    break
+                time.sleep(0.1)
+            answer = _predict(channel, _request(hashed(rows)))
+            assert answer.model_spec.version.value == 1
     finally:
         server.stop()
         predictor.close()
