@@ -389,7 +389,7 @@ def _replay(data, target, *extra):
     return result
 
 
-def test_cli_grpc_port_and_replay_over_grpc(stream, tmp_path):
+def test_cli_grpc_port_and_replay_over_grpc(stream, tmp_path, capsys):
     root, _ = stream
     base = tmp_path / "base"
     base.mkdir()
@@ -413,8 +413,17 @@ def test_cli_grpc_port_and_replay_over_grpc(stream, tmp_path):
         report = json.loads(over_grpc.stdout.strip().splitlines()[-1])
         assert report == json.loads(over_rest.stdout.strip().splitlines()[-1])
         assert report["rows"] == 80 and report["requests"] >= 3
-        wrong = _replay(data, ["--grpc", f"127.0.0.1:{grpc_port}", "--model_name", "other"])
-        assert wrong.returncode == 1 and "NOT_FOUND" in wrong.stderr
+        # A refusal ends the replay, said on stderr (in this process: no third TF start).
+        from mxrec.serving.grpc_client import PredictClient
+        from mxrec.streaming.__main__ import _predict_grpc
+
+        client = PredictClient(f"127.0.0.1:{grpc_port}", "other")
+        try:
+            batch = {"sparse": np.ones([2, 3], np.int64), "dense": np.ones([2, 2], np.float32)}
+            assert _predict_grpc(client, "the predictor", batch, 30) is None
+        finally:
+            client.close()
+        assert "refused the call (NOT_FOUND)" in capsys.readouterr().err
     finally:
         server.terminate()
         server.wait(timeout=60)
