@@ -287,6 +287,37 @@ def test_a_call_whose_deadline_passed_waiting_is_not_computed(served):
         predictor.close()
 
 
+def test_a_call_beyond_threads_and_queue_is_refused_at_once(served):
+    _, _, _, base = served
+    predictor = Predictor(str(base))
+    predictor.poll()
+    server = GrpcServer(predictor, "ctr", port=0, num_threads=1, max_queued=0).start()
+    instance, started = predictor._current, threading.Event()
+    original = instance.predict
+
+    def slow(*args, **kwargs):
+        started.set()
+        time.sleep(1.0)
+        return original(*args, **kwargs)
+
+    instance.predict = slow
+    query = {"sparse": np.array([[1, 2, 3]], np.int64), "dense": np.zeros([1, 2], np.float32)}
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            first = threading.Thread(target=_predict, args=(channel, _request(query)))
+            first.start()
+            assert started.wait(30)
+            begun = time.monotonic()
+            _refused(channel, _request(query), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert time.monotonic() - begun < 0.9  # at once, not after the busy call
+            first.join()
+            instance.predict = original
+            _predict(channel, _request(query))
+    finally:
+        server.stop()
+        predictor.close()
+
+
 def test_unavailable_before_a_version_loads_then_its_own_poll_serves_it(stream, tmp_path):
     root, rows = stream
     predictor = Predictor(str(tmp_path))
