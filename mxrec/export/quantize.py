@@ -5,7 +5,9 @@ Each row x [dim] is stored as dim uint8 codes and two float32, its scale and off
     offset = min(x),  scale = (max(x) - min(x)) / 255,  q = round((x - offset) / scale)
     x ~ q * scale + offset                     (|x - that| <= scale / 2 per element)
 
-A row whose values are all equal has scale 0 and codes 0: it is served exactly. The codes
+A table narrower than MIN_DIM stays float32: its int8 rows (dim + 8 bytes) would not be
+smaller than float32 ones (4 dim bytes). A row whose values are all equal has scale 0 and
+codes 0: it is served exactly. The codes
 are rounded half to even (NumPy's `rint`) from the float32 scale the row keeps, so the
 bound holds for the stored scale. Serving graphs dequantize with core ops (Cast, Mul,
 AddV2), so TF Serving and mxrec's predictor serve them unchanged.
@@ -25,6 +27,13 @@ QUANTIZE_MODES = (INT8,)
 # The serving variables of an int8 table beside `ids`: mxrec_serving/<table>/{these}.
 QUANTIZED, SCALE_OFFSET = "quantized", "scale_offset"
 _LEVELS = 255
+# The narrowest table quantized: dim + 8 < 4 dim from dim 3 on.
+MIN_DIM = 3
+
+
+def quantizes(quantize: Optional[str], dim: int) -> bool:
+    """Whether a table of width `dim` is served int8 under `quantize`."""
+    return quantize == INT8 and dim >= MIN_DIM
 
 
 def check_quantize(quantize, where: str) -> Optional[str]:
@@ -76,16 +85,20 @@ def unpack(packed: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 def quantize_delta(tables: Mapping[str, Mapping[str, np.ndarray]]
                    ) -> Dict[str, Dict[str, np.ndarray]]:
-    """A serving delta {table: {"ids", "embeddings", "removed"}} in int8 form: each table's
-    "embeddings" replaced by "quantized" and "scale_offset" (its other arrays kept)."""
+    """A serving delta {table: {"ids", "embeddings", "removed"}} in int8 form: the
+    "embeddings" of each table of MIN_DIM or more columns replaced by "quantized" and
+    "scale_offset" (its other arrays kept; narrower tables stay float32, as exported)."""
     out = {}
     for name, delta in tables.items():
+        rows = delta.get("embeddings")
+        if rows is None or not quantizes(INT8, np.shape(rows)[1]):
+            out[name] = dict(delta)
+            continue
         quantized = {k: v for k, v in delta.items() if k != "embeddings"}
-        if "embeddings" in delta:
-            quantized[QUANTIZED], quantized[SCALE_OFFSET] = quantize_rows(delta["embeddings"])
+        quantized[QUANTIZED], quantized[SCALE_OFFSET] = quantize_rows(rows)
         out[name] = quantized
     return out
 
 
-__all__ = ["QUANTIZE_MODES", "INT8", "QUANTIZED", "SCALE_OFFSET", "check_quantize",
-           "quantize_rows", "dequantize_rows", "pack", "unpack", "quantize_delta"]
+__all__ = ["QUANTIZE_MODES", "INT8", "MIN_DIM", "quantizes", "QUANTIZED", "SCALE_OFFSET",
+           "check_quantize", "quantize_rows", "dequantize_rows", "pack", "unpack", "quantize_delta"]

@@ -254,7 +254,9 @@ class _ServingContext:
                 raise ValueError(f"serving export: table {name!r} has dim {hashtable.dim} in "
                                  f"the graph but rows of dim {dim} in checkpoint "
                                  f"{self.checkpoint!r}")
-            self.tables[name] = _ServingTable(name, hashtable.dim, self.quantize)
+            self.tables[name] = _ServingTable(
+                name, hashtable.dim,
+                self.quantize if quantizer.quantizes(self.quantize, dim) else None)
         return self.tables[name]
 
 
@@ -437,7 +439,8 @@ def export_saved_model(export_dir: str, checkpoint: str,
             or an infinity (NonFiniteError, before anything is written).
         quantize: None (rows served as float32) or "int8": each row stored as uint8 codes
             with its own float32 scale and offset and dequantized by core ops in the graph
-            (mxrec.export.quantize; about (dim + 8) / (4 dim) of the float32 rows' bytes).
+            (mxrec.export.quantize; about (dim + 8) / (4 dim) of the float32 rows' bytes);
+            tables of dim < 3, which int8 would not make smaller, stay float32.
             `apply_delta` keeps an export's form.
 
     Returns:
