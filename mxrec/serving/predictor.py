@@ -138,6 +138,7 @@ class _Table:
         self.new_ids = tf.compat.v1.placeholder(tf.int64, [None])
         self.fields = {field: _Rows(var, dtype, width, self.rows)
                        for field, (var, dtype, width) in fields.items()}
+        self.dim = next(iter(fields.values()))[2]  # the embedding width (its codes')
         self.find = tf.raw_ops.LookupTableFindV2(table_handle=handle, keys=self.keys,
                                                  default_value=tf.constant(-1, tf.int64))
         self.insert = tf.raw_ops.LookupTableInsertV2(table_handle=handle, keys=self.keys,
