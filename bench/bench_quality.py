@@ -52,14 +52,14 @@ def machine() -> str:
 def criteo_stream(root: str, partitions: int, rows: int, seed: int = 0) -> None:
     """Hourly partitions in Criteo's TSV layout whose labels depend on the IDs."""
     rng = np.random.default_rng(seed)
-    vocabulary = 20_000
-    effect = rng.normal(0, 0.6, size=(26, vocabulary))
+    vocabulary = 5_000
+    effect = rng.normal(0, 1.0, size=(26, vocabulary))
     for index in range(partitions):
         folder = os.path.join(root, f"20240101/{index:02d}")
         os.makedirs(folder)
-        cats = rng.zipf(1.2, size=(rows, 26)) % vocabulary
-        ints = rng.integers(0, 100, size=(rows, 13))
-        logit = effect[np.arange(26), cats].sum(axis=1) / np.sqrt(26) * 2 - 0.5
+        cats = rng.zipf(1.3, size=(rows, 26)) % vocabulary
+        ints = rng.integers(0, 3, size=(rows, 13))
+        logit = effect[np.arange(26), cats].sum(axis=1) / np.sqrt(26) * 1.5 - 0.5
         labels = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(int)
         with open(os.path.join(folder, "part-00000"), "w") as f:
             for i in range(rows):
