@@ -88,6 +88,7 @@ def run(name: str, data: str, schema, holdout: int, dim: int, batch_size: int,
     out.figure(f"{name}: int8 AUC", round(int8.auc, 5))
     out.figure(f"{name}: float32 log loss", round(base.logloss, 5))
     out.figure(f"{name}: int8 log loss", round(int8.logloss, 5))
+    out.figure(f"{name}: int8 AUC - float32 AUC (x 1e6)", round((int8.auc - base.auc) * 1e6, 1))
     out.figure(f"{name}: int8 table bytes per ID", round(int8.bytes_per_id, 2))
     out.figure(f"{name}: float32 table bytes per ID", round(base.bytes_per_id, 2))
     out.figure(f"{name}: int8 serving model bytes x float32",

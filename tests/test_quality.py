@@ -23,6 +23,7 @@ MODEL = models.ModelConfig("wide_deep", dim=16, hidden=(8,), vocabulary=3000,
                            init_stddev=0.05)
 
 
+@pytest.mark.one_tf
 def test_parse_forms_accepts_float32_and_int8_and_refuses_the_rest():
     assert report.parse_forms("float32,int8") == ["float32", "int8"]
     assert report.parse_forms(" int8 ") == ["int8"]

@@ -178,18 +178,21 @@ def test_apply_delta_to_int8_export_equals_quantizing_the_float_result(trained, 
     assert not os.path.exists(tmp_path / "q3") and not os.path.exists(tmp_path / "q4")
 
 
+@pytest.mark.one_tf
 @pytest.mark.parametrize("bad", ["int4", "INT8", "float16", 8, ""])
-def test_bad_quantize_values_are_refused_naming_the_accepted_ones(trained, tmp_path, bad):
-    _, _, _, _, ckpt = trained
+def test_bad_quantize_values_are_refused_naming_the_accepted_ones(tmp_path, bad):
+    # Refused before the checkpoint is opened: this one does not exist.
     with pytest.raises(ValueError, match=r"quantize must be None \(float32 rows\) or one of "
                                          r"\['int8'\]"):
-        serving.export_saved_model(str(tmp_path / "e"), ckpt, _build_serving, quantize=bad)
+        serving.export_saved_model(str(tmp_path / "e"), str(tmp_path / "none"), _build_serving,
+                                   quantize=bad)
     assert not os.path.exists(tmp_path / "e")
     with pytest.raises(ValueError, match=r"serving_quantize: quantize must be None"):
         StreamConfig(data=str(tmp_path), schema=None, workdir=str(tmp_path / "w"),
                      serving_quantize=bad)
 
 
+@pytest.mark.one_tf
 def test_cli_refuses_an_unknown_serving_quantize(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "mxrec.streaming", "train", "--data", str(tmp_path),

@@ -187,7 +187,7 @@ def table(rows: Sequence[Row]) -> str:
     lines = ["| form | AUC | ΔAUC | log loss | serving model bytes | table bytes per ID | "
              "x bytes |", "|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {row.form} | {row.auc:.4f} | {row.auc - base.auc:+.4f} | "
-                     f"{row.logloss:.4f} | {row.model_bytes:,} | {row.bytes_per_id:.1f} | "
+        lines.append(f"| {row.form} | {row.auc:.5f} | {row.auc - base.auc:+.5f} | "
+                     f"{row.logloss:.5f} | {row.model_bytes:,} | {row.bytes_per_id:.1f} | "
                      f"{row.table_bytes / max(base.table_bytes, 1):.3f} |")
     return "\n".join(lines)
