@@ -85,6 +85,10 @@ def test_reference_quantizer_agrees_and_bounds_the_error():
     np.testing.assert_array_equal(back[205:207], rows[205:207])  # constant rows: exact
     # Every row uses both ends of the code range (unless constant).
     assert (codes[:205].min(axis=1) == 0).all() and (codes[:205].max(axis=1) == 255).all()
+    # A row whose span float32 cannot hold, or that is not finite, is refused by name.
+    for bad in ([3e38, -3e38, 0], [0, np.nan, 1], [0, np.inf, 1]):
+        with pytest.raises(ValueError, match="row 1 spans .* int8 serving cannot hold it"):
+            quantizer.quantize_rows(np.array([[0, 0, 0], bad], np.float32))
 
 
 def test_int8_export_answers_within_the_bound_of_float32(trained, tmp_path):

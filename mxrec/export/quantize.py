@@ -27,6 +27,8 @@ QUANTIZE_MODES = (INT8,)
 # The serving variables of an int8 table beside `ids`: mxrec_serving/<table>/{these}.
 QUANTIZED, SCALE_OFFSET = "quantized", "scale_offset"
 _LEVELS = 255
+# q * scale, up to max - min, is computed in float32 when served.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 # The narrowest table quantized: dim + 8 < 4 dim from dim 3 on.
 MIN_DIM = 3
 
@@ -57,7 +59,13 @@ def quantize_rows(rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return np.zeros(rows.shape, np.uint8), np.zeros([len(rows), 2], np.float32)
     low = rows.min(axis=1)
     # In float64: max - min of float32 values cannot overflow there.
-    scale = ((rows.max(axis=1).astype(np.float64) - low) / _LEVELS).astype(np.float32)
+    span = rows.max(axis=1).astype(np.float64) - low
+    if len(rows) and not span.max() <= _FLOAT32_MAX:
+        row = int(np.argmax(np.where(np.isnan(span), np.inf, span)))
+        raise ValueError(f"quantize_rows: row {row} spans {span[row]:.6g} (max - min), beyond "
+                         f"float32's range ({_FLOAT32_MAX:.6g}), or is not finite: "
+                         "int8 serving cannot hold it")
+    scale = (span / _LEVELS).astype(np.float32)
     steps = np.where(scale > 0, scale, 1).astype(np.float64)[:, None]
     codes = np.rint((rows - low[:, None].astype(np.float64)) / steps)
     codes = np.clip(codes, 0, _LEVELS).astype(np.uint8)
