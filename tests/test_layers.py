@@ -36,6 +36,7 @@ LAYERS: Tuple[Tuple[str, int], ...] = (
     ("mxrec.streaming", 8),  # the streaming trainer: data in, checkpoints and exports out
     ("mxrec.keras", 8),  # TF2: the tables as a Keras layer, Keras optimizers that train them
     ("mxrec.launch", 9),  # `python -m mxrec.launch`: starts the ranks
+    ("mxrec.quality", 9),  # `python -m mxrec.quality`: a model's forms scored side by side
     ("mxrec.compat", 10),  # mx_rec's module paths (aliases of the modules above)
 )
 

@@ -54,6 +54,11 @@ class _StandIn:
     def zero_row(self):
         return tf.size(self.ids.value(), out_type=tf.int64)
 
+    quantize = None  # the Keras path serves float32 rows
+
+    def _rows(self, index):
+        return saved_model._ServingTable._rows(self, index)  # noqa: SLF001
+
     def lookup(self, ids, default_value, padding_keys):
         return saved_model._ServingTable.lookup(self, ids, default_value,  # noqa: SLF001
                                                   padding_keys)

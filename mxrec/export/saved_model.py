@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from mxrec.export import quantize as quantizer
 from mxrec.saver import finite, fold, merge, sparse, stream
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver.finite import NonFiniteError
@@ -62,29 +63,41 @@ def in_serving_export() -> bool:
 
 
 def serving_variable_name(table_name: str, field: str) -> str:
-    """Name of a serving variable of a table: `mxrec_serving/<table>/{ids,embeddings}`."""
+    """Name of a serving variable of a table: `mxrec_serving/<table>/<field>`, field `ids`,
+    `embeddings` (float32 rows) or, in an int8 export, `quantized` and `scale_offset`."""
     return f"{SERVING_SCOPE}/{table_name}/{field}"
 
 
-class _ServingTable:
-    """The core-op form of one table in the serving graph."""
+def _row_variable(field: str, dtype, width: int):
+    """A serving variable of rows [None, width] (a dynamic first dimension, so deltas change
+    the row count without touching the graph), one row by default."""
+    value = tf.compat.v1.placeholder_with_default(tf.zeros([1, width], dtype), [None, width],
+                                                  name=f"{field}_value")
+    return tf.compat.v1.Variable(value, name=field, trainable=False, use_resource=True,
+                                 validate_shape=False)
 
-    def __init__(self, name: str, dim: int):
+
+class _ServingTable:
+    """The core-op form of one table in the serving graph: float32 rows, or with
+    quantize="int8" uint8 codes and a (scale, offset) pair per row dequantized in the graph."""
+
+    def __init__(self, name: str, dim: int, quantize: Optional[str] = None):
         self.name = name
         self.dim = dim
+        self.quantize = quantize
         graph = tf.compat.v1.get_default_graph()
         # Created once per table at the graph's root, whatever scope the first lookup is in.
         with graph.name_scope(None), graph.control_dependencies(None), \
                 tf.device("/device:CPU:0"), tf.name_scope(f"{SERVING_SCOPE}/{name}/"):
             ids_value = tf.compat.v1.placeholder_with_default(
                 tf.zeros([0], tf.int64), [None], name="ids_value")
-            emb_value = tf.compat.v1.placeholder_with_default(
-                tf.zeros([1, dim], tf.float32), [None, dim], name="embeddings_value")
             self.ids = tf.compat.v1.Variable(ids_value, name=_IDS, trainable=False,
                                              use_resource=True, validate_shape=False)
-            self.embeddings = tf.compat.v1.Variable(emb_value, name=_EMBEDDINGS,
-                                                    trainable=False, use_resource=True,
-                                                    validate_shape=False)
+            if quantize is None:
+                self.embeddings = _row_variable(_EMBEDDINGS, tf.float32, dim)
+            else:
+                self.quantized = _row_variable(quantizer.QUANTIZED, tf.uint8, dim)
+                self.scale_offset = _row_variable(quantizer.SCALE_OFFSET, tf.float32, 2)
             keys = self.ids.value()
             count = tf.size(keys, out_type=tf.int64)
             self.table = tf.lookup.StaticHashTable(
@@ -93,12 +106,26 @@ class _ServingTable:
                 default_value=tf.constant(-1, tf.int64), name="id_to_index")
             self.zero_row = count
 
+    def fields(self) -> Tuple[str, ...]:
+        """The names of the table's serving variables."""
+        if self.quantize is None:
+            return _IDS, _EMBEDDINGS
+        return _IDS, quantizer.QUANTIZED, quantizer.SCALE_OFFSET
+
+    def _rows(self, index: tf.Tensor) -> tf.Tensor:
+        """float32 [N, dim] rows at `index` (the zero row's codes, scale and offset are 0)."""
+        if self.quantize is None:
+            return tf.gather(self.embeddings, index)
+        scale_offset = tf.gather(self.scale_offset, index)  # [N, 2]
+        return (tf.cast(tf.gather(self.quantized, index), tf.float32) * scale_offset[:, :1]
+                + scale_offset[:, 1:])
+
     def lookup(self, ids: tf.Tensor, default_value=None, padding_keys=()) -> tf.Tensor:
         flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
         index = self.table.lookup(flat)
         missing = index < 0
         index = tf.where(missing, tf.fill(tf.shape(index), self.zero_row), index)
-        emb = tf.gather(self.embeddings, index)
+        emb = self._rows(index)
         if default_value is not None:
             if padding_keys:  # padding keys stay zeros
                 pads = tf.constant(list(padding_keys), tf.int64)
@@ -209,8 +236,9 @@ def _open_checkpoint(checkpoint: str):
 class _ServingContext:
     """What one export knows while the user's function builds the graph."""
 
-    def __init__(self, source):
+    def __init__(self, source, quantize: Optional[str]):
         self.source = source
+        self.quantize = quantize
         self.checkpoint = source.name
         self.tables: Dict[str, _ServingTable] = {}
 
@@ -226,7 +254,9 @@ class _ServingContext:
                 raise ValueError(f"serving export: table {name!r} has dim {hashtable.dim} in "
                                  f"the graph but rows of dim {dim} in checkpoint "
                                  f"{self.checkpoint!r}")
-            self.tables[name] = _ServingTable(name, hashtable.dim)
+            self.tables[name] = _ServingTable(
+                name, hashtable.dim,
+                self.quantize if quantizer.quantizes(self.quantize, dim) else None)
         return self.tables[name]
 
 
@@ -307,10 +337,10 @@ def _signatures(result, graph, signature_name: str) -> Dict[str, Tuple[dict, dic
     return out
 
 
-def _build(build_fn, source, signature_name: str):
+def _build(build_fn, source, signature_name: str, quantize: Optional[str]):
     """Runs build_fn in a serving graph; returns what the pruned graph keeps."""
     graph = tf.Graph()
-    context = _ServingContext(source)
+    context = _ServingContext(source, quantize)
     with graph.as_default(), _private_runtime():
         graph.add_to_collection(_CONTEXT_COLLECTION, context)
         # sparse_lookup in this graph builds core-op lookups, and its tables save nothing.
@@ -333,8 +363,8 @@ def _build(build_fn, source, signature_name: str):
                       var_def.snapshot_name.split(":")[0]]
         roots += [op.name for op in table_inits]
         kept = _ancestors(nodes, roots)
-        serving_vars = {serving_variable_name(t, f) for t in context.tables
-                        for f in (_IDS, _EMBEDDINGS)}
+        serving_vars = {serving_variable_name(name, field)
+                        for name, table in context.tables.items() for field in table.fields()}
     pruned = tf.compat.v1.GraphDef()
     pruned.versions.CopyFrom(graph_def.versions)
     pruned.library.CopyFrom(graph_def.library)
@@ -386,7 +416,7 @@ def _publish(staging: str, target: str, write: Callable[[str], None]) -> None:
 def export_saved_model(export_dir: str, checkpoint: str,
                        build_fn: Callable[[], Tuple[Dict[str, tf.Tensor], Dict[str, tf.Tensor]]],
                        signature_name: str = "serving_default", as_text: bool = False,
-                       check_finite: bool = True) -> str:
+                       check_finite: bool = True, quantize: Optional[str] = None) -> str:
     """Writes a SavedModel (tag "serve") that serves without mxrec.
 
     It is written into a temporary folder beside export_dir, flushed to the disk, and
@@ -407,6 +437,11 @@ def export_saved_model(export_dir: str, checkpoint: str,
         as_text: write saved_model.pbtxt instead of saved_model.pb.
         check_finite: refuse a model whose exported table rows or dense values hold a NaN
             or an infinity (NonFiniteError, before anything is written).
+        quantize: None (rows served as float32) or "int8": each row stored as uint8 codes
+            with its own float32 scale and offset and dequantized by core ops in the graph
+            (mxrec.export.quantize; about (dim + 8) / (4 dim) of the float32 rows' bytes);
+            tables of dim < 3, which int8 would not make smaller, stay float32.
+            `apply_delta` keeps an export's form.
 
     Returns:
         export_dir.
@@ -414,17 +449,19 @@ def export_saved_model(export_dir: str, checkpoint: str,
     Raises:
         NonFiniteError: with check_finite, a value to export is not finite (a ValueError).
         ValueError: export_dir exists, a table or variable of the graph is not in the
-            checkpoint or has another shape, or the outputs need mxrec ops.
+            checkpoint or has another shape, the outputs need mxrec ops, or quantize is
+            not None or "int8".
     """
     if not isinstance(check_finite, bool):
         raise TypeError(f"export_saved_model: check_finite must be True or False, got "
                         f"{check_finite!r}")
+    quantize = quantizer.check_quantize(quantize, "export_saved_model")
     if tf.io.gfile.exists(export_dir):
         raise ValueError(f"export_saved_model: export_dir {export_dir!r} already exists")
     source = _open_checkpoint(checkpoint)
     try:
-        graph_def, var_defs, table_init_names, signature, names = _build(build_fn, source,
-                                                                         signature_name)
+        graph_def, var_defs, table_init_names, signature, names = _build(
+            build_fn, source, signature_name, quantize)
         _publish(_staging_beside(export_dir), export_dir, functools.partial(
             _write_saved_model, source, graph_def, var_defs, table_init_names, signature,
             names, as_text, f"export_saved_model: {checkpoint} to {export_dir}"
@@ -490,14 +527,21 @@ def _export_values(source, variables, names, check: bool):
             if field == _IDS:
                 feeds[variable.initializer.inputs[1]] = ids
                 continue
+            if field == quantizer.SCALE_OFFSET:  # [K + 1, 2]: small, held whole
+                feeds[variable.initializer.inputs[1]] = np.concatenate(
+                    [quantizer.quantize_rows(rows)[1] for rows in chunks()]
+                    + [np.zeros([1, 2], np.float32)])
+                continue
             dim = source.table_dim(table)
             if check:
                 for begin, rows in zip(range(0, len(ids), EXPORT_CHUNK_ROWS), chunks()):
                     faults += finite.table_faults(table, "embedding",
                                                   ids[begin:begin + len(rows)], rows)
+            if field == quantizer.QUANTIZED:
+                chunks = functools.partial(_codes, chunks)
             # The last row is the zero row that IDs not in the table look up.
             chunked[name] = (len(ids) + 1, dim, functools.partial(
-                _with_zero_row, chunks, dim))
+                _with_zero_row, chunks, dim, variable.dtype.base_dtype.as_numpy_dtype))
             continue
         value = _dense_value(source, name, variable.shape)
         if check:
@@ -506,9 +550,16 @@ def _export_values(source, variables, names, check: bool):
     return feeds, chunked, faults
 
 
-def _with_zero_row(chunks, dim: int):
-    yield from chunks()
-    yield np.zeros([1, dim], np.float32)
+def _with_zero_row(chunks, dim: int, dtype):
+    for rows in chunks():
+        yield np.asarray(rows, dtype)
+    yield np.zeros([1, dim], dtype)
+
+
+def _codes(chunks):
+    """The uint8 codes of each chunk of float32 rows."""
+    for rows in chunks():
+        yield quantizer.quantize_rows(rows)[0]
 
 
 class _ChunkedSaver(tf.compat.v1.train.Saver):
@@ -531,9 +582,12 @@ class _ChunkedSaver(tf.compat.v1.train.Saver):
             prefix = tf.compat.v1.placeholder(tf.string, [])
             names = tf.compat.v1.placeholder(tf.string, [None])
             slices = tf.compat.v1.placeholder(tf.string, [None])
-            chunk = tf.compat.v1.placeholder(tf.float32, [None, None])
-            save_chunk = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
-                                           shape_and_slices=slices, tensors=[chunk])
+            # One save op per row dtype (float32 rows, an int8 export's uint8 codes).
+            chunk = {dtype: tf.compat.v1.placeholder(dtype, [None, None])
+                     for dtype in (np.float32, np.uint8)}
+            save_chunk = {dtype: tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                                                   shape_and_slices=slices, tensors=[holder])
+                          for dtype, holder in chunk.items()}
             parts = tf.compat.v1.placeholder(tf.string, [None])
             merge_parts = tf.raw_ops.MergeV2Checkpoints(
                 checkpoint_prefixes=parts, destination_prefix=prefix, delete_old_dirs=True)
@@ -544,8 +598,8 @@ class _ChunkedSaver(tf.compat.v1.train.Saver):
                     begin = 0
                     for values in chunks():
                         written.append(f"{save_path}_temp_part-{len(written)}")
-                        chunks_session.run(save_chunk, {
-                            prefix: written[-1], names: [name], chunk: values,
+                        chunks_session.run(save_chunk[values.dtype.type], {
+                            prefix: written[-1], names: [name], chunk[values.dtype.type]: values,
                             slices: [f"{rows} {dim} {begin},{len(values)}:-"]})
                         begin += len(values)
                 chunks_session.run(merge_parts, {parts: written, prefix: save_path})
@@ -553,15 +607,28 @@ class _ChunkedSaver(tf.compat.v1.train.Saver):
 
 
 def exported_tables(export_dir: str) -> Dict[str, sparse.TableArrays]:
-    """The tables of an export: {name: {"ids": [K], "embeddings": [K, dim]}} (no zero row)."""
+    """The tables of an export: {name: {"ids": [K], "embeddings": [K, dim]}} (no zero row).
+
+    A table of an int8 export also has its "quantized" codes (uint8 [K, dim]) and
+    "scale_offset" (float32 [K, 2]); its "embeddings" are those dequantized as the serving
+    graph does."""
     reader = tf.train.load_checkpoint(_variables_prefix(export_dir))
+    names = reader.get_variable_to_shape_map()
     out = {}
     suffix = f"/{_IDS}"
-    for name in reader.get_variable_to_shape_map():
+    for name in names:
         if name.startswith(SERVING_SCOPE + "/") and name.endswith(suffix):
             table = name[len(SERVING_SCOPE) + 1: -len(suffix)]
-            emb = reader.get_tensor(serving_variable_name(table, _EMBEDDINGS))
-            out[table] = {"ids": reader.get_tensor(name), "embeddings": emb[:-1]}
+            arrays = {"ids": reader.get_tensor(name)}
+            if serving_variable_name(table, quantizer.QUANTIZED) in names:
+                for field in (quantizer.QUANTIZED, quantizer.SCALE_OFFSET):
+                    arrays[field] = reader.get_tensor(serving_variable_name(table, field))[:-1]
+                arrays["embeddings"] = quantizer.dequantize_rows(
+                    arrays[quantizer.QUANTIZED], arrays[quantizer.SCALE_OFFSET])
+            else:
+                arrays["embeddings"] = reader.get_tensor(
+                    serving_variable_name(table, _EMBEDDINGS))[:-1]
+            out[table] = arrays
     return out
 
 
@@ -604,9 +671,10 @@ def apply_delta(export_dir: str, delta: Mapping[str, Mapping[str, np.ndarray]],
 
     The graph is copied as it is; only the variables change. Per table, the rows of the
     delta's `ids` replace (or are added to) the export's, the `removed` IDs are dropped and
-    look up as zeros afterwards. Other tables and the dense variables are copied. The new
-    export is written into a temporary folder beside `output_dir`, flushed to the disk and
-    renamed into place when complete.
+    look up as zeros afterwards. An int8 export stays int8: the delta's float32 rows are
+    quantized as `export_saved_model(..., quantize="int8")` quantizes them. Other tables
+    and the dense variables are copied. The new export is written into a temporary folder
+    beside `output_dir`, flushed to the disk and renamed into place when complete.
 
     Args:
         export_dir: an export from `export_saved_model` (or `apply_delta`).
@@ -662,15 +730,44 @@ def _apply_table_deltas(export_dir: str, delta, tensors: Dict[str, np.ndarray],
                              f"tables there: {sorted(tables)}")
         if not isinstance(table_delta, Mapping):
             raise TypeError(f"apply_delta: delta[{name!r}] must be a dict of arrays")
-        updated = sparse.apply_delta_arrays(tables[name], table_delta, name)
         if check_finite and "embeddings" in table_delta:
-            faults += finite.table_faults(name, "embedding", table_delta.get("ids", ()),
-                                          table_delta["embeddings"])
+            bad = finite.table_faults(name, "embedding", table_delta.get("ids", ()),
+                                      table_delta["embeddings"])
+            faults += bad
+            if bad:
+                continue  # the whole delta is refused: nothing to quantize
+        if quantizer.QUANTIZED in tables[name]:
+            _apply_quantized(name, tables[name], table_delta, tensors)
+            continue
+        updated = sparse.apply_delta_arrays(tables[name], table_delta, name)
         dim = updated["embeddings"].shape[1]
         tensors[serving_variable_name(name, _IDS)] = updated["ids"]
         tensors[serving_variable_name(name, _EMBEDDINGS)] = np.concatenate(
             [updated["embeddings"], np.zeros([1, dim], np.float32)])
     return faults
+
+
+def _apply_quantized(name: str, table: sparse.TableArrays, delta, tensors) -> None:
+    """A float32 delta applied to an int8 table's serving variables in `tensors`: its rows
+    quantized, then merged with the table's codes and scales as one packed array each."""
+    dim = table[quantizer.QUANTIZED].shape[1]
+    base = {"ids": table["ids"], "embeddings": quantizer.pack(
+        table[quantizer.QUANTIZED], table[quantizer.SCALE_OFFSET])}
+    packed = dict(delta)
+    if "embeddings" in delta:
+        rows = np.asarray(delta["embeddings"], np.float32)
+        if rows.ndim != 2 or rows.shape[1] != dim:
+            raise ValueError(f"apply_delta: delta of table {name!r}: embeddings must be "
+                             f"[{len(np.ravel(delta.get('ids', ())))}, {dim}], got "
+                             f"{list(rows.shape)}")
+        packed["embeddings"] = quantizer.pack(*quantizer.quantize_rows(rows))
+    updated = sparse.apply_delta_arrays(base, packed, name)
+    codes, scale_offset = quantizer.unpack(updated["embeddings"])
+    tensors[serving_variable_name(name, _IDS)] = updated["ids"]
+    tensors[serving_variable_name(name, quantizer.QUANTIZED)] = np.concatenate(
+        [codes, np.zeros([1, dim], np.uint8)])
+    tensors[serving_variable_name(name, quantizer.SCALE_OFFSET)] = np.concatenate(
+        [scale_offset, np.zeros([1, 2], np.float32)])
 
 
 def _apply_dense(dense: Mapping[str, np.ndarray], tensors: Dict[str, np.ndarray],

@@ -43,6 +43,7 @@ from absl import logging
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
+from mxrec.export import quantize as quantizer
 from mxrec.serving import allowed_ops, requests, versions
 
 DELTA_FILE = "mxrec_delta.npz"
@@ -60,10 +61,12 @@ def _tensor_info(info) -> Dict:
 
 def write_delta(path: str, tables: Dict[str, Dict[str, np.ndarray]],
                 dense: Dict[str, np.ndarray]) -> None:
-    """Writes a delta file: per table ids/embeddings/removed, and dense values."""
+    """Writes a delta file: per table ids/removed and its rows (embeddings, or an int8
+    table's quantized/scale_offset), and dense values."""
     arrays = {}
     for name, delta in tables.items():
-        for field in ("ids", "embeddings", "removed"):
+        for field in ("ids", "embeddings", "removed", quantizer.QUANTIZED,
+                      quantizer.SCALE_OFFSET):
             if field in delta:
                 arrays[f"table/{name}/{field}"] = np.asarray(delta[field])
     for name, value in dense.items():
@@ -94,32 +97,56 @@ class NoVersionError(LookupError):
     """No model version is loaded (yet): nothing can answer."""
 
 
-class _Table:
-    """One table of an instance: a MutableHashTable ID -> row, rows in a variable."""
+class _Rows:
+    """One row variable of a table [capacity + 1, width]: float32 embeddings, or an int8
+    export's uint8 codes and float32 (scale, offset) pairs. The last row is zeros."""
 
-    def __init__(self, name: str, handle: tf.Tensor, ids_var: tf.Tensor, emb_var: tf.Tensor,
-                 dim: int):
+    def __init__(self, var: tf.Tensor, dtype: tf.DType, width: int, rows: tf.Tensor):
+        self.dtype, self.width = dtype, width
+        self.updates = tf.compat.v1.placeholder(dtype, [None, width])
+        self.new = tf.compat.v1.placeholder(dtype, [None, width])
+        self.scatter = tf.raw_ops.ResourceScatterUpdate(resource=var, indices=rows,
+                                                        updates=self.updates)
+        self.assign = tf.raw_ops.AssignVariableOp(resource=var, value=self.new,
+                                                  validate_shape=False)
+        self.read = tf.raw_ops.ReadVariableOp(resource=var, dtype=dtype)
+
+
+def _row_fields(graph: tf.Graph, nodes: Dict, table: str) -> Dict[str, Tuple]:
+    """{field: (variable, dtype, width)} of a table's rows in an export's graph."""
+    def width(field: str) -> int:
+        return nodes[f"{_SCOPE}/{table}/{field}_value"].attr["shape"].shape.dim[1].size
+
+    def variable(field: str) -> tf.Tensor:
+        return graph.get_tensor_by_name(f"{_SCOPE}/{table}/{field}:0")
+
+    if f"{_SCOPE}/{table}/{quantizer.QUANTIZED}" in nodes:
+        return {field: (variable(field), dtype, width(field)) for field, dtype in (
+            (quantizer.QUANTIZED, tf.uint8), (quantizer.SCALE_OFFSET, tf.float32))}
+    return {"embeddings": (variable("embeddings"), tf.float32, width("embeddings"))}
+
+
+class _Table:
+    """One table of an instance: a MutableHashTable ID -> row, rows in row variables
+    (`_row_fields`), a delta's rows scattered into each."""
+
+    def __init__(self, name: str, handle: tf.Tensor, ids_var: tf.Tensor, fields: Dict):
         self.name = name
-        self.dim = dim
         self.keys = tf.compat.v1.placeholder(tf.int64, [None])
         self.values = tf.compat.v1.placeholder(tf.int64, [None])
         self.rows = tf.compat.v1.placeholder(tf.int64, [None])
-        self.updates = tf.compat.v1.placeholder(tf.float32, [None, dim])
         self.new_ids = tf.compat.v1.placeholder(tf.int64, [None])
-        self.new_emb = tf.compat.v1.placeholder(tf.float32, [None, dim])
+        self.fields = {field: _Rows(var, dtype, width, self.rows)
+                       for field, (var, dtype, width) in fields.items()}
+        self.dim = next(iter(fields.values()))[2]  # the embedding width (its codes')
         self.find = tf.raw_ops.LookupTableFindV2(table_handle=handle, keys=self.keys,
                                                  default_value=tf.constant(-1, tf.int64))
         self.insert = tf.raw_ops.LookupTableInsertV2(table_handle=handle, keys=self.keys,
                                                      values=self.values)
         self.remove = tf.raw_ops.LookupTableRemoveV2(table_handle=handle, keys=self.keys)
-        self.scatter = tf.raw_ops.ResourceScatterUpdate(resource=emb_var, indices=self.rows,
-                                                        updates=self.updates)
         self.assign_ids = tf.raw_ops.AssignVariableOp(resource=ids_var, value=self.new_ids,
                                                       validate_shape=False)
-        self.assign_emb = tf.raw_ops.AssignVariableOp(resource=emb_var, value=self.new_emb,
-                                                      validate_shape=False)
         self.read_ids = tf.raw_ops.ReadVariableOp(resource=ids_var, dtype=tf.int64)
-        self.read_emb = tf.raw_ops.ReadVariableOp(resource=emb_var, dtype=tf.float32)
         self.capacity = 0
         self.free: List[int] = []
 
@@ -134,21 +161,20 @@ class _Table:
         self._grow(sess, len(ids) // 4 + 1024, double=False)
 
     def _grow(self, sess, needed: int, double: bool = True):
-        emb = sess.run(self.read_emb)[:self.capacity]
         capacity = max(2 * self.capacity if double else 0, self.capacity + needed, 16)
-        grown = np.zeros([capacity + 1, self.dim], np.float32)  # the last row: zeros
-        grown[:self.capacity] = emb
         # The ids variable's size is the zero row's index; its contents are not read.
-        sess.run([self.assign_ids, self.assign_emb],
-                 {self.new_ids: np.zeros([capacity], np.int64), self.new_emb: grown})
+        feed = {self.new_ids: np.zeros([capacity], np.int64)}
+        for rows in self.fields.values():
+            grown = np.zeros([capacity + 1, rows.width], rows.dtype.as_numpy_dtype)
+            grown[:self.capacity] = sess.run(rows.read)[:self.capacity]  # last row: zeros
+            feed[rows.new] = grown
+        sess.run([self.assign_ids] + [rows.assign for rows in self.fields.values()], feed)
         self.free.extend(range(capacity - 1, self.capacity - 1, -1))
         self.capacity = capacity
 
     def apply(self, sess, delta: Dict[str, np.ndarray]):
         removed = np.asarray(delta.get("removed", np.zeros([0], np.int64)), np.int64)
         ids = np.asarray(delta.get("ids", np.zeros([0], np.int64)), np.int64)
-        emb = np.asarray(delta.get("embeddings", np.zeros([0, self.dim], np.float32)),
-                         np.float32).reshape(len(ids), self.dim)
         if len(removed):
             rows = sess.run(self.find, {self.keys: removed})
             present = rows >= 0
@@ -165,7 +191,11 @@ class _Table:
             taken = np.array([self.free.pop() for _ in range(count)], np.int64)
             rows[new] = taken
             sess.run(self.insert, {self.keys: ids[new], self.values: taken})
-        sess.run(self.scatter, {self.rows: rows, self.updates: emb})
+        feed = {self.rows: rows}
+        for field, variable in self.fields.items():
+            feed[variable.updates] = np.asarray(delta[field], variable.dtype.as_numpy_dtype
+                                                ).reshape(len(ids), variable.width)
+        sess.run([variable.scatter for variable in self.fields.values()], feed)
 
 
 def _first_bad(values: np.ndarray) -> Optional[int]:
@@ -235,10 +265,9 @@ class ModelInstance:
         self.tables: Dict[str, _Table] = {}
         for node_name, handle in handles.items():
             table = node_name[len(_SCOPE) + 1: -len("/id_to_index")]
-            emb = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/embeddings:0")
             ids = self.graph.get_tensor_by_name(f"{_SCOPE}/{table}/ids:0")
-            dim = nodes[f"{_SCOPE}/{table}/embeddings_value"].attr["shape"].shape.dim[1].size
-            self.tables[table] = _Table(table, handle, ids, emb, dim)
+            self.tables[table] = _Table(table, handle, ids,
+                                        _row_fields(self.graph, nodes, table))
         self.dense = {}
         self._reads = {}
         for var in self.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
@@ -333,7 +362,7 @@ class ModelInstance:
             raise versions.DamagedVersionError(f"delta {version} names tables {unknown} the "
                                                f"model does not have ({sorted(self.tables)})")
         for name, delta in sorted(tables.items()):
-            _check_table_delta(version, name, self.tables[name].dim, delta)
+            _check_table_delta(version, name, self.tables[name], delta)
         for name, value in sorted(dense.items()):
             if name not in self.dense:
                 continue  # optimizer slots and other training state: not served
@@ -363,24 +392,40 @@ class ModelInstance:
         self.session.close()
 
 
-def _check_table_delta(version: int, name: str, dim: int, delta: Dict) -> None:
+def _check_table_delta(version: int, name: str, table: _Table, delta: Dict) -> None:
     ids = np.asarray(delta.get("ids", np.zeros([0], np.int64)))
     removed = np.asarray(delta.get("removed", np.zeros([0], np.int64)))
-    emb = np.asarray(delta.get("embeddings", np.zeros([0, dim], np.float32)))
     for field, array in (("ids", ids), ("removed", removed)):
         if array.ndim != 1 or array.dtype.kind not in "iu":
             raise versions.DamagedVersionError(
                 f"delta {version}: table {name!r}: {field} must be integers [N], got "
                 f"{array.dtype} {list(array.shape)}")
-    if emb.shape != (len(ids), dim) or emb.dtype.kind != "f":
+    # A delta's rows are in the form of the version it builds on (float32, or int8 codes).
+    unknown = sorted(set(delta) - {"ids", "removed"} - set(table.fields))
+    if unknown:
         raise versions.DamagedVersionError(
-            f"delta {version}: table {name!r}: embeddings must be floats [{len(ids)}, {dim}] "
-            f"(one row per ID), got {emb.dtype} {list(emb.shape)}")
-    index = _first_bad(emb)
+            f"delta {version}: table {name!r} is served with rows {sorted(table.fields)}; "
+            f"the delta has {unknown} (a delta of another serving_quantize form)")
+    for field, rows in table.fields.items():
+        _check_rows(version, name, field, rows, ids, delta)
+
+
+def _check_rows(version: int, name: str, field: str, rows: _Rows, ids: np.ndarray,
+                delta: Dict) -> None:
+    """A delta's rows of one row variable: [len(ids), width] of its kind, finite floats,
+    codes of 0..255."""
+    values = np.asarray(delta.get(field, np.zeros([0, rows.width], rows.dtype.as_numpy_dtype)))
+    kind = "floats" if rows.dtype.is_floating else "integers 0..255"
+    if values.shape != (len(ids), rows.width) or values.dtype.kind != (
+            "f" if rows.dtype.is_floating else "u"):
+        raise versions.DamagedVersionError(
+            f"delta {version}: table {name!r}: {field} must be {kind} [{len(ids)}, "
+            f"{rows.width}] (one row per ID), got {values.dtype} {list(values.shape)}")
+    index = _first_bad(values) if rows.dtype.is_floating else None
     if index is not None:
         raise NonFiniteVersionError(
-            f"delta {version}: table {name!r} has {int((~np.isfinite(emb)).sum())} values "
-            f"that are not finite, first in the row of ID {ids[index // dim]}")
+            f"delta {version}: table {name!r} has {int((~np.isfinite(values)).sum())} values "
+            f"that are not finite, first in the row of ID {ids[index // rows.width]}")
 
 
 def _chosen(every: Dict[str, tf.Tensor], names: Optional[Iterable[str]]) -> Dict:

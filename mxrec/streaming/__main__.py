@@ -167,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "the delta file (savedmodel, default; TF Serving loads it), or only "
                             "the delta file (delta_only: costs in proportion to the rows "
                             "changed; for mxrec.serving)")
+    train.add_argument("--serving_quantize", choices=("none", "int8"), default="none",
+                       help="rows of the serving versions: float32 (none, default) or int8 "
+                            "(each row as 8-bit codes with its own scale and offset, "
+                            "dequantized in the SavedModel; deltas in the same form)")
     train.add_argument("--max_bad_lines", type=int, default=0,
                        help="malformed lines allowed per partition before the run stops (0)")
     train.add_argument("--on_nonfinite", choices=("stop", "skip"), default="stop",
@@ -293,7 +297,8 @@ def _train_config(args, parser):
             sparse_learning_rate=args.sparse_lr, progress=not args.no_progress,
             tensorboard=not args.no_tensorboard, threads=args.threads,
             delta_export=args.delta_export, granularity=args.granularity,
-            on_nonfinite=args.on_nonfinite)
+            on_nonfinite=args.on_nonfinite,
+            serving_quantize=None if args.serving_quantize == "none" else args.serving_quantize)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     return model, config

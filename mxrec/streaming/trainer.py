@@ -60,6 +60,7 @@ from tensorflow.core.protobuf import config_pb2
 from mxrec import initialize
 from mxrec.core.embedding import add_timestamp
 from mxrec.distributed import communication
+from mxrec.export import quantize as quantizer
 from mxrec.export import saved_model
 from mxrec.optimizers.adagrad import create_hash_optimizer
 from mxrec.saver import manifest as checkpoint_manifest
@@ -146,6 +147,9 @@ class StreamConfig:
             in proportion to the table) or "delta_only" (only the changed rows and the dense
             values: costs in proportion to the rows changed; mxrec's predictor applies it
             in place, TF Serving cannot load it). Both hold the delta file.
+        serving_quantize: None (serving versions hold float32 rows) or "int8" (each row as
+            uint8 codes with its own scale and offset, dequantized in the graph; deltas and
+            the delta file in the same form: mxrec.export.quantize).
     """
 
     data: str
@@ -172,8 +176,10 @@ class StreamConfig:
     delta_export: str = "savedmodel"
     granularity: Optional[str] = None
     on_nonfinite: str = "stop"
+    serving_quantize: Optional[str] = None
 
     def __post_init__(self):
+        quantizer.check_quantize(self.serving_quantize, "StreamConfig.serving_quantize")
         if self.granularity not in (None, "daily", "hourly"):
             raise ValueError("granularity must be None, 'daily' or 'hourly', got "
                              f"{self.granularity!r}")
@@ -578,10 +584,16 @@ class StreamingTrainer:
                           "delivering a full version instead of a delta on it", version)
             return None
         try:
-            serving_versions.verify(folder)
+            manifest = serving_versions.verify(folder)
         except serving_versions.DamagedVersionError as error:
             logging.error("streaming: serving version %d is damaged (%s); delivering a full "
                           "version instead of a delta on it", version, error)
+            return None
+        if manifest.get("quantize") != cfg.serving_quantize:
+            logging.warning("streaming: serving version %d holds %s rows, this run delivers "
+                            "%s (serving_quantize); delivering a full version", version,
+                            manifest.get("quantize") or "float32",
+                            cfg.serving_quantize or "float32")
             return None
         if cfg.delta_export == "savedmodel" and not tf.io.gfile.exists(
                 posixpath.join(folder, "saved_model.pb")):
@@ -605,6 +617,8 @@ class StreamingTrainer:
                 saved_model.apply_delta(previous_dir, tables, staging, dense=dense)
             else:
                 tf.io.gfile.makedirs(staging)
+            if cfg.serving_quantize is not None:  # the delta file in the export's form
+                tables = quantizer.quantize_delta(tables)
             write_delta(posixpath.join(staging, DELTA_FILE), tables, dense)
             info = {"kind": "delta", "base": previous_version}
         else:
@@ -623,8 +637,11 @@ class StreamingTrainer:
                         RAW_SIGNATURE: (raw, {"prob": tf.sigmoid(raw_logits),
                                               "logits": raw_logits})}
 
-            saved_model.export_saved_model(staging, version, build)
+            saved_model.export_saved_model(staging, version, build,
+                                           quantize=cfg.serving_quantize)
             info = {"kind": "full", "base": None}
+        if cfg.serving_quantize is not None:  # a delta builds only on a version of its form
+            info["quantize"] = cfg.serving_quantize
         ownership.check_export_owner(cfg.export_base, self._identity)
         info["model_id"] = self._identity["model_id"]
         serving_versions.publish(staging, cfg.export_base, step, info)
