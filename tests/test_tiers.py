@@ -244,6 +244,9 @@ def test_ssd_stream_spills_and_reads_back(tmp_path, engine):
     # freed, the file would hold about four times the IDs.
     assert stats["ssd_record_bytes"] == 16 + 2 * 4, stats
     assert stats["ssd_file_bytes"] <= len(truth) * stats["ssd_record_bytes"], stats
+    # The plans' records were hinted to the kernel ahead of their steps (the hints' page
+    # runs themselves: tests/cc/ssd_tier_test.cc).
+    assert 0 < stats["ssd_read_ahead_runs"] <= stats["ssd_read_ahead_records"], stats
     ids, values = engine.tier_export(key, "embedding")
     for i, value in zip(ids, values):
         np.testing.assert_array_equal(value, truth[int(i)])

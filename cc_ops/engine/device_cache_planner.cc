@@ -6,6 +6,7 @@
 #include "device_cache_planner.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "host_table.h"
@@ -274,6 +275,11 @@ int64_t DeviceCachePlanner::AllocSsdRecord() {
 
 void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
   if (options_.ssd_capacity <= 0) return;
+  // Freed records are handed out lowest first (AllocSsdRecord takes the
+  // back), so one spill's records are in ascending order and, where freed
+  // records neighbour each other or the file's end is reached, consecutive:
+  // the writer writes each run of consecutive records with one write.
+  std::sort(free_ssd_records_.begin(), free_ssd_records_.end(), std::greater<int32_t>());
   // IDs on disk (or with no values yet) are the tier's IDs without a host slot.
   // With the SSD tier full, host memory holds the rest beyond its size for a
   // while (the tier's total size is checked when rows are handed out).
