@@ -128,6 +128,20 @@ Status DeviceCachePlanner::CheckRoom(const std::vector<RecordRef>& need) const {
                        " lookup(s) of the table per step). Raise device_vocabulary_size "
                        "to at least the unique IDs of one step.");
   }
+  // With an SSD tier, the rows a batch moves out of the device cache wait in
+  // host memory until the spill writer has them on disk: a host tier smaller
+  // than that would not bound host memory, and is refused.
+  const int64_t leaving = static_cast<int64_t>(need.size()) - rows_->spare();
+  if (options_.ssd_capacity > 0 && leaving > options_.host_capacity) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': host_vocabulary_size (", options_.host_capacity,
+                       ") is smaller than the rows one batch needs in the host tier: this "
+                       "batch moves ", leaving,
+                       " rows out of the device cache, which wait in host memory until they "
+                       "are spilled to the SSD tier. Raise host_vocabulary_size in "
+                       "create_table() to at least ", leaving,
+                       " (the unique IDs of one step), or use smaller batches.");
+  }
   return Status::Ok();
 }
 

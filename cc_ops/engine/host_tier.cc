@@ -745,6 +745,16 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
   *components = components_;
   present->assign(keys.size(), 0);
   values->assign(keys.size() * width, 0.0f);
+  if (ssd_) {
+    // The IDs come in the save's order, their records anywhere in the file:
+    // all their reads are queued at once, in file order, before the loop
+    // below reads them one by one.
+    std::vector<int64_t> records;
+    for (int32_t slot : slots) {
+      if (IsSsdSlot(slot)) records.push_back(SsdRecordOf(slot));
+    }
+    ssd_->read_ahead()->Hint(std::move(records));
+  }
   SsdRecord record;
   for (size_t i = 0; i < keys.size(); ++i) {
     float* out = values->data() + i * width;
