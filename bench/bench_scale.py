@@ -36,6 +36,12 @@ it is an error that says why.
     PYTHONPATH=. .venv/bin/python bench/bench_scale.py --ids 10000000
     PYTHONPATH=. .venv/bin/python bench/bench_scale.py --ids 50000000 --memory_limit 10G \\
         --dir /var/tmp/scale                                                # 23.8 GiB of rows
+
+Where the SSD file fits the page cache, no step waits on the disk. Steps that do (the file
+about twice the page cache the cgroup leaves it; run_all's `bench_scale_disk`):
+
+    PYTHONPATH=. .venv/bin/python bench/bench_scale.py --ids 3e6 --device_rows 200000 \\
+        --host_rows 200000 --engine_ids 0 --memory_limit 1400M --no_checkpoint
 """
 
 import argparse
