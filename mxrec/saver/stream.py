@@ -28,7 +28,6 @@ import posixpath
 import shutil
 import tempfile
 import zipfile
-from concurrent import futures
 from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -45,10 +44,6 @@ MIN_CHUNK_ROWS = 256
 _COPIES = 3
 # Bytes read at a time while hashing or copying a file.
 _READ_BYTES = 8 << 20
-# Writes and reads at least this large are hashed on a thread of their own while the
-# file is written or the next block read (hashlib and file I/O release the GIL), so a
-# save or a restore's check does not pay for SHA-256 and the disk one after the other.
-_OVERLAP_BYTES = 1 << 20
 
 
 def check_memory_mb(where: str, memory_mb) -> int:
@@ -117,27 +112,17 @@ class _HashingWriter:
     """A write-only stream that hashes what passes through it and refuses to seek, so that
     zipfile writes each member's sizes after its data (no seeking back)."""
 
-    def __init__(self, raw, hasher: futures.Executor):
+    def __init__(self, raw):
         self._raw = raw
         # tf.io.gfile's files take bytes only; a local file takes the buffer as it is.
         self._as_bytes = not isinstance(raw, io.IOBase)
         self._hash = hashlib.sha256()
-        self._hasher = hasher
         self._bytes = 0
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        if len(view) < _OVERLAP_BYTES:
-            self._raw.write(bytes(view) if self._as_bytes else view)
-            self._hash.update(view)
-        else:
-            # The buffer is the caller's until this returns: hashed beside the write of
-            # the same bytes, no copy held.
-            hashing = self._hasher.submit(self._hash.update, view)
-            try:
-                self._raw.write(bytes(view) if self._as_bytes else view)
-            finally:
-                hashing.result()
+        self._raw.write(bytes(view) if self._as_bytes else view)
+        self._hash.update(view)
         self._bytes += len(view)
         return len(view)
 
@@ -166,9 +151,8 @@ def write_npz(path: str, members: Iterable[Member]) -> Dict:
     Raises:
         CheckpointError: a member's chunks hold another number of rows than its shape says.
     """
-    with _open_for_writing(path) as raw, futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="mxrec_hash") as hasher:
-        stream = _HashingWriter(raw, hasher)
+    with _open_for_writing(path) as raw:
+        stream = _HashingWriter(raw)
         with zipfile.ZipFile(stream, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for member in members:
                 _write_member(archive, member, path)
@@ -199,20 +183,18 @@ def _write_member(archive: zipfile.ZipFile, member: Member, path: str) -> None:
 
 
 def file_digest(path: str) -> Dict:
-    """{bytes, sha256} of a file, read `_READ_BYTES` at a time; each block is hashed on
-    a thread of its own while the next one is read (two blocks in memory at most)."""
+    """{bytes, sha256} of a file, read `_READ_BYTES` at a time."""
     digest = hashlib.sha256()
     size = 0
-    with tf.io.gfile.GFile(path, "rb") as f, futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="mxrec_hash") as hasher:
-        hashing = None
+    # A local file is read straight into each block (tf.io.gfile copies it once more).
+    local = durable.local_path(path)
+    with (open(local, "rb", buffering=0) if local is not None
+          else tf.io.gfile.GFile(path, "rb")) as f:
         while True:
             block = f.read(_READ_BYTES)
-            if hashing is not None:
-                hashing.result()
             if not block:
                 break
-            hashing = hasher.submit(digest.update, block)
+            digest.update(block)
             size += len(block)
     return {"bytes": size, "sha256": digest.hexdigest()}
 
