@@ -20,6 +20,8 @@ Figures:
   data structures hold, without the free pages temporaries left in the heap), and the ID
   map's share by its own count;
 - SSD bytes per ID (the file over its rows);
+- the steady state's disk reads and writes (GiB/s, /proc/self/io: what missed the page
+  cache and what was written), as shares of `dd`'s bandwidth on the same disk;
 - a full save with mxrec's `Saver` and a restore of it in a new process: seconds, GiB/s of
   the files written or read, against `dd`'s sequential write (fdatasync) and direct read of
   the same disk, and each phase's peak RssAnon (sampled every 50 ms).
@@ -34,6 +36,12 @@ it is an error that says why.
     PYTHONPATH=. .venv/bin/python bench/bench_scale.py --ids 10000000
     PYTHONPATH=. .venv/bin/python bench/bench_scale.py --ids 50000000 --memory_limit 10G \\
         --dir /var/tmp/scale                                                # 23.8 GiB of rows
+
+Where the SSD file fits the page cache, no step waits on the disk. Steps that do (the file
+about twice the page cache the cgroup leaves it; run_all's `bench_scale_disk`):
+
+    PYTHONPATH=. .venv/bin/python bench/bench_scale.py --ids 3e6 --device_rows 200000 \\
+        --host_rows 200000 --engine_ids 0 --memory_limit 1400M --no_checkpoint
 """
 
 import argparse
@@ -84,7 +92,7 @@ def parse_args(argv=None):
     parser.add_argument("--dd_bytes", type=int, default=None,
                         help="bytes dd writes and reads (1 GiB; --quick 256 MiB)")
     parser.add_argument("--no_checkpoint", action="store_true",
-                        help="train only: no save, restore or dd (while a full save or restore "
+                        help="train only: no save or restore (while a full save or restore "
                              "of the table would not fit the machine's memory)")
     parser.add_argument("--restore_child", default=None, help=argparse.SUPPRESS)
     report.add_arguments(parser)
@@ -123,6 +131,17 @@ def rss_anon() -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def disk_bytes() -> tuple:
+    """(bytes read from, bytes written to storage) by this process so far
+    (/proc/self/io: page-cache hits are not reads, dirtied pages count as written)."""
+    values = {}
+    with open("/proc/self/io", encoding="ascii") as io_:
+        for line in io_:
+            name, value = line.split(":")
+            values[name] = int(value)
+    return values["read_bytes"], values["write_bytes"]
 
 
 def rss_pair() -> tuple:
@@ -271,7 +290,8 @@ def train(args, sess, ids, train_op, table, sampler: PeakSampler) -> dict:
         seconds = time.perf_counter() - started
         stats = tiers.stats(table)
         steps.append({"seconds": seconds, "ssd_rows": stats["ssd_rows"],
-                      "host_rows": stats["host_rows"], "rss": rss_anon(), "stats": stats})
+                      "host_rows": stats["host_rows"], "rss": rss_anon(), "stats": stats,
+                      "disk": disk_bytes()})
         if stats["ssd_rows"] > 0 and "trimmed" not in steps[0]:
             steps[0]["trimmed"] = (rss_pair()[1], stats["ssd_rows"])
     if "trimmed" in steps[0]:
@@ -291,6 +311,13 @@ def train_figures(args, steps: list, rep: report.Report) -> None:
     rep.figure("first steps samples/s", round(first_rate))
     rep.figure("steady state samples/s", round(last_rate))
     rep.figure("steady / first steps", round(last_rate / first_rate, 3))
+    # The steady state's disk traffic, from the step before it to its last step.
+    before = steps[n - len(last) - 1]["disk"] if n > len(last) else (0, 0)
+    seconds = sum(s["seconds"] for s in last)
+    rep.figure("steady state disk reads (GiB/s)",
+               round((last[-1]["disk"][0] - before[0]) / seconds / 2**30, 3))
+    rep.figure("steady state disk writes (GiB/s)",
+               round((last[-1]["disk"][1] - before[1]) / seconds / 2**30, 3))
     stats = steps[-1]["stats"]
     comps = 2  # the embedding and Adagrad's slot
     rep.figure("device cache RAM per ID (values, bytes)", args.dim * 4 * comps)
@@ -424,6 +451,15 @@ def run(args, directory: str, rep: report.Report) -> None:
         if not args.no_checkpoint:
             rates = save_and_restore(args, sess, directory, sampler, rep)
     sampler.stop()
+    write, read = dd_speeds(directory, args.dd_bytes)
+    rep.figure("dd write GiB/s", round(write / 2**30, 3))
+    rep.figure("dd read GiB/s", round(read / 2**30, 3))
+    # The seconds of the steady state count the step's CPU work too: these are the shares
+    # of the disk's bandwidth the tier used, not what it could use.
+    rep.figure("steady state disk reads / dd's direct read",
+               round(rep.figures["steady state disk reads (GiB/s)"] * 2**30 / read, 3))
+    rep.figure("steady state disk writes / dd's sequential write",
+               round(rep.figures["steady state disk writes (GiB/s)"] * 2**30 / write, 3))
     per_ssd = rep.figures.get("RAM per SSD-resident ID, engine alone, heap trimmed (bytes)")
     if per_ssd is not None:
         rep.goal("RAM per SSD-resident ID, engine alone, heap trimmed (bytes) (<=)", per_ssd, 48,
@@ -432,14 +468,11 @@ def run(args, directory: str, rep: report.Report) -> None:
         rep.goal("steady state (SSD tier) / first steps samples/s",
                  rep.figures["steady / first steps"], 0.5)
     if not args.no_checkpoint:
-        checkpoint_goals(args, directory, rates, rep)
+        checkpoint_goals(rates, write, read, rep)
 
 
-def checkpoint_goals(args, directory: str, rates: tuple, rep: report.Report) -> None:
+def checkpoint_goals(rates: tuple, write: float, read: float, rep: report.Report) -> None:
     save_rate, restore_rate, child, trained = rates
-    write, read = dd_speeds(directory, args.dd_bytes)
-    rep.figure("dd write GiB/s", round(write / 2**30, 3))
-    rep.figure("dd read GiB/s", round(read / 2**30, 3))
     f = rep.figures
     rep.goal("full save: GiB/s / dd's sequential write", save_rate / write, 0.5)
     rep.goal("restore: GiB/s / dd's direct read", restore_rate / read, 0.5)

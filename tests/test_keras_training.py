@@ -69,7 +69,8 @@ SCENARIOS = {
     "adagrad_host_tier_eviction": dict(optimizer="adagrad", access_threshold=1,
                                        eviction_threshold=25, evict_every=3, capacity=30,
                                        host=40, constant_init=0.05, steps=40),
-    "lazy_adam_ssd_tier": dict(optimizer="lazy_adam", lr=0.02, capacity=30, host=12, ssd=200,
+    # With an SSD tier the host tier must hold one step's IDs (24 positions).
+    "lazy_adam_ssd_tier": dict(optimizer="lazy_adam", lr=0.02, capacity=30, host=24, ssd=200,
                                constant_init=0.05),
 }
 

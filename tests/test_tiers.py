@@ -244,6 +244,9 @@ def test_ssd_stream_spills_and_reads_back(tmp_path, engine):
     # freed, the file would hold about four times the IDs.
     assert stats["ssd_record_bytes"] == 16 + 2 * 4, stats
     assert stats["ssd_file_bytes"] <= len(truth) * stats["ssd_record_bytes"], stats
+    # The plans' records were hinted to the kernel ahead of their steps (the hints' page
+    # runs themselves: tests/cc/ssd_tier_test.cc).
+    assert 0 < stats["ssd_read_ahead_runs"] <= stats["ssd_read_ahead_records"], stats
     ids, values = engine.tier_export(key, "embedding")
     for i, value in zip(ids, values):
         np.testing.assert_array_equal(value, truth[int(i)])
@@ -321,7 +324,7 @@ def test_plans_applied_behind_the_key_stage(tmp_path, engine, ahead, swap_thread
     initializer, and every value that comes back is the one last trained."""
     init(key_process_thread_num=2 if swap_threads == "parallel" else 1)
     table = create_table(tf.int64, 2, "t", _v1.zeros_initializer(), device_vocabulary_size=8,
-                         host_vocabulary_size=2, ssd_vocabulary_size=4096,
+                         host_vocabulary_size=4, ssd_vocabulary_size=4096,
                          ssd_data_path=str(tmp_path))
     key = table.table_key
     engine.tier_register(key, "opt/slot")
@@ -446,6 +449,39 @@ def test_full_ssd_tier_is_an_error_and_loses_nothing(tmp_path):
         exported = tiers.export_values(sess, table, slots=False)["embedding"]
     assert exported[0].tolist() == [1, 2, 3, 4, 5, 6, 7]
     np.testing.assert_allclose(exported[1], np.tile(-np.arange(1.0, DIM + 1.0), (7, 1)))
+
+
+def test_host_tier_smaller_than_a_batch_with_ssd_tier_is_refused(tmp_path):
+    """With an SSD tier, the rows a batch moves out of the device cache wait in host memory
+    until they are spilled: a batch moving more rows out than host_vocabulary_size is
+    refused with the table, both numbers and the setting; batches that fit train, before
+    and after, and nothing trained is lost."""
+    init(prefetch_batch_number=0)
+    table = create_table(tf.int64, DIM, "small", _v1.zeros_initializer(),
+                         device_vocabulary_size=4, host_vocabulary_size=2,
+                         ssd_vocabulary_size=100, ssd_data_path=str(tmp_path))
+    ids = _v1.placeholder(tf.int64, [None])
+    loss = tf.reduce_sum(sparse_lookup(table, ids) * tf.range(1.0, DIM + 1.0))
+    train_op = gradient_descent.create_hash_optimizer(1.0).apply_gradients(
+        zip(tf.gradients(loss, [table.variable]), [table.variable]))
+    with _v1.Session() as sess:
+        sess.run(_v1.global_variables_initializer())
+        sess.run(train_op, {ids: [1, 2, 3]})  # into free device rows: nothing leaves
+        # 4 IDs for 1 free row: 3 rows leave the device cache, for a host tier of 2.
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"'small': host_vocabulary_size \(2\) is smaller than the rows "
+                                 r"one batch needs.*moves 3 rows out.*Raise "
+                                 r"host_vocabulary_size.*at least 3"):
+            sess.run(train_op, {ids: [4, 5, 6, 7]})
+        for batch in ([4, 5], [6, 7], [8, 9], [1, 2], [3]):
+            sess.run(train_op, {ids: batch})
+        assert tiers.stats(table)["ssd_rows"] > 0
+        exported = tiers.export_values(sess, table, slots=False)["embedding"]
+    assert exported[0].tolist() == list(range(1, 10))
+    # IDs 1, 2 and 3 trained twice, read back from host memory or disk the second time.
+    want = np.tile(-np.arange(1.0, DIM + 1.0), (9, 1))
+    want[:3] *= 2
+    np.testing.assert_allclose(exported[1], want)
 
 
 def test_eviction_removes_host_tier_rows():

@@ -6,6 +6,7 @@
 #include "device_cache_planner.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "host_table.h"
@@ -126,6 +127,20 @@ Status DeviceCachePlanner::CheckRoom(const std::vector<RecordRef>& need) const {
                        " more, but device_vocabulary_size is ", device, " (", swap_protect_,
                        " lookup(s) of the table per step). Raise device_vocabulary_size "
                        "to at least the unique IDs of one step.");
+  }
+  // With an SSD tier, the rows a batch moves out of the device cache wait in
+  // host memory until the spill writer has them on disk: a host tier smaller
+  // than that would not bound host memory, and is refused.
+  const int64_t leaving = static_cast<int64_t>(need.size()) - rows_->spare();
+  if (options_.ssd_capacity > 0 && leaving > options_.host_capacity) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': host_vocabulary_size (", options_.host_capacity,
+                       ") is smaller than the rows one batch needs in the host tier: this "
+                       "batch moves ", leaving,
+                       " rows out of the device cache, which wait in host memory until they "
+                       "are spilled to the SSD tier. Raise host_vocabulary_size in "
+                       "create_table() to at least ", leaving,
+                       " (the unique IDs of one step), or use smaller batches.");
   }
   return Status::Ok();
 }
@@ -274,6 +289,11 @@ int64_t DeviceCachePlanner::AllocSsdRecord() {
 
 void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
   if (options_.ssd_capacity <= 0) return;
+  // Freed records are handed out lowest first (AllocSsdRecord takes the
+  // back), so one spill's records are in ascending order and, where freed
+  // records neighbour each other or the file's end is reached, consecutive:
+  // the writer writes each run of consecutive records with one write.
+  std::sort(free_ssd_records_.begin(), free_ssd_records_.end(), std::greater<int32_t>());
   // IDs on disk (or with no values yet) are the tier's IDs without a host slot.
   // With the SSD tier full, host memory holds the rest beyond its size for a
   // while (the tier's total size is checked when rows are handed out).

@@ -58,6 +58,12 @@ HostTier::~HostTier() {
   }
   spill_work_.notify_all();
   if (spill_writer_.joinable()) spill_writer_.join();
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    ahead_stop_ = true;
+  }
+  ahead_work_.notify_all();
+  if (ahead_thread_.joinable()) ahead_thread_.join();
 }
 
 HostTier::Chunk HostTier::AllocateChunk() const {
@@ -150,8 +156,48 @@ Status HostTier::RegisterLocked(const std::string& name, int* index) {
 
 void HostTier::Enqueue(SwapPlan plan) {
   if (plan.rows.empty() && plan.spill_keys.empty()) return;
+  if (options_.ssd_capacity > 0) {
+    std::vector<int64_t> records;
+    for (size_t i = 0; i < plan.rows.size(); ++i) {
+      if (plan.from_host[i] && IsSsdSlot(plan.in_slots[i])) {
+        records.push_back(SsdRecordOf(plan.in_slots[i]));
+      }
+    }
+    records.insert(records.end(), plan.spill_records.begin(), plan.spill_records.end());
+    if (!records.empty()) {
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      if (ahead_jobs_.size() >= kMaxAheadJobs) ahead_jobs_.pop_front();
+      ahead_jobs_.push_back(std::move(records));
+      if (!ahead_thread_.joinable()) ahead_thread_ = std::thread([this] { ReadAheadLoop(); });
+      ahead_work_.notify_one();
+    }
+  }
   std::lock_guard<std::mutex> queue_lock(queue_mu_);
   incoming_.push_back(std::move(plan));
+}
+
+void HostTier::ReadAheadLoop() {
+  std::unique_lock<std::mutex> lock(ahead_mu_);
+  for (;;) {
+    ahead_work_.wait(lock, [this] { return ahead_stop_ || !ahead_jobs_.empty(); });
+    if (ahead_stop_) return;
+    std::vector<int64_t> records = std::move(ahead_jobs_.front());
+    ahead_jobs_.pop_front();
+    const std::shared_ptr<SsdReadAhead> target = ahead_target_;
+    if (!target) continue;  // no file yet: nothing on disk to read
+    const int64_t count = static_cast<int64_t>(records.size());
+    lock.unlock();
+    const int64_t runs = target->Hint(std::move(records));
+    lock.lock();
+    ahead_records_ += count;
+    ahead_runs_ += runs;
+  }
+}
+
+void HostTier::SetReadAheadTargetLocked() {
+  std::shared_ptr<SsdReadAhead> target = ssd_ ? ssd_->read_ahead() : nullptr;
+  std::lock_guard<std::mutex> lock(ahead_mu_);
+  ahead_target_ = std::move(target);
 }
 
 void HostTier::TakeReleased(std::vector<int32_t>* free_slots,
@@ -185,8 +231,11 @@ int64_t HostTier::pending_plans() const {
 
 Status HostTier::OpenSsdLocked() {
   if (ssd_) return Status::Ok();
-  return SsdTier::Open(options_.ssd_path, options_.name,
-                       static_cast<int64_t>(components_.size()) * options_.dim, &ssd_);
+  MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name,
+                                      static_cast<int64_t>(components_.size()) * options_.dim,
+                                      &ssd_));
+  SetReadAheadTargetLocked();
+  return Status::Ok();
 }
 
 Status HostTier::ReadSpilledLocked(int component, int64_t key, int64_t record, uint64_t seq,
@@ -696,6 +745,16 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
   *components = components_;
   present->assign(keys.size(), 0);
   values->assign(keys.size() * width, 0.0f);
+  if (ssd_) {
+    // The IDs come in the save's order, their records anywhere in the file:
+    // all their reads are queued at once, in file order, before the loop
+    // below reads them one by one.
+    std::vector<int64_t> records;
+    for (int32_t slot : slots) {
+      if (IsSsdSlot(slot)) records.push_back(SsdRecordOf(slot));
+    }
+    ssd_->read_ahead()->Hint(std::move(records));
+  }
   SsdRecord record;
   for (size_t i = 0; i < keys.size(); ++i) {
     float* out = values->data() + i * width;
@@ -957,6 +1016,7 @@ void HostTier::InstallLocked(Rebuilt* next, std::vector<int32_t>* slots) {
   live_ = next->live;
   chunks_.swap(next->chunks);
   ssd_ = std::move(next->ssd);  // removes the old file; a new one is opened on the next spill
+  SetReadAheadTargetLocked();
   slots->swap(next->slots);
 }
 
@@ -979,6 +1039,9 @@ TierStats HostTier::Stats() const {
   stats.ssd_file_bytes = ssd_ ? ssd_->file_bytes() : 0;
   stats.ssd_record_bytes = ssd_ ? ssd_->record_bytes() : 0;
   stats.pending_plans = static_cast<int64_t>(plans_.size() + incoming_.size());
+  std::lock_guard<std::mutex> ahead_lock(ahead_mu_);
+  stats.ssd_read_ahead_records = ahead_records_;
+  stats.ssd_read_ahead_runs = ahead_runs_;
   return stats;
 }
 

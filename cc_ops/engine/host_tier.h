@@ -104,6 +104,8 @@ struct TierStats {
   int64_t swap_out_last = 0;
   int64_t pending_plans = 0;  // planned, not yet applied by every component
   int64_t ssd_record_bytes = 0;  // bytes of one SSD record (the file holds whole records)
+  int64_t ssd_read_ahead_records = 0;  // records hinted to the kernel ahead of their plans
+  int64_t ssd_read_ahead_runs = 0;     // runs of pages those hints asked for
 
   // The one list of the statistics by name: fn(name, value) for each, in
   // this order (the pybind module's tier_stats dict is filled from it).
@@ -120,6 +122,8 @@ struct TierStats {
     fn("swap_in_last", swap_in_last);
     fn("swap_out_last", swap_out_last);
     fn("pending_plans", pending_plans);
+    fn("ssd_read_ahead_records", ssd_read_ahead_records);
+    fn("ssd_read_ahead_runs", ssd_read_ahead_runs);
   }
 };
 
@@ -148,7 +152,9 @@ class HostTier {
   std::vector<std::string> components() const;
 
   // Queues a plan (the key stage, in batch order). Plans with no rows and no
-  // spills are not queued: they move nothing.
+  // spills are not queued: they move nothing. The SSD records the plan reads
+  // back or rewrites are handed to the read-ahead thread (ReadAheadLoop), so
+  // their pages load while the steps before this plan's run.
   void Enqueue(SwapPlan plan);
 
   // Moves the host slots and the SSD records freed since the last call (read
@@ -325,6 +331,15 @@ class HostTier {
            (meta_[slot].present & (1u << component)) != 0;
   }
   Status OpenSsdLocked();
+  // The read-ahead thread: takes the records of one queued plan at a time and
+  // hints them through the current SSD file's SsdReadAhead (ahead_target_),
+  // with no lock of the tier held, so neither the step nor the spill writer
+  // waits for it. Plans hinted too late for their step only cost reads the
+  // step would have made anyway; a backlog beyond kMaxAheadJobs drops the
+  // oldest plans' hints (their steps are the nearest, already reading).
+  void ReadAheadLoop();
+  // Points the read-ahead at ssd_'s file (none without one). Under mu_.
+  void SetReadAheadTargetLocked();
   Status ReplaceLocked(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
                        const TierValueReader& reader, int64_t chunk_rows,
                        std::vector<int32_t>* slots);
@@ -380,6 +395,18 @@ class HostTier {
   std::condition_variable spill_work_;          // a job queued, or stop
   mutable std::condition_variable spill_done_;  // a job finished
   std::thread spill_writer_;
+  // The read-ahead's state, under ahead_mu_ (a leaf lock: nothing else is
+  // taken while holding it): record lists of queued plans, the file they are
+  // hinted on, the stop request and the counts for Stats().
+  static constexpr size_t kMaxAheadJobs = 8;
+  mutable std::mutex ahead_mu_;
+  std::condition_variable ahead_work_;
+  std::deque<std::vector<int64_t>> ahead_jobs_;
+  std::shared_ptr<SsdReadAhead> ahead_target_;
+  bool ahead_stop_ = false;
+  int64_t ahead_records_ = 0;
+  int64_t ahead_runs_ = 0;
+  std::thread ahead_thread_;
 };
 
 }  // namespace mxrec

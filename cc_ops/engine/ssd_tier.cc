@@ -141,6 +141,48 @@ void UnregisterLive(const SsdTier* tier) {
 
 }  // namespace
 
+SsdReadAhead::~SsdReadAhead() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void SsdReadAhead::Reset(int fd, int64_t record_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+  record_bytes_ = record_bytes;
+}
+
+int64_t SsdReadAhead::Hint(std::vector<int64_t> records) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0 || records.empty() || record_bytes_ <= 0) return 0;
+  std::sort(records.begin(), records.end());
+  const int64_t page = std::max<int64_t>(4096, sysconf(_SC_PAGESIZE));
+  int64_t runs = 0;
+  int64_t first = -1;  // the current run of pages: [first, last]
+  int64_t last = -1;
+  for (size_t i = 0; i <= records.size(); ++i) {
+    int64_t begin = 0;
+    int64_t end = 0;
+    if (i < records.size()) {
+      if (records[i] < 0) continue;
+      begin = records[i] * record_bytes_ / page;
+      end = ((records[i] + 1) * record_bytes_ - 1) / page;
+      if (first >= 0 && begin <= last + 1) {
+        last = std::max(last, end);
+        continue;
+      }
+    }
+    if (first >= 0) {
+      // Advice only: a failure (EOF, a file replaced meanwhile) costs nothing.
+      posix_fadvise(fd_, first * page, (last - first + 1) * page, POSIX_FADV_WILLNEED);
+      ++runs;
+    }
+    first = begin;
+    last = end;
+  }
+  return runs;
+}
+
 Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t floats,
                      std::unique_ptr<SsdTier>* out) {
   struct stat info;
@@ -155,6 +197,7 @@ Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t fl
   tier->parent_ = dir;
   MXREC_RETURN_IF_ERROR(tier->CreateFile(kDataFile, &tier->fd_));
   tier->Map();
+  tier->ResetReadAhead();
   RegisterLive(tier.get());
   *out = std::move(tier);
   return Status::Ok();
@@ -169,6 +212,7 @@ SsdTier::SsdTier(std::string dir, int dir_fd, std::string name, int64_t stride)
       fd_(-1) {}
 
 SsdTier::~SsdTier() {
+  read_ahead_->Reset(-1, 0);  // a hint in flight keeps no descriptor of a dropped file
   UnregisterLive(this);
   Unmap();
   RemoveFiles();
@@ -199,6 +243,10 @@ Status SsdTier::CreateFile(const char* file, int* fd) const {
                          ? "; something mxrec did not create is at that name, and mxrec "
                            "leaves it alone"
                          : "");
+}
+
+void SsdTier::ResetReadAhead() {
+  read_ahead_->Reset(fcntl(fd_, F_DUPFD_CLOEXEC, 0), record_bytes());
 }
 
 void SsdTier::Map() {
@@ -438,6 +486,7 @@ Status SsdTier::Restride(int64_t stride) {
   Map();
   stride_ = stride;
   ++restrides_;
+  ResetReadAhead();
   return Status::Ok();
 }
 

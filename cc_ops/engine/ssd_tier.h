@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,32 @@ namespace mxrec {
 struct SsdRecord {
   uint32_t present = 0;
   std::vector<float> values;
+};
+
+// Read-ahead of the records a planned step will touch: the records its swaps
+// read back and those its spills rewrite in part (a write into a page that is
+// not in memory reads the page first). Hint() asks the kernel for their pages
+// (posix_fadvise WILLNEED, sorted, one call per run of pages), which queues
+// all those reads at once, so the step's own reads find the pages in memory
+// instead of waiting on one page fault after another. It holds its own
+// descriptor of the tier's file (Reset when the file is replaced), so a hint
+// that races with the tier's drop or restride costs at most a useless read.
+class SsdReadAhead {
+ public:
+  SsdReadAhead() = default;
+  ~SsdReadAhead();
+  SsdReadAhead(const SsdReadAhead&) = delete;
+  SsdReadAhead& operator=(const SsdReadAhead&) = delete;
+
+  // Hints the pages of `records` (sorted here); returns the page runs hinted.
+  int64_t Hint(std::vector<int64_t> records) const;
+  // The file (a descriptor this object now owns, or -1) and its record size.
+  void Reset(int fd, int64_t record_bytes);
+
+ private:
+  mutable std::mutex mu_;
+  int fd_ = -1;
+  int64_t record_bytes_ = 0;
 };
 
 class SsdTier {
@@ -113,6 +140,8 @@ class SsdTier {
   // process's exit, for every tier still alive, since tables are not dropped
   // then). Reads still work through the open file.
   void RemoveFiles() const;
+  // The read-ahead of this tier's file (shared: see SsdReadAhead).
+  std::shared_ptr<SsdReadAhead> read_ahead() const { return read_ahead_; }
   // The data file and its private directory.
   const std::string& path() const { return path_; }
   const std::string& directory() const { return dir_; }
@@ -136,6 +165,8 @@ class SsdTier {
   // kResourceExhausted, naming the table, ssd_data_path and the bytes needed
   // and free, when the file system has less than `bytes` free (to `what`).
   Status CheckRoom(int64_t bytes, const char* what) const;
+  // Points the read-ahead at fd_ (a duplicate of it).
+  void ResetReadAhead();
   // (Re)maps fd_ read-only over map_bytes_ of address space (the file grows
   // into it); on failure reads fall back to pread.
   void Map();
@@ -154,6 +185,7 @@ class SsdTier {
   int64_t restrides_ = 0;
   const char* map_ = nullptr;
   size_t map_bytes_ = 0;
+  std::shared_ptr<SsdReadAhead> read_ahead_ = std::make_shared<SsdReadAhead>();
 };
 
 }  // namespace mxrec

@@ -261,7 +261,9 @@ def stats(table) -> Dict[str, int]:
     swap_in_total / swap_out_total / fresh_total (embedding rows moved in from the
     tier, out to it, filled by the initializer), swap_in_last / swap_out_last (the
     last applied plan: one step, or the last lookup of a step with several),
-    pending_plans, ssd_record_bytes (the bytes of one row's record in the SSD file).
+    pending_plans, ssd_record_bytes (the bytes of one row's record in the SSD file),
+    ssd_read_ahead_records / ssd_read_ahead_runs (SSD records of planned steps hinted to
+    the kernel ahead of their use, and the runs of pages those hints asked for).
     """
     engine = loader.engine()
     out = dict(engine.tier_stats(table.table_key))

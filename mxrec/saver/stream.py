@@ -186,7 +186,10 @@ def file_digest(path: str) -> Dict:
     """{bytes, sha256} of a file, read `_READ_BYTES` at a time."""
     digest = hashlib.sha256()
     size = 0
-    with tf.io.gfile.GFile(path, "rb") as f:
+    # A local file is read straight into each block (tf.io.gfile copies it once more).
+    local = durable.local_path(path)
+    with (open(local, "rb", buffering=0) if local is not None
+          else tf.io.gfile.GFile(path, "rb")) as f:
         while True:
             block = f.read(_READ_BYTES)
             if not block:

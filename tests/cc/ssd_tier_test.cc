@@ -3,9 +3,17 @@
 // device-cache planner does), written in batches whose numbers are sorted into
 // runs, per-component reads, releases and reuse of record numbers, the file's
 // size bounded by the highest record, and the file widened once when a record
-// brings a component the records had no room for. Built and run by
+// brings a component the records had no room for; the read-ahead's page runs
+// against a set of pages computed here, the pages it hints loaded, and a hint
+// after the file was widened or the tier dropped. Built and run by
 // tests/test_ssd_tier_units.py.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
 
 #include <algorithm>
 #include <cstdint>
@@ -129,6 +137,108 @@ void TestTierMatchesReference(const std::string& dir) {
   EXPECT(tier->ReadComponent(next + 5, 1, 0, dim, out, &found).ok() && !found);
 }
 
+// The runs of consecutive pages that records of `record_bytes` cover.
+int64_t PageRuns(const std::vector<int64_t>& records, int64_t record_bytes) {
+  const int64_t page = std::max<int64_t>(4096, sysconf(_SC_PAGESIZE));
+  std::set<int64_t> pages;
+  for (int64_t r : records) {
+    for (int64_t p = r * record_bytes / page; p <= ((r + 1) * record_bytes - 1) / page; ++p) {
+      pages.insert(p);
+    }
+  }
+  int64_t runs = 0;
+  int64_t previous = -2;
+  for (int64_t p : pages) {
+    runs += p != previous + 1 ? 1 : 0;
+    previous = p;
+  }
+  return runs;
+}
+
+// Whether every page of `records` is in the page cache (mincore), polled for a
+// few seconds: the hint queues the reads and returns before they finish.
+bool Resident(const std::string& path, const std::vector<int64_t>& records, int64_t record_bytes) {
+  const int64_t page = std::max<int64_t>(4096, sysconf(_SC_PAGESIZE));
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const off_t size = lseek(fd, 0, SEEK_END);
+  void* map = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+  std::vector<unsigned char> in(static_cast<size_t>((size + page - 1) / page));
+  bool all = false;
+  for (int attempt = 0; attempt < 300 && !all; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT(mincore(map, static_cast<size_t>(size), in.data()) == 0);
+    all = true;
+    for (int64_t r : records) all = all && (in[static_cast<size_t>(r * record_bytes / page)] & 1);
+  }
+  munmap(map, static_cast<size_t>(size));
+  close(fd);
+  return all;
+}
+
+// Drops the file's pages from the page cache; false where the file system
+// keeps them (tmpfs), which leaves nothing to read ahead.
+bool DropPages(const std::string& path, int64_t records, int64_t record_bytes) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT(fd >= 0 && fdatasync(fd) == 0);
+  EXPECT(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  close(fd);
+  std::vector<int64_t> all(static_cast<size_t>(records));
+  for (int64_t r = 0; r < records; ++r) all[static_cast<size_t>(r)] = r;
+  const int64_t page = std::max<int64_t>(4096, sysconf(_SC_PAGESIZE));
+  const int map_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const size_t size = static_cast<size_t>(records * record_bytes);
+  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, map_fd, 0);
+  std::vector<unsigned char> in((size + page - 1) / page);
+  EXPECT(mincore(map, size, in.data()) == 0);
+  munmap(map, size);
+  close(map_fd);
+  for (unsigned char c : in) {
+    if (c & 1) return false;
+  }
+  return true;
+}
+
+void TestReadAhead(const std::string& dir) {
+  const int64_t dim = 4;
+  std::unique_ptr<SsdTier> tier;
+  EXPECT(SsdTier::Open(dir, "ahead", 2 * dim, &tier).ok());
+  const int64_t count = 20000;
+  std::vector<int64_t> keys(count);
+  std::vector<int64_t> numbers(count);
+  std::vector<SsdRecord> records(count);
+  for (int64_t r = 0; r < count; ++r) {
+    keys[r] = r * 3 + 1;
+    numbers[r] = r;
+    records[r].present = 3u;
+    records[r].values.assign(2 * dim, static_cast<float>(r));
+  }
+  EXPECT(tier->PutBatch(keys, numbers, records).ok());
+  const std::shared_ptr<mxrec::SsdReadAhead> ahead = tier->read_ahead();
+  // Unsorted, repeated, neighbouring and far apart; a negative number is none.
+  const std::vector<int64_t> wanted = {19999, 5, 6, 7, 4000, 5, 85, 86, 12000, 171, -3};
+  std::vector<int64_t> valid;
+  for (int64_t r : wanted) {
+    if (r >= 0) valid.push_back(r);
+  }
+  const bool dropped = DropPages(tier->path(), count, tier->record_bytes());
+  EXPECT(ahead->Hint(wanted) == PageRuns(valid, tier->record_bytes()));
+  if (dropped) {
+    EXPECT(Resident(tier->path(), valid, tier->record_bytes()));
+  } else {
+    std::fprintf(stderr, "note: the file system keeps the pages; residency not checked\n");
+  }
+  // Widened records: the hint follows the new file and record size.
+  std::vector<SsdRecord> wide(1);
+  wide[0].present = 7u;
+  wide[0].values.assign(3 * dim, 1.0f);
+  EXPECT(tier->PutBatch({7}, {count}, wide).ok() && tier->restrides() == 1);
+  EXPECT(tier->read_ahead() == ahead);
+  EXPECT(ahead->Hint(valid) == PageRuns(valid, tier->record_bytes()));
+  EXPECT(ahead->Hint({}) == 0);
+  tier.reset();  // a read-ahead kept past the tier hints nothing
+  EXPECT(ahead->Hint(valid) == 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,6 +247,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   TestTierMatchesReference(argv[1]);
+  TestReadAhead(argv[1]);
   std::printf("ssd tier records: ok\n");
   return 0;
 }
