@@ -31,11 +31,16 @@ MODULES: Dict[str, str] = {
     "mxrec.graph.acg_push_ops": "mxrec.hooks.acg_push_ops",
     "mxrec.util.communication": "mxrec.distributed.communication",
     "mxrec.util.communication.hccl_ops": "mxrec.distributed.hccl_ops",
+    "mxrec.util.config_utils": "mxrec.util.config",
+    "mxrec.util.config_utils.optimizer_utils": "mxrec.util.config",
+    "mxrec.util.config_utils.train_param": "mxrec.util.config",
+    "mxrec.util.config_utils.embedding_utils": "mxrec.util.config",
     "mxrec.util.initialize": "mxrec.initialize",
     "mxrec.util.tf_version_adapter": "mxrec.compat.tf_version_adapter",
 }
 
 NAMES: Dict[str, str] = {
+    "mxrec.ASCEND_GLOBAL_HASHTABLE_COLLECTION": "mxrec.constants.constants",
     "mxrec.graph.modifier.GraphModifierHook": "mxrec.hooks.graph_modifier",
     # The hook's path beside mxrec's Saver, which mxrec's documentation gave as mx_rec's.
     "mxrec.saver.checkpoint.IncrementalCheckpointHook": "mxrec.hooks.incremental_checkpoint",
