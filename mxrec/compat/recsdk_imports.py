@@ -5,8 +5,8 @@ Ascend/RecSDK and a fork that holds later releases (examples/: DLRM, Wide&Deep, 
 little_demo, little_demo_estimator, model_common; tests/mx_rec/: core, data, graph,
 optimizers, saver, util, validator). mx_rec's own internals that only its white-box tests
 import are listed too: each path and name either imports on mxrec or is refused with the
-reason. `mxrec.compat.table` resolves every entry and writes the table of
-docs/MX_REC_COMPAT.md from the result.
+reason. `mxrec.compat.table` resolves every entry and writes docs/MX_REC_PATHS.md
+from the result.
 """
 
 from typing import Dict, Tuple

@@ -220,6 +220,10 @@ class ConfigInitializer:
         """mx_rec's registry of the tables created under this init() (read-only here)."""
         return self._sub_configs["sparse_embed_config"]
 
+    @sparse_embed_config.setter
+    def sparse_embed_config(self, value: "SparseEmbedConfig") -> None:
+        self._set_sub_config("sparse_embed_config", SparseEmbedConfig, value)
+
     def _set_sub_config(self, name: str, kind: type, value) -> None:
         """mx_rec's scripts and tests replace a sub-config with a fresh one of its class; one
         made for another init() keeps that init()'s state, so it is refused too."""
