@@ -25,6 +25,38 @@ def example_path(example: str, overlay: str = None) -> str:
     return os.pathsep.join(str(folder) for folder in folders)
 
 
+def _example_env(example: str, env: dict, result: str, overlay: str = None) -> dict:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "USE_"))}
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER", "MXREC_EXCHANGE"):
+        full.pop(name, None)
+    full.update({k: str(v) for k, v in env.items()})
+    full.update(ZOO_RESULT=result, MXREC_LOG_LEVEL="ERROR", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=example_path(example, overlay))
+    return full
+
+
+def run_ranks(example: str, workdir: pathlib.Path, env: dict, ranks: int,
+              launcher: str = "mxrec.launch") -> list:
+    """Runs the example on `ranks` ranks as its run.sh does with TRAIN_RANK_SIZE=ranks
+    (`python -m mxrec.launch -n N` or `mpirun -n N`); each rank's results, by rank."""
+    from mxrec import launch
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = [str(ZOO / example / "main_mxrec.py")]
+    if launcher == "mxrec.launch":
+        command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + script
+    else:
+        command = launch.mpirun_command(ranks, [sys.executable] + script)
+    full = _example_env(example, dict(env, TRAIN_RANK_SIZE=ranks, MXREC_COLLECTIVE_TIMEOUT=300),
+                        str(workdir / "result-{rank}.json"))
+    done = subprocess.run(command, cwd=workdir, env=full, capture_output=True, text=True,
+                          timeout=900)
+    if done.returncode != 0:
+        raise AssertionError(f"{example} on {ranks} ranks failed ({done.returncode}) with "
+                             f"{env}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return [json.loads((workdir / f"result-{rank}.json").read_text()) for rank in range(ranks)]
+
+
 def run_example(example: str, workdir: pathlib.Path, env: dict, overlay: str = None) -> dict:
     """Runs examples/mx_rec_zoo/<example>/main_mxrec.py in `workdir` with `env`, in a
     process of its own (as run.sh does; the examples set process-wide TF behaviour).
@@ -34,10 +66,7 @@ def run_example(example: str, workdir: pathlib.Path, env: dict, overlay: str = N
     result = workdir / "result.json"
     if result.exists():
         result.unlink()
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "USE_"))}
-    full.update({k: str(v) for k, v in env.items()})
-    full.update(ZOO_RESULT=str(result), MXREC_LOG_LEVEL="ERROR", TF_CPP_MIN_LOG_LEVEL="2",
-                PYTHONPATH=example_path(example, overlay))
+    full = _example_env(example, env, str(result), overlay)
     done = subprocess.run([sys.executable, str(ZOO / example / "main_mxrec.py")], cwd=workdir,
                           env=full, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
