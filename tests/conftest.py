@@ -148,7 +148,7 @@ RANKS_EXTRA = (
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mpirun-2-feature_spec]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_on_ranks_equals_one_process[4-mxrec.launch]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_on_ranks_equals_one_process[2-mpirun]",
-    "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_on_ranks_equals_one_process[4]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_on_ranks_equals_one_process[4-1]",
     "tests/test_multiworker_saver_finite.py::test_every_rank_refuses_a_save_that_one_rank_finds_non_finite[grpc]",
     "tests/test_streaming_ranks_nonfinite.py::test_skip_on_two_ranks_equals_one_process",
     "tests/test_several_hosts.py::test_ranks_on_two_hosts_equal_one_process[2x2]",

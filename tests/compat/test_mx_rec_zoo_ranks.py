@@ -110,12 +110,40 @@ def test_dlrm_on_ranks_equals_one_process(tmp_path, dlrm_data, ranks, launcher):
     _compare(tmp_path, dlrm_data, one, got, 48, rows_within=0.1)
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_wide_deep_on_ranks_equals_one_process(tmp_path, wide_deep_data, ranks):
-    """run.sh's default mode (graph modifier, HBM, static shapes)."""
-    env = dict(WIDE_DEEP, DLRM_CRITEO_DATA_PATH=wide_deep_data, USE_MODIFY_GRAPH=1)
+@pytest.mark.parametrize("ranks, modify_graph", [(2, 1), (4, 1), (2, 0)])
+def test_wide_deep_on_ranks_equals_one_process(tmp_path, wide_deep_data, ranks, modify_graph):
+    """run.sh's default mode (graph modifier, HBM, static shapes), and its FeatureSpec mode,
+    which calls `dataset.eos_map` before the insert function."""
+    env = dict(WIDE_DEEP, DLRM_CRITEO_DATA_PATH=wide_deep_data, USE_MODIFY_GRAPH=modify_graph)
     got = run_ranks("wide_deep", tmp_path / "ranks", dict(
         env, ZOO_BATCH_SIZE=128 // ranks, ZOO_HBM_DEV_VOCAB=6000 // ranks), ranks)
     one = run_example("wide_deep", tmp_path / "one", dict(
         env, TRAIN_RANK_SIZE=1, ZOO_BATCH_SIZE=128, ZOO_HBM_DEV_VOCAB=6000))
     _compare(tmp_path, wide_deep_data, one, got, 120, rows_within=None)
+
+
+def test_eos_map_ends_every_rank_at_the_shortest(tmp_path):
+    """mx_rec's EosDataset on 2 ranks: rank 0 has 5 batches, rank 1 has 7; both read the
+    first 5 (and nothing of rank 1's last 2), twice, shapes kept."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from zoo_support import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2",
+               MXREC_COLLECTIVE_TIMEOUT="120")
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER", "MXREC_EXCHANGE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "mxrec.launch", "-n", "2",
+         str(ROOT / "tests" / "compat" / "eos_ranks_worker.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rounds = [json.loads(line.split("] ", 1)[1]) for line in done.stdout.splitlines()
+              if '"round"' in line]
+    assert len(rounds) == 4
+    for entry in rounds:
+        assert entry["seen"] == [[x] * 3 for x in range(5)], entry
+        assert entry["shape"] == [3]
