@@ -60,10 +60,11 @@ def test_a_package_answers_its_alias_as_an_attribute():
 
 
 def test_import_mxrec_loads_nothing_heavy():
-    """`import mxrec` installs the finder only: the launcher stays a plain process starter."""
+    """`import mxrec` installs the finder only (with its tables of aliases and refusals, plain
+    dicts): the launcher stays a plain process starter."""
     out = _fresh("import sys\nimport mxrec\n"
                  "print(sorted(m for m in sys.modules if m.startswith(('mxrec', 'tensorflow'))))")
-    assert out.strip() == "['mxrec', 'mxrec.compat']"
+    assert out.strip() == "['mxrec', 'mxrec.compat', 'mxrec.compat.refused']"
 
 
 def test_a_monkeypatch_through_an_alias_reaches_the_real_module(monkeypatch):

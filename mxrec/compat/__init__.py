@@ -13,17 +13,28 @@ listed here, in two tables, and nowhere else:
   for a name that moved to a higher layer (the hooks); the module of ours answers it as an
   attribute, importing the defining module on first use, so no import runs upward.
 
+- `REFUSED_MODULES` and `REFUSED_NAMES` (in `refused.py`): {mx_rec's path: why mxrec does
+  not have it} (NPU only, or mx_rec's internals with no counterpart). Importing such a
+  path, or a name from such a module, raises `RefusedImport` (an ImportError) with the
+  reason; a refused module under an alias module (`mxrec.util.communication.hccl_mgmt`)
+  imports, as a module every name of which is refused, since Python imports it without
+  asking a finder.
+
 `install()` (run by `import mxrec`) puts a finder at the front of `sys.meta_path` that
-answers the paths of `MODULES` and gives the modules that host an alias (a package that
-holds one, a module that names one) a module `__getattr__` when they load. Adding an mx_rec
-path is one line in a table.
+answers the paths of `MODULES` and `REFUSED_MODULES` and gives the modules that host an
+alias (a package that holds one, a module that names one) a module `__getattr__` when they
+load. Adding an mx_rec path is one line in a table. `mxrec.compat.table` writes
+docs/MX_REC_PATHS.md from these tables and what RecSDK imports (`recsdk_imports`).
 """
 
 import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 from typing import Dict
+
+from mxrec.compat.refused import REFUSED_MODULES, REFUSED_NAMES
 
 MODULES: Dict[str, str] = {
     "mxrec.core.asc.manager": "mxrec.core.asc.helper",
@@ -31,15 +42,61 @@ MODULES: Dict[str, str] = {
     "mxrec.graph.acg_push_ops": "mxrec.hooks.acg_push_ops",
     "mxrec.util.communication": "mxrec.distributed.communication",
     "mxrec.util.communication.hccl_ops": "mxrec.distributed.hccl_ops",
+    "mxrec.util.config_utils": "mxrec.util.config",
+    "mxrec.util.config_utils.optimizer_utils": "mxrec.util.config",
+    "mxrec.util.config_utils.train_param": "mxrec.util.config",
+    "mxrec.util.config_utils.embedding_utils": "mxrec.util.config",
+    # RecSDK 5.0's path of the constants.
+    "mxrec.util.constants": "mxrec.constants.constants",
+    "mxrec.util.global_env_conf": "mxrec.util.env",
+    "mxrec.saver.saver": "mxrec.saver.checkpoint",
     "mxrec.util.initialize": "mxrec.initialize",
     "mxrec.util.tf_version_adapter": "mxrec.compat.tf_version_adapter",
 }
 
 NAMES: Dict[str, str] = {
+    "mxrec.ASCEND_GLOBAL_HASHTABLE_COLLECTION": "mxrec.constants.constants",
+    "mxrec.core.asc.FeatureSpec": "mxrec.core.asc.feature_spec",
     "mxrec.graph.modifier.GraphModifierHook": "mxrec.hooks.graph_modifier",
     # The hook's path beside mxrec's Saver, which mxrec's documentation gave as mx_rec's.
     "mxrec.saver.checkpoint.IncrementalCheckpointHook": "mxrec.hooks.incremental_checkpoint",
 }
+
+class RefusedImport(ImportError):
+    """An mx_rec path or name that mxrec does not have, with the reason.
+
+    An ImportError (not an AttributeError) so that `from path import name` shows the reason:
+    Python replaces an AttributeError raised there with its own generic message.
+    """
+
+
+class _Refused(str):
+    """A hosted attribute that is refused: its value is the reason."""
+
+
+class _RefusedModule(types.ModuleType):
+    """A refused mx_rec module under an alias (see _AliasLoader): any name read from it
+    raises RefusedImport with the reason."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(name, f"Refused on mxrec: {reason}")
+        self.__refused__ = reason
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise RefusedImport(f"{self.__name__} is not available on mxrec: {self.__refused__}",
+                            name=self.__name__)
+
+
+def _refused_module(fullname: str):
+    """The reason an mx_rec module path (or the package above it) is refused, else None."""
+    path = fullname
+    while path:
+        if path in REFUSED_MODULES:
+            return path, REFUSED_MODULES[path]
+        path = path.rpartition(".")[0]
+    return None
 
 
 def _parent(path: str) -> str:
@@ -55,6 +112,8 @@ def _hosted() -> Dict[str, Dict[str, str]]:
             hosts.setdefault(_parent(path), {})[path.rsplit(".", 1)[1]] = "module"
     for path, defining in NAMES.items():
         hosts.setdefault(_parent(path), {})[path.rsplit(".", 1)[1]] = defining
+    for path, reason in REFUSED_NAMES.items():
+        hosts.setdefault(_parent(path), {})[path.rsplit(".", 1)[1]] = _Refused(reason)
     return hosts
 
 
@@ -64,6 +123,9 @@ def _attribute_hook(module, attributes: Dict[str, str]):
 
     def __getattr__(name: str):
         found = attributes.get(name)
+        if isinstance(found, _Refused):
+            raise RefusedImport(f"{module.__name__}.{name} is not available on mxrec: {found}",
+                                name=module.__name__)
         if found == "module":
             return importlib.import_module(f"{module.__name__}.{name}")
         if found is not None:
@@ -87,6 +149,12 @@ class _AliasLoader(importlib.abc.Loader):
         for child, target in MODULES.items():
             if _parent(child) == module.__name__:
                 sys.modules[child] = importlib.import_module(target)
+                setattr(real, child.rsplit(".", 1)[1], sys.modules[child])
+        for child, reason in REFUSED_MODULES.items():
+            # Python imports a child of a module that is not a package without asking the
+            # finders, so a refused one is in place already: every name from it is refused.
+            if _parent(child) == module.__name__:
+                sys.modules[child] = _RefusedModule(child, reason)
                 setattr(real, child.rsplit(".", 1)[1], sys.modules[child])
         # The import system returns what sys.modules holds once exec_module is done.
         sys.modules[module.__name__] = real
@@ -116,6 +184,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         self._hosts = _hosted()
 
     def find_spec(self, fullname, path, target=None):
+        refused = _refused_module(fullname)
+        if refused is not None:
+            where = "" if refused[0] == fullname else f" (the package {refused[0]})"
+            raise RefusedImport(f"{fullname}{where} is not available on mxrec: {refused[1]}",
+                                name=fullname)
         if fullname in MODULES:
             return importlib.util.spec_from_loader(fullname, _AliasLoader())
         attributes = self._hosts.get(fullname)

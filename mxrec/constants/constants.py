@@ -9,6 +9,9 @@ import enum
 
 # The device variables of mxrec tables (not in TRAINABLE_VARIABLES).
 SPARSE_TABLE_COLLECTION = "mxrec_sparse_tables"
+# mx_rec's name of that collection (`from mx_rec import ASCEND_GLOBAL_HASHTABLE_COLLECTION`):
+# the same collection; its value is mxrec's.
+ASCEND_GLOBAL_HASHTABLE_COLLECTION = SPARSE_TABLE_COLLECTION
 # A tensor of batch times (seconds, any shape); the batch's time is its max.
 # Without one, the host key stage stamps IDs with the wall clock. mx_rec's name:
 # its scripts run tf.compat.v1.add_to_collection(ASCEND_TIMESTAMP, batch["timestamp"]).

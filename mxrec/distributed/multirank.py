@@ -13,7 +13,13 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec.core import wing
-from mxrec.distributed import communication, routing, sharded_lookup, sharded_state
+from mxrec.distributed import (  # noqa: F401 (end_of_data fills the END_OF_DATA slot)
+    communication,
+    end_of_data,
+    routing,
+    sharded_lookup,
+    sharded_state,
+)
 from mxrec.util import registry
 
 

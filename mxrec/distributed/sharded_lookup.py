@@ -79,7 +79,9 @@ def sharded_lookup(request: planners.LookupRequest) -> tf.Tensor:
         # On several ranks the key stage reads IDs that came by collectives: the modifier
         # traces the lookup's own IDs (and batch time) instead.
         planners.record_lookup(tf.compat.v1.get_default_graph(), planners.LookupRecord(
-            table, ids, rows, restore, reused, is_train, request.pad_to,
+            # send_count, not pad_to (None for a modify_graph lookup): the rewritten lookup
+            # pads its chunk to it under init(use_dynamic=False), as one process's does
+            table, ids, rows, restore, reused, is_train, request.send_count,
             sharded=ShardedParts(local_time, routed, exchanged, router),
             trace_from=[ids] + ([local_time] if local_time is not None else []),
             rebuild=sharded_pipeline.rebuild))

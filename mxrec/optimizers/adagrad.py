@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
+from mxrec.optimizers.base import HashOptimizerMixin, check_arguments
 
 
 class CustomizedAdagrad(HashOptimizerMixin, tf.compat.v1.train.AdagradOptimizer):
@@ -15,7 +15,7 @@ class CustomizedAdagrad(HashOptimizerMixin, tf.compat.v1.train.AdagradOptimizer)
 
 def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9, use_locking=False,
                           name="Adagrad"):
-    check_learning_rate(learning_rate, "adagrad.create_hash_optimizer")
+    check_arguments("adagrad.create_hash_optimizer", learning_rate, use_locking, name)
     if initial_accumulator_value <= 0:
         raise ValueError("adagrad.create_hash_optimizer: initial_accumulator_value must be > 0, "
                          f"got {initial_accumulator_value}")

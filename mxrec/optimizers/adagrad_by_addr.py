@@ -42,7 +42,9 @@ def create_hash_optimizer_by_address(learning_rate=0.001, initial_accumulator_va
         >>> opt = create_hash_optimizer_by_address(0.1, initial_accumulator_value=0.5)
         >>> train_op = opt.apply_gradients(list(zip(grads, addresses)))
     """
-    del use_locking  # every update holds the store's lock
+    if not isinstance(use_locking, bool):
+        raise TypeError(f"adagrad_by_addr: use_locking must be a bool, got {use_locking!r}")
+    # Either value is honoured: every update holds the store's lock.
     return AdagradByAddress(learning_rate, initial_accumulator_value=initial_accumulator_value,
                             name=name)
 

@@ -284,6 +284,24 @@ def check_declared(optimizer, table) -> None:
             "optimizer_list out")
 
 
+def check_arguments(optimizer: str, learning_rate, use_locking, name) -> None:
+    """The arguments every hash-optimizer factory takes, checked (TF would take any truthy
+    use_locking and any name silently).
+
+    Raises:
+        TypeError: learning_rate is not a number, tensor or callable; use_locking is not a
+            bool; name is not a string.
+        ValueError: learning_rate <= 0, or name is empty.
+    """
+    check_learning_rate(learning_rate, optimizer)
+    if not isinstance(use_locking, bool):
+        raise TypeError(f"{optimizer}: use_locking must be a bool, got {use_locking!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"{optimizer}: name must be a string, got {name!r}")
+    if not name:
+        raise ValueError(f"{optimizer}: name must not be empty")
+
+
 def check_learning_rate(learning_rate, optimizer: str):
     if not callable(learning_rate) and not isinstance(learning_rate, tf.Tensor):
         if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)):

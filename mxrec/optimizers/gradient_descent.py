@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
+from mxrec.optimizers.base import HashOptimizerMixin, check_arguments
 
 
 class CustomizedGradientDescent(HashOptimizerMixin, tf.compat.v1.train.GradientDescentOptimizer):
@@ -10,5 +10,5 @@ class CustomizedGradientDescent(HashOptimizerMixin, tf.compat.v1.train.GradientD
 
 
 def create_hash_optimizer(learning_rate, use_locking=False, name="GradientDescent"):
-    check_learning_rate(learning_rate, "gradient_descent.create_hash_optimizer")
+    check_arguments("gradient_descent.create_hash_optimizer", learning_rate, use_locking, name)
     return CustomizedGradientDescent(learning_rate, use_locking=use_locking, name=name)

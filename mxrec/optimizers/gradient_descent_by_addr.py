@@ -54,7 +54,10 @@ def create_hash_optimizer_by_address(learning_rate, use_locking=False, name="SGD
         >>> opt = create_hash_optimizer_by_address(0.1)
         >>> train_op = opt.apply_gradients(list(zip(grads, addresses)))
     """
-    del use_locking  # every update holds the store's lock
+    if not isinstance(use_locking, bool):
+        raise TypeError(f"gradient_descent_by_addr: use_locking must be a bool, got "
+                        f"{use_locking!r}")
+    # Either value is honoured: every update holds the store's lock.
     return SGDByAddr(learning_rate, name=name, weight_decay=weight_decay)
 
 

@@ -9,7 +9,7 @@ Rows not in the batch, and their moments, stay as they are.
 
 import tensorflow as tf
 
-from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
+from mxrec.optimizers.base import HashOptimizerMixin, check_arguments
 
 
 class CustomizedLazyAdam(HashOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
@@ -43,7 +43,7 @@ class CustomizedLazyAdam(HashOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
 
 def create_hash_optimizer(learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
                           use_locking=False, name="LazyAdam"):
-    check_learning_rate(learning_rate, "lazy_adam.create_hash_optimizer")
+    check_arguments("lazy_adam.create_hash_optimizer", learning_rate, use_locking, name)
     for label, beta in (("beta1", beta1), ("beta2", beta2)):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"lazy_adam.create_hash_optimizer: {label} must be in [0, 1), "

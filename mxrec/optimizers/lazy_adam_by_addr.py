@@ -78,7 +78,9 @@ def create_hash_optimizer_by_address(learning_rate=0.001, beta1=0.9, beta2=0.999
         >>> opt = create_hash_optimizer_by_address(learning_rate=0.001)
         >>> train_op = opt.apply_gradients(list(zip(grads, addresses)))
     """
-    del use_locking  # every update holds the store's lock
+    if not isinstance(use_locking, bool):
+        raise TypeError(f"lazy_adam_by_addr: use_locking must be a bool, got {use_locking!r}")
+    # Either value is honoured: every update holds the store's lock.
     return LazyAdamByAddress(learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon,
                              name=name)
 

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from mxrec.optimizers.base import HashOptimizerMixin, check_learning_rate
+from mxrec.optimizers.base import HashOptimizerMixin, check_arguments
 
 
 class CustomizedMomentum(HashOptimizerMixin, tf.compat.v1.train.MomentumOptimizer):
@@ -14,6 +14,6 @@ class CustomizedMomentum(HashOptimizerMixin, tf.compat.v1.train.MomentumOptimize
 
 def create_hash_optimizer(learning_rate=0.001, momentum=0.9, use_locking=False, name="Momentum",
                           use_nesterov=False):
-    check_learning_rate(learning_rate, "momentum.create_hash_optimizer")
+    check_arguments("momentum.create_hash_optimizer", learning_rate, use_locking, name)
     return CustomizedMomentum(learning_rate, momentum, use_locking=use_locking, name=name,
                               use_nesterov=use_nesterov)

@@ -18,9 +18,11 @@ import itertools
 import os
 from typing import Dict, List, Optional
 
+import tensorflow as tf
+
 from mxrec._lib import loader
 from mxrec.constants.constants import ENV_KEY_PROCESS_THREAD_NUM as _ENV_THREADS
-from mxrec.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
+from mxrec.constants.constants import EVAL_CHANNEL_ID, SPARSE_TABLE_COLLECTION, TRAIN_CHANNEL_ID
 from mxrec.util import eos as _eos  # noqa: F401 (adds mx_rec's Dataset.eos_map)
 from mxrec.util import ops as _ops
 from mxrec.util import registry
@@ -195,14 +197,55 @@ class ConfigInitializer:
 
     @property
     def train_params_config(self) -> "TrainParamsConfig":
-        """mx_rec's training parameters: get_initializer, get_training_mode_channel_id."""
-        return TrainParamsConfig(self)
+        """mx_rec's training parameters: get_initializer, get_training_mode_channel_id,
+        get_target_batch (one object per init(), as in mx_rec)."""
+        return self._sub_configs["train_params_config"]
+
+    @train_params_config.setter
+    def train_params_config(self, value: "TrainParamsConfig") -> None:
+        self._set_sub_config("train_params_config", TrainParamsConfig, value)
+
+    @property
+    def optimizer_config(self) -> "OptimizerConfig":
+        """mx_rec's record of the sparse optimizer a script created (`optimizer_instance`),
+        which RecSDK's later optimizers set in their create_hash_optimizer."""
+        return self._sub_configs["optimizer_config"]
+
+    @optimizer_config.setter
+    def optimizer_config(self, value: "OptimizerConfig") -> None:
+        self._set_sub_config("optimizer_config", OptimizerConfig, value)
+
+    @property
+    def sparse_embed_config(self) -> "SparseEmbedConfig":
+        """mx_rec's registry of the tables created under this init() (read-only here)."""
+        return self._sub_configs["sparse_embed_config"]
+
+    @sparse_embed_config.setter
+    def sparse_embed_config(self, value: "SparseEmbedConfig") -> None:
+        self._set_sub_config("sparse_embed_config", SparseEmbedConfig, value)
+
+    def _set_sub_config(self, name: str, kind: type, value) -> None:
+        """mx_rec's scripts and tests replace a sub-config with a fresh one of its class; one
+        made for another init() keeps that init()'s state, so it is refused too."""
+        if not isinstance(value, kind):
+            raise TypeError(f"ConfigInitializer.{name} must be a {kind.__name__}, got "
+                            f"{type(value).__name__}")
+        value.attach(self)
+        self._sub_configs[name] = value
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes ConfigInitializer does not have.
+        reason = _REFUSED_SUB_CONFIGS.get(name)
+        if reason is not None:
+            raise AttributeError(f"ConfigInitializer.{name} is not available: {reason}")
+        raise AttributeError(f"ConfigInitializer has no attribute {name!r}")
 
     # The attributes __init__ sets; with the properties that have setters, the only ones
     # that may be assigned (see __setattr__).
     _ATTRIBUTES = frozenset({
         "config", "prefix", "tables", "admission_configs", "shared_key_stage_chain",
-        "train_iterator_initializers", "lookup_modes", "eval_iterator_initializers"})
+        "train_iterator_initializers", "lookup_modes", "eval_iterator_initializers",
+        "_sub_configs"})
 
     def __setattr__(self, name: str, value) -> None:
         """Refuses attributes ConfigInitializer does not have. mx_rec scripts assign some
@@ -235,6 +278,11 @@ class ConfigInitializer:
         # is_train of the lookups built under this init() (mx_rec's channels in use).
         self.lookup_modes = set()
         self.eval_iterator_initializers: List[object] = []
+        self._sub_configs = {}
+        for name, kind in (("train_params_config", TrainParamsConfig),
+                           ("optimizer_config", OptimizerConfig),
+                           ("sparse_embed_config", SparseEmbedConfig)):
+            self._set_sub_config(name, kind, kind())
         loader.engine().set_num_threads(config.key_process_thread_num)
 
     def table_key(self, name: str) -> str:
@@ -249,11 +297,87 @@ class ConfigInitializer:
         self.shared_key_stage_chain.clear()
 
 
-class TrainParamsConfig:
-    """mx_rec's `ConfigInitializer.get_instance().train_params_config`."""
+class _SubConfig:
+    """One of mx_rec's sub-configs of ConfigInitializer. mx_rec's library writes most of
+    their attributes as it builds its pipeline; the ones mxrec has no counterpart for are
+    refused by name, read or assigned (`_REFUSED`), never accepted and dropped."""
 
-    def __init__(self, runtime: ConfigInitializer):
-        self._runtime = runtime
+    _REFUSED: Dict[str, str] = {}
+
+    def __init__(self):
+        object.__setattr__(self, "_runtime", None)
+
+    def attach(self, runtime: "ConfigInitializer") -> None:
+        """Binds this sub-config to the init() whose state it answers (once)."""
+        if self._runtime is not None and self._runtime is not runtime:
+            raise ValueError(f"this {type(self).__name__} belongs to another init(); assign "
+                             f"a new {type(self).__name__}()")
+        object.__setattr__(self, "_runtime", runtime)
+
+    def _refusal(self, name: str) -> str:
+        reason = self._REFUSED.get(name)
+        what = f"{type(self).__name__}.{name}"
+        if reason is None:
+            return f"{what}: mx_rec's {type(self).__name__} has no such attribute"
+        return f"{what} is not available on mxrec: {reason}"
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(self._refusal(name))
+
+    def __setattr__(self, name: str, value) -> None:
+        prop = getattr(type(self), name, None)
+        if isinstance(prop, property) and prop.fset is not None:
+            prop.fset(self, value)
+            return
+        if isinstance(prop, property):
+            raise AttributeError(f"{type(self).__name__}.{name} is read-only on mxrec: "
+                                 f"{self._REFUSED.get(name, 'it is derived from mxrec state')}")
+        raise AttributeError(self._refusal(name))
+
+
+_MODIFIER_STATE = ("state of mx_rec's own graph modifier and pipeline, which mxrec's graph "
+                   "modifier keeps in the graph it rewrites")
+
+
+class TrainParamsConfig(_SubConfig):
+    """mx_rec's `ConfigInitializer.get_instance().train_params_config`.
+
+    Works: `get_initializer`, `get_target_batch` (answered by the rewritten graph),
+    `get_training_mode_channel_id` / `insert_training_mode_channel_id` (the channels whose
+    lookups exist), `ascend_global_hashtable_collection` (read). mx_rec's pipeline state
+    (`iterator_type`, `is_last_round`, `sparse_dir`, ...) is refused by name.
+    """
+
+    _REFUSED = {
+        **{name: _MODIFIER_STATE for name in (
+            "iterator_type", "is_last_round", "is_graph_modify_hook_running", "sparse_dir",
+            "dataset_element_spec", "experimental_mode", "bool_gauge_set",
+            "insert_bool_gauge", "insert_merged_multi_lookup", "get_merged_multi_lookup")},
+        "set_target_batch": "get_target_batch answers from the graph the modifier rewrote "
+                            "(the `batch=` given to the lookups), so it cannot be set",
+        "set_initializer": "get_initializer answers the rewritten iterators' initializer, so "
+                           "it cannot be set",
+        "ascend_global_hashtable_collection": "mxrec puts every table variable in one "
+                                              "collection, mxrec.ASCEND_GLOBAL_HASHTABLE_"
+                                              "COLLECTION; another name cannot be chosen",
+    }
+
+    def __init__(self):
+        super().__init__()
+        object.__setattr__(self, "_modes", set())
+
+    def attach(self, runtime: "ConfigInitializer") -> None:
+        super().attach(runtime)
+        runtime.lookup_modes |= self._modes
+        object.__setattr__(self, "_modes", runtime.lookup_modes)
+
+    @property
+    def ascend_global_hashtable_collection(self) -> str:
+        """The graph collection of the tables' variables (mx_rec's value differs: the name is
+        mxrec's own, `mxrec.ASCEND_GLOBAL_HASHTABLE_COLLECTION`)."""
+        return SPARSE_TABLE_COLLECTION
 
     @staticmethod
     def get_initializer(is_training: bool):
@@ -282,15 +406,105 @@ class TrainParamsConfig:
                 "model with sparse_lookup(..., modify_graph=True, batch=batch)")
         return provider(is_training)
 
+    def insert_training_mode_channel_id(self, is_training: bool) -> None:
+        """Marks the channel of training (True) or evaluation (False) as in use, as building
+        a lookup of that mode does."""
+        if not isinstance(is_training, bool):
+            raise TypeError(f"insert_training_mode_channel_id: is_training must be a bool, "
+                            f"got {is_training!r}")
+        self._modes.add(is_training)
+
     def get_training_mode_channel_id(self, is_training: bool) -> Optional[int]:
         """0 (training) or 1 (evaluation) once a lookup of that mode was built under this
         init(), else None, as in mx_rec."""
         if not isinstance(is_training, bool):
             raise TypeError(f"get_training_mode_channel_id: is_training must be a bool, got "
                             f"{is_training!r}")
-        if is_training not in self._runtime.lookup_modes:
+        if is_training not in self._modes:
             return None
         return TRAIN_CHANNEL_ID if is_training else EVAL_CHANNEL_ID
+
+
+class OptimizerConfig(_SubConfig):
+    """mx_rec's `ConfigInitializer.get_instance().optimizer_config`: the sparse optimizer a
+    script's `create_hash_optimizer` made. mx_rec sizes its host slots from it; mxrec finds
+    each table's optimizer when that optimizer applies, so the record is only read back."""
+
+    _REFUSED = {name: "mx_rec's slot bookkeeping; mxrec's slots are TF slot variables that "
+                      "the optimizer makes when it first applies (optimizer.get_slot)"
+                for name in ("set_optimizer_for_table", "get_optimizer_by_table_name")}
+
+    def __init__(self):
+        super().__init__()
+        object.__setattr__(self, "_instance", None)
+
+    @property
+    def optimizer_instance(self):
+        """The optimizer assigned last (None before any)."""
+        return self._instance
+
+    @optimizer_instance.setter
+    def optimizer_instance(self, optimizer) -> None:
+        if optimizer is not None and not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+            raise TypeError("optimizer_config.optimizer_instance must be a "
+                            "tf.compat.v1.train.Optimizer (a hash optimizer) or None, got "
+                            f"{type(optimizer).__name__}")
+        object.__setattr__(self, "_instance", optimizer)
+
+    @property
+    def optim_params_list(self) -> List[str]:
+        """The optimizer's slot names (its `optim_param_list` where it has one, else the
+        slots TF made so far); [] without an optimizer."""
+        if self._instance is None:
+            return []
+        names = getattr(self._instance, "optim_param_list", None)
+        return list(names if names is not None else self._instance.get_slot_names())
+
+
+class SparseEmbedConfig(_SubConfig):
+    """mx_rec's `ConfigInitializer.get_instance().sparse_embed_config`: the tables created
+    under this init(), read-only (create_table registers them)."""
+
+    _REFUSED = {name: "tables are registered by create_table; mx_rec's library writes this"
+                for name in ("insert_table_instance", "insert_dangling_table",
+                             "insert_removing_var_list", "dangling_table", "removing_var_list",
+                             "name_to_var_dict", "insert_table_instance_to_tensor_dict")}
+
+    @property
+    def table_instance_dict(self) -> Dict[str, object]:
+        """{table name: table} (a copy)."""
+        return dict(self._runtime.tables) if self._runtime is not None else {}
+
+    @property
+    def table_name_set(self) -> set:
+        return set(self.table_instance_dict)
+
+    def get_table_instance_by_name(self, name: str):
+        """The table named `name`; None when there is none (as mx_rec)."""
+        return self.table_instance_dict.get(name)
+
+    def get_table_instance(self, var):
+        """The table whose device variable is `var`.
+
+        Raises:
+            KeyError: `var` is not a table's variable.
+        """
+        table = getattr(var, "_mxrec_table", None)
+        if table is None or table not in self.table_instance_dict.values():
+            raise KeyError(f"{getattr(var, 'name', var)!r} is not the variable of a table of "
+                           "this init()")
+        return table
+
+
+_HYBRID = ("mx_rec's manager of its C++ host pipeline (mxrec_pybind.HybridMgmt, set up on "
+           "the NPU's host); mxrec's key stage runs inside the dataset's map and its tables "
+           "save and restore through TF savers, so there is no manager object")
+# Sub-configs of mx_rec's ConfigInitializer that mxrec does not have: {name: why}.
+_REFUSED_SUB_CONFIGS: Dict[str, str] = {
+    "hybrid_manager_config": _HYBRID,
+    "feature_spec_config": "mx_rec's registry of FeatureSpecs, written by its library; "
+                           "mxrec keeps each FeatureSpec's plan with the FeatureSpec itself",
+}
 
 
 _current: Optional[ConfigInitializer] = None
@@ -362,7 +576,7 @@ def get_host_pipeline_ops() -> "_ops.HostPipelineOps":
 
 def get_training_mode_channel_id(is_training: bool) -> Optional[int]:
     """See TrainParamsConfig.get_training_mode_channel_id."""
-    return TrainParamsConfig(get_config_initializer()).get_training_mode_channel_id(is_training)
+    return get_config_initializer().train_params_config.get_training_mode_channel_id(is_training)
 
 
 def clear_channel(is_train_channel: bool = False) -> None:

@@ -8,15 +8,17 @@ same method (when mxrec.util.config is imported):
 - the channel's dataset ends with its data or after the channel's maximum number of
   batches (`max_train_steps` for channel 0, `max_eval_steps` for channel 1; -1: no
   maximum), whichever comes first: exactly the batches of `dataset.take(max)`;
-- on several ranks it is refused: mxrec does not yet coordinate the end of the ranks'
-  data (give every rank as many batches, e.g. by take()).
+- on several ranks every rank's dataset ends at the first batch some rank lacks, as mx_rec's
+  EosDataset ends them: the ranks agree on each batch inside the input pipeline
+  (`mxrec.distributed.end_of_data`, the MPI engine; a round must be read to its end before
+  its iterator is initialised again).
 """
 
 from tensorflow.python.data.ops import dataset_ops
 
 from mxrec.constants.constants import EVAL_CHANNEL_ID, LIBREC_EOS_OPS_SO, TRAIN_CHANNEL_ID
 from mxrec.util import ops as _ops
-from mxrec.util import ranks
+from mxrec.util import ranks, registry
 
 
 def _check_steps(name: str, value) -> int:
@@ -38,7 +40,8 @@ def eos_map(dataset, librec, channel_id: int, max_train_steps: int = -1,
     Raises:
         TypeError: librec is not import_host_pipeline_ops(LIBREC_EOS_OPS_SO).
         ValueError: another channel id, or a maximum that is not a positive int or -1.
-        NotImplementedError: several ranks.
+        NotImplementedError: several ranks on the gRPC engine (the agreement needs the MPI
+            engine).
     """
     if not isinstance(librec, _ops.HostPipelineOps) or librec.library != LIBREC_EOS_OPS_SO:
         raise TypeError(
@@ -51,12 +54,15 @@ def eos_map(dataset, librec, channel_id: int, max_train_steps: int = -1,
     evaluation_limit = _check_steps("max_eval_steps", max_eval_steps)
     if channel_id == EVAL_CHANNEL_ID:
         limit = evaluation_limit
+    if limit != -1:
+        dataset = dataset.take(limit)
     if ranks.get_rank_size() > 1:
-        raise NotImplementedError(
-            "eos_map on several ranks: mx_rec's EosDataset coordinates the end of each "
-            "channel's data across the ranks; mxrec does not yet do that. Give every "
-            "rank the same number of batches (e.g. dataset.take(n)) and leave eos_map out")
-    return dataset if limit == -1 else dataset.take(limit)
+        agreed = registry.provided(registry.END_OF_DATA)(dataset)
+        # A TF1 dataset stays one (scripts call make_initializable_iterator on it).
+        if isinstance(dataset, dataset_ops.DatasetV1):
+            agreed = dataset_ops.DatasetV1Adapter(agreed)
+        return agreed
+    return dataset
 
 
 def _method(self, librec, channel_id, max_train_steps=-1, max_eval_steps=-1):

@@ -38,3 +38,16 @@ def _make_logger() -> logging.Logger:
 
 
 logger = _make_logger()
+
+
+def get_logger(log_level: str) -> logging.Logger:
+    """mx_rec's `get_logger(log_level)`: the one logger (`logger`), set to `log_level`.
+
+    Raises:
+        ValueError: log_level is not one of DEBUG, INFO, WARNING, ERROR (mx_rec's names).
+    """
+    if log_level not in _LEVELS:
+        raise ValueError(f"get_logger: log_level must be one of {list(_LEVELS)}, got "
+                         f"{log_level!r}")
+    logger.setLevel(getattr(logging, log_level))
+    return logger

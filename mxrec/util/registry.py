@@ -15,6 +15,9 @@ below, with who fills it and who reads it:
   read by `mxrec.util.config.get_initializer`. Empty: no graph was rewritten.
 - `TARGET_BATCH`: filled by `mxrec.graph.modifier` on import with `get_target_batch`; read
   by `TrainParamsConfig.get_target_batch`. Empty: no graph was rewritten.
+- `END_OF_DATA`: filled by `mxrec.distributed.end_of_data` on import (by
+  `multirank.setup`) with `agree`; read by `mxrec.util.eos` (`eos_map` on several ranks).
+  Empty: one process.
 - `LOOKUP_OVERRIDE`: filled by `mxrec.export.saved_model` for the export's graph with
   `serving_lookup`; read by `mxrec.core.table.lookup_override`. Empty: the key stage.
 
@@ -34,8 +37,10 @@ CONFIG = "config"
 ITERATOR_INITIALIZER = "iterator_initializer"
 TARGET_BATCH = "target_batch"
 LOOKUP_OVERRIDE = "lookup_override"
+END_OF_DATA = "end_of_data"
 
-_PROCESS_SLOTS = frozenset({WING, RANKS, CONFIG, ITERATOR_INITIALIZER, TARGET_BATCH})
+_PROCESS_SLOTS = frozenset({WING, RANKS, CONFIG, ITERATOR_INITIALIZER, TARGET_BATCH,
+                            END_OF_DATA})
 _GRAPH_SLOTS = frozenset({LOOKUP_OVERRIDE})
 _SLOTS = _PROCESS_SLOTS | _GRAPH_SLOTS
 _GRAPH_ATTRIBUTE = "_mxrec_provided"

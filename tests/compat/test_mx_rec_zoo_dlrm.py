@@ -18,8 +18,12 @@ their gradients, DLRM reaches only 0.55-0.57 at these sizes, so multi-lookup is 
 with Wide&Deep).
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
-from zoo_support import ZOO, check_mode
+from zoo_support import ZOO, check_mode, example_path
 
 SIZES = {  # small sizes (the port reads them from ZOO_*; the defaults are the example's)
     "TRAIN_RANK_SIZE": 1, "ZOO_BATCH_SIZE": 256, "ZOO_LINE_PER_SAMPLE": 64,
@@ -66,9 +70,25 @@ def test_mode_trains_evaluates_saves_restores(tmp_path, data, modify_graph, cach
     check_mode("dlrm", tmp_path, data, env, modify_graph, steps=48)
 
 
+def test_later_version_optimizer_trains_as_the_first(tmp_path, data):
+    """RecSDK's later gradient_descent_w.py and demo_logger.py (examples/mx_rec_zoo/
+    dlrm_later: create_hash_optimizer records its optimizer in ConfigInitializer's
+    optimizer_config) in place of the first version's, run.sh's default mode: trains,
+    saves, restores, within the tolerance of the direct run (the first version's files)."""
+    env = dict(SIZES, DLRM_CRITEO_DATA_PATH=data, CACHE_MODE="HBM", USE_DYNAMIC=0,
+               USE_FAAE=0, USE_DYNAMIC_EXPANSION=0, USE_MULTI_LOOKUP=0)
+    check_mode("dlrm", tmp_path, data, env, 0, steps=48, overlay="dlrm_later")
+    # The run imported the later files (the overlay comes first on the example's path).
+    found = subprocess.run(
+        [sys.executable, "-c", "import gradient_descent_w as g; print(g.__file__)"],
+        env=dict(os.environ, PYTHONPATH=example_path("dlrm", "dlrm_later")),
+        capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == str(ZOO / "dlrm_later" / "gradient_descent_w.py")
+
+
 def test_the_port_marks_every_edit():
     """The port keeps the original's licence header and marks its edits."""
-    for path in sorted((ZOO / "dlrm").glob("*.py")):
+    for path in sorted((ZOO / "dlrm").glob("*.py")) + sorted((ZOO / "dlrm_later").glob("*.py")):
         text = path.read_text()
         assert text.startswith("# coding=utf-8\n# Copyright 2024. Huawei"), path
         assert "mxrec port" in text, path

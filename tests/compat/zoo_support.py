@@ -19,17 +19,54 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ZOO = ROOT / "examples" / "mx_rec_zoo"
 
 
-def run_example(example: str, workdir: pathlib.Path, env: dict) -> dict:
+def example_path(example: str, overlay: str = None) -> str:
+    """The PYTHONPATH a port runs with (run.sh runs in the example's folder)."""
+    folders = [ROOT, ZOO] + ([ZOO / overlay] if overlay else []) + [ZOO / example]
+    return os.pathsep.join(str(folder) for folder in folders)
+
+
+def _example_env(example: str, env: dict, result: str, overlay: str = None) -> dict:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "USE_"))}
+    for name in ("MXREC_RANK", "MXREC_SIZE", "MXREC_CLUSTER", "MXREC_EXCHANGE"):
+        full.pop(name, None)
+    full.update({k: str(v) for k, v in env.items()})
+    full.update(ZOO_RESULT=result, MXREC_LOG_LEVEL="ERROR", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=example_path(example, overlay))
+    return full
+
+
+def run_ranks(example: str, workdir: pathlib.Path, env: dict, ranks: int,
+              launcher: str = "mxrec.launch") -> list:
+    """Runs the example on `ranks` ranks as its run.sh does with TRAIN_RANK_SIZE=ranks
+    (`python -m mxrec.launch -n N` or `mpirun -n N`); each rank's results, by rank."""
+    from mxrec import launch
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = [str(ZOO / example / "main_mxrec.py")]
+    if launcher == "mxrec.launch":
+        command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + script
+    else:
+        command = launch.mpirun_command(ranks, [sys.executable] + script)
+    full = _example_env(example, dict(env, TRAIN_RANK_SIZE=ranks, MXREC_COLLECTIVE_TIMEOUT=300),
+                        str(workdir / "result-{rank}.json"))
+    done = subprocess.run(command, cwd=workdir, env=full, capture_output=True, text=True,
+                          timeout=900)
+    if done.returncode != 0:
+        raise AssertionError(f"{example} on {ranks} ranks failed ({done.returncode}) with "
+                             f"{env}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return [json.loads((workdir / f"result-{rank}.json").read_text()) for rank in range(ranks)]
+
+
+def run_example(example: str, workdir: pathlib.Path, env: dict, overlay: str = None) -> dict:
     """Runs examples/mx_rec_zoo/<example>/main_mxrec.py in `workdir` with `env`, in a
-    process of its own (as run.sh does; the examples set process-wide TF behaviour)."""
+    process of its own (as run.sh does; the examples set process-wide TF behaviour).
+    `overlay`, a folder of examples/mx_rec_zoo, comes first on the path: its files (another
+    RecSDK version's) replace the example's."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / "result.json"
     if result.exists():
         result.unlink()
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "USE_"))}
-    full.update({k: str(v) for k, v in env.items()})
-    full.update(ZOO_RESULT=str(result), MXREC_LOG_LEVEL="ERROR", TF_CPP_MIN_LOG_LEVEL="2",
-                PYTHONPATH=os.pathsep.join([str(ROOT), str(ZOO), str(ZOO / example)]))
+    full = _example_env(example, env, str(result), overlay)
     done = subprocess.run([sys.executable, str(ZOO / example / "main_mxrec.py")], cwd=workdir,
                           env=full, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -60,7 +97,7 @@ def label_counts(data_dir: pathlib.Path):
 
 
 def check_mode(example: str, tmp_path: pathlib.Path, data: pathlib.Path, env: dict,
-               modify_graph: int, steps: int) -> None:
+               modify_graph: int, steps: int, overlay: str = None) -> None:
     """One of run.sh's modes: trains, evaluates and saves, then restores and evaluates again.
 
     The AUC must be within auc_tolerance of the one-process direct run of the same model
@@ -68,7 +105,8 @@ def check_mode(example: str, tmp_path: pathlib.Path, data: pathlib.Path, env: di
     """
     direct = "modify_graph" if modify_graph else 1
     reference = run_example(example, tmp_path / "direct", dict(env, ZOO_DIRECT=direct))
-    trained = run_example(example, tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
+    trained = run_example(example, tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph),
+                          overlay)
     assert trained["steps"] == reference["steps"] == steps and len(trained["auc"]) == 1
     assert (tmp_path / "run" / "saved-model" / "sparse-model-0").is_dir()
     assert np.all(np.isfinite(trained["losses"]))
@@ -77,6 +115,7 @@ def check_mode(example: str, tmp_path: pathlib.Path, data: pathlib.Path, env: di
     positives, negatives = label_counts(data)
     assert abs(auc - want) <= auc_tolerance(positives, negatives, want), (auc, want)
     # The script's IF_LOAD finds ./saved-model/sparse-model-0: restore, evaluate only.
-    restored = run_example(example, tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph))
+    restored = run_example(example, tmp_path / "run", dict(env, USE_MODIFY_GRAPH=modify_graph),
+                           overlay)
     assert restored["restored_step"] == trained["saved_step"]
     assert restored["auc"] == trained["auc"]

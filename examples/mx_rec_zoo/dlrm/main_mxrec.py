@@ -64,6 +64,13 @@ sparse_hashtable_seed = 128
 shuffle_seed = 128
 random.seed(shuffle_seed)
 DIRECT_FLAG = os.getenv("ZOO_DIRECT", "0") not in ("", "0")  # mxrec port: the reference mode
+# mxrec port: ZOO_INIT_BY_ID=1 draws a new ID's first values from the ID (create_table's
+# init_by_id), so that N ranks start every ID as one process does (each rank hands out rows
+# of its own shard); the tests compare the tables of N ranks with one process's this way
+ZOO_TABLE_ARGS = {"init_by_id": True} if os.getenv("ZOO_INIT_BY_ID", "0") not in ("", "0") else {}
+# mxrec port: on several ranks every rank saves the whole model (a collective), each to its own
+# folder: ./saved-model on rank 0, ./saved-model/rank-R on rank R (mxrec's rank_directory)
+RANK_CHECKPOINT = None
 
 
 def _direct_faae():  # mxrec port: the FeatureSpecs' admission/eviction, for tensor IDs
@@ -112,9 +119,12 @@ def make_batch_and_iterator(config, feature_spec_list, is_training, dump_graph, 
     dataset = tf.data.TFRecordDataset(files_list, num_parallel_reads=num_parallel)
     batch_size = config.batch_size // config.line_per_sample
 
-    dataset = dataset.shard(config.rank_size, config.rank_id)
+    # mxrec port: the shuffle before the shard (RecSDK shuffles each rank's shard): with the
+    # same seed every rank draws the same order of all records and keeps its share, so N
+    # ranks train on the global batches one process trains on (one process: unchanged)
     if is_training:
-        dataset = dataset.shuffle(batch_size * 1000, seed=shuffle_seed)
+        dataset = dataset.shuffle(batch_size * config.rank_size * 1000, seed=shuffle_seed)
+    dataset = dataset.shard(config.rank_size, config.rank_id)
     if is_training:
         dataset = dataset.repeat(config.train_epoch)
     else:
@@ -275,6 +285,8 @@ if __name__ == "__main__":
     if filelist:
         IF_LOAD = True
     ConfigInitializer.get_instance().if_load = IF_LOAD
+    RANK_CHECKPOINT = os.path.join(mxrec_util.communication.rank_directory("./saved-model"),
+                                   "model-0")  # mxrec port
 
     cfg = Config()
     feature_spec_list_train = None
@@ -306,7 +318,8 @@ if __name__ == "__main__":
         dim=tf.TensorShape([cfg.emb_dim]),
         name="sparse_embeddings",
         emb_initializer=emb_initializer,
-        **cfg.get_emb_table_cfg()
+        **cfg.get_emb_table_cfg(),
+        **ZOO_TABLE_ARGS,  # mxrec port: ZOO_INIT_BY_ID
     )
     if use_faae:
         tf.compat.v1.add_to_collection(ASCEND_TIMESTAMP, train_batch["timestamp"])
@@ -401,7 +414,7 @@ if __name__ == "__main__":
     results = {"auc": [], "steps": 0}  # mxrec port: what the tests read
 
     if IF_LOAD:  # mxrec port: restore what the training run saved, evaluate only
-        saver.restore(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, "./saved-model/model-0")
+        saver.restore(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, RANK_CHECKPOINT)
         test_auc, test_mean_log_loss = evaluate()
         results["auc"].append(float(test_auc))
         results["restored_step"] = int(sess.run(cfg.global_step))
@@ -446,7 +459,7 @@ if __name__ == "__main__":
             results["auc"].append(float(test_auc))  # mxrec port
 
     if not IF_LOAD:  # mxrec port: save what training made (the original builds a Saver and never saves)
-        saver.save(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, "./saved-model/model-0")
+        saver.save(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, RANK_CHECKPOINT)
         results["saved_step"] = int(sess.run(cfg.global_step))
         results["table_size"] = int(sparse_hashtable.size())
     sess.close()
@@ -455,5 +468,6 @@ if __name__ == "__main__":
     logger.info("Demo done!")
     if os.getenv("ZOO_RESULT"):  # mxrec port
         import json
-        with open(os.environ["ZOO_RESULT"], "w") as out:
+        # mxrec port: "{rank}" in ZOO_RESULT is this rank's id (several ranks share a folder)
+        with open(os.environ["ZOO_RESULT"].replace("{rank}", str(rank_id)), "w") as out:
             json.dump(results, out)
