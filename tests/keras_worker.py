@@ -38,6 +38,8 @@ def build(settings, init):
                     ssd_vocabulary_size=settings.get("ssd", 0))
     if settings.get("ssd"):
         tier["ssd_data_path"] = [f"{settings['ssd_dir']}/{settings['mode']}"]
+    if settings.get("is_dp"):
+        tier["is_dp"] = True
     layer = mk.Embedding(settings["dim"], "user", settings["capacity"],
                          embeddings_initializer=initializer, combiner=settings.get("combiner"),
                          **policy, **tier)
@@ -124,15 +126,24 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
 
 def main(data_path, out_prefix, *modes):
     for mode in modes:
-        run(data_path, f"{out_prefix}{mode}.npz", mode)
+        run(data_path, out_prefix, mode)
         tf.keras.backend.clear_session()
 
 
-def run(data_path, out_path, mode):
+def run(data_path, out_prefix, mode):
+    """Trains `mode` into OUT_PREFIX<MODE>.npz; on several ranks (under mxrec.launch) each
+    rank trains on its slice of every global batch (rows [r B / N, (r + 1) B / N)) and
+    writes OUT_PREFIX<MODE>.rank<R>.npz."""
     data = dict(np.load(data_path))
     settings = dict(json.loads(str(data.pop("settings"))), mode=mode)
     init = {key: data.pop(key) for key in ("table", "w", "b")}
     model, layer = build(settings, init)
+    rank, size = mk.rank_and_size()
+    out_path = f"{out_prefix}{mode}.npz" if size == 1 else f"{out_prefix}{mode}.rank{rank}.npz"
+    if size > 1:
+        batch = data["ids"].shape[1]
+        mine = slice(rank * batch // size, (rank + 1) * batch // size)
+        data = {key: value[:, mine] for key, value in data.items()}
     opt = optimizer(settings)
     if mode == "resume":  # Model.fit on the first half, a checkpoint, a new init(), the rest
         half = len(data["ids"]) // 2

@@ -17,6 +17,7 @@ from mxrec.export import keras_model
 from mxrec.keras import _compat, callbacks, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.layers import Embedding, embedding_layers
+from mxrec.keras.ranks import broadcast_weights, rank_and_size
 from mxrec.keras.saving import KerasSaver, keras_name, warm_start
 
 
@@ -75,5 +76,5 @@ def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
     return keras_model.export_model(model, export_dir, embedding_layers(model), dense,
                                     save_model, checkpoint, signature_name, as_text)
 
-__all__ = ["Embedding", "KerasSaver", "callbacks", "export_serving", "init", "optimizers",
-           "terminate", "warm_start"]
+__all__ = ["Embedding", "KerasSaver", "broadcast_weights", "callbacks", "export_serving",
+           "init", "optimizers", "rank_and_size", "terminate", "warm_start"]
