@@ -124,6 +124,39 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
             layer.evict()
 
 
+def ranks_extras(settings, data, model, out_path):
+    """On several ranks after training: the refused checkpoint formats (their errors),
+    model.evaluate's loss, and mk.export_serving (rank 0's SavedModel against
+    model(x, training=False) on rank 0's slice of the last batch)."""
+    import tempfile  # noqa: PLC0415
+
+    refused = []
+    for what, save in (("tf.train.Checkpoint",
+                        lambda: tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/c")),
+                       ("save_weights",
+                        lambda: model.save_weights(tempfile.mkdtemp() + "/m.weights.h5"))):
+        try:
+            save()
+            refused.append(f"{what}: saved")
+        except NotImplementedError as error:
+            refused.append(f"{what}: {error}")
+    inputs = (data["ids"][-1], data["dense"][-1], data["ts"][-1])
+    evaluated = model.evaluate(
+        tf.data.Dataset.from_tensor_slices((inputs, data["y"][-1])).batch(len(data["y"][-1])),
+        verbose=0)
+    export_dir = settings["export_dir"]
+    mk.export_serving(model, export_dir)
+    expected = model(list(inputs), training=False).numpy()
+    extras = dict(refused=np.array(refused), evaluated=np.float64(evaluated),
+                  expected=expected)
+    if mk.rank_and_size()[0] == 0:
+        served = tf.saved_model.load(export_dir).signatures["serving_default"]
+        got = served(ids=tf.constant(inputs[0]), dense=tf.constant(inputs[1]),
+                     ts=tf.constant(inputs[2]))
+        extras["served"] = next(iter(got.values())).numpy()
+    return extras
+
+
 def main(data_path, out_prefix, *modes):
     for mode in modes:
         run(data_path, out_prefix, mode)
@@ -135,6 +168,7 @@ def run(data_path, out_prefix, mode):
     rank trains on its slice of every global batch (rows [r B / N, (r + 1) B / N)) and
     writes OUT_PREFIX<MODE>.rank<R>.npz."""
     data = dict(np.load(data_path))
+    extras = {}
     settings = dict(json.loads(str(data.pop("settings"))), mode=mode)
     init = {key: data.pop(key) for key in ("table", "w", "b")}
     model, layer = build(settings, init)
@@ -183,6 +217,9 @@ def run(data_path, out_prefix, mode):
     elif mode == "from_session":  # the second half, from the Session path's checkpoint
         half = len(data["ids"]) // 2
         train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt, True)
+    elif mode == "ranks_extras":  # Model.fit, then what several ranks offer beside training
+        train("fit", data, settings, model, layer, opt)
+        extras = ranks_extras(settings, data, model, out_path)
     elif mode == "warm":  # mk.warm_start from settings["ckpt_dir"], no training
         model.compile(optimizer=opt, loss="mse")
         names = session_names(opt, model) if settings.get("session_names") else None
@@ -205,7 +242,7 @@ def run(data_path, out_prefix, mode):
         for component, (all_ids, all_values) in layer.export_values(opt).items():
             name = component.split("/")[-1]
             out[f"all_ids_{name}"], out[f"all_{name}"] = all_ids, all_values
-    np.savez(out_path, **out)
+    np.savez(out_path, **out, **extras)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,17 @@ rank, and the host statistics summed over the ranks must equal the one-process r
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from reference import int64_vocab, power_law_ids
+import tensorflow as tf
+from test_keras_training import _data, _session_run
+
+from mxrec.saver import manifest as manifest_io
+from mxrec.util import initialize
 
 pytestmark = pytest.mark.serial  # starts ranks of its own
 
@@ -29,31 +34,15 @@ ATOL = 1e-5
 BASE = dict(dim=4, width=3, dense=2, batch=8, steps=24, lr=0.1, acc0=0.5, epsilon=1e-7,
             beta1=0.8, beta2=0.95, capacity=200, vocab=120, constant_init=0.05)
 SLOTS = {"sgd": (), "adagrad": ("accumulator",), "lazy_adam": ("m", "v")}
-# Per table the host statistics that count the global batch's IDs once however it is split.
-STATS = ("rows_in_use", "admitted", "evicted")
+# Per table the host statistics that count the global batch's IDs once however it is split;
+# after a restore the counters start again with the process, the state does not.
+STATS = ("rows_in_use", "ids_tracked", "admitted", "evicted")
+STATE = ("rows_in_use", "ids_tracked")
 
 
-def _data(settings, seed=0):
-    rng = np.random.default_rng(seed)
-    vocab = int64_vocab(rng, settings["vocab"])
-    steps, batch = settings["steps"], settings["batch"]
-    ids = np.stack([power_law_ids(rng, vocab, (batch, settings["width"]), alpha=1.0)
-                    for _ in range(steps)])
-    return dict(
-        ids=ids.astype(np.int64),
-        dense=rng.normal(size=(steps, batch, settings["dense"])).astype(np.float32),
-        y=rng.integers(0, 2, size=(steps, batch, 1)).astype(np.float32),
-        ts=np.repeat((np.arange(steps, dtype=np.int64) * 10 + 1000)[:, None], batch, axis=1),
-        table=np.zeros((settings["capacity"], settings["dim"]), np.float32),  # unused
-        w=rng.normal(0, 0.3, (settings["dim"] * settings["width"] + settings["dense"], 1))
-        .astype(np.float32),
-        b=np.array([0.1], np.float32))
-
-
-def _train(tmp_path, settings, modes, ranks):
+def _train(folder, settings, modes, ranks):
     """{mode: [one npz dict per rank]} of keras_worker.py on `ranks` ranks (1: a plain
-    process)."""
-    folder = tmp_path / f"ranks{ranks}"
+    process) in `folder` (made here), on _data(settings)."""
     folder.mkdir()
     data = folder / "data.npz"
     np.savez(data, settings=json.dumps(settings), **_data(settings))
@@ -83,7 +72,7 @@ def _by_id(parts, key):
     return ids[first], values[first]
 
 
-def _check_equal(reference, parts, settings, replicated=False):
+def _check_equal(reference, parts, settings, replicated=False, stats_keys=STATS):
     (one,) = reference
     # A tiered table's device rows depend on the ranks' device caches (each rank caches
     # device_vocabulary_size rows): every admitted ID wherever it lives is compared below.
@@ -107,7 +96,7 @@ def _check_equal(reference, parts, settings, replicated=False):
             np.testing.assert_allclose(part[key], one[key], atol=ATOL, err_msg=key)
     ref_stats = json.loads(str(one["stats"]))
     stats = [json.loads(str(p["stats"])) for p in parts]
-    for key in STATS if not settings.get("host") else ("admitted",):
+    for key in stats_keys if not settings.get("host") else ("admitted",):
         if key in ref_stats:
             got = [s[key] for s in stats]
             expected = [ref_stats[key]] * len(parts) if replicated else ref_stats[key]
@@ -129,8 +118,8 @@ SCENARIOS = {
 def test_two_ranks_equal_one_process(tmp_path, name):
     settings = dict(BASE, **SCENARIOS[name])
     modes = ("fit", "function")
-    reference = _train(tmp_path, settings, modes, 1)
-    ranks = _train(tmp_path, settings, modes, 2)
+    reference = _train(tmp_path / "one", settings, modes, 1)
+    ranks = _train(tmp_path / "ranks", settings, modes, 2)
     for mode in modes:
         _check_equal(reference[mode], ranks[mode], settings, settings.get("is_dp", False))
 
@@ -139,7 +128,85 @@ def test_two_ranks_equal_one_process(tmp_path, name):
 def test_four_ranks_equal_one_process(tmp_path):
     settings = dict(BASE, optimizer="lazy_adam", lr=0.02, access_threshold=2)
     modes = ("fit", "function")
-    reference = _train(tmp_path, settings, modes, 1)
-    ranks = _train(tmp_path, settings, modes, 4)
+    reference = _train(tmp_path / "one", settings, modes, 1)
+    ranks = _train(tmp_path / "ranks", settings, modes, 4)
     for mode in modes:
         _check_equal(reference[mode], ranks[mode], settings)
+
+
+def _session(mx, settings, **kwargs):
+    """The Session path in this process (one rank), on _data(settings)."""
+    initialize.terminate_config_initializer()
+    tf.compat.v1.reset_default_graph()
+    return _session_run(mx, settings, _data(settings), **kwargs)
+
+
+def test_checkpoints_move_between_rank_counts_and_paths(mx, tmp_path):
+    """mk.callbacks.Checkpoint on 2 ranks writes the Session path's sharded format: the
+    Session path on one process and Keras on one process continue it, and Keras on 2 ranks
+    continues a one-process Session checkpoint, each equal to one uninterrupted run."""
+    settings = dict(BASE, **SCENARIOS["adagrad_admission_eviction"], session_names=True,
+                    full_every=8, delta_every=3)
+    half = settings["steps"] // 2
+    reference = [_session(mx, settings)]
+    assert json.loads(str(reference[0]["stats"]))["evicted"] > 0
+    # Keras on 2 ranks, the first half: versions of 2 ranks' files each.
+    keras_dir = tmp_path / "keras_ckpt"
+    _train(tmp_path / "to", dict(settings, ckpt_dir=str(keras_dir)), ("to_session",), 2)
+    versions = manifest_io.list_versions(str(keras_dir))
+    assert versions[-1] == ("delta", half) and ("full", 8) in versions, versions
+    last = keras_dir / manifest_io.version_name(*versions[-1])
+    assert sorted(p.name for p in last.glob("table-*")) == [
+        "table-000-rank00000.npz", "table-000-rank00001.npz"]
+    copy = tmp_path / "keras_ckpt_copy"
+    shutil.copytree(keras_dir, copy)
+    # ... continued by the Session path on one process,
+    continued = _session(mx, settings, start=half, restore_dir=str(keras_dir))
+    _check_equal(reference, [continued], settings, stats_keys=STATE)
+    # ... and by Keras on one process.
+    (alone,) = _train(tmp_path / "from1", dict(settings, ckpt_dir=str(copy)),
+                      ("from_session",), 1)["from_session"]
+    _check_equal(reference, [alone], settings, stats_keys=STATE)
+    # The Session path on one process, the first half, continued by Keras on 2 ranks.
+    session_dir = tmp_path / "session_ckpt"
+    _session(mx, settings, stop=half, save_dir=str(session_dir), save_every=3, full_every=8)
+    ranks = _train(tmp_path / "from2", dict(settings, ckpt_dir=str(session_dir)),
+                   ("from_session",), 2)["from_session"]
+    _check_equal(reference, ranks, settings, stats_keys=STATE)
+
+
+def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
+    """On 2 ranks after Model.fit: model.evaluate's loss is the mean of the ranks' (equal
+    slices), model(x, training=False) gives one process's predictions, mk.export_serving
+    writes from rank 0 a SavedModel predicting the same, and tf.train.Checkpoint and
+    save_weights are refused naming the way that works."""
+    settings = dict(BASE, **SCENARIOS["lazy_adam"])
+    (one,) = _train(tmp_path / "one", dict(settings, export_dir=str(tmp_path / "export1")),
+                    ("ranks_extras",), 1)["ranks_extras"]
+    parts = _train(tmp_path / "two", dict(settings, export_dir=str(tmp_path / "export2")),
+                   ("ranks_extras",), 2)["ranks_extras"]
+    _check_equal([one], parts, settings)
+    assert all(line.endswith(": saved") for line in one["refused"])
+    for part in parts:
+        assert len(part["refused"]) == 2
+        for line in part["refused"]:
+            assert "several ranks" in line and "mk.callbacks.Checkpoint" in line, line
+    np.testing.assert_allclose(np.mean([p["evaluated"] for p in parts]), one["evaluated"],
+                               atol=ATOL)
+    np.testing.assert_allclose(np.concatenate([p["expected"] for p in parts]), one["expected"],
+                               atol=ATOL)
+    np.testing.assert_allclose(one["served"], one["expected"], atol=ATOL)
+    np.testing.assert_allclose(parts[0]["served"], parts[0]["expected"], atol=ATOL)
+    assert "served" not in parts[1]
+    assert not (tmp_path / "export2.mxrec-rows").exists()  # the ranks' rows, removed
+
+
+def test_the_grpc_engine_is_refused_naming_the_mpi_engine(tmp_path):
+    script = tmp_path / "layer.py"
+    script.write_text("import mxrec.keras as mk\nmk.init()\nmk.Embedding(4, 'user', 10)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-m", "mxrec.launch", "-n", "2", "--engine", "grpc",
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "NotImplementedError" in done.stdout + done.stderr
+    assert "on the MPI engine only" in done.stdout + done.stderr

@@ -407,6 +407,7 @@ class Embedding(tf.keras.layers.Layer):
         """Keras' weights files (`model.save_weights("x.weights.h5")`, Keras 3's only
         format): the layer's weight as Keras stores it, and the table's host state (the
         fields tf.train.Checkpoint saves, `trackable.HostState.arrays`) beside it."""
+        trackable.refuse_on_ranks(self.table.table_name, "model.save_weights")
         super().save_own_variables(store)
         for name, value in self.host_state.arrays().items():
             store[name] = value
@@ -415,6 +416,7 @@ class Embedding(tf.keras.layers.Layer):
         """Restores what save_own_variables stored: the weight, then the host state into
         the engine (refused, naming the table, when it does not fit; a file without the
         table's host-state fields is refused before the weight changes)."""
+        trackable.refuse_on_ranks(self.table.table_name, "model.load_weights")
         keys = list(store.keys())
         host = self.host_state.tensors_of({k: store[k] for k in keys
                                            if k.startswith(trackable.ARRAY_PREFIX)})
