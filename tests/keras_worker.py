@@ -48,9 +48,16 @@ def build(settings, init):
     ids = tf.keras.Input([settings["width"]], dtype=tf.int64, name="ids")
     dense = tf.keras.Input([settings["dense"]], name="dense")
     stamp = tf.keras.Input([], dtype=tf.int64, name="ts")
-    x = tf.keras.layers.Flatten()(layer(ids, timestamp=stamp))
+    if settings.get("group"):  # a second table of twice the dim, both in one EmbeddingGroup
+        item = mk.Embedding(2 * settings["dim"], "item", settings["capacity"],
+                            embeddings_initializer=initializer, **policy)
+        other = tf.keras.layers.Lambda(lambda x: x * 7919 + 13, name="item_ids")(ids)
+        looked = mk.EmbeddingGroup([layer, item], name="tables")([ids, other], timestamp=stamp)
+        parts = [tf.keras.layers.Flatten()(emb) for emb in looked]
+    else:
+        parts = [tf.keras.layers.Flatten()(layer(ids, timestamp=stamp))]
     head = tf.keras.layers.Dense(1, name="head")
-    out = head(tf.keras.layers.Concatenate()([x, dense]))
+    out = head(tf.keras.layers.Concatenate()([*parts, dense]))
     model = tf.keras.Model([ids, dense, stamp], out)
     head.set_weights([init["w"], init["b"]])
     return model, layer
@@ -122,6 +129,13 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
         step(data["ids"][i], data["dense"][i], data["ts"][i], data["y"][i])
         if every and (i + 1) % every == 0:
             layer.evict()
+    if mode == "function":  # the collectives of one traced step, by op type
+        graph = step.get_concrete_function(data["ids"][0], data["dense"][0], data["ts"][0],
+                                           data["y"][0]).graph
+        kinds = [op.type for op in graph.get_operations()]
+        return {"collectives": np.array([kinds.count("MxrecMpiAlltoallv"),
+                                         kinds.count("MxrecMpiAllreduce")])}
+    return {}
 
 
 def ranks_extras(settings, data, model, out_path):
@@ -227,7 +241,7 @@ def run(data_path, out_prefix, mode):
                                dense_names=names)
         assert sorted(loaded) == ["b", "user", "w"], loaded
     else:
-        train(mode, data, settings, model, layer, opt)
+        extras = train(mode, data, settings, model, layer, opt) or {}
     ids, rows = layer.export_rows()
     table = layer.embeddings.numpy() if hasattr(layer.embeddings, "numpy") else \
         np.asarray(layer.embeddings)
@@ -238,6 +252,10 @@ def run(data_path, out_prefix, mode):
                                 | (layer.tier_stats() if settings.get("host") else {})))
     for slot in SLOTS[settings["optimizer"]]:
         out[f"slot_{slot}"] = opt.table_slot(layer, slot).numpy()[rows]
+    for other in mk.embedding_layers(model):  # a group's second table
+        if other is not layer:
+            other_ids, other_rows = other.export_rows()
+            out["item_ids"], out["item_values"] = other_ids, other.embeddings.numpy()[other_rows]
     if settings.get("host"):  # every admitted ID's row and slots, wherever they live
         for component, (all_ids, all_values) in layer.export_values(opt).items():
             name = component.split("/")[-1]

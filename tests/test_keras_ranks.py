@@ -45,7 +45,11 @@ def _train(folder, settings, modes, ranks):
     process) in `folder` (made here), on _data(settings)."""
     folder.mkdir()
     data = folder / "data.npz"
-    np.savez(data, settings=json.dumps(settings), **_data(settings))
+    arrays = _data(settings)
+    if settings.get("group"):  # the head also reads the second table's [B, 3 x 2 dim]
+        width = 3 * settings["dim"] * settings["width"] + settings["dense"]
+        arrays["w"] = np.random.default_rng(1).normal(0, 0.3, (width, 1)).astype(np.float32)
+    np.savez(data, settings=json.dumps(settings), **arrays)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("MXREC_EXCHANGE", None)
     launch = [] if ranks == 1 else ["-m", "mxrec.launch", "-n", str(ranks)]
@@ -114,7 +118,12 @@ SCENARIOS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+# Further cases of the same path, run under the default TensorFlow only (tests/conftest.py).
+_VARIANT = ("lazy_adam", "lazy_adam_host_tier", "adagrad_replicated")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.variant) if n in _VARIANT
+                                  else n for n in sorted(SCENARIOS)])
 def test_two_ranks_equal_one_process(tmp_path, name):
     settings = dict(BASE, **SCENARIOS[name])
     modes = ("fit", "function")
@@ -210,3 +219,29 @@ def test_the_grpc_engine_is_refused_naming_the_mpi_engine(tmp_path):
     assert done.returncode != 0
     assert "NotImplementedError" in done.stdout + done.stderr
     assert "on the MPI engine only" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.ranks_extra)])
+def test_embedding_group_exchanges_once_per_step_and_equals_one_process(tmp_path, ranks):
+    """Two tables (dims 4 and 8, different IDs) through one mk.EmbeddingGroup with admission:
+    the same as one process, and one step's traced tf.function holds 3 all-to-alls (IDs,
+    embeddings, gradients) and 2 all-reduces (the agreement with the batch time, the dense
+    gradients) however many tables: one table's layer called alone holds 3 and 3 (its batch
+    time is an all-reduce of its own), two such layers 6 and 5."""
+    settings = dict(BASE, optimizer="adagrad", access_threshold=2, group=True)
+    modes = ("fit", "function")
+    reference = _train(tmp_path / "one", settings, modes, 1)
+    parts = _train(tmp_path / "ranks", settings, modes, ranks)
+    for mode in modes:
+        _check_equal(reference[mode], parts[mode], settings)
+        (one,) = reference[mode]
+        ids = np.concatenate([p["item_ids"] for p in parts[mode]])
+        values = np.concatenate([p["item_values"] for p in parts[mode]])
+        order, ref_order = np.argsort(ids), np.argsort(one["item_ids"])
+        np.testing.assert_array_equal(ids[order], one["item_ids"][ref_order])
+        np.testing.assert_allclose(values[order], one["item_values"][ref_order], atol=ATOL)
+    for part in parts["function"]:
+        assert part["collectives"].tolist() == [3, 2]
+    if ranks == 2:  # the lone layers' count, for contrast: a lookup's exchange each
+        alone = _train(tmp_path / "alone", dict(BASE, optimizer="adagrad"), ("function",), 2)
+        assert alone["function"][0]["collectives"].tolist() == [3, 3]

@@ -19,6 +19,7 @@ from mxrec.distributed import communication
 from mxrec.export import keras_model
 from mxrec.keras import _compat, callbacks, optimizers
 from mxrec.keras._compat import require_eager
+from mxrec.keras.group import EmbeddingGroup
 from mxrec.keras.layers import Embedding, embedding_layers
 from mxrec.keras.ranks import broadcast_weights, rank_and_size
 from mxrec.keras.saving import KerasSaver, keras_name, warm_start
@@ -123,5 +124,5 @@ def _export_on_ranks(export, save_model, export_dir: str, checkpoint: Optional[s
     return export_dir
 
 
-__all__ = ["Embedding", "KerasSaver", "broadcast_weights", "callbacks", "export_serving",
-           "init", "optimizers", "rank_and_size", "terminate", "warm_start"]
+__all__ = ["Embedding", "EmbeddingGroup", "KerasSaver", "broadcast_weights", "callbacks",
+           "export_serving", "init", "optimizers", "rank_and_size", "terminate", "warm_start"]

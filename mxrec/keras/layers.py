@@ -480,7 +480,9 @@ def embedding_layers(model) -> List[Embedding]:
         seen.add(id(layer))
         if isinstance(layer, Embedding):
             found.append(layer)
-        for inner in getattr(layer, "layers", ()) or ():
+        # A model's layers, and an EmbeddingGroup's members (mxrec.keras.group).
+        for inner in [*(getattr(layer, "layers", ()) or ()),
+                      *(getattr(layer, "members", ()) or ())]:
             walk(inner)
 
     walk(model)
