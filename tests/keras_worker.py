@@ -129,7 +129,7 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
         step(data["ids"][i], data["dense"][i], data["ts"][i], data["y"][i])
         if every and (i + 1) % every == 0:
             layer.evict()
-    if mode == "function":  # the collectives of one traced step, by op type
+    if mode == "function" and mk.rank_and_size()[1] > 1:  # one traced step's collectives
         graph = step.get_concrete_function(data["ids"][0], data["dense"][0], data["ts"][0],
                                            data["y"][0]).graph
         kinds = [op.type for op in graph.get_operations()]
