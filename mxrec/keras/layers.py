@@ -23,6 +23,11 @@ training lookup applies its plan to the weight (`tiers.apply_swap`: the rows in 
 go to the host tier, their new owners' rows come from it, or from the initializer), the
 optimizer applies the same plans to its slots before its update, and evaluation reads the
 rows of IDs in the host tier in place (`tiers.read_host_rows`).
+
+On several ranks (the MPI engine) the same owner's part runs on the IDs this rank owns, inside
+the Session path's sharded lookup (mxrec.distributed: `routing.route` or `replicated.route`,
+`id_exchange.exchange`, `send_back.send_back` or `replicated.send_back`); several tables
+share one exchange through mxrec.keras.group.EmbeddingGroup. docs/KERAS_RANKS.md.
 """
 
 import weakref
