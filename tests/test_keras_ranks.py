@@ -1,9 +1,10 @@
 """mxrec.keras on several ranks trains what one process trains on the same global batches.
 
 tests/keras_worker.py trains one model (a table looked up by [B, 3] IDs, flattened,
-concatenated with 2 dense features, one Dense logit, binary cross-entropy) with Model.fit
-and with a tf.function + GradientTape step: in one process on every global batch (the
-reference, itself exact against the Session path: tests/test_keras_training.py), and under
+concatenated with 2 dense features, one Dense logit, binary cross-entropy) with Model.fit,
+with a tf.function + GradientTape step and (some cases) eagerly: in one process on every
+global batch (the reference, itself exact against the Session path:
+tests/test_keras_training.py), and under
 `python -m mxrec.launch -n N` (the MPI engine) with each rank on its slice of every global
 batch. After training the union of the ranks' IDs, rows and optimizer slots (by ID; each
 rank holds the IDs it owns, or every ID for an is_dp=True table), the dense weights on every
@@ -127,7 +128,9 @@ _VARIANT = ("lazy_adam_host_tier", "adagrad_replicated")
                                   else n for n in sorted(SCENARIOS)])
 def test_two_ranks_equal_one_process(tmp_path, name):
     settings = dict(BASE, **SCENARIOS[name])
-    modes = ("fit", "function")
+    # Eagerly too (every op of the step, collectives included, run at once).
+    modes = ("fit", "function", "eager") if name in ("sgd", "lazy_adam_host_tier") else (
+        "fit", "function")
     reference = _train(tmp_path / "one", settings, modes, 1)
     ranks = _train(tmp_path / "ranks", settings, modes, 2)
     for mode in modes:
