@@ -114,14 +114,16 @@ SCENARIOS = {
                                        eviction_threshold=25, evict_every=3, capacity=40),
     "lazy_adam_host_tier": dict(optimizer="lazy_adam", lr=0.02, access_threshold=2,
                                 capacity=30, host=200),
-    "adagrad_replicated": dict(optimizer="adagrad", access_threshold=2, is_dp=True),
+    # multi-hot IDs combined by a mean, on a replicated table
+    "adagrad_replicated_mean": dict(optimizer="adagrad", access_threshold=2, is_dp=True,
+                                    combiner="mean"),
 }
 
 
 # Further cases of the same path, run under the default TensorFlow only (tests/conftest.py).
 # LazyAdam alone on 2 ranks: test_export_evaluate_and_refusals_on_two_ranks; 4 ranks:
 # test_embedding_group_exchanges_once_per_step_and_equals_one_process.
-_VARIANT = ("lazy_adam_host_tier", "adagrad_replicated")
+_VARIANT = ("lazy_adam_host_tier", "adagrad_replicated_mean")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.variant) if n in _VARIANT
