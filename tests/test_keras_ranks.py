@@ -185,7 +185,7 @@ def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
     slices), model(x, training=False) gives one process's predictions, mk.export_serving
     writes from rank 0 a SavedModel predicting the same, and tf.train.Checkpoint and
     save_weights are refused naming the way that works."""
-    settings = dict(BASE, **SCENARIOS["lazy_adam"])
+    settings = dict(BASE, optimizer="lazy_adam", lr=0.02)
     (one,) = _train(tmp_path / "one", dict(settings, export_dir=str(tmp_path / "export1")),
                     ("ranks_extras",), 1)["ranks_extras"]
     parts = _train(tmp_path / "two", dict(settings, export_dir=str(tmp_path / "export2")),
