@@ -107,14 +107,19 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
     every = settings.get("evict_every")
     steps = len(data["ids"])
     if mode == "fit":
-        model.compile(optimizer=opt, loss=loss_fn)
+        metrics = []
+        if settings.get("global_metrics"):  # over the global batch on several ranks
+            metrics = [mk.metrics.Global(tf.keras.metrics.AUC(name="auc")),
+                       mk.metrics.Global(tf.keras.metrics.BinaryAccuracy(name="acc",
+                                                                         threshold=0.0))]
+        model.compile(optimizer=opt, loss=loss_fn, metrics=metrics)
         dataset = tf.data.Dataset.from_tensor_slices(
             ((data["ids"], data["dense"], data["ts"]), data["y"]))
         callbacks = [mk.callbacks.Evict(every_steps=every)] if every else []
         if checkpoint:
             callbacks.append(checkpoint_callback(settings, opt, model))
-        model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
-        return
+        history = model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks).history
+        return {f"history_{key}": np.float64(values[-1]) for key, values in history.items()}
 
     def step(ids, dense, ts, y):
         with tf.GradientTape() as tape:
@@ -161,7 +166,7 @@ def ranks_extras(settings, data, model, out_path):
     export_dir = settings["export_dir"]
     mk.export_serving(model, export_dir)
     expected = model(list(inputs), training=False).numpy()
-    extras = dict(refused=np.array(refused), evaluated=np.float64(evaluated),
+    extras = dict(refused=np.array(refused), evaluated=np.atleast_1d(evaluated),
                   expected=expected)
     if mk.rank_and_size()[0] == 0:
         served = tf.saved_model.load(export_dir).signatures["serving_default"]
@@ -232,8 +237,8 @@ def run(data_path, out_prefix, mode):
         half = len(data["ids"]) // 2
         train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt, True)
     elif mode == "ranks_extras":  # Model.fit, then what several ranks offer beside training
-        train("fit", data, settings, model, layer, opt)
-        extras = ranks_extras(settings, data, model, out_path)
+        extras = train("fit", data, settings, model, layer, opt)
+        extras.update(ranks_extras(settings, data, model, out_path))
     elif mode == "warm":  # mk.warm_start from settings["ckpt_dir"], no training
         model.compile(optimizer=opt, loss="mse")
         names = session_names(opt, model) if settings.get("session_names") else None

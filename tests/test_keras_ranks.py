@@ -181,11 +181,12 @@ def test_checkpoints_move_between_rank_counts_and_paths(mx, tmp_path):
 
 
 def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
-    """On 2 ranks after Model.fit: model.evaluate's loss is the mean of the ranks' (equal
-    slices), model(x, training=False) gives one process's predictions, mk.export_serving
-    writes from rank 0 a SavedModel predicting the same, and tf.train.Checkpoint and
-    save_weights are refused naming the way that works."""
-    settings = dict(BASE, optimizer="lazy_adam", lr=0.02)
+    """On 2 ranks: Model.fit's mk.metrics.Global metrics (AUC, accuracy) equal one process's;
+    after it model.evaluate's loss is the mean of the ranks' (equal slices), model(x,
+    training=False) gives one process's predictions, mk.export_serving writes from rank 0 a
+    SavedModel predicting the same, and tf.train.Checkpoint and save_weights are refused
+    naming the way that works."""
+    settings = dict(BASE, optimizer="lazy_adam", lr=0.02, global_metrics=True)
     (one,) = _train(tmp_path / "one", dict(settings, export_dir=str(tmp_path / "export1")),
                     ("ranks_extras",), 1)["ranks_extras"]
     parts = _train(tmp_path / "two", dict(settings, export_dir=str(tmp_path / "export2")),
@@ -196,13 +197,23 @@ def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
         assert len(part["refused"]) == 2
         for line in part["refused"]:
             assert "several ranks" in line and "mk.callbacks.Checkpoint" in line, line
-    np.testing.assert_allclose(np.mean([p["evaluated"] for p in parts]), one["evaluated"],
-                               atol=ATOL)
+    # evaluate: [loss, auc, acc], the loss each rank's slice's, the Global metrics global.
+    np.testing.assert_allclose(np.mean([p["evaluated"][0] for p in parts]),
+                               one["evaluated"][0], atol=ATOL)
+    for part in parts:
+        np.testing.assert_allclose(part["evaluated"][1:], one["evaluated"][1:], atol=ATOL)
     np.testing.assert_allclose(np.concatenate([p["expected"] for p in parts]), one["expected"],
                                atol=ATOL)
     np.testing.assert_allclose(one["served"], one["expected"], atol=ATOL)
     np.testing.assert_allclose(parts[0]["served"], parts[0]["expected"], atol=ATOL)
     assert "served" not in parts[1]
+    # Model.fit's mk.metrics.Global metrics are the global batches' on every rank (its loss,
+    # the mean of each rank's slice).
+    for key in ("history_auc", "history_acc"):
+        for part in parts:
+            np.testing.assert_allclose(part[key], one[key], atol=ATOL, err_msg=key)
+    np.testing.assert_allclose(np.mean([p["history_loss"] for p in parts]), one["history_loss"],
+                               atol=ATOL)
     assert not (tmp_path / "export2.mxrec-rows").exists()  # the ranks' rows, removed
 
 

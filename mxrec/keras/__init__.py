@@ -17,7 +17,7 @@ import tensorflow as tf
 from mxrec import initialize
 from mxrec.distributed import communication
 from mxrec.export import keras_model
-from mxrec.keras import _compat, callbacks, optimizers
+from mxrec.keras import _compat, callbacks, metrics, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.group import EmbeddingGroup
 from mxrec.keras.layers import Embedding, embedding_layers
@@ -125,4 +125,5 @@ def _export_on_ranks(export, save_model, export_dir: str, checkpoint: Optional[s
 
 
 __all__ = ["Embedding", "EmbeddingGroup", "KerasSaver", "broadcast_weights", "callbacks",
-           "export_serving", "init", "optimizers", "rank_and_size", "terminate", "warm_start"]
+           "export_serving", "init", "metrics", "optimizers", "rank_and_size", "terminate",
+           "warm_start"]
