@@ -38,6 +38,8 @@ def build(settings, init):
                     ssd_vocabulary_size=settings.get("ssd", 0))
     if settings.get("ssd"):
         tier["ssd_data_path"] = [f"{settings['ssd_dir']}/{settings['mode']}"]
+    if settings.get("is_dp"):
+        tier["is_dp"] = True
     layer = mk.Embedding(settings["dim"], "user", settings["capacity"],
                          embeddings_initializer=initializer, combiner=settings.get("combiner"),
                          **policy, **tier)
@@ -46,9 +48,16 @@ def build(settings, init):
     ids = tf.keras.Input([settings["width"]], dtype=tf.int64, name="ids")
     dense = tf.keras.Input([settings["dense"]], name="dense")
     stamp = tf.keras.Input([], dtype=tf.int64, name="ts")
-    x = tf.keras.layers.Flatten()(layer(ids, timestamp=stamp))
+    if settings.get("group"):  # a second table of twice the dim, both in one EmbeddingGroup
+        item = mk.Embedding(2 * settings["dim"], "item", settings["capacity"],
+                            embeddings_initializer=initializer, **policy)
+        other = tf.keras.layers.Lambda(lambda x: x * 7919 + 13, name="item_ids")(ids)
+        looked = mk.EmbeddingGroup([layer, item], name="tables")([ids, other], timestamp=stamp)
+        parts = [tf.keras.layers.Flatten()(emb) for emb in looked]
+    else:
+        parts = [tf.keras.layers.Flatten()(layer(ids, timestamp=stamp))]
     head = tf.keras.layers.Dense(1, name="head")
-    out = head(tf.keras.layers.Concatenate()([x, dense]))
+    out = head(tf.keras.layers.Concatenate()([*parts, dense]))
     model = tf.keras.Model([ids, dense, stamp], out)
     head.set_weights([init["w"], init["b"]])
     return model, layer
@@ -98,14 +107,21 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
     every = settings.get("evict_every")
     steps = len(data["ids"])
     if mode == "fit":
-        model.compile(optimizer=opt, loss=loss_fn)
+        metrics = []
+        if settings.get("global_metrics"):  # over the global batch on several ranks
+            metrics = [mk.metrics.Global(tf.keras.metrics.AUC(name="auc")),
+                       mk.metrics.Global(tf.keras.metrics.BinaryAccuracy(name="acc",
+                                                                         threshold=0.0))]
+        model.compile(optimizer=opt, loss=loss_fn, metrics=metrics)
         dataset = tf.data.Dataset.from_tensor_slices(
             ((data["ids"], data["dense"], data["ts"]), data["y"]))
         callbacks = [mk.callbacks.Evict(every_steps=every)] if every else []
         if checkpoint:
             callbacks.append(checkpoint_callback(settings, opt, model))
-        model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
-        return
+        history = model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks).history
+        if not metrics:  # the other tests compare the outputs' keys
+            return {}
+        return {f"history_{key}": np.float64(values[-1]) for key, values in history.items()}
 
     def step(ids, dense, ts, y):
         with tf.GradientTape() as tape:
@@ -120,19 +136,69 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
         step(data["ids"][i], data["dense"][i], data["ts"][i], data["y"][i])
         if every and (i + 1) % every == 0:
             layer.evict()
+    if mode == "function" and mk.rank_and_size()[1] > 1:  # one traced step's collectives
+        graph = step.get_concrete_function(data["ids"][0], data["dense"][0], data["ts"][0],
+                                           data["y"][0]).graph
+        kinds = [op.type for op in graph.get_operations()]
+        return {"collectives": np.array([kinds.count("MxrecMpiAlltoallv"),
+                                         kinds.count("MxrecMpiAllreduce")])}
+    return {}
+
+
+def ranks_extras(settings, data, model, out_path):
+    """On several ranks after training: the refused checkpoint formats (their errors),
+    model.evaluate's loss, and mk.export_serving (rank 0's SavedModel against
+    model(x, training=False) on rank 0's slice of the last batch)."""
+    import tempfile  # noqa: PLC0415
+
+    refused = []
+    for what, save in (("tf.train.Checkpoint",
+                        lambda: tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/c")),
+                       ("save_weights",
+                        lambda: model.save_weights(tempfile.mkdtemp() + "/m.weights.h5"))):
+        try:
+            save()
+            refused.append(f"{what}: saved")
+        except NotImplementedError as error:
+            refused.append(f"{what}: {error}")
+    inputs = (data["ids"][-1], data["dense"][-1], data["ts"][-1])
+    evaluated = model.evaluate(
+        tf.data.Dataset.from_tensor_slices((inputs, data["y"][-1])).batch(len(data["y"][-1])),
+        verbose=0)
+    export_dir = settings["export_dir"]
+    mk.export_serving(model, export_dir)
+    expected = model(list(inputs), training=False).numpy()
+    extras = dict(refused=np.array(refused), evaluated=np.atleast_1d(evaluated),
+                  expected=expected)
+    if mk.rank_and_size()[0] == 0:
+        served = tf.saved_model.load(export_dir).signatures["serving_default"]
+        got = served(ids=tf.constant(inputs[0]), dense=tf.constant(inputs[1]),
+                     ts=tf.constant(inputs[2]))
+        extras["served"] = next(iter(got.values())).numpy()
+    return extras
 
 
 def main(data_path, out_prefix, *modes):
     for mode in modes:
-        run(data_path, f"{out_prefix}{mode}.npz", mode)
+        run(data_path, out_prefix, mode)
         tf.keras.backend.clear_session()
 
 
-def run(data_path, out_path, mode):
+def run(data_path, out_prefix, mode):
+    """Trains `mode` into OUT_PREFIX<MODE>.npz; on several ranks (under mxrec.launch) each
+    rank trains on its slice of every global batch (rows [r B / N, (r + 1) B / N)) and
+    writes OUT_PREFIX<MODE>.rank<R>.npz."""
     data = dict(np.load(data_path))
+    extras = {}
     settings = dict(json.loads(str(data.pop("settings"))), mode=mode)
     init = {key: data.pop(key) for key in ("table", "w", "b")}
     model, layer = build(settings, init)
+    rank, size = mk.rank_and_size()
+    out_path = f"{out_prefix}{mode}.npz" if size == 1 else f"{out_prefix}{mode}.rank{rank}.npz"
+    if size > 1:
+        batch = data["ids"].shape[1]
+        mine = slice(rank * batch // size, (rank + 1) * batch // size)
+        data = {key: value[:, mine] for key, value in data.items()}
     opt = optimizer(settings)
     if mode == "resume":  # Model.fit on the first half, a checkpoint, a new init(), the rest
         half = len(data["ids"]) // 2
@@ -172,6 +238,9 @@ def run(data_path, out_path, mode):
     elif mode == "from_session":  # the second half, from the Session path's checkpoint
         half = len(data["ids"]) // 2
         train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt, True)
+    elif mode == "ranks_extras":  # Model.fit, then what several ranks offer beside training
+        extras = train("fit", data, settings, model, layer, opt)
+        extras.update(ranks_extras(settings, data, model, out_path))
     elif mode == "warm":  # mk.warm_start from settings["ckpt_dir"], no training
         model.compile(optimizer=opt, loss="mse")
         names = session_names(opt, model) if settings.get("session_names") else None
@@ -179,7 +248,7 @@ def run(data_path, out_path, mode):
                                dense_names=names)
         assert sorted(loaded) == ["b", "user", "w"], loaded
     else:
-        train(mode, data, settings, model, layer, opt)
+        extras = train(mode, data, settings, model, layer, opt) or {}
     ids, rows = layer.export_rows()
     table = layer.embeddings.numpy() if hasattr(layer.embeddings, "numpy") else \
         np.asarray(layer.embeddings)
@@ -190,11 +259,15 @@ def run(data_path, out_path, mode):
                                 | (layer.tier_stats() if settings.get("host") else {})))
     for slot in SLOTS[settings["optimizer"]]:
         out[f"slot_{slot}"] = opt.table_slot(layer, slot).numpy()[rows]
+    for other in mk.embedding_layers(model):  # a group's second table
+        if other is not layer:
+            other_ids, other_rows = other.export_rows()
+            out["item_ids"], out["item_values"] = other_ids, other.embeddings.numpy()[other_rows]
     if settings.get("host"):  # every admitted ID's row and slots, wherever they live
         for component, (all_ids, all_values) in layer.export_values(opt).items():
             name = component.split("/")[-1]
             out[f"all_ids_{name}"], out[f"all_{name}"] = all_ids, all_values
-    np.savez(out_path, **out)
+    np.savez(out_path, **out, **extras)
 
 
 if __name__ == "__main__":

@@ -449,3 +449,53 @@ def _gate_writers(pairs, after):
     return gated
 
 
+
+
+def send_back_groups(plans, embs, dims, grad_scale: Optional[float]) -> list:
+    """The send-back of every send group of a step's sharded lookups at once, for a caller
+    that has every lookup's owned embeddings before any send-back is built (mxrec.keras'
+    EmbeddingGroup): one embedding all-to-all forward and one gradient all-to-all backward
+    for all the groups (float32 embeddings), the values of each group's own send-back.
+
+    Args:
+        plans: per group its SendPlan (plan_send_backs).
+        embs: per group its lookups' owned embeddings concatenated in group order [M_g, d_g].
+        dims: per group its row width d_g.
+        grad_scale: the factor of the gradients summed on the owner, or None.
+
+    Returns:
+        per group [n_g, d_g], the rows of its lookups' flat IDs in group order (split by
+        plan.out_sizes); differentiable in `embs`.
+    """
+    size = communication.get_rank_size()
+    if not (len(plans) == len(embs) == len(dims)):
+        raise ValueError(f"send_back_groups: {len(plans)} plans, {len(embs)} embeddings and "
+                         f"{len(dims)} dims; give one of each per send group")
+    if any(e.dtype != tf.float32 for e in embs):
+        raise TypeError("send_back_groups: the embeddings must be float32 (one buffer each "
+                        "way)")
+    sizes = [tf.size(e) for e in embs]
+    out_sizes = [tf.size(p.position) * d for p, d in zip(plans, dims)]
+
+    def split(flat, lengths, widths):
+        return [tf.reshape(piece, [-1, d]) for piece, d in
+                zip(tf.split(flat, tf.stack(lengths), num=len(widths)), widths)]
+
+    def joined(pieces):
+        return tf.concat([tf.reshape(p, [-1]) for p in pieces], axis=0)
+
+    @custom_gradient
+    def moved(flat):
+        def grad(d_flat):
+            d_outs = split(tf.convert_to_tensor(d_flat), out_sizes, dims)
+            parts = [_scatter_grad(p, d, dim, size) for p, d, dim in zip(plans, d_outs, dims)]
+            backs = _alltoall_parts(parts, "gradients_grouped")
+            return joined([_gather_grad(p, b, dim, grad_scale)
+                           for p, b, dim in zip(plans, backs, dims)])
+
+        parts = [_scatter_out(p, e, dim, size)
+                 for p, e, dim in zip(plans, split(flat, sizes, dims), dims)]
+        backs = _alltoall_parts(parts, "alltoall_grouped")
+        return joined([_gather_back(p, b, dim) for p, b, dim in zip(plans, backs, dims)]), grad
+
+    return split(moved(joined(embs)), out_sizes, dims)

@@ -71,7 +71,8 @@ class Checkpoint(tf.keras.callbacks.Callback):
     a full version is saved, else after those reaching a multiple of `delta_every` a delta;
     at the end of training a delta, when steps were trained since the last save. Saves are
     atomic (a killed save leaves the versions before it) and run between steps, so they hold
-    the state of trained steps only.
+    the state of trained steps only. On several ranks every rank runs the callback (saves
+    and restores are collective) on one folder they all see: each writes its shard.
 
     Args:
         directory: where versions live.

@@ -23,6 +23,11 @@ training lookup applies its plan to the weight (`tiers.apply_swap`: the rows in 
 go to the host tier, their new owners' rows come from it, or from the initializer), the
 optimizer applies the same plans to its slots before its update, and evaluation reads the
 rows of IDs in the host tier in place (`tiers.read_host_rows`).
+
+On several ranks (the MPI engine) the same owner's part runs on the IDs this rank owns, inside
+the Session path's sharded lookup (mxrec.distributed: `routing.route` or `replicated.route`,
+`id_exchange.exchange`, `send_back.send_back` or `replicated.send_back`); several tables
+share one exchange through mxrec.keras.group.EmbeddingGroup. docs/KERAS_RANKS.md.
 """
 
 import weakref
@@ -35,6 +40,7 @@ from mxrec._lib import loader
 from mxrec.core import embedding, gather, multi_hot, tiers
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
+from mxrec.distributed import communication, id_exchange, replicated, routing, send_back
 from mxrec.keras import _compat, trackable
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.config import get_config_initializer
@@ -53,6 +59,10 @@ class KerasTable(SparseEmbedding):
         self.variable: Optional[tf.Variable] = None
         self.host_vocabulary_size = config.host_vocabulary_size
         self.ssd_vocabulary_size = config.ssd_vocabulary_size
+        self.is_dp = config.is_dp
+        # Each rank's loss is the mean over its slice: the owner divides the ranks' summed
+        # gradients of an ID by the rank count (the Session path's name for that rule).
+        self.all2all_gradients_op = config.all2all_gradients_op
         # The training lookups not yet applied, (reused rows, the embedding's swap or None):
         # eagerly a list the optimizer empties; in a traced function one list per FuncGraph
         # (one step's trace).
@@ -150,6 +160,9 @@ class Embedding(tf.keras.layers.Layer):
         host_vocabulary_size, ssd_vocabulary_size, ssd_data_path: the host and SSD tiers,
             as create_table's: the weight caches the rows of up to host_vocabulary_size
             (+ ssd_vocabulary_size) more IDs, optimizer slots included (mxrec.core.tiers).
+        is_dp: on several ranks, the table replicated on every rank (every rank holds
+            every ID's row and plans the global batch) instead of sharded by ID; the same
+            as False on one rank.
         **kwargs: Keras Layer arguments (trainable, dtype must stay float32).
 
     Call:
@@ -161,8 +174,8 @@ class Embedding(tf.keras.layers.Layer):
         timestamp: the batch's time in seconds (its max is taken), for eviction.
 
     Raises:
-        NotImplementedError: a setting mxrec.keras does not offer yet (several ranks,
-            init(use_dynamic=False), init(use_dynamic_expansion=True)).
+        NotImplementedError: a setting mxrec.keras does not offer yet (several ranks on
+            the gRPC engine, init(use_dynamic=False), init(use_dynamic_expansion=True)).
     """
 
     def __init__(self, dim, name: str, device_vocabulary_size: int,
@@ -171,14 +184,15 @@ class Embedding(tf.keras.layers.Layer):
                  serving_default_value=None, init_param: float = 1.0, is_grad: bool = True,
                  combiner: Optional[str] = None,
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0,
-                 ssd_data_path=(), **kwargs):
+                 ssd_data_path=(), is_dp: bool = False, **kwargs):
         _compat.require_eager("mxrec.keras.Embedding")
         if kwargs.get("dtype") not in (None, "float32", tf.float32):
             raise TypeError(f"mxrec.keras.Embedding {name!r}: the table's rows are float32, "
                             f"got dtype={kwargs['dtype']!r}")
-        if not isinstance(is_grad, bool):
-            raise TypeError(f"mxrec.keras.Embedding {name!r}: is_grad must be a bool, got "
-                            f"{is_grad!r}")
+        for label, flag in (("is_grad", is_grad), ("is_dp", is_dp)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"mxrec.keras.Embedding {name!r}: {label} must be a bool, got "
+                                f"{flag!r}")
         super().__init__(name=name, **kwargs)
         # The key stage is a CPU op of mxrec's library, which XLA cannot compile: Keras 3
         # then leaves Model.fit's jit_compile="auto" off (Keras 2 never turns it on).
@@ -189,8 +203,9 @@ class Embedding(tf.keras.layers.Layer):
             embeddings_initializer = tf.keras.initializers.RandomUniform(-0.05, 0.05)
         config = table_config(
             runtime, key_dtype, dim, name, embeddings_initializer, device_vocabulary_size,
-            host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, True, False, init_param,
-            "sum_gradients", False, padding_keys, True, None, tf.float32, 1, True, 0)
+            host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, True, is_dp, init_param,
+            "sum_gradients_and_div_by_ranksize", False, padding_keys, True, None, tf.float32, 1,
+            True, 0)
         table_key = runtime.table_key(name)
         if name in runtime.tables and runtime.tables[name].table_key == table_key:
             raise ValueError(f"mxrec.keras.Embedding: a table named {name!r} already exists "
@@ -263,12 +278,38 @@ class Embedding(tf.keras.layers.Layer):
         return self._lookup(ids, is_train, stamp)
 
     def _lookup(self, ids, is_train: bool, stamp) -> tf.Tensor:
-        """Dense IDs [*S] -> [*S, dim]: the key stage, the refill, the gather."""
+        """Dense IDs [*S] -> [*S, dim]: the key stage, the refill, the gather; on several
+        ranks around the owner's part, the Session path's route, ID exchange and send-back
+        (mxrec.distributed.sharded_lookup)."""
         ids = validate_ids(self.table, ids)
         if is_train:
             self.table.before_training_lookup()
+        if communication.get_rank_size() == 1:
+            return self._owned_lookup(ids, is_train, stamp)
+        return self._sharded_lookup(ids, is_train, stamp)
+
+    def _sharded_lookup(self, ids, is_train: bool, stamp) -> tf.Tensor:
+        """Several ranks: this rank's unique IDs go to their owners (every rank for an
+        is_dp=True table), each owner plans what it received with the occurrences as
+        key-stage weights (admission counts the global batch) at the newest batch time of
+        any rank, and the rows come back; backward, the owner sums the ranks' gradients of
+        an ID, divided by the rank count (each rank's loss is the mean over its slice)."""
+        size = communication.get_rank_size()
+        router, back = ((replicated.route, replicated.send_back) if self.table.is_dp
+                        else (routing.route, send_back.send_back))
+        if stamp is not None:
+            stamp = communication.allreduce(stamp, "max")
+        routed = router(tf.reshape(ids, [-1]), size)
+        exchanged = id_exchange.exchange(self.table, routed, is_train, None)
+        owned = self._owned_lookup(exchanged.owned, is_train, stamp, exchanged.weights)
+        return back(self.table, owned, exchanged, routed, ids, 1.0 / size)
+
+    def _owned_lookup(self, ids, is_train: bool, stamp, weights=None) -> tf.Tensor:
+        """The lookup of IDs this rank owns ([*S] -> [*S, dim]); `weights`: the occurrences
+        each ID stands for in the key stage (training on several ranks), or None."""
         (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-            [tf.reshape(ids, [-1])], [self.table.table_key], is_train, timestamp=stamp)
+            [tf.reshape(ids, [-1])], [self.table.table_key], is_train, timestamp=stamp,
+            weights=None if weights is None else [weights])
         variable = self.table.variable
         deps = []
         if is_train and self.table.tiered:
@@ -371,6 +412,7 @@ class Embedding(tf.keras.layers.Layer):
         """Keras' weights files (`model.save_weights("x.weights.h5")`, Keras 3's only
         format): the layer's weight as Keras stores it, and the table's host state (the
         fields tf.train.Checkpoint saves, `trackable.HostState.arrays`) beside it."""
+        trackable.refuse_on_ranks(self.table.table_name, "model.save_weights")
         super().save_own_variables(store)
         for name, value in self.host_state.arrays().items():
             store[name] = value
@@ -379,6 +421,7 @@ class Embedding(tf.keras.layers.Layer):
         """Restores what save_own_variables stored: the weight, then the host state into
         the engine (refused, naming the table, when it does not fit; a file without the
         table's host-state fields is refused before the weight changes)."""
+        trackable.refuse_on_ranks(self.table.table_name, "model.load_weights")
         keys = list(store.keys())
         host = self.host_state.tensors_of({k: store[k] for k in keys
                                            if k.startswith(trackable.ARRAY_PREFIX)})
@@ -415,10 +458,13 @@ def _keras_random_rows(initializer, count: tf.Tensor, dim: int) -> Optional[tf.T
 def _refuse_unavailable(name, runtime) -> None:
     where = f"mxrec.keras.Embedding {name!r}"
     config = runtime.config
-    if config.rank_size > 1:
+    cluster = communication.cluster()
+    if config.rank_size > 1 and (cluster is None or cluster.engine != "mpi"):
         raise NotImplementedError(
-            f"{where}: several ranks (rank_size={config.rank_size}) are not available in "
-            "mxrec.keras yet; the Session API trains on several ranks (docs/MULTIWORKER.md)")
+            f"{where}: several ranks (rank_size={config.rank_size}) train in mxrec.keras on "
+            "the MPI engine only (`python -m mxrec.launch -n N` where mxrec's MPI ops were "
+            "built, or MXREC_EXCHANGE=mpi under mpirun); this job uses the gRPC engine, whose "
+            "collectives need a Session: use the Session API there (docs/MULTIWORKER.md)")
     if not config.use_dynamic:
         raise NotImplementedError(
             f"{where}: init(use_dynamic=False) (unique rows padded to send_count) is not "
@@ -439,7 +485,9 @@ def embedding_layers(model) -> List[Embedding]:
         seen.add(id(layer))
         if isinstance(layer, Embedding):
             found.append(layer)
-        for inner in getattr(layer, "layers", ()) or ():
+        # A model's layers, and an EmbeddingGroup's members (mxrec.keras.group).
+        for inner in [*(getattr(layer, "layers", ()) or ()),
+                      *(getattr(layer, "members", ()) or ())]:
             walk(inner)
 
     walk(model)

@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.core import tiers
+from mxrec.distributed import communication
 from mxrec.keras import _compat
 from mxrec.keras.trackable import StoreSubset, TableSlots
 
@@ -222,6 +223,7 @@ class _TableOptimizer:
                 raise ValueError(f"mxrec.keras.optimizers.{type(self).__name__}.apply needs "
                                  "trainable_variables")
             dense, tables = self._split(zip(grads, trainable_variables))
+            dense = _averaged_over_ranks(dense)
             if dense:
                 super().apply([g for g, _ in dense], [v for _, v in dense])
             else:
@@ -230,12 +232,33 @@ class _TableOptimizer:
     else:
         def apply_gradients(self, grads_and_vars, *args, **kwargs):
             dense, tables = self._split(list(grads_and_vars))
+            dense = _averaged_over_ranks(dense)
             if dense:
                 result = super().apply_gradients(dense, *args, **kwargs)
             else:
                 result = self.iterations.assign_add(1)
             self._apply_tables(tables)
             return result
+
+
+def _averaged_over_ranks(dense):
+    """On several ranks, the dense gradients' mean over the ranks, in one all-reduce for all
+    of them (each rank's loss is the mean over its slice of the global batch, so the mean of
+    the ranks' gradients is the gradient of the global batch's mean); as given on one rank."""
+    size = communication.get_rank_size()
+    present = [(grad, var) for grad, var in dense if grad is not None]
+    if size == 1 or not present:
+        return dense
+    flat = [tf.reshape(tf.convert_to_tensor(grad), [-1]) for grad, _ in present]
+    dtypes = {f.dtype for f in flat}
+    if len(dtypes) > 1:
+        raise TypeError("mxrec.keras.optimizers: on several ranks the dense gradients are "
+                        "averaged in one all-reduce and must share one dtype, got "
+                        f"{sorted(d.name for d in dtypes)}")
+    total = communication.allreduce(tf.concat(flat, axis=0), "sum") / float(size)
+    pieces = tf.split(total, [int(np.prod(tuple(var.shape))) for _, var in present])
+    averaged = iter(tf.reshape(piece, var.shape) for piece, (_, var) in zip(pieces, present))
+    return [(next(averaged) if grad is not None else None, var) for grad, var in dense]
 
 
 def _deduplicate(grad, indices):

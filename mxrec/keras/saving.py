@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
+from mxrec.distributed import communication
 from mxrec.keras import _compat
 from mxrec.keras.layers import embedding_layers
 from mxrec.saver import checkpoint as saver_checkpoint
@@ -185,8 +186,10 @@ class KerasSaver(saver_checkpoint.Saver):
         max_to_keep: full versions kept (with their deltas); None keeps all.
         dense_names: {Keras name: name in the checkpoint} for dense variables.
 
+    On several ranks every rank makes one with the same model and calls save and restore at
+    the same steps (they are collective); each writes the shard of every table it owns.
+
     Raises:
-        NotImplementedError: several ranks.
         TypeError: the optimizer is not one of mxrec.keras.optimizers.
     """
 
@@ -198,10 +201,7 @@ class KerasSaver(saver_checkpoint.Saver):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"mxrec.keras checkpoint: max_to_keep must be >= 1 or None, got "
                              f"{max_to_keep}")
-        runtime = get_config_initializer()
-        if runtime.config.rank_size > 1:
-            raise NotImplementedError("mxrec.keras checkpoints on several ranks are not "
-                                      "available yet (mxrec.keras trains on one rank)")
+        get_config_initializer()  # init() first: the tables and the ranks are its
         self.directory = directory
         self.max_to_keep = max_to_keep
         self._optimizer = optimizer
@@ -213,12 +213,23 @@ class KerasSaver(saver_checkpoint.Saver):
         self._last_epochs = None
         self._last_step = None
         self._last_full = None
-        self._rank, self._size = 0, 1
+        # Several ranks: each rank writes the shard it owns of every table, rank 0 the dense
+        # variables, into one version (the Session path's sharded format); a restore on
+        # any rank count keeps the IDs each rank owns.
+        self._rank, self._size = communication.get_rank_id(), communication.get_rank_size()
         self._barrier = None
+        self._folder_checked = False
         self._step_loaded = True
-        for name in manifest_io.remove_stale_temporaries(directory):
-            tf.get_logger().info("mxrec checkpoint: removed %s/%s, left by a save that died",
-                                 directory, name)
+        if self._rank == 0:
+            for name in manifest_io.remove_stale_temporaries(directory):
+                tf.get_logger().info("mxrec checkpoint: removed %s/%s, left by a save that "
+                                     "died", directory, name)
+
+    def _sum_over_ranks(self, session, value: int) -> int:
+        """The sum of `value` over the ranks, once every rank has called it (an eager
+        all-reduce: the Session path's Saver runs its graph's barrier instead)."""
+        del session
+        return int(communication.allreduce(tf.constant(value, tf.int32), "sum").numpy())
 
     def _current_step(self) -> int:
         if self._optimizer is None:

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.core import host_state
+from mxrec.distributed import communication
 
 
 class HostState(tf.__internal__.tracking.Trackable):
@@ -35,6 +36,7 @@ class HostState(tf.__internal__.tracking.Trackable):
         self._fields = host_state.FIELDS + (host_state.TIER_FIELDS if self._tiered else ())
 
     def _serialize_to_tensors(self):
+        refuse_on_ranks(self._table_name, "tf.train.Checkpoint / model.save_weights")
         with tf.device("/device:CPU:0"):
             guard = host_state.size_guard(self._table_name, self._table_key, self._dim,
                                           self._tiered)
@@ -43,6 +45,7 @@ class HostState(tf.__internal__.tracking.Trackable):
         return {field: tensor for (field, _), tensor in zip(self._fields, tensors)}
 
     def _restore_from_tensors(self, restored_tensors):
+        refuse_on_ranks(self._table_name, "tf.train.Checkpoint / model.load_weights")
         inputs = [restored_tensors[field] if dtype == tf.string
                   else tf.cast(restored_tensors[field], dtype) for field, dtype in self._fields]
         with tf.device("/device:CPU:0"):
@@ -96,6 +99,18 @@ class HostState(tf.__internal__.tracking.Trackable):
 
 
 ARRAY_PREFIX = "mxrec_host_"
+
+
+def refuse_on_ranks(table_name: str, what: str) -> None:
+    """Raises NotImplementedError on several ranks: TF2's object-based checkpoints and Keras
+    weights files would hold one rank's shard under names every rank writes."""
+    size = communication.get_rank_size()
+    if size > 1:
+        raise NotImplementedError(
+            f"mxrec.keras.Embedding {table_name!r}: {what} on several ranks (rank_size={size}) "
+            "is not available yet (each rank holds its shard of the table); use "
+            "mk.callbacks.Checkpoint or mk.KerasSaver, which write the Session path's sharded "
+            "format and restore on any rank count")
 
 
 class StoreSubset:
