@@ -316,6 +316,27 @@ def test_eviction_never_removes_an_id_of_a_planned_batch():
     assert sorted(dict(zip(*engine.export_rows(key)))) == [2, 3]
 
 
+def test_an_empty_training_batch_moves_the_batch_time():
+    """A rank whose shard of a batch holds no ID of a table still sees the batch's time, as
+    one process that trained the batch does, so both evict the same IDs; the deferred empty
+    batch's time counts once it commits, as any planned batch's."""
+    init()
+    key = create_table(tf.int64, 2, "t", _v1.zeros_initializer(),
+                       device_vocabulary_size=8).table_key
+    engine = loader.engine()
+    engine.process([key], [np.array([1, 2], np.int64)], True, 10)
+    engine.process([key], [np.zeros(0, np.int64)], False, 50)      # evaluation: no change
+    assert engine.newest_timestamp(key) == 10
+    engine.process([key], [np.zeros(0, np.int64)], True, 40)
+    assert engine.newest_timestamp(key) == 40
+    assert engine.evict(key, 20) == 2                                # 1 and 2 (t=10) go
+    (_, _, _, pending), = engine.process([key], [np.zeros(0, np.int64)], True, 90,
+                                         deferred=True)
+    assert pending > 0 and engine.newest_timestamp(key) == 40        # planned, not trained
+    engine.commit(key, pending)
+    assert engine.pending_batches(key) == 0 and engine.newest_timestamp(key) == 90
+
+
 @needs_estimator
 def test_estimator_checkpoint_with_planned_batches(tmp_path):
     """Estimator.train 20 steps, then 20 more (a new graph restoring the checkpoint),

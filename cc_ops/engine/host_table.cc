@@ -66,7 +66,10 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   } else {
     ++stats_.eval_batches;
   }
-  if (n == 0) return Status::Ok();
+  // An empty eval batch changes nothing. An empty training batch still moves the batch time
+  // forward: on several ranks a rank whose shard of a batch holds no ID of this table must
+  // evict as one process that saw the batch does.
+  if (n == 0 && !train) return Status::Ok();
   PendingBatch journal;
   BatchInput batch{keys, n, weights, train, timestamp, epoch_, nullptr};
   if (train && deferred) {
@@ -75,7 +78,7 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
     batch.journal = &journal;
   }
   if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
-  MXREC_RETURN_IF_ERROR(planner_.Plan(batch, pool, plan));
+  if (n > 0) MXREC_RETURN_IF_ERROR(planner_.Plan(batch, pool, plan));
   if (batch.journal != nullptr) {
     for (int64_t key : journal.admitted) pending_admitted_[key] = journal.id;
     plan->batch_id = journal.id;
