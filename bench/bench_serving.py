@@ -17,6 +17,13 @@ number of threads. Printed per cell: p50 and p99 latency (ms), requests/s, rows/
 over the floor's p99 at the same batch and threads. Clients and server share this
 machine's cores, so at 8 threads the client's own work is part of what is measured.
 
+The transport floors say what part of the gap any Python server pays: a process of its own
+answers each request with mxrec's own answer to it, recorded once (the same bytes, no model
+and no conversion): over gRPC, a grpcio server with the predictor's thread pool, limits and
+service name, handling raw bytes (not even the request is parsed); over REST, the standard
+library's ThreadingHTTPServer (HTTP/1.1 keep-alive, the body read whole). The clients are
+the same as against mxrec (the same requests, the answers decoded), in the same rounds.
+
 Goals (1 client thread, batch 64): gRPC p99 <= 2 x the floor's p99, REST p99 <= 3 x.
 """
 
@@ -24,12 +31,16 @@ import argparse
 import http.client
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import grpc
 import numpy as np
 import tensorflow as tf
 
@@ -37,6 +48,7 @@ tf.compat.v1.disable_eager_execution()
 
 from bench import report  # noqa: E402
 from bench.bench_streaming import MODEL, _hourly_stream, _streaming, machine  # noqa: E402
+from mxrec.serving import grpc_server  # noqa: E402
 from mxrec.serving.grpc_client import PredictClient  # noqa: E402
 from mxrec.streaming import models, parsers  # noqa: E402
 
@@ -130,8 +142,97 @@ def _start_server(base: str):
     return process, rest, grpc_port
 
 
+def _record_answers(rest_port: int, grpc_port: int, batches: list, queries: dict) -> dict:
+    """mxrec's own answers, as bytes, keyed by the request's bytes: {"REST": {body: answer},
+    "gRPC": {request: response}}, for the transport floors to send back."""
+    answers = {"REST": {}, "gRPC": {}}
+    connection = http.client.HTTPConnection("127.0.0.1", rest_port, timeout=60)
+    client = PredictClient(f"127.0.0.1:{grpc_port}", "ctr")
+    predict = client.channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    try:
+        for batch in batches:
+            feeds = {k: v[:batch] for k, v in queries.items()}
+            body = _rest_body(feeds)
+            connection.request("POST", "/v1/models/ctr:predict", body=body,
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            answers["REST"][body] = (response.read(), response.getheader("X-Model-Version"))
+            request = client.request(feeds).SerializeToString()
+            answers["gRPC"][request] = predict(request, timeout=60)
+    finally:
+        connection.close()
+        client.close()
+    return answers
+
+
+class _FixedAnswer(BaseHTTPRequestHandler):
+    """The REST transport floor's handler: reads the body, sends the recorded answer."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as the predictor's sockets (TCP_NODELAY)
+    answers: dict = {}
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        data, version = self.answers[body]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Model-Version", version)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format, *args):  # noqa: A002 (http.server's name)
+        pass
+
+
+def _serve_floors(path: str) -> None:
+    """The transport floors (--serve-floors): the answers recorded in `path` sent back over
+    gRPC (the predictor's pool size, limits and method name; raw bytes in and out) and over
+    REST (ThreadingHTTPServer); prints "PORTS <REST> <gRPC>" and serves until killed."""
+    with open(path, "rb") as f:
+        answers = pickle.load(f)
+    threads = grpc_server._default_threads()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=2 * threads,
+        options=[("grpc.max_receive_message_length", grpc_server.MAX_MESSAGE),
+                 ("grpc.max_send_message_length", grpc_server.MAX_MESSAGE)])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "tensorflow.serving.PredictionService",
+        {"Predict": grpc.unary_unary_rpc_method_handler(
+            lambda request, _: answers["gRPC"][request])}),))
+    grpc_port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    _FixedAnswer.answers = answers["REST"]
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _FixedAnswer)
+    print(f"PORTS {http.server_address[1]} {grpc_port}", flush=True)
+    http.serve_forever()
+
+
+def _start_floors(answers: dict, root: str):
+    """The transport floors in a process of their own; (process, REST port, gRPC port)."""
+    path = os.path.join(root, "answers.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(answers, f)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH")) if p), TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-floors",
+                                path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True, env=env)
+    line = process.stdout.readline()
+    if not line.startswith("PORTS "):
+        process.kill()
+        raise RuntimeError(f"the transport floors did not start: {line!r}")
+    _, rest, grpc_port = line.split()
+    return process, int(rest), int(grpc_port)
+
+
+def _rest_body(feeds: dict) -> bytes:
+    return json.dumps({"inputs": {k: v.tolist() for k, v in feeds.items()}}).encode()
+
+
 def _rest_caller(port: int, threads: int, feeds: dict):
-    body = json.dumps({"inputs": {k: v.tolist() for k, v in feeds.items()}}).encode()
+    body = _rest_body(feeds)
     connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=60)
                    for _ in range(threads)]
 
@@ -164,27 +265,39 @@ def run(args, out: report.Report) -> None:
         base = _export(root, args.rows)
         queries = _queries(root, max(args.batches))
         floor, floor_session = _floor(os.path.join(base, "1"))
-        process, rest_port, grpc_port = _start_server(base)
+        processes = []
         try:
-            rows = _measure(args, queries, floor, rest_port, grpc_port)
+            process, rest_port, grpc_port = _start_server(base)
+            processes.append(process)
+            answers = _record_answers(rest_port, grpc_port, args.batches, queries)
+            process, floor_rest, floor_grpc = _start_floors(answers, root)
+            processes.append(process)
+            ports = {"REST floor": floor_rest, "REST": rest_port, "gRPC floor": floor_grpc,
+                     "gRPC": grpc_port}
+            rows = _measure(args, queries, floor, ports)
         finally:
-            process.terminate()
-            process.wait(timeout=60)
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=60)
             floor_session.close()
     _print(args, rows, out)
 
 
-def _measure(args, queries, floor, rest_port, grpc_port) -> list:
-    """Per batch and thread count, --rounds rounds of floor, REST, gRPC in turn (so that
-    the other work on the machine falls on all three alike), latencies pooled."""
+APIS = ("floor", "REST floor", "REST", "gRPC floor", "gRPC")
+
+
+def _measure(args, queries, floor, ports: dict) -> list:
+    """Per batch and thread count, --rounds rounds of the floor, each API's transport floor
+    and each API in turn (so that the other work on the machine falls on all alike),
+    latencies pooled."""
     rows = []
     for batch in args.batches:
         feeds = {k: v[:batch] for k, v in queries.items()}
         for threads in args.threads:
             callers = {"floor": (lambda _, f=feeds: floor(f), lambda: None)}
-            for api, make, port in (("REST", _rest_caller, rest_port),
-                                    ("gRPC", _grpc_caller, grpc_port)):
-                callers[api] = make(port, threads, feeds)
+            for api in APIS[1:]:
+                make = _rest_caller if api.startswith("REST") else _grpc_caller
+                callers[api] = make(ports[api], threads, feeds)
             runs = {api: [] for api in callers}
             try:
                 for _ in range(args.rounds):
@@ -204,13 +317,15 @@ def _print(args, rows, out: report.Report) -> None:
           "p99 / floor p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for batch, threads, cells in rows:
         floor_p99 = cells["floor"]["p99"]
-        for api in ("floor", "REST", "gRPC"):
+        for api in APIS:
             cell = cells[api]
-            name = "session.run (floor)" if api == "floor" else api
+            name = {"floor": "session.run (floor)", "REST floor": "REST transport floor",
+                    "gRPC floor": "gRPC transport floor"}.get(api, api)
             print(f"| {name} | {batch} | {threads} | {cell['p50']:.2f} | {cell['p99']:.2f} | "
                   f"{cell['rps']:.0f} | {cell['rps'] * batch:.0f} | "
                   f"{cell['p99'] / floor_p99:.2f} |")
-            key = f"{api.lower()} batch {batch} threads {threads}"
+            key = f"{api.lower().replace(' floor', ' transport floor')} batch {batch} " \
+                  f"threads {threads}"
             out.figure(f"{key} p50 ms", round(cell["p50"], 3))
             out.figure(f"{key} p99 ms", round(cell["p99"], 3))
             out.figure(f"{key} requests/s", round(cell["rps"], 1))
@@ -219,6 +334,11 @@ def _print(args, rows, out: report.Report) -> None:
                      cells["gRPC"]["p99"] / floor_p99, 2.0, lower_is_better=True)
             out.goal("REST p99 / session.run p99, batch 64, 1 client thread (<=)",
                      cells["REST"]["p99"] / floor_p99, 3.0, lower_is_better=True)
+            for api in ("gRPC floor", "REST floor"):
+                # What any Python server of that transport pays, against the same floor.
+                out.figure(f"{api.replace(' floor', '')} transport floor p99 / session.run "
+                           "p99, batch 64, 1 client thread",
+                           round(cells[api]["p99"] / floor_p99, 3))
 
 
 def _ints(text: str) -> list:
@@ -234,15 +354,21 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=None,
                         help="seconds of requests per cell, over its rounds (6; --quick 1)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds per cell, floor, REST and gRPC in turn (3; --quick 1)")
+                        help="rounds per cell, the floor, the transport floors, REST and gRPC "
+                        "in turn (3; --quick 1)")
     parser.add_argument("--batches", type=_ints, default=[1, 64, 512],
                         help="batch sizes (1,64,512); 64 carries the goals")
     parser.add_argument("--threads", type=_ints, default=[1, 8],
                         help="client threads (1,8); 1 carries the goals")
     parser.add_argument("--rows", type=int, default=None,
                         help="rows of the trained partition (30000; --quick 8000)")
+    parser.add_argument("--serve-floors", metavar="ANSWERS",
+                        help="(run by this benchmark) serve the transport floors")
     report.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.serve_floors:
+        _serve_floors(args.serve_floors)
+        return 0
     if args.seconds is None:
         args.seconds = 1.0 if args.quick else 6.0
     if args.rounds is None:
