@@ -494,3 +494,45 @@ def test_tensor_protos_that_make_no_array_are_refused_naming_the_input():
     for value in (np.array([[1, -(1 << 63)]], np.int64), np.array([b"a", b"\xff"], object),
                   np.array([[0.5]], np.float32)):
         np.testing.assert_array_equal(tf.make_ndarray(tensors.to_proto(value)), value)
+
+
+def test_raw_tensor_bytes_give_tensorflows_own_arrays_and_protos():
+    rng = np.random.default_rng(5)
+    values = [np.array([[np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0]], np.int64),
+              rng.standard_normal([4, 3]).astype(np.float32),
+              np.array([np.finfo(np.float64).max, -0.0, 5e-324]),
+              rng.standard_normal([2, 2]).astype(np.float16),
+              np.array([[-128, 127]], np.int8), np.array([-(1 << 15)], np.int16),
+              np.array([[-(1 << 31), 7]], np.int32), np.array([255, 0], np.uint8),
+              np.array([65535], np.uint16), np.array([1 << 32 - 1], np.uint32),
+              np.array([(1 << 64) - 1], np.uint64), np.array([[True, False]]),
+              np.zeros([0, 3], np.int64)]
+    for value in values:
+        proto = tf.make_tensor_proto(value)  # raw bytes, or typed fields for one value
+        raw = tensor_pb2.TensorProto()
+        raw.CopyFrom(proto)
+        raw.ClearField("int_val")
+        raw.ClearField("int64_val")
+        raw.ClearField("uint64_val")
+        raw.ClearField("uint32_val")
+        raw.ClearField("half_val")
+        raw.ClearField("float_val")
+        raw.ClearField("double_val")
+        raw.ClearField("bool_val")
+        raw.tensor_content = value.tobytes()
+        for sent in (proto, raw):
+            got = tensors.to_array("x", sent, 1 << 20)
+            want = tf.make_ndarray(sent)
+            assert got.dtype == want.dtype == value.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got, value)
+        # An output written as raw bytes reads back exactly, as TensorFlow's own proto.
+        for same in (value, value.astype(value.dtype.newbyteorder(">"))):
+            written = tensors.to_proto(same)
+            assert written.dtype == proto.dtype
+            np.testing.assert_array_equal(tf.make_ndarray(written), value)
+    short = tf.make_tensor_proto(np.arange(6, dtype=np.float32).reshape(2, 3))
+    short.tensor_content = short.tensor_content[:-4]
+    with pytest.raises(RequestError, match=r"input 'x': tensor_content has 20 bytes; a "
+                                           r"DT_FLOAT tensor of shape \[2, 3\] has 24"):
+        tensors.to_array("x", short, 1 << 20)

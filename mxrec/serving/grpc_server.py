@@ -200,7 +200,7 @@ class GrpcServer:
             response = predict_pb2.PredictResponse()
             self._spec(response.model_spec, instance.version, name)
         for key, value in outputs.items():
-            response.outputs[key].CopyFrom(tensors.to_proto(value))
+            tensors.fill(response.outputs[key], value)
         return response
 
     def metadata(self, request, deadline: Optional[float]):

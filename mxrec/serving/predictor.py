@@ -45,10 +45,12 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from mxrec.export import quantize as quantizer
 from mxrec.serving import allowed_ops, requests, versions
+from mxrec.serving import runner as runner_module
 
 DELTA_FILE = "mxrec_delta.npz"
 _SCOPE = "mxrec_serving"
 _PREDICT_METHODS = ("tensorflow/serving/predict",)
+_MAX_RUNNERS = 64
 
 
 def _tensor_info(info) -> Dict:
@@ -235,6 +237,7 @@ class ModelInstance:
                 self.session.close()
                 raise
             self.graph.finalize()
+        self._runners: Dict[Tuple[str, Tuple[str, ...]], runner_module.SignatureRunner] = {}
 
     def _read_meta(self, export_dir: str, signature: str):
         proto = saved_model_pb2.SavedModel()
@@ -326,20 +329,21 @@ class ModelInstance:
             raise ValueError(f"unknown signature {name!r}; this model has "
                              f"{sorted(self.signatures)}")
         wanted, every = self.signatures[name]
-        outputs = _chosen(every, outputs)
+        chosen = tuple(sorted(set(outputs))) if outputs else ()
+        runner = self._runners.get((name, chosen))
+        if runner is None:
+            runner = runner_module.SignatureRunner(self.session, wanted,
+                                                   _chosen(every, chosen))
+            # Kept per signature and output filter, up to a bound that clients naming
+            # every subset of many outputs cannot pass.
+            if len(self._runners) < _MAX_RUNNERS:
+                self._runners[(name, chosen)] = runner
         missing = sorted(set(wanted) - set(inputs))
         unknown = sorted(set(inputs) - set(wanted))
         if missing or unknown:
             raise ValueError(f"inputs must be {sorted(wanted)}; missing {missing}, "
                              f"unknown {unknown}")
-        feed = {wanted[k]: np.asarray(v, object if wanted[k].dtype == tf.string
-                                      else wanted[k].dtype.as_numpy_dtype)
-                for k, v in inputs.items()}
-        options = None
-        if timeout is not None:
-            # 0 would mean "no limit" to TensorFlow: a spent deadline still gets 1 ms.
-            options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout * 1000)))
-        return self.session.run(outputs, feed, options=options)
+        return runner(inputs, timeout)
 
     def metadata(self) -> Dict:
         """TF Serving's signature-def map: {"signature_def": {name: {inputs, outputs,

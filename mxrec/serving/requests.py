@@ -309,10 +309,12 @@ def check_arrays(feeds: Mapping[str, np.ndarray], specs: Mapping[str, InputSpec]
     sizes = {}
     for key, spec in sorted(specs.items()):
         value = feeds[key]
-        wanted = "string" if spec.kind == "string" else spec.dtype.name
-        got = ("string" if value.dtype.kind in "OSU" else value.dtype.name)
-        if got != wanted:
-            raise RequestError(f"input {key!r}: expected {wanted} values, got {got}")
+        if not (value.dtype.kind in "OSU" if spec.kind == "string"
+                else value.dtype == spec.dtype):
+            wanted = "string" if spec.kind == "string" else spec.dtype.name
+            got = "string" if value.dtype.kind in "OSU" else value.dtype.name
+            if got != wanted:
+                raise RequestError(f"input {key!r}: expected {wanted} values, got {got}")
         dims = ["?" if d is None else str(d) for d in spec.shape]
         fits = value.ndim == len(spec.shape) and all(
             d is None or d == n for d, n in zip(spec.shape, value.shape))

@@ -5,6 +5,12 @@ A TensorProto may declare a shape larger than the values it carries (TensorFlow 
 rest with its last value), so a message of a few bytes can ask for gigabytes: the shape is
 checked against the server's message limit before the array is made.
 
+Numbers sent as raw bytes (`tensor_content`, as `tf.make_tensor_proto` and TF Serving's
+clients send them) become an array over those bytes, read-only and not copied, and
+outputs are written as raw bytes straight into the response's map: the same values
+`tf.make_ndarray` and `tf.make_tensor_proto` give, without their per-call work. Other
+encodings (the typed value fields, strings) go through TensorFlow's own conversion.
+
 Example:
     >>> array = to_array("ids", tf.make_tensor_proto([[1, 2, 3]], tf.int64), 64 << 20)
     >>> array.shape                       # (1, 3), int64
@@ -15,9 +21,18 @@ import math
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from mxrec.serving.requests import RequestError
+
+# The numeric dtypes a TensorProto carries as little-endian bytes in tensor_content.
+_RAW = {types_pb2.DT_FLOAT: np.dtype("<f4"), types_pb2.DT_DOUBLE: np.dtype("<f8"),
+        types_pb2.DT_HALF: np.dtype("<f2"), types_pb2.DT_INT8: np.dtype("i1"),
+        types_pb2.DT_INT16: np.dtype("<i2"), types_pb2.DT_INT32: np.dtype("<i4"),
+        types_pb2.DT_INT64: np.dtype("<i8"), types_pb2.DT_UINT8: np.dtype("u1"),
+        types_pb2.DT_UINT16: np.dtype("<u2"), types_pb2.DT_UINT32: np.dtype("<u4"),
+        types_pb2.DT_UINT64: np.dtype("<u8"), types_pb2.DT_BOOL: np.dtype("?")}
+_ENUM = {dtype.newbyteorder("="): enum for enum, dtype in _RAW.items()}
 
 
 def to_array(name: str, proto: tensor_pb2.TensorProto, limit: int) -> np.ndarray:
@@ -39,18 +54,21 @@ def to_array(name: str, proto: tensor_pb2.TensorProto, limit: int) -> np.ndarray
     dims = [d.size for d in shape.dim]
     if any(d < 0 for d in dims):
         raise RequestError(f"input {name!r}: the shape {dims} has a negative dimension")
-    try:
-        dtype = tf.dtypes.as_dtype(proto.dtype)
-        item = 1 if dtype == tf.string else dtype.size
-    except TypeError:
-        raise RequestError(f"input {name!r}: dtype {proto.dtype} is not a TensorFlow "
-                           "dtype") from None
+    raw = _RAW.get(proto.dtype)
+    item = _item_size(name, proto.dtype) if raw is None else raw.itemsize
     count = math.prod(dims)
     if count * item > limit:
         raise RequestError(f"input {name!r}: the shape {dims} holds {count} values "
                            f"({count * item} bytes), more than this server's limit of "
                            f"{limit} bytes (python -m mxrec.serving --grpc-max-message-bytes)",
                            413)
+    content = proto.tensor_content
+    if raw is not None and content:
+        if len(content) != count * item:
+            raise RequestError(f"input {name!r}: tensor_content has {len(content)} bytes; a "
+                               f"{types_pb2.DataType.Name(proto.dtype)} tensor of shape "
+                               f"{dims} has {count * item}")
+        return np.frombuffer(content, raw).reshape(dims)
     try:
         return tf.make_ndarray(proto)
     except (TypeError, ValueError, KeyError) as error:  # KeyError: a handle dtype
@@ -59,18 +77,35 @@ def to_array(name: str, proto: tensor_pb2.TensorProto, limit: int) -> np.ndarray
                            f"{error}") from None
 
 
-def to_proto(value) -> tensor_pb2.TensorProto:
-    """A TensorProto of an output array: numbers as their raw bytes (tensor_content, as
-    TF Serving answers), strings through TensorFlow's own conversion."""
+def _item_size(name: str, dtype: int) -> int:
+    try:
+        tf_dtype = tf.dtypes.as_dtype(dtype)
+    except TypeError:
+        raise RequestError(f"input {name!r}: dtype {dtype} is not a TensorFlow "
+                           "dtype") from None
+    return 1 if tf_dtype == tf.string else tf_dtype.size
+
+
+def fill(proto: tensor_pb2.TensorProto, value) -> None:
+    """Writes an output array into an empty TensorProto (a response's map entry): numbers
+    as their raw bytes (tensor_content, as TF Serving answers), other dtypes through
+    TensorFlow's own conversion."""
     value = np.asarray(value)
-    if value.dtype.kind in "OSU":
-        return tf.make_tensor_proto(value)
-    value = np.ascontiguousarray(value, value.dtype.newbyteorder("<"))
-    return tensor_pb2.TensorProto(
-        dtype=tf.dtypes.as_dtype(value.dtype).as_datatype_enum,
-        tensor_shape=tensor_shape_pb2.TensorShapeProto(
-            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in value.shape]),
-        tensor_content=value.tobytes())
+    enum = _ENUM.get(value.dtype.newbyteorder("="))
+    if enum is None:
+        proto.CopyFrom(tf.make_tensor_proto(value))
+        return
+    proto.dtype = enum
+    for size in value.shape:
+        proto.tensor_shape.dim.add(size=size)
+    proto.tensor_content = np.ascontiguousarray(value, value.dtype.newbyteorder("<")).tobytes()
 
 
-__all__ = ["to_array", "to_proto"]
+def to_proto(value) -> tensor_pb2.TensorProto:
+    """A TensorProto of an array (as `fill`)."""
+    proto = tensor_pb2.TensorProto()
+    fill(proto, value)
+    return proto
+
+
+__all__ = ["to_array", "to_proto", "fill"]
