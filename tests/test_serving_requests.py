@@ -5,6 +5,7 @@ int64 over the whole range, no NaN in a response, the body limit, --host, a busy
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -355,3 +356,24 @@ def test_host_and_busy_port(served, tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"python -m mxrec.serving: error: port {server.port} on 0.0.0.0 is in use (another "
         "server there?); stop it or pass another --port")
+
+
+def test_both_servers_refuse_each_integer_setting_out_of_range_naming_it(tmp_path):
+    from mxrec.serving.grpc_server import GrpcServer
+
+    predictor = Predictor(str(tmp_path))  # nothing loaded: the settings are checked first
+    rest = {"max_body": (0, None), "num_threads": (0, None), "max_queued": (0, None),
+            "port": (65536, (0, 65535))}
+    grpc = {"max_message": (0, (1, (1 << 31) - 1)), "num_threads": (1 << 16 | 1, (1, 1 << 16)),
+            "max_queued": (-1, (0, 1 << 20)), "port": (-1, (0, 65535))}
+    for make, settings in ((ModelServer, rest), (GrpcServer, grpc)):
+        for name, (bad, bounds) in settings.items():
+            words = ">= 1" if bounds is None else f"in [{bounds[0]}, {bounds[1]}]"
+            for value in (bad, True, 2.0, "8"):
+                with pytest.raises(ValueError, match=re.escape(
+                        f"{name} must be an integer {words}, got {value!r}")):
+                    make(predictor, "ctr", **{name: value})
+    # The bounds differ: gRPC takes max_queued=0 (no call waits), REST needs one.
+    GrpcServer(predictor, "ctr", port=0, max_queued=0).close()
+    with pytest.raises(ValueError, match="max_queued must be an integer >= 1, got 0"):
+        ModelServer(predictor, "ctr", port=0, max_queued=0)

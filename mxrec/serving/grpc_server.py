@@ -101,13 +101,10 @@ class GrpcServer:
                  poll_interval: Optional[float] = None):
         num_threads = _default_threads() if num_threads is None else num_threads
         max_queued = num_threads if max_queued is None else max_queued
-        for setting, value, least, most in (
-                ("max_message", max_message, 1, MAX_MESSAGE_LIMIT),
-                ("num_threads", num_threads, 1, 1 << 16), ("max_queued", max_queued, 0, 1 << 20),
-                ("port", port, 0, 65535)):
-            if type(value) is not int or not least <= value <= most:
-                raise ValueError(f"{setting} must be an integer in [{least}, {most}], got "
-                                 f"{value!r}")
+        requests.check_integers(
+            ("max_message", max_message, 1, MAX_MESSAGE_LIMIT),
+            ("num_threads", num_threads, 1, 1 << 16), ("max_queued", max_queued, 0, 1 << 20),
+            ("port", port, 0, 65535))
         if poll_interval is not None and not poll_interval > 0:
             raise ValueError(f"poll_interval must be > 0 seconds or None, got {poll_interval}")
         self.predictor = predictor

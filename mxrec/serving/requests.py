@@ -26,6 +26,7 @@ Example:
 
 import base64
 import binascii
+import itertools
 import json
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -44,6 +45,23 @@ class RequestError(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+def check_integers(*settings: Tuple[str, object, int, Optional[int]]) -> None:
+    """Checks a server's integer settings, each (name, value, least, most): an int (not a
+    bool) in [least, most], with no upper bound where most is None.
+
+    Raises:
+        ValueError: naming the first setting out of range and its bounds.
+
+    Example:
+        >>> check_integers(("num_threads", 8, 1, None), ("port", 8500, 0, 65535))
+    """
+    for name, value, least, most in settings:
+        if type(value) is int and least <= value and (most is None or value <= most):
+            continue
+        bounds = f">= {least}" if most is None else f"in [{least}, {most}]"
+        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
 
 
 class InputSpec:
@@ -149,29 +167,35 @@ def _structure(spec: InputSpec, rows: list, row_word: str) -> Tuple[list, Tuple[
     level = rows
     shape: List[int] = []
     for depth, wanted in enumerate(spec.shape[1:]):
-        per_row = int(np.prod(shape)) if shape else 1
         size = wanted
-        nxt = []
-        for index, item in enumerate(level):
-            row, rest = divmod(index, per_row)
-            if not isinstance(item, list):
-                raise RequestError(
-                    f"{_where(spec, row_word, row, _unravel(rest, shape))}: expected "
-                    f"{spec.row_shape()} per {row_word}, got {_describe(item)} at depth "
-                    f"{depth + 1}")
-            if size is None:
-                size = len(item)
-            if len(item) != size:
-                reference = ("the signature says" if wanted is not None
-                             else "the first list at this depth has")
-                raise RequestError(
-                    f"{_where(spec, row_word, row, _unravel(rest, shape))}: expected "
-                    f"{spec.row_shape()} per {row_word}, got a list of {len(item)} at depth "
-                    f"{depth + 1} ({reference} {size})")
-            nxt.extend(item)
+        if size is None and level and isinstance(level[0], list):
+            size = len(level[0])
+        # One pass over a well-formed level; a bad one is walked again to say where.
+        if not all(isinstance(item, list) and len(item) == size for item in level):
+            _structure_error(spec, level, row_word, shape, depth, wanted, size)
         shape.append(size if size is not None else 0)
-        level = nxt
+        level = list(itertools.chain.from_iterable(level))
     return level, tuple(shape)
+
+
+def _structure_error(spec: InputSpec, level: list, row_word: str, shape: List[int],
+                     depth: int, wanted: Optional[int], size: Optional[int]):
+    """Raises the error for the first item of `level` that is not a list of `size`."""
+    per_row = int(np.prod(shape)) if shape else 1
+    for index, item in enumerate(level):
+        row, rest = divmod(index, per_row)
+        if not isinstance(item, list):
+            raise RequestError(
+                f"{_where(spec, row_word, row, _unravel(rest, shape))}: expected "
+                f"{spec.row_shape()} per {row_word}, got {_describe(item)} at depth "
+                f"{depth + 1}")
+        if len(item) != size:
+            reference = ("the signature says" if wanted is not None
+                         else "the first list at this depth has")
+            raise RequestError(
+                f"{_where(spec, row_word, row, _unravel(rest, shape))}: expected "
+                f"{spec.row_shape()} per {row_word}, got a list of {len(item)} at depth "
+                f"{depth + 1} ({reference} {size})")
 
 
 def _unravel(flat: int, shape: Sequence[int]) -> Tuple[int, ...]:
@@ -203,16 +227,25 @@ def _convert(spec: InputSpec, rows: list, row_word: str) -> np.ndarray:
             return _raise(_leaf_error(spec, row_word, leaves, shape,
                                       _first(leaves, lambda v: type(v) is not int)))
         info = np.iinfo(spec.dtype)
-        if leaves and not info.min <= min(leaves) <= max(leaves) <= info.max:
+        try:
+            # int64 (every ID input): NumPy's conversion refuses what does not fit, so
+            # no separate pass for the range.
+            values = np.fromiter(leaves, np.int64, len(leaves)) \
+                if spec.dtype == np.int64 else None
+        except OverflowError:
+            values = None
+        if values is None and leaves and not info.min <= min(leaves) <= max(leaves) \
+                <= info.max:
             return _raise(_leaf_error(spec, row_word, leaves, shape, _first(
                 leaves, lambda v: not info.min <= v <= info.max), " (out of range)"))
-        values = np.array(leaves, dtype=spec.dtype)
+        if values is None:
+            values = np.array(leaves, dtype=spec.dtype)
     elif kind == "float":
         if not types <= {int, float}:
             return _raise(_leaf_error(spec, row_word, leaves, shape, _first(
                 leaves, lambda v: type(v) not in (int, float))))
         try:
-            wide = np.array(leaves, dtype=np.float64)
+            wide = np.fromiter(leaves, np.float64, len(leaves))
         except OverflowError:  # an integer beyond float64
             return _raise(_leaf_error(spec, row_word, leaves, shape, _first(
                 leaves, lambda v: type(v) is int and abs(v) > 1e308), " (not finite)"))
@@ -419,6 +452,6 @@ def _jsonable(value):
     return value.tolist()
 
 
-__all__ = ["RequestError", "InputSpec", "parse_json", "to_feeds", "outputs_to_json",
-           "signature_specs", "check_arrays",
+__all__ = ["RequestError", "InputSpec", "check_integers", "parse_json", "to_feeds",
+           "outputs_to_json", "signature_specs", "check_arrays",
            "INT64_MIN", "INT64_MAX"]
