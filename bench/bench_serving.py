@@ -24,7 +24,9 @@ service name, handling raw bytes (not even the request is parsed); over REST, th
 library's ThreadingHTTPServer (HTTP/1.1 keep-alive, the body read whole). The clients are
 the same as against mxrec (the same requests, the answers decoded), in the same rounds.
 
-Goals (1 client thread, batch 64): gRPC p99 <= 2 x the floor's p99, REST p99 <= 3 x.
+Goals (1 client thread, batch 64): gRPC p99 <= 2 x the floor's p99, REST p99 <= 3 x. A p99
+is the first figure other work on a shared machine moves (it can inflate the floor's more
+than an API's): read the goals with the run's load average, and the p50 ratios beside them.
 """
 
 import argparse
@@ -314,16 +316,16 @@ def _print(args, rows, out: report.Report) -> None:
     print(f"\n### Serving: REST and gRPC against session.run (wide_deep, 26 tables x dim 8, "
           f"{args.seconds:g} s per cell in {args.rounds} rounds; {machine()})\n")
     print("| API | batch | client threads | p50 ms | p99 ms | requests/s | rows/s | "
-          "p99 / floor p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+          "p50 / floor p50 | p99 / floor p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch, threads, cells in rows:
-        floor_p99 = cells["floor"]["p99"]
+        floor_p50, floor_p99 = cells["floor"]["p50"], cells["floor"]["p99"]
         for api in APIS:
             cell = cells[api]
             name = {"floor": "session.run (floor)", "REST floor": "REST transport floor",
                     "gRPC floor": "gRPC transport floor"}.get(api, api)
             print(f"| {name} | {batch} | {threads} | {cell['p50']:.2f} | {cell['p99']:.2f} | "
                   f"{cell['rps']:.0f} | {cell['rps'] * batch:.0f} | "
-                  f"{cell['p99'] / floor_p99:.2f} |")
+                  f"{cell['p50'] / floor_p50:.2f} | {cell['p99'] / floor_p99:.2f} |")
             key = f"{api.lower().replace(' floor', ' transport floor')} batch {batch} " \
                   f"threads {threads}"
             out.figure(f"{key} p50 ms", round(cell["p50"], 3))
@@ -334,11 +336,15 @@ def _print(args, rows, out: report.Report) -> None:
                      cells["gRPC"]["p99"] / floor_p99, 2.0, lower_is_better=True)
             out.goal("REST p99 / session.run p99, batch 64, 1 client thread (<=)",
                      cells["REST"]["p99"] / floor_p99, 3.0, lower_is_better=True)
-            for api in ("gRPC floor", "REST floor"):
-                # What any Python server of that transport pays, against the same floor.
-                out.figure(f"{api.replace(' floor', '')} transport floor p99 / session.run "
-                           "p99, batch 64, 1 client thread",
-                           round(cells[api]["p99"] / floor_p99, 3))
+            # What any Python server of that transport pays, against the same floor; and
+            # the p50 ratios, which other work on a shared machine moves less than p99's.
+            for api in ("gRPC floor", "REST floor", "gRPC", "REST"):
+                name = api.replace(" floor", " transport floor")
+                if api.endswith("floor"):  # the APIs' own p99 ratios are the goals
+                    out.figure(f"{name} p99 / session.run p99, batch 64, 1 client thread",
+                               round(cells[api]["p99"] / floor_p99, 3))
+                out.figure(f"{name} p50 / session.run p50, batch 64, 1 client thread",
+                           round(cells[api]["p50"] / floor_p50, 3))
 
 
 def _ints(text: str) -> list:
