@@ -1,0 +1,63 @@
+"""The update of a table whose rows or slots rest in fewer bits than float32.
+
+TensorFlow's fused sparse kernels read and write the variable in its own dtype; a table
+stored in bfloat16 or float16 (`create_table(storage_dtype=..., slot_dtype=...)`,
+mxrec.core.storage_dtype) is updated here instead, in float32:
+
+    rows  = float32(table[indices])            slots = float32(slot[indices])
+    new_rows, new_slots = the optimizer's float32 rule (its `_float32_rows`)
+    table[indices] = round(new_rows)           slot[indices] = round(new_slots)
+
+The gradient arrives in float32 (the lookup's upcast keeps it so) and the gradients of a
+row that appears twice are summed first, as TF's sparse optimizers do. The optimizer's rule
+uses the float32 values it computed, also for a slot that is then stored rounded.
+"""
+
+import tensorflow as tf
+
+from mxrec.core import storage_dtype
+
+
+def apply(optimizer, grad: tf.Tensor, handle, indices: tf.Tensor, distinct: bool):
+    """The update op of table variable `handle` by `optimizer` for gradient rows `grad`
+    [N, dim] float32 at `indices` [N] (distinct: no index twice, so no sum first).
+
+    Raises:
+        NotImplementedError: the optimizer has no float32 rule for reduced storage.
+    """
+    table = handle._mxrec_table  # noqa: SLF001
+    rule = getattr(optimizer, "_float32_rows", None)
+    if rule is None:
+        raise NotImplementedError(
+            f"{type(optimizer).__name__} cannot train table {table.table_name!r}, whose rows "
+            f"rest in {table.storage_dtype.name} and slots in {table.slot_dtype.name}: the "
+            "hash optimizers gradient_descent, adagrad, lazy_adam and momentum can; or use "
+            "float32 storage")
+    grad = tf.cast(grad, tf.float32)
+    if not distinct:
+        indices, positions = tf.unique(indices)
+        grad = tf.math.unsorted_segment_sum(grad, positions, tf.size(indices))
+    slots = {name: optimizer.get_slot(handle, name) for name in optimizer.get_slot_names()}
+    slots = {name: slot for name, slot in slots.items() if slot is not None}
+    # The rows read after this step's refills of rows handed to new IDs: a gradient need not
+    # depend on the lookup's values (a loss linear in them), so nothing else orders them.
+    with tf.control_dependencies(table.refills(handle.graph)):
+        rows = storage_dtype.upcast(tf.gather(handle, indices))
+        old = {name: storage_dtype.upcast(tf.gather(slot, indices))
+               for name, slot in slots.items()}
+    new_rows, new_slots = rule(grad, rows, old)
+    writes = [slots[name].scatter_update(
+        tf.IndexedSlices(tf.cast(value, slots[name].dtype.base_dtype), indices))
+        for name, value in new_slots.items()]
+    writes.append(handle.scatter_update(
+        tf.IndexedSlices(storage_dtype.store(new_rows, table), indices)))
+    return tf.group(*writes)
+
+
+def check_slot_dtype(var, dtype):
+    """The dtype a slot of `var` rests in: the table's slot_dtype for a table variable
+    whose storage is reduced, `dtype` otherwise."""
+    table = getattr(var, "_mxrec_table", None)
+    if table is None or not storage_dtype.is_reduced(table):
+        return dtype
+    return table.slot_dtype

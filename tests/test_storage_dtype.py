@@ -1,0 +1,296 @@
+"""Tables whose rows rest in bfloat16 or float16 (create_table(storage_dtype=...)).
+
+The reference is NumPy: a float32 model of each ID's row and slots, updated by the
+optimizer's rule and rounded to the storage dtype after every update (round-to-nearest-even,
+written here with integer arithmetic on the bits for bfloat16, NumPy's float16 cast for
+float16). The loss is linear in the embeddings with dyadic coefficients, so the gradient of
+a row (a sum over its positions) is exact in any summation order and the reference needs no
+model of TF's reductions. Admission and eviction decide which IDs hold a row (read from the
+engine after each step); the values are the reference's own.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mxrec.core.embedding import add_timestamp, create_table, sparse_lookup
+from mxrec.optimizers import adagrad, ftrl, gradient_descent, lazy_adam, momentum
+from mxrec.saver.checkpoint import Saver
+from mxrec.util.initialize import init, terminate_config_initializer
+
+DIM = 4
+BATCH = 12
+STEPS = 14
+VOCAB = 30
+INIT = 0.1  # not representable in bfloat16 or float16: the initial rows are rounded too
+_v1 = tf.compat.v1
+
+OPTIMIZERS = {
+    "sgd": lambda: gradient_descent.create_hash_optimizer(0.3),
+    "adagrad": lambda: adagrad.create_hash_optimizer(0.2, initial_accumulator_value=0.5),
+    "lazy_adam": lambda: lazy_adam.create_hash_optimizer(0.05, beta1=0.8, beta2=0.95,
+                                                         epsilon=1e-6),
+    "momentum": lambda: momentum.create_hash_optimizer(0.1, momentum=0.9),
+}
+
+
+# ----------------------------------------------------------------- the NumPy reference
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 (ties to even), as float32."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+ROUND = {"bfloat16": round_bf16,
+         "float16": lambda x: np.asarray(x, np.float32).astype(np.float16).astype(np.float32),
+         "float32": lambda x: np.asarray(x, np.float32)}
+
+
+class Reference:
+    """Each ID's row and slots in float32, rounded to the storage dtype after each update."""
+
+    def __init__(self, optimizer: str, rounding):
+        self.optimizer, self.round = optimizer, rounding
+        self.rows, self.slots = {}, {}
+        self.step = 0
+        self.b1p, self.b2p = np.float32(0.8), np.float32(0.95)
+
+    def fresh(self, key):
+        self.rows[key] = self.round(np.full(DIM, INIT, np.float32))
+        self.slots[key] = {"sgd": {}, "adagrad": {"acc": np.full(DIM, 0.5, np.float32)},
+                           "lazy_adam": {"m": np.zeros(DIM, np.float32),
+                                         "v": np.zeros(DIM, np.float32)},
+                           "momentum": {"acc": np.zeros(DIM, np.float32)}}[self.optimizer]
+
+    def update(self, grads):
+        f = np.float32
+        for key, g in grads.items():
+            row, slot = self.rows[key], self.slots[key]
+            if self.optimizer == "sgd":
+                new = row - f(0.3) * g
+            elif self.optimizer == "adagrad":
+                slot["acc"] = slot["acc"] + g * g
+                new = row - f(0.2) * g / np.sqrt(slot["acc"])
+            elif self.optimizer == "momentum":
+                slot["acc"] = f(0.9) * slot["acc"] + g
+                new = row - f(0.1) * slot["acc"]
+            else:
+                step_size = f(0.05) * np.sqrt(f(1) - self.b2p) / (f(1) - self.b1p)
+                slot["m"] = f(0.8) * slot["m"] + (f(1) - f(0.8)) * g
+                slot["v"] = f(0.95) * slot["v"] + (f(1) - f(0.95)) * np.square(g)
+                new = row - step_size * slot["m"] / (np.sqrt(slot["v"]) + f(1e-6))
+            self.rows[key] = self.round(new.astype(np.float32))
+        self.b1p, self.b2p = f(self.b1p * f(0.8)), f(self.b2p * f(0.95))
+
+
+def _stream(seed=5):
+    rng = np.random.default_rng(seed)
+    vocab = rng.integers(-(2**63), 2**63 - 1, size=VOCAB, dtype=np.int64)
+    batches = []
+    for _ in range(STEPS):
+        ids = vocab[rng.zipf(1.5, size=BATCH) % VOCAB]
+        # Dyadic coefficients: any sum of a few is exact in float32.
+        coef = rng.integers(-40, 41, size=(BATCH, DIM)).astype(np.float32) / 64.0
+        batches.append((ids, coef))
+    return batches
+
+
+# ----------------------------------------------------------------------- the model
+
+class Model:
+    """One table; loss = sum(embedding * coef) (gradient of a row: its coefficients summed)."""
+
+    def __init__(self, optimizer, storage, admission=False, name="item", capacity=64, **kw):
+        init(prefetch_batch_number=0)
+        self.table = create_table(tf.int64, DIM, name, _v1.constant_initializer(INIT),
+                                  device_vocabulary_size=capacity, storage_dtype=storage, **kw)
+        self.ids = _v1.placeholder(tf.int64, [None])
+        self.coef = _v1.placeholder(tf.float32, [None, DIM])
+        self.time = _v1.placeholder_with_default(tf.constant(0, tf.int64), [])
+        add_timestamp(self.time)
+        self.admission = admission
+        config = {"access_threshold": 2, "eviction_threshold": 3} if admission else None
+        emb = sparse_lookup(self.table, self.ids, access_and_evict_config=config)
+        assert emb.dtype == tf.float32
+        loss = tf.reduce_sum(emb * self.coef)
+        variable = self.table.variable
+        self.train = OPTIMIZERS[optimizer]().apply_gradients(
+            [(tf.gradients(loss, variable)[0], variable)])
+
+    def step(self, sess, index, batch):
+        ids, coef = batch
+        sess.run(self.train, {self.ids: ids, self.coef: coef, self.time: index + 1})
+        if self.admission and (index + 1) % 4 == 0:
+            self.table.evict(2)
+
+    def rows(self, sess):
+        """{id: stored row as float32} of every admitted ID."""
+        ids, rows = self.table.export_rows()
+        values = np.asarray(sess.run(self.table.variable)).astype(np.float32)
+        return {int(k): values[r] for k, r in zip(ids, rows)}
+
+
+def _train_with_reference(optimizer, storage, admission, batches=None):
+    batches = batches or _stream()
+    ref = Reference(optimizer, ROUND[storage])
+    with tf.Graph().as_default():
+        model = Model(optimizer, getattr(tf, storage), admission)
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            held = set()
+            for index, batch in enumerate(batches):
+                model.step(sess, index, batch)
+                admitted = set(model.rows(sess))
+                grads = {}
+                for key, coef in zip(*batch):
+                    key = int(key)
+                    if key in admitted:
+                        grads[key] = grads.get(key, np.zeros(DIM, np.float32)) + coef
+                for key in grads:
+                    if key not in held:  # new, or evicted and admitted again
+                        ref.fresh(key)
+                ref.update(grads)
+                held = set(model.rows(sess))  # after this step's eviction
+            got = model.rows(sess)
+        terminate_config_initializer()
+    return got, ref
+
+
+def _bits(values: np.ndarray, storage: str) -> np.ndarray:
+    if storage == "bfloat16":
+        return np.asarray(values, np.float32).view(np.uint32) >> 16
+    return np.asarray(values, np.float32).astype(np.float16).view(np.uint16)
+
+
+@pytest.mark.parametrize("admission", [False, True], ids=["device_only", "admission_eviction"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("storage", ["bfloat16", "float16"])
+def test_rows_equal_the_rounded_reference(storage, optimizer, admission):
+    got, ref = _train_with_reference(optimizer, storage, admission)
+    assert got and set(got) == set(ref.rows) & set(got)
+    keys = sorted(got)
+    want = np.stack([ref.rows[k] for k in keys])
+    have = np.stack([got[k] for k in keys])
+    np.testing.assert_array_equal(_bits(have, storage), _bits(want, storage))
+    # The rounding matters: a float32 run of the same reference ends elsewhere.
+    unrounded = Reference(optimizer, ROUND["float32"])
+    assert unrounded.round is not ref.round
+
+
+def test_rounding_changes_the_result():
+    """The reference would notice a table that kept float32 rows: the unrounded float32
+    rows differ from the bfloat16 ones."""
+    got_bf16, _ = _train_with_reference("adagrad", "bfloat16", False)
+    got_f32, _ = _train_with_reference("adagrad", "float32", False)
+    keys = sorted(got_bf16)
+    assert not np.array_equal(np.stack([got_bf16[k] for k in keys]),
+                              np.stack([got_f32[k] for k in keys]))
+
+
+def test_variable_and_slots_rest_in_their_dtypes():
+    with tf.Graph().as_default():
+        model = Model("adagrad", "bf16", slot_dtype=tf.float32)
+        assert model.table.variable.dtype.base_dtype == tf.bfloat16
+        assert model.table.storage_dtype == tf.bfloat16
+        slot = model.table.optimizers[0].get_slot(model.table.variable, "accumulator")
+        assert slot.dtype.base_dtype == tf.float32
+        terminate_config_initializer()
+
+
+# -------------------------------------------------------------------------- checkpoints
+
+def _save(tmp_path, optimizer, storage, batches):
+    with tf.Graph().as_default():
+        model = Model(optimizer, storage)
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            for index, batch in enumerate(batches):
+                model.step(sess, index, batch)
+            Saver(str(tmp_path)).save(sess, len(batches))
+            rows = model.rows(sess)
+        terminate_config_initializer()
+    return rows
+
+
+def _restore(tmp_path, optimizer, storage):
+    with tf.Graph().as_default():
+        model = Model(optimizer, storage)
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            Saver(str(tmp_path)).restore(sess)
+            rows = model.rows(sess)
+            slots = {name: np.asarray(sess.run(model.table.optimizers[0].get_slot(
+                model.table.variable, name))) for name in
+                model.table.optimizers[0].get_slot_names()}
+            ids, device_rows = model.table.export_rows()
+        terminate_config_initializer()
+    return rows, {k: v[device_rows] for k, v in slots.items()}
+
+
+@pytest.mark.parametrize("storage", ["bfloat16", "float16"])
+def test_checkpoint_round_trips_bit_exactly_and_across_dtypes(tmp_path, storage):
+    batches = _stream()
+    saved = _save(tmp_path / "half", "adagrad", getattr(tf, storage), batches)
+    file = next((tmp_path / "half").rglob("*.npz"))
+    assert file.stat().st_size > 0
+    restored, _ = _restore(tmp_path / "half", "adagrad", getattr(tf, storage))
+    assert set(restored) == set(saved)
+    for key in saved:
+        np.testing.assert_array_equal(_bits(restored[key], storage), _bits(saved[key], storage))
+    # Into a float32 table: the stored values, upcast exactly.
+    upcast, _ = _restore(tmp_path / "half", "adagrad", tf.float32)
+    for key in saved:
+        np.testing.assert_array_equal(upcast[key], saved[key])
+    # A float32 table's checkpoint into a reduced one: each value rounded to nearest.
+    full = _save(tmp_path / "full", "adagrad", tf.float32, batches)
+    down, _ = _restore(tmp_path / "full", "adagrad", getattr(tf, storage))
+    for key in full:
+        np.testing.assert_array_equal(_bits(down[key], storage),
+                                      _bits(ROUND[storage](full[key]), storage))
+
+
+def test_checkpoint_file_holds_two_bytes_per_value(tmp_path):
+    from mxrec.saver import stream
+
+    batches = _stream()
+    _save(tmp_path / "bf16", "sgd", tf.bfloat16, batches)
+    _save(tmp_path / "f32", "sgd", tf.float32, batches)
+    arrays = {}
+    for name in ("bf16", "f32"):
+        path = next(p for p in (tmp_path / name).rglob("*.npz") if p.name != "dense.npz")
+        arrays[name] = stream.MappedNpz(str(path))["state/embedding"]
+    assert arrays["bf16"].dtype == np.uint16 and arrays["f32"].dtype == np.float32
+    assert arrays["bf16"].nbytes * 2 == arrays["f32"].nbytes
+
+
+# ------------------------------------------------------------------------------ refusals
+
+@pytest.mark.parametrize("kwargs, error, text", [
+    (dict(storage_dtype=tf.int8), TypeError, "storage_dtype must be"),
+    (dict(storage_dtype="bf8"), TypeError, "storage_dtype must be one of"),
+    (dict(slot_dtype=tf.float64), TypeError, "slot_dtype must be"),
+    (dict(rounding="up"), ValueError, "rounding must be"),
+    (dict(storage_dtype=tf.bfloat16, host_vocabulary_size=100), NotImplementedError,
+     "not built yet"),
+])
+def test_bad_storage_settings_are_refused(kwargs, error, text):
+    with tf.Graph().as_default():
+        init(prefetch_batch_number=0)
+        with pytest.raises(error, match=text):
+            create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.0),
+                         device_vocabulary_size=16, **kwargs)
+        terminate_config_initializer()
+
+
+def test_optimizer_without_a_float32_rule_is_refused():
+    with tf.Graph().as_default():
+        init(prefetch_batch_number=0)
+        table = create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.0),
+                             device_vocabulary_size=16, storage_dtype=tf.bfloat16)
+        emb = sparse_lookup(table, _v1.placeholder(tf.int64, [None]))
+        grad = tf.gradients(tf.reduce_sum(emb), table.variable)[0]
+        with pytest.raises(NotImplementedError, match="cannot train table 't'"):
+            ftrl.create_hash_optimizer(0.1).apply_gradients([(grad, table.variable)])
+        terminate_config_initializer()
