@@ -43,6 +43,10 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32)
 
 
+def ROUND_NONE(x):  # noqa: N802 (a rounding, as ROUND's)
+    return np.asarray(x, np.float32)
+
+
 ROUND = {"bfloat16": round_bf16,
          "float16": lambda x: np.asarray(x, np.float32).astype(np.float16).astype(np.float32),
          "float32": lambda x: np.asarray(x, np.float32)}
@@ -51,8 +55,8 @@ ROUND = {"bfloat16": round_bf16,
 class Reference:
     """Each ID's row and slots in float32, rounded to the storage dtype after each update."""
 
-    def __init__(self, optimizer: str, rounding):
-        self.optimizer, self.round = optimizer, rounding
+    def __init__(self, optimizer: str, rounding, slot_rounding=ROUND_NONE):
+        self.optimizer, self.round, self.slot_round = optimizer, rounding, slot_rounding
         self.rows, self.slots = {}, {}
         self.step = 0
         self.b1p, self.b2p = np.float32(0.8), np.float32(0.95)
@@ -82,6 +86,9 @@ class Reference:
                 slot["v"] = f(0.95) * slot["v"] + (f(1) - f(0.95)) * np.square(g)
                 new = row - step_size * slot["m"] / (np.sqrt(slot["v"]) + f(1e-6))
             self.rows[key] = self.round(new.astype(np.float32))
+            # The row's rule used the float32 slots; they are stored rounded.
+            for name in slot:
+                slot[name] = self.slot_round(slot[name])
         self.b1p, self.b2p = f(self.b1p * f(0.8)), f(self.b2p * f(0.95))
 
 
@@ -132,11 +139,11 @@ class Model:
         return {int(k): values[r] for k, r in zip(ids, rows)}
 
 
-def _train_with_reference(optimizer, storage, admission, batches=None):
-    batches = batches or _stream()
-    ref = Reference(optimizer, ROUND[storage])
+def _train_with_reference(optimizer, storage, admission, slots="float32"):
+    batches = _stream()
+    ref = Reference(optimizer, ROUND[storage], ROUND[slots])
     with tf.Graph().as_default():
-        model = Model(optimizer, getattr(tf, storage), admission)
+        model = Model(optimizer, getattr(tf, storage), admission, slot_dtype=getattr(tf, slots))
         with _v1.Session() as sess:
             sess.run(_v1.global_variables_initializer())
             held = set()
@@ -174,9 +181,19 @@ def test_rows_equal_the_rounded_reference(storage, optimizer, admission):
     want = np.stack([ref.rows[k] for k in keys])
     have = np.stack([got[k] for k in keys])
     np.testing.assert_array_equal(_bits(have, storage), _bits(want, storage))
-    # The rounding matters: a float32 run of the same reference ends elsewhere.
-    unrounded = Reference(optimizer, ROUND["float32"])
-    assert unrounded.round is not ref.round
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "lazy_adam"])
+@pytest.mark.parametrize("storage, slots", [("bfloat16", "bfloat16"), ("float32", "float16")])
+def test_slots_in_half_precision_equal_the_rounded_reference(storage, slots, optimizer):
+    got, ref = _train_with_reference(optimizer, storage, True, slots)
+    keys = sorted(got)
+    want = np.stack([ref.rows[k] for k in keys])
+    have = np.stack([got[k] for k in keys])
+    if storage == "float32":
+        np.testing.assert_array_equal(have.view(np.uint32), want.view(np.uint32))
+    else:
+        np.testing.assert_array_equal(_bits(have, storage), _bits(want, storage))
 
 
 def test_rounding_changes_the_result():
@@ -294,3 +311,46 @@ def test_optimizer_without_a_float32_rule_is_refused():
         with pytest.raises(NotImplementedError, match="cannot train table 't'"):
             ftrl.create_hash_optimizer(0.1).apply_gradients([(grad, table.variable)])
         terminate_config_initializer()
+
+
+def test_keras_embedding_refuses_half_precision_storage():
+    import mxrec.keras as mk
+
+    with pytest.raises(NotImplementedError, match="storage_dtype=tf.bfloat16 is not built yet"):
+        mk.Embedding(DIM, "k", 16, storage_dtype=tf.bfloat16)
+
+
+# ------------------------------------------------------------- the streaming trainer
+
+def test_streaming_model_trains_exports_and_scores_bfloat16_rows(tmp_path):
+    """The streaming trainer's tables in bfloat16 (--storage_dtype): checkpoints, the
+    serving export (float32 rows that are bfloat16 values) and the quality report."""
+    from serving_streams import SCHEMA, write
+
+    from mxrec.export import saved_model as serving
+    from mxrec.quality import report
+    from mxrec.streaming import models
+    from mxrec.streaming.trainer import StreamConfig
+
+    partitions = [f"20240101/{hour:02d}" for hour in range(3)]
+    write(tmp_path / "data", partitions, rows=120)
+    config = StreamConfig(data=str(tmp_path / "data"), schema=SCHEMA,
+                          workdir=str(tmp_path / "model"), batch_size=32, progress=False,
+                          tensorboard=False, threads=1, validation="none")
+    model = models.ModelConfig("wide_deep", dim=8, hidden=(8,), vocabulary=3000,
+                               init_stddev=0.05, storage_dtype="bfloat16")
+    rows = report.compare(config, model, ["float32"])
+    assert rows[0].rows == 120 and 0.0 <= rows[0].auc <= 1.0
+    trainer = report.train(config, model, [], [])
+    export = report._export(trainer, str(tmp_path / "export"), None)
+    for table in serving.exported_tables(export).values():
+        values = np.asarray(table["embeddings"], np.float32)
+        assert len(values)
+        np.testing.assert_array_equal(values, round_bf16(values))
+    files = [p for p in (tmp_path / "model").rglob("*.npz") if p.name != "dense.npz"]
+    from mxrec.saver import stream
+
+    dtypes = {stream.MappedNpz(str(p))["state/embedding"].dtype for p in files}
+    assert dtypes == {np.dtype(np.uint16)}
+    with pytest.raises(ValueError, match="storage_dtype must be one of"):
+        models.ModelConfig(storage_dtype="int8")

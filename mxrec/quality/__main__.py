@@ -7,7 +7,9 @@ of ROOT but the last --holdout, into M (a model dir trained before goes on from 
 donefile), then scores the held-out partitions with a serving SavedModel of each form and
 prints a Markdown table: AUC, its difference from the first form, log loss, the serving
 model's bytes and the tables' bytes per ID. Forms: float32 (rows as trained) and int8
-(serving rows quantized per row). bfloat16 and float16 table storage are not built yet.
+(serving rows quantized per row). --storage_dtype bfloat16 (or float16) trains the model
+dir's tables in half precision; its forms are scored as above (a --compare column per
+storage dtype is not built yet).
 """
 
 import argparse
@@ -46,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dense_lr", type=float, default=0.001, help="Adam rate (0.001)")
     parser.add_argument("--sparse_lr", type=float, default=0.05, help="Adagrad rate (0.05)")
     parser.add_argument("--seed", type=int, default=0, help="initializer seed (0)")
+    parser.add_argument("--storage_dtype", choices=("float32", "bfloat16", "float16"),
+                        default="float32", help="the dtype the tables' rows rest in while "
+                                                "training (float32)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow threads (0: TensorFlow's default)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
@@ -65,7 +70,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         forms = report.parse_forms(args.compare)
         model = models.ModelConfig(args.model, dim=args.dim,
                                    hidden=tuple(int(h) for h in args.hidden.split(",") if h),
-                                   vocabulary=args.vocabulary, seed=args.seed)
+                                   vocabulary=args.vocabulary, seed=args.seed,
+                                   storage_dtype=args.storage_dtype)
         config = StreamConfig(data=args.data, schema=_schema(args), workdir=args.workdir,
                               batch_size=args.batch_size, done_marker=args.done_marker,
                               granularity=args.granularity, progress=False,

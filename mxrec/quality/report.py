@@ -6,8 +6,9 @@
 A form is how the model's rows are kept: "float32" (rows as trained) or "int8" (serving
 rows quantized per row, `mxrec.export.quantize`). Every form is scored on the same
 held-out partitions with its own serving SavedModel, so the comparison is what a predictor
-would answer. Storage in half precision (bfloat16, float16) is not built yet: naming it
-is refused.
+would answer. Tables stored in half precision (bfloat16, float16) train with
+`--storage_dtype` (one model dir each, scored here as its float32 form); their columns in
+this report are not built yet: naming them is refused.
 """
 
 import dataclasses
@@ -27,7 +28,7 @@ from mxrec.streaming.trainer import DEFAULT_SIGNATURE, StreamConfig, StreamingTr
 
 # Form -> the serving export's quantize.
 FORMS: Dict[str, Optional[str]] = {"float32": None, "int8": quantizer.INT8}
-# Storage dtypes of the training tables: named by the issue, not built yet.
+# Storage dtypes of the training tables: their columns in this report are not built yet.
 NOT_BUILT = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
              "fp16": "float16", "half": "float16"}
 
@@ -36,7 +37,7 @@ def parse_forms(text: str) -> List[str]:
     """"float32,int8" -> ["float32", "int8"].
 
     Raises:
-        ValueError: an empty list, a repeated form, a storage dtype not built yet, or an
+        ValueError: an empty list, a repeated form, a storage dtype (no column yet), or an
             unknown name (naming the accepted ones).
     """
     forms = [name.strip() for name in text.split(",") if name.strip()]
@@ -44,8 +45,10 @@ def parse_forms(text: str) -> List[str]:
         raise ValueError(f"--compare names no form; accepted: {', '.join(FORMS)}")
     for name in forms:
         if name.lower() in NOT_BUILT:
-            raise ValueError(f"--compare: {NOT_BUILT[name.lower()]} table storage is not built "
-                             f"yet (tables keep float32 rows); accepted: {', '.join(FORMS)}")
+            raise ValueError(f"--compare: the {NOT_BUILT[name.lower()]} storage column is not "
+                             f"built yet (train a model dir with --storage_dtype "
+                             f"{NOT_BUILT[name.lower()]} and compare its float32 form); "
+                             f"accepted: {', '.join(FORMS)}")
         if name not in FORMS:
             raise ValueError(f"--compare: unknown form {name!r}; accepted: {', '.join(FORMS)}")
     if len(set(forms)) != len(forms):
