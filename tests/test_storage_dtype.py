@@ -322,13 +322,17 @@ def test_keras_embedding_refuses_half_precision_storage():
 
 # ------------------------------------------------------------- the streaming trainer
 
-def test_streaming_model_trains_exports_and_scores_bfloat16_rows(tmp_path):
-    """The streaming trainer's tables in bfloat16 (--storage_dtype): checkpoints, the
-    serving export (float32 rows that are bfloat16 values) and the quality report."""
+def test_quality_report_trains_and_scores_half_precision_models(tmp_path):
+    """The streaming trainer's tables in bfloat16 and float16 (`python -m mxrec.quality
+    --compare float32,bfloat16,float16`): a model dir each, checkpoints in 2-byte values,
+    served rows that are bfloat16 values, half the training bytes per ID."""
+    import dataclasses
+
     from serving_streams import SCHEMA, write
 
     from mxrec.export import saved_model as serving
     from mxrec.quality import report
+    from mxrec.saver import stream
     from mxrec.streaming import models
     from mxrec.streaming.trainer import StreamConfig
 
@@ -338,19 +342,25 @@ def test_streaming_model_trains_exports_and_scores_bfloat16_rows(tmp_path):
                           workdir=str(tmp_path / "model"), batch_size=32, progress=False,
                           tensorboard=False, threads=1, validation="none")
     model = models.ModelConfig("wide_deep", dim=8, hidden=(8,), vocabulary=3000,
-                               init_stddev=0.05, storage_dtype="bfloat16")
-    rows = report.compare(config, model, ["float32"])
-    assert rows[0].rows == 120 and 0.0 <= rows[0].auc <= 1.0
-    trainer = report.train(config, model, [], [])
+                               init_stddev=0.05)
+    rows = report.compare(config, model, ["float32", "bfloat16", "float16"])
+    assert [r.form for r in rows] == ["float32", "bfloat16", "float16"]
+    assert all(r.rows == 120 for r in rows)
+    assert rows[0].ids == rows[1].ids == rows[2].ids > 0  # admission: every ID at once
+    assert rows[1].train_bytes_per_id == rows[2].train_bytes_per_id \
+        == rows[0].train_bytes_per_id / 2
+    assert abs(rows[1].auc - rows[0].auc) < 0.05 and rows[1].logloss != rows[0].logloss
+    assert "| bfloat16 |" in report.table(rows)
+    bf16 = tmp_path / "model" / "storage-bfloat16"
+    files = [p for p in bf16.rglob("*.npz") if p.name != "dense.npz"]
+    assert {stream.MappedNpz(str(p))["state/embedding"].dtype for p in files} \
+        == {np.dtype(np.uint16)}
+    trainer = report.train(dataclasses.replace(config, workdir=str(bf16)),
+                           dataclasses.replace(model, storage_dtype="bfloat16"), [], [])
     export = report._export(trainer, str(tmp_path / "export"), None)
     for table in serving.exported_tables(export).values():
         values = np.asarray(table["embeddings"], np.float32)
         assert len(values)
         np.testing.assert_array_equal(values, round_bf16(values))
-    files = [p for p in (tmp_path / "model").rglob("*.npz") if p.name != "dense.npz"]
-    from mxrec.saver import stream
-
-    dtypes = {stream.MappedNpz(str(p))["state/embedding"].dtype for p in files}
-    assert dtypes == {np.dtype(np.uint16)}
     with pytest.raises(ValueError, match="storage_dtype must be one of"):
         models.ModelConfig(storage_dtype="int8")

@@ -1,15 +1,15 @@
 """python -m mxrec.quality: AUC, log loss and bytes of a model's forms, side by side.
 
-    python -m mxrec.quality --data ROOT --model-dir M --compare float32,int8
+    python -m mxrec.quality --data ROOT --model-dir M --compare float32,bfloat16,float16,int8
 
 Trains a built-in model (the streaming trainer's --model and flags) on every ready partition
 of ROOT but the last --holdout, into M (a model dir trained before goes on from its
 donefile), then scores the held-out partitions with a serving SavedModel of each form and
 prints a Markdown table: AUC, its difference from the first form, log loss, the serving
-model's bytes and the tables' bytes per ID. Forms: float32 (rows as trained) and int8
-(serving rows quantized per row). --storage_dtype bfloat16 (or float16) trains the model
-dir's tables in half precision; its forms are scored as above (a --compare column per
-storage dtype is not built yet).
+model's bytes, the tables' bytes per ID in serving and an ID's row bytes at rest while
+training. Forms: float32 (rows as trained), int8 (serving rows quantized per row), bfloat16
+and float16 (a model whose tables rest in that dtype while training, trained into
+M/storage-<dtype> on the same partitions). --storage_dtype sets M's own tables' dtype.
 """
 
 import argparse
@@ -89,8 +89,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(report.table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([dict(dataclasses.asdict(r), bytes_per_id=r.bytes_per_id) for r in rows],
-                      f, indent=1)
+            json.dump([dict(dataclasses.asdict(r), bytes_per_id=r.bytes_per_id,
+                            train_bytes_per_id=r.train_bytes_per_id) for r in rows], f, indent=1)
     return 0
 
 
