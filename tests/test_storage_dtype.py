@@ -289,6 +289,7 @@ def test_checkpoint_file_holds_two_bytes_per_value(tmp_path):
     (dict(storage_dtype="bf8"), TypeError, "storage_dtype must be one of"),
     (dict(slot_dtype=tf.float64), TypeError, "slot_dtype must be"),
     (dict(rounding="up"), ValueError, "rounding must be"),
+    (dict(rounding=("nearest", 1)), ValueError, "rounding must be"),
     (dict(storage_dtype=tf.bfloat16, host_vocabulary_size=100), NotImplementedError,
      "not built yet"),
 ])
@@ -364,3 +365,59 @@ def test_quality_report_trains_and_scores_half_precision_models(tmp_path):
         np.testing.assert_array_equal(values, round_bf16(values))
     with pytest.raises(ValueError, match="storage_dtype must be one of"):
         models.ModelConfig(storage_dtype="int8")
+
+
+# ------------------------------------------------------------------ stochastic rounding
+
+# Per storage dtype: an SGD update below half the dtype's step under 1.0 (nearest rounding
+# never moves a row of 1.0), and the tolerance of the mean of 32 stochastically rounded values.
+TINY = {"bfloat16": (2.0**-10, 0.02), "float16": (2.0**-13, 0.004)}
+
+
+def _tiny_updates(storage, rounding, steps=300):
+    """Rows of 8 IDs after `steps` SGD updates of TINY's size each."""
+    ids = np.arange(8, dtype=np.int64) * 7919
+    coef = np.full((8, DIM), TINY[storage.name][0] / 0.3, np.float32)
+    with tf.Graph().as_default():
+        init(prefetch_batch_number=0)
+        table = create_table(tf.int64, DIM, "s", _v1.constant_initializer(1.0),
+                             device_vocabulary_size=16, storage_dtype=storage,
+                             rounding=rounding)
+        ids_t = _v1.placeholder(tf.int64, [None])
+        coef_t = _v1.placeholder(tf.float32, [None, DIM])
+        loss = tf.reduce_sum(sparse_lookup(table, ids_t) * coef_t)
+        train = OPTIMIZERS["sgd"]().apply_gradients(
+            [(tf.gradients(loss, table.variable)[0], table.variable)])
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            for _ in range(steps):
+                sess.run(train, {ids_t: ids, coef_t: coef})
+            _, rows = table.export_rows()
+            values = np.asarray(sess.run(table.variable)).astype(np.float32)[rows]
+        terminate_config_initializer()
+    return values
+
+
+@pytest.mark.parametrize("storage", ["bfloat16", "float16"])
+def test_stochastic_rounding_keeps_small_updates_and_repeats(storage):
+    dtype = getattr(tf, storage)
+    nearest = _tiny_updates(dtype, "nearest")
+    np.testing.assert_array_equal(nearest, 1.0)  # every update rounded away
+    first = _tiny_updates(dtype, ("stochastic", 3))
+    update, tolerance = TINY[storage]
+    want = 1.0 - 300 * update  # the float32 run
+    # Unbiased: the mean of 32 values near the float32 value (nearest stays at 1.0).
+    assert abs(first.mean() - want) < tolerance < 1.0 - want, first.mean()
+    assert np.all(ROUND[storage](first) == first)  # stored values of the dtype
+    np.testing.assert_array_equal(_tiny_updates(dtype, ("stochastic", 3)), first)
+    assert not np.array_equal(_tiny_updates(dtype, ("stochastic", 4)), first)
+
+
+def test_stochastic_rounding_seed_is_checked():
+    with tf.Graph().as_default():
+        init(prefetch_batch_number=0)
+        with pytest.raises(ValueError, match="seed of rounding"):
+            create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.0),
+                         device_vocabulary_size=16, storage_dtype=tf.bfloat16,
+                         rounding=("stochastic", -1))
+        terminate_config_initializer()

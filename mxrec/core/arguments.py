@@ -34,7 +34,8 @@ class TableConfig:
         by_id: create_table(init_by_id=True)'s draw of new IDs' first values, or None.
         storage_dtype: the dtype rows rest in (tf.float32, tf.bfloat16, tf.float16).
         slot_dtype: the dtype the optimizer slots rest in.
-        rounding: how updated rows are rounded to the storage dtype ("nearest").
+        rounding: how updated rows are rounded to the storage dtype ("nearest" or
+            "stochastic"); rounding_seed: the stochastic rounding's seed.
     """
 
     name: str
@@ -54,6 +55,7 @@ class TableConfig:
     storage_dtype: tf.DType = tf.float32
     slot_dtype: tf.DType = tf.float32
     rounding: str = "nearest"
+    rounding_seed: int = 0
 
     @property
     def tiered(self) -> bool:
@@ -123,7 +125,9 @@ def _check_storage(name, storage, tiered: bool, dynamic_expansion: bool):
         storage_dtype=storage_dtype.resolve(name, storage.get("storage_dtype", tf.float32)),
         slot_dtype=storage_dtype.resolve(name, storage.get("slot_dtype") or tf.float32,
                                          "slot_dtype"),
-        rounding=storage_dtype.check_rounding(name, storage.get("rounding", "nearest")))
+    )
+    out["rounding"], out["rounding_seed"] = storage_dtype.check_rounding(
+        name, storage.get("rounding", "nearest"))
     if out["storage_dtype"] == tf.float32 and out["slot_dtype"] == tf.float32:
         return out
     reduced = (f"storage_dtype={out['storage_dtype'].name}, "

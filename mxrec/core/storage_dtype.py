@@ -16,7 +16,7 @@ Example:
     >>> table.variable.scatter_update(tf.IndexedSlices(storage_dtype.store(new, table), rows))
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -29,7 +29,7 @@ _ALIASES = {
     "float16": tf.float16, "fp16": tf.float16, "half": tf.float16,
 }
 STORAGE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
-ROUNDINGS = ("nearest",)
+ROUNDINGS = ("nearest", "stochastic")
 
 # The gradient of the lookup's upcast: the incoming float32 gradient as it is, so that the
 # optimizer receives the float32 gradient (TF's Cast gradient would round it to the storage
@@ -68,16 +68,20 @@ def resolve(table: str, value, setting: str = "storage_dtype") -> tf.DType:
     return dtype
 
 
-def check_rounding(table: str, rounding) -> str:
-    """create_table's `rounding`, checked: "nearest" (round-to-nearest-even)."""
-    if rounding == "stochastic":
-        raise NotImplementedError(
-            f"create_table {table!r}: rounding='stochastic' is not built yet; rows are "
-            "rounded to nearest (even): leave rounding out or pass 'nearest'")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"create_table {table!r}: rounding must be 'nearest' or "
-                         f"'stochastic', got {rounding!r}")
-    return rounding
+def check_rounding(table: str, rounding) -> Tuple[str, int]:
+    """create_table's `rounding`, checked, as (mode, seed): "nearest" (round-to-nearest-
+    even), "stochastic" (seed 0) or ("stochastic", seed) with an int seed."""
+    seed = 0
+    if isinstance(rounding, tuple) and len(rounding) == 2 and rounding[0] == "stochastic":
+        rounding, seed = rounding
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
+                or not 0 <= seed < 2**31:
+            raise ValueError(f"create_table {table!r}: the seed of rounding=('stochastic', "
+                             f"seed) must be an int in [0, 2^31), got {seed!r}")
+    if not isinstance(rounding, str) or rounding not in ROUNDINGS:
+        raise ValueError(f"create_table {table!r}: rounding must be 'nearest', 'stochastic' or "
+                         f"('stochastic', seed), got {rounding!r}")
+    return rounding, int(seed)
 
 
 def of(table) -> tf.DType:
@@ -99,9 +103,42 @@ def upcast(rows: tf.Tensor) -> tf.Tensor:
         return tf.cast(rows, tf.float32)
 
 
-def store(values: tf.Tensor, table) -> tf.Tensor:
-    """float32 `values` rounded to the table's storage dtype (round-to-nearest-even)."""
-    return tf.cast(values, of(table))
+def store(values: tf.Tensor, table, seed: Optional[tf.Tensor] = None,
+          dtype: Optional[tf.DType] = None) -> tf.Tensor:
+    """float32 `values` rounded to `dtype` (default: the table's storage dtype): to nearest
+    (even), or with `seed` ([2] int64, a stateless random seed) stochastically."""
+    dtype = of(table) if dtype is None else dtype
+    if seed is None or dtype == tf.float32:
+        return tf.cast(values, dtype)
+    return stochastic(tf.cast(values, tf.float32), dtype, seed)
+
+
+def stochastic(values: tf.Tensor, dtype: tf.DType, seed: tf.Tensor) -> tf.Tensor:
+    """float32 `values` rounded to `dtype` (bfloat16 or float16) up or down, up with the
+    probability of the distance to the lower neighbour over the step between the two: the
+    expected stored value is the float32 value (an update smaller than half a step still
+    moves the row on average). `seed`: a [2] stateless seed; the same seed, the same bits.
+
+    bfloat16: a uniform 16-bit integer added to the float32 bits, the low 16 bits then
+    dropped (the magnitude rounds up when the carry reaches bit 16). float16: its step at
+    the value (2^(exponent - 10), at least 2^-24 for subnormals), the value floored to it and
+    raised by one step with that probability.
+    """
+    if dtype == tf.bfloat16:
+        noise = tf.random.stateless_uniform(tf.shape(values), seed, minval=0, maxval=1 << 16,
+                                            dtype=tf.int32)
+        bits = tf.bitwise.bitwise_and(tf.bitcast(values, tf.int32) + noise, -(1 << 16))
+        return tf.cast(tf.bitcast(bits, tf.float32), tf.bfloat16)
+    exponent = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.bitcast(values, tf.int32), 23),
+                                      0xFF) - 127
+    step_exponent = tf.maximum(exponent, -14) - 10
+    step = tf.bitcast(tf.bitwise.left_shift(step_exponent + 127, 23), tf.float32)
+    lower = tf.floor(values / step) * step
+    draw = tf.random.stateless_uniform(tf.shape(values), seed, dtype=tf.float32)
+    rounded = tf.where(draw * step < values - lower, lower + step, lower)
+    # inf, NaN and values past float16's range: as the nearest rounding gives them
+    return tf.where(tf.math.is_finite(values) & (tf.abs(values) <= 65504.0),
+                    tf.cast(rounded, tf.float16), tf.cast(values, tf.float16))
 
 
 class StorageInitializer:

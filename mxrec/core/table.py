@@ -81,6 +81,7 @@ class SparseEmbedding:
     storage_dtype = tf.float32
     slot_dtype = tf.float32
     rounding = "nearest"
+    rounding_seed = 0
 
     def __init__(self, name: str, key_dtype: tf.DType, dim: int, initializer,
                  device_vocabulary_size: int, padding_keys: Sequence[int],
@@ -337,6 +338,7 @@ class DeviceTable(SparseEmbedding):
             self.storage_dtype = storage.storage_dtype
             self.slot_dtype = storage.slot_dtype
             self.rounding = storage.rounding
+            self.rounding_seed = storage.rounding_seed
         # With static shapes the planned rows are padded to send_count; the
         # padding points at one extra row that no ID ever gets.
         self.pad_row = device_vocabulary_size if static_shapes else None

@@ -11,7 +11,14 @@ mxrec.core.storage_dtype) is updated here instead, in float32:
 The gradient arrives in float32 (the lookup's upcast keeps it so) and the gradients of a
 row that appears twice are summed first, as TF's sparse optimizers do. The optimizer's rule
 uses the float32 values it computed, also for a slot that is then stored rounded.
+
+With `rounding="stochastic"` each update draws its rounding from a stateless seed (the
+table's seed, the table's update count and the component), so a run repeats bit for bit;
+the count is a variable of the table (`<table>/mxrec_rounding_updates`), saved with the
+dense variables.
 """
+
+import weakref
 
 import tensorflow as tf
 
@@ -46,12 +53,31 @@ def apply(optimizer, grad: tf.Tensor, handle, indices: tf.Tensor, distinct: bool
         old = {name: storage_dtype.upcast(tf.gather(slot, indices))
                for name, slot in slots.items()}
     new_rows, new_slots = rule(grad, rows, old)
-    writes = [slots[name].scatter_update(
-        tf.IndexedSlices(tf.cast(value, slots[name].dtype.base_dtype), indices))
-        for name, value in new_slots.items()]
+    seeds = _seeds(table, 1 + len(new_slots))
+    writes = [slots[name].scatter_update(tf.IndexedSlices(
+        storage_dtype.store(value, table, seeds[1 + i], slots[name].dtype.base_dtype), indices))
+        for i, (name, value) in enumerate(sorted(new_slots.items()))]
     writes.append(handle.scatter_update(
-        tf.IndexedSlices(storage_dtype.store(new_rows, table), indices)))
+        tf.IndexedSlices(storage_dtype.store(new_rows, table, seeds[0]), indices)))
     return tf.group(*writes)
+
+
+def _seeds(table, count: int):
+    """[count] stateless seeds ([2] int64 each) of this update, or Nones (rounding to
+    nearest): (the table's seed * count + component, the table's update count)."""
+    if table.rounding != "stochastic":
+        return [None] * count
+    graph = tf.compat.v1.get_default_graph()
+    counters = table.__dict__.setdefault("_rounding_counters", weakref.WeakKeyDictionary())
+    if graph not in counters:
+        with tf.init_scope(), tf.compat.v1.variable_scope(table.table_name, reuse=False):
+            counters[graph] = tf.compat.v1.get_variable(
+                "mxrec_rounding_updates", shape=[], dtype=tf.int64,
+                initializer=tf.compat.v1.zeros_initializer(), trainable=False,
+                use_resource=True)
+    updates = counters[graph].assign_add(1)
+    base = tf.constant(table.rounding_seed * count, tf.int64)
+    return [tf.stack([base + c, updates]) for c in range(count)]
 
 
 def check_slot_dtype(var, dtype):
