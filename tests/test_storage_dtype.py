@@ -421,3 +421,47 @@ def test_stochastic_rounding_seed_is_checked():
                          device_vocabulary_size=16, storage_dtype=tf.bfloat16,
                          rounding=("stochastic", -1))
         terminate_config_initializer()
+
+
+def _run_steps(storage, batches, first, restore_from=None, save_to=None, saver_kind="mxrec",
+               **kw):
+    """Trains `batches` (steps first+1...) on a fresh graph, restored from `restore_from`
+    first and saved to `save_to` after; returns the rows."""
+    with tf.Graph().as_default():
+        model = Model("adagrad", storage, **kw)
+        saver = Saver if saver_kind == "mxrec" else None
+        tf_saver = _v1.train.Saver() if saver is None else None
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            if restore_from is not None:
+                if saver is None:
+                    tf_saver.restore(sess, restore_from)
+                else:
+                    saver(restore_from).restore(sess)
+            for index, batch in enumerate(batches):
+                model.step(sess, first + index, batch)
+            if save_to is not None:
+                if saver is None:
+                    tf_saver.save(sess, save_to)
+                else:
+                    saver(save_to).save(sess, first + len(batches))
+            rows = model.rows(sess)
+        terminate_config_initializer()
+    return rows
+
+
+@pytest.mark.parametrize("saver_kind, rounding", [("mxrec", ("stochastic", 5)),
+                                                  ("tf", "nearest")])
+def test_save_restore_continue_equals_a_straight_run(tmp_path, saver_kind, rounding):
+    """bfloat16 rows through mxrec's Saver (with stochastic rounding: its update count is
+    saved too) and through TF's Saver: the rest of the run gives the same bits."""
+    batches = _stream()
+    straight = _run_steps(tf.bfloat16, batches, 0, rounding=rounding)
+    path = str(tmp_path / ("ckpt" if saver_kind == "tf" else "mxrec"))
+    _run_steps(tf.bfloat16, batches[:6], 0, save_to=path, saver_kind=saver_kind,
+               rounding=rounding)
+    resumed = _run_steps(tf.bfloat16, batches[6:], 6, restore_from=path,
+                         saver_kind=saver_kind, rounding=rounding)
+    assert sorted(resumed) == sorted(straight)
+    for key, row in straight.items():
+        np.testing.assert_array_equal(_bits(resumed[key], "bfloat16"), _bits(row, "bfloat16"))
