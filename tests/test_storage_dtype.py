@@ -465,3 +465,20 @@ def test_save_restore_continue_equals_a_straight_run(tmp_path, saver_kind, round
     assert sorted(resumed) == sorted(straight)
     for key, row in straight.items():
         np.testing.assert_array_equal(_bits(resumed[key], "bfloat16"), _bits(row, "bfloat16"))
+
+
+@pytest.mark.parametrize("storage", ["bfloat16", "float16"])
+def test_a_non_finite_half_precision_row_is_refused_by_the_finite_check(tmp_path, storage):
+    from mxrec.saver.checkpoint import NonFiniteError
+
+    with tf.Graph().as_default():
+        model = Model("sgd", getattr(tf, storage))
+        with _v1.Session() as sess:
+            sess.run(_v1.global_variables_initializer())
+            model.step(sess, 0, _stream()[0])
+            ids, rows = model.table.export_rows()
+            sess.run(model.table.variable[int(rows[0])].assign(
+                tf.fill([DIM], tf.constant(np.inf, getattr(tf, storage)))))
+            with pytest.raises(NonFiniteError, match=f"ID {int(ids[0])}"):
+                Saver(str(tmp_path), check_finite=True).save(sess, 1)
+        terminate_config_initializer()

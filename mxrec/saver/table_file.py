@@ -133,8 +133,9 @@ class Prepared:
                     else np.zeros(0, np.int64))
         found: List[finite.Fault] = []
         for state in self.io_.state_names():
-            found += _merged(name, state, device_ids, self._device_chunks(session, state),
-                             self.rows_per_chunk)
+            # as values: a bfloat16 state's file form is its bits (uint16)
+            values = (storage_dtype.from_file(c) for c in self._device_chunks(session, state))
+            found += _merged(name, state, device_ids, values, self.rows_per_chunk)
             if "in_host" in self.host:
                 found += _merged(name, f"host/SSD tier {state}", tier_ids,
                                  self._tier_chunks(state, mask=False), self.rows_per_chunk)
