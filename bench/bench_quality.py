@@ -1,14 +1,16 @@
-"""What int8 serving costs in quality: `mxrec.quality` on a synthetic Criteo stream and on
-MovieLens-100k.
+"""What int8 serving and half-precision tables cost in quality: `mxrec.quality` on a
+synthetic Criteo stream and on MovieLens-100k.
 
     PYTHONPATH=. .venv/bin/python bench/bench_quality.py [--quick] [--json PATH]
         [--movielens-source DIR]    # ml-100k.inter/.user/.item (default: the recbole wheel)
 
 For each data set one wide_deep model (float32 tables) is trained on every partition but
 the held-out last ones, then scored on those with a float32 and an int8 serving SavedModel
-of the same checkpoint (`python -m mxrec.quality --compare float32,int8`). The table gives
-AUC, log loss, the serving model's bytes and the tables' bytes per ID (the 8-byte ID plus
-its row). The float32 form is the baseline of the same run.
+of the same checkpoint; two more models whose tables rest in bfloat16 and float16 while
+training are trained on the same partitions and scored the same way (`python -m
+mxrec.quality --compare float32,int8,bfloat16,float16`). The table gives AUC, log loss, the
+serving model's bytes, the tables' serving bytes per ID (the 8-byte ID plus its row) and an
+ID's row bytes at rest while training. The float32 form is the baseline of the same run.
 
 - criteo: Criteo's TSV layout (label, 13 integers, 26 hex categorical columns), labels
   drawn from a hidden per-ID effect of every categorical column, so AUC means something.
@@ -42,6 +44,8 @@ from mxrec.streaming.trainer import StreamConfig  # noqa: E402
 
 AUC_GOAL = 0.002  # int8 serving within this AUC of float32 (the issue's goal)
 BYTES_GOAL = 0.27  # int8 tables' bytes x float32's
+HALF_AUC_GOAL = 0.001  # bfloat16 tables within this AUC of float32 (the issue's goal)
+HALF_BYTES_GOAL = 0.5  # bfloat16 training row bytes x float32's
 
 
 def machine() -> str:
@@ -78,8 +82,8 @@ def run(name: str, data: str, schema, holdout: int, dim: int, batch_size: int,
                           progress=False, tensorboard=False, validation="none",
                           sparse_learning_rate=sparse_lr, dense_learning_rate=0.005)
     model = models.ModelConfig("wide_deep", dim=dim, hidden=(64, 32), vocabulary=400_000)
-    rows = quality.compare(config, model, ["float32", "int8"], holdout)
-    base, int8 = rows
+    rows = quality.compare(config, model, ["float32", "int8", "bfloat16", "float16"], holdout)
+    base, int8 = rows[:2]
     print(f"\n### {name}: wide_deep dim {dim}, {base.rows:,} held-out rows "
           f"(last {holdout} partitions), {base.ids:,} IDs; {machine()}\n")
     print(quality.table(rows))
@@ -96,6 +100,25 @@ def run(name: str, data: str, schema, holdout: int, dim: int, batch_size: int,
     out.goal(f"{name}: int8 AUC - float32 AUC (>= -{AUC_GOAL})", int8.auc - base.auc,
              -AUC_GOAL)
     out.goal(f"{name}: int8 table bytes x float32 at dim {dim} (<=)", ratio, BYTES_GOAL,
+             lower_is_better=True)
+    half_precision(name, base, rows[2:], out)
+
+
+def half_precision(name: str, base, rows, out: report.Report) -> None:
+    """The figures and goals of the bfloat16 and float16 models against float32's."""
+    for row in rows:
+        out.figure(f"{name}: {row.form} AUC", round(row.auc, 5))
+        out.figure(f"{name}: {row.form} log loss", round(row.logloss, 5))
+        out.figure(f"{name}: {row.form} AUC - float32 AUC (x 1e6)",
+                   round((row.auc - base.auc) * 1e6, 1))
+        out.figure(f"{name}: {row.form} training row bytes per ID",
+                   round(row.train_bytes_per_id, 2))
+    out.figure(f"{name}: float32 training row bytes per ID", round(base.train_bytes_per_id, 2))
+    bf16 = rows[0]
+    out.goal(f"{name}: bfloat16 AUC - float32 AUC (>= -{HALF_AUC_GOAL})", bf16.auc - base.auc,
+             -HALF_AUC_GOAL)
+    out.goal(f"{name}: bfloat16 training row bytes x float32 (<=)",
+             bf16.train_bytes_per_id / base.train_bytes_per_id, HALF_BYTES_GOAL,
              lower_is_better=True)
 
 

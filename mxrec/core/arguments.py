@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from mxrec.core import dynamic, row_initializer, tiers
+from mxrec.core import dynamic, row_initializer, storage_dtype, tiers
 from mxrec.util import ranks
 
 KEY_DTYPES = (tf.int32, tf.int64)
@@ -32,6 +32,10 @@ class TableConfig:
         value_dtype: tf.float32.
         is_save, is_dp, all2all_gradients_op: as create_table's.
         by_id: create_table(init_by_id=True)'s draw of new IDs' first values, or None.
+        storage_dtype: the dtype rows rest in (tf.float32, tf.bfloat16, tf.float16).
+        slot_dtype: the dtype the optimizer slots rest in.
+        rounding: how updated rows are rounded to the storage dtype ("nearest" or
+            "stochastic"); rounding_seed: the stochastic rounding's seed.
     """
 
     name: str
@@ -48,6 +52,10 @@ class TableConfig:
     is_dp: bool
     all2all_gradients_op: str
     by_id: Optional[row_initializer.ByIdSpec] = None
+    storage_dtype: tf.DType = tf.float32
+    slot_dtype: tf.DType = tf.float32
+    rounding: str = "nearest"
+    rounding_seed: int = 0
 
     @property
     def tiered(self) -> bool:
@@ -58,9 +66,11 @@ def table_config(runtime, key_dtype, dim, name, emb_initializer, device_vocabula
                  host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, is_save, is_dp,
                  init_param, all2all_gradients_op, enable_merge, padding_keys,
                  padding_keys_mask, padding_keys_len, value_dtype, shard_num,
-                 fusion_optimizer_var, hashtable_threshold, init_by_id=False) -> TableConfig:
+                 fusion_optimizer_var, hashtable_threshold, init_by_id=False,
+                 storage=None) -> TableConfig:
     """create_table's arguments checked (in mx_rec's order of parameters) into a
-    TableConfig; `runtime` is the ConfigInitializer in force."""
+    TableConfig; `runtime` is the ConfigInitializer in force; `storage`: create_table's
+    {storage_dtype, slot_dtype, rounding} (None: float32 rows and slots)."""
     _check_name(name)
     key_dtype, dim = _check_key_dtype_and_dim(name, key_dtype, dim)
     if (isinstance(device_vocabulary_size, bool)
@@ -96,12 +106,42 @@ def table_config(runtime, key_dtype, dim, name, emb_initializer, device_vocabula
     if runtime.config.use_dynamic_expansion:
         dynamic.check_settings(name, host_vocabulary_size, ssd_vocabulary_size,
                                runtime.config.use_dynamic)
+    storage = _check_storage(name, storage or {}, host_size > 0,
+                             runtime.config.use_dynamic_expansion)
     return TableConfig(name=name, key_dtype=key_dtype, dim=int(dim), initializer=initializer,
                        device_vocabulary_size=int(device_vocabulary_size),
                        host_vocabulary_size=host_size, ssd_vocabulary_size=ssd_size,
                        ssd_path=ssd_path, padding_keys=padding_keys, value_dtype=value_dtype,
                        is_save=is_save, is_dp=bool(is_dp),
-                       all2all_gradients_op=all2all_gradients_op, by_id=by_id)
+                       all2all_gradients_op=all2all_gradients_op, by_id=by_id, **storage)
+
+
+def _check_storage(name, storage, tiered: bool, dynamic_expansion: bool):
+    """create_table's storage_dtype, slot_dtype and rounding, checked (mxrec.core.storage_dtype)."""
+    unknown = sorted(set(storage) - {"storage_dtype", "slot_dtype", "rounding"})
+    if unknown:
+        raise TypeError(f"create_table {name!r}: unknown storage settings {unknown}")
+    out = dict(
+        storage_dtype=storage_dtype.resolve(name, storage.get("storage_dtype", tf.float32)),
+        slot_dtype=storage_dtype.resolve(name, storage.get("slot_dtype") or tf.float32,
+                                         "slot_dtype"),
+    )
+    out["rounding"], out["rounding_seed"] = storage_dtype.check_rounding(
+        name, storage.get("rounding", "nearest"))
+    if out["storage_dtype"] == tf.float32 and out["slot_dtype"] == tf.float32:
+        return out
+    reduced = (f"storage_dtype={out['storage_dtype'].name}, "
+               f"slot_dtype={out['slot_dtype'].name}")
+    if tiered:
+        raise NotImplementedError(
+            f"create_table {name!r}: {reduced} with a host or SSD tier (host_vocabulary_size > "
+            "0) is not built yet: the tiers keep float32 rows. Use a device-only table, or "
+            "float32 storage")
+    if dynamic_expansion:
+        raise NotImplementedError(
+            f"create_table {name!r}: {reduced} under init(use_dynamic_expansion=True) is not "
+            "built yet: the dynamic store keeps float32 rows. Use float32 storage")
+    return out
 
 
 def _check_key_dtype_and_dim(name, key_dtype, dim):

@@ -59,11 +59,9 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
                  padding_keys=None, padding_keys_mask: bool = True,
                  padding_keys_len: Optional[int] = None, value_dtype=tf.float32,
                  shard_num: int = 1, fusion_optimizer_var: bool = True,
-                 hashtable_threshold: int = 0, *, optimizer_list=None, init_by_id: bool = False
-                 ) -> SparseEmbedding:
-    """Creates a sparse table addressed by raw IDs.
-
-    The parameters are mx_rec's, in its order (docs/MX_REC_COMPAT.md).
+                 hashtable_threshold: int = 0, *, optimizer_list=None, init_by_id: bool = False,
+                 storage_dtype=tf.float32, slot_dtype=None, rounding="nearest") -> SparseEmbedding:
+    """Creates a sparse table addressed by raw IDs (mx_rec's parameters: MX_REC_COMPAT.md).
 
     Args:
         key_dtype: tf.int64 or tf.int32; every value of the type is a valid ID.
@@ -84,10 +82,11 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
         padding_keys_len: None or a positive int (not needed). value_dtype: tf.float32.
         fusion_optimizer_var: accepted; slots are their own variables, with the same updates.
         enable_merge, shard_num, hashtable_threshold: only False, 1 and 0.
-        optimizer_list: (keyword only) the hash optimizers that will train the table; when
-            given, another optimizer applying to the table is an error.
+        optimizer_list: (keyword only) the hash optimizers that train the table; no other may.
         init_by_id: (keyword only, mxrec's) True: a new ID's first values are drawn from the
             ID, the same whatever its row (docs/CONFIGURATION.md); False: its row's, as mx_rec.
+        storage_dtype, slot_dtype, rounding: (keyword only) rows and slots rest in tf.float32,
+            tf.bfloat16 or tf.float16, computed on in float32 (docs/TIERS.md).
 
     Returns:
         The SparseEmbedding.
@@ -108,7 +107,8 @@ def create_table(key_dtype, dim, name: str, emb_initializer, device_vocabulary_s
         runtime, key_dtype, dim, name, emb_initializer, device_vocabulary_size,
         host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, is_save, is_dp, init_param,
         all2all_gradients_op, enable_merge, padding_keys, padding_keys_mask, padding_keys_len,
-        value_dtype, shard_num, fusion_optimizer_var, hashtable_threshold, init_by_id)
+        value_dtype, shard_num, fusion_optimizer_var, hashtable_threshold, init_by_id,
+        dict(storage_dtype=storage_dtype, slot_dtype=slot_dtype, rounding=rounding))
     graph = tf.compat.v1.get_default_graph()
     table = _make_table(runtime, config, _new_table_key(runtime, graph, name))
     return _register_table(runtime, graph, config, table, optimizer_list)
@@ -176,7 +176,7 @@ def _make_table(runtime, config: arguments.TableConfig, table_key: str) -> Spars
                                  host_vocabulary_size=config.host_vocabulary_size,
                                  ssd_vocabulary_size=config.ssd_vocabulary_size)
     return DeviceTable(*args, device=accelerator_device(), static_shapes=static_shapes,
-                       key_stage_chain=chain)
+                       key_stage_chain=chain, storage=config)
 
 
 def _register_saveable(runtime, config: arguments.TableConfig, table: SparseEmbedding) -> None:

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.constants.constants import SPARSE_TABLE_COLLECTION
-from mxrec.core import gather, initial_values, row_initializer, wing
+from mxrec.core import gather, initial_values, row_initializer, storage_dtype, wing
 from mxrec.core.graph_state import existing_state, graph_state
 from mxrec.util import registry
 
@@ -73,9 +73,15 @@ class SparseEmbedding:
         is_dp: replicated on every rank (create_table(is_dp=True)) instead of sharded.
         by_id: create_table(init_by_id=True)'s draw (row_initializer.ByIdSpec): new IDs'
             first values come from the ID, not from their row; None otherwise.
+        storage_dtype, slot_dtype, rounding: how rows and optimizer slots rest
+            (mxrec.core.storage_dtype); float32 unless create_table says otherwise.
     """
 
     is_dp = False
+    storage_dtype = tf.float32
+    slot_dtype = tf.float32
+    rounding = "nearest"
+    rounding_seed = 0
 
     def __init__(self, name: str, key_dtype: tf.DType, dim: int, initializer,
                  device_vocabulary_size: int, padding_keys: Sequence[int],
@@ -313,29 +319,40 @@ class DeviceTable(SparseEmbedding):
     Args:
         device: where the variable lives (create_table picks the accelerator).
         static_shapes: init(use_dynamic=False): one more row, the padding row.
+        storage: what holds storage_dtype, slot_dtype and rounding (a TableConfig), or None
+            for float32 rows and slots.
 
     Attributes:
-        variable: the device table [device_vocabulary_size, dim] (one row more under
-            init(use_dynamic=False): the padding row).
+        variable: the device table [device_vocabulary_size, dim] in the storage dtype (one
+            row more under init(use_dynamic=False): the padding row).
     """
 
     def __init__(self, name: str, key_dtype: tf.DType, dim: int, initializer,
                  device_vocabulary_size: int, padding_keys: Sequence[int],
                  value_dtype: tf.DType, table_key: str, device: str,
-                 static_shapes: bool = False, key_stage_chain: Optional[Dict] = None):
+                 static_shapes: bool = False, key_stage_chain: Optional[Dict] = None,
+                 storage=None):
         super().__init__(name, key_dtype, dim, initializer, device_vocabulary_size,
                          padding_keys, value_dtype, table_key, key_stage_chain)
+        if storage is not None:
+            self.storage_dtype = storage.storage_dtype
+            self.slot_dtype = storage.slot_dtype
+            self.rounding = storage.rounding
+            self.rounding_seed = storage.rounding_seed
         # With static shapes the planned rows are padded to send_count; the
         # padding points at one extra row that no ID ever gets.
         self.pad_row = device_vocabulary_size if static_shapes else None
         rows = device_vocabulary_size + (1 if static_shapes else 0)
+        # a constant fill stays a Fill op (its buffer the variable's alone)
+        fill = initial_values.unfolded_initializer(initializer)
+        if self.storage_dtype != value_dtype:
+            fill = storage_dtype.StorageInitializer(fill, self.storage_dtype)
         with tf.device(device):
             self.variable = tf.compat.v1.get_variable(
                 name,
                 shape=[rows, dim],
-                dtype=value_dtype,
-                # a constant fill stays a Fill op (its buffer the variable's alone)
-                initializer=initial_values.unfolded_initializer(initializer),
+                dtype=self.storage_dtype,
+                initializer=fill,
                 trainable=False,
                 use_resource=True,
                 collections=[wing.current().variables_collection(), SPARSE_TABLE_COLLECTION],
@@ -350,7 +367,7 @@ class DeviceTable(SparseEmbedding):
             rows, restore = pad_to_send_count(self, rows, restore, send_count, scope)
         deps = self._refills_before_gather(reused, by_id) if is_train else []
         with tf.control_dependencies(deps):
-            unique_emb = tf.gather(self.variable, rows)
+            unique_emb = storage_dtype.upcast(tf.gather(self.variable, rows))
         if send_count is None:
             # The key stage gives each distinct ID one row: the gradient's rows are
             # distinct, and the optimizer need not sum duplicates (padding repeats a row).
@@ -386,6 +403,7 @@ class DeviceTable(SparseEmbedding):
                                                                   required_for=required)
         if fresh is None:
             return None
+        fresh = storage_dtype.store(fresh, self)
         return self.variable.scatter_update(tf.IndexedSlices(fresh, reused))
 
     def _rows_off_the_device(self, ids: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:

@@ -163,6 +163,8 @@ class Embedding(tf.keras.layers.Layer):
         is_dp: on several ranks, the table replicated on every rank (every rank holds
             every ID's row and plans the global batch) instead of sharded by ID; the same
             as False on one rank.
+        storage_dtype: the dtype the rows rest in; only float32 (half precision is not
+            built for Keras tables yet: refused).
         **kwargs: Keras Layer arguments (trainable, dtype must stay float32).
 
     Call:
@@ -184,7 +186,12 @@ class Embedding(tf.keras.layers.Layer):
                  serving_default_value=None, init_param: float = 1.0, is_grad: bool = True,
                  combiner: Optional[str] = None,
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0,
-                 ssd_data_path=(), is_dp: bool = False, **kwargs):
+                 ssd_data_path=(), is_dp: bool = False, storage_dtype=tf.float32, **kwargs):
+        if storage_dtype not in (tf.float32, "float32"):
+            raise NotImplementedError(
+                f"mxrec.keras.Embedding {name!r}: storage_dtype={storage_dtype!r} is not built "
+                "yet for Keras tables (their rows rest in float32); create_table(storage_dtype="
+                "...) offers half-precision rows in graph mode")
         _compat.require_eager("mxrec.keras.Embedding")
         if kwargs.get("dtype") not in (None, "float32", tf.float32):
             raise TypeError(f"mxrec.keras.Embedding {name!r}: the table's rows are float32, "

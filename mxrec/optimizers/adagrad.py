@@ -12,6 +12,15 @@ class CustomizedAdagrad(HashOptimizerMixin, tf.compat.v1.train.AdagradOptimizer)
     def _slot_initial_values(self):
         return {"accumulator": self._initial_accumulator_value}
 
+    def _float32_rows(self, grad, rows, slots):
+        """The rule of a table stored in reduced precision (mxrec.optimizers.rounded)."""
+        accumulator = slots["accumulator"] + grad * grad
+        lr = tf.cast(self._learning_rate_tensor, tf.float32)
+        # DivNoNan (the accumulator is > 0, so the same quotient): Grappler rewrites
+        # x / sqrt(y) into x * rsqrt(y), which rounds differently from the division.
+        step = tf.math.divide_no_nan(lr * grad, tf.sqrt(accumulator))
+        return rows - step, {"accumulator": accumulator}
+
 
 def create_hash_optimizer(learning_rate=0.001, initial_accumulator_value=0.9, use_locking=False,
                           name="Adagrad"):

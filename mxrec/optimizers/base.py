@@ -5,8 +5,9 @@ from collections import defaultdict
 
 import tensorflow as tf
 
-from mxrec.core import initial_values, wing
+from mxrec.core import initial_values, storage_dtype, wing
 from mxrec.core.graph_state import graph_state
+from mxrec.optimizers import rounded
 
 
 class HashOptimizerMixin:
@@ -38,22 +39,27 @@ class HashOptimizerMixin:
                                                           dtype, slot_name, op_name)
 
     def _zeros_slot(self, var, slot_name, op_name):
-        slot = self._table_slot(var, slot_name, op_name, var.dtype.base_dtype)
+        slot = self._table_slot(var, slot_name, op_name,
+                                rounded.check_slot_dtype(var, var.dtype.base_dtype))
         return slot if slot is not None else super()._zeros_slot(var, slot_name, op_name)
 
     def _get_or_make_slot(self, var, val, slot_name, op_name):
-        slot = self._table_slot(var, slot_name, op_name, val.dtype.base_dtype)
+        slot = self._table_slot(var, slot_name, op_name,
+                                rounded.check_slot_dtype(var, val.dtype.base_dtype))
         return slot if slot is not None else super()._get_or_make_slot(var, val, slot_name,
                                                                         op_name)
 
     def _get_or_make_slot_with_initializer(self, var, initializer, shape, dtype, slot_name,
                                            op_name):
         initializer = self._table_slot_initializer(var, slot_name) or initializer
+        dtype = rounded.check_slot_dtype(var, dtype)
         return super()._get_or_make_slot_with_initializer(var, initializer, shape, dtype,
                                                           slot_name, op_name)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
         with tf.control_dependencies(_slot_refills(self, handle)):
+            if storage_dtype.is_reduced(handle._mxrec_table):
+                return rounded.apply(self, grad, handle, indices, distinct_indices(indices))
             if distinct_indices(indices) and _next_sums_duplicates(type(self), HashOptimizerMixin):
                 return self._resource_apply_sparse(grad, handle, indices, **kwargs)
             return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices,
@@ -234,6 +240,8 @@ def _customized_apply_gradients(cls):
 def _customized_update(cls):
     def update(self, grad, handle, indices, **kwargs):
         with tf.control_dependencies(_slot_refills(self, handle)):
+            if storage_dtype.is_reduced(handle._mxrec_table):
+                return rounded.apply(self, grad, handle, indices, distinct_indices(indices))
             slices = tf.IndexedSlices(grad, indices, tf.shape(handle, out_type=indices.dtype))
             if _defined_outside_tensorflow(type(self), "_apply_sparse_duplicate_indices"):
                 return self._apply_sparse_duplicate_indices(slices, handle)

@@ -18,6 +18,25 @@ class CustomizedLazyAdam(HashOptimizerMixin, tf.compat.v1.train.AdamOptimizer):
     def _slot_initial_values(self):
         return {"m": 0.0, "v": 0.0}
 
+    def _float32_rows(self, grad, rows, slots):
+        """The rule of a table stored in reduced precision (mxrec.optimizers.rounded): the
+        same arithmetic as `_resource_apply_sparse`, in float32."""
+        step_size, beta1, beta2, epsilon = self._float32_constants(tf.float32)
+        m_rows = beta1 * slots["m"] + (1.0 - beta1) * grad
+        v_rows = beta2 * slots["v"] + (1.0 - beta2) * tf.square(grad)
+        update = step_size * m_rows / (tf.sqrt(v_rows) + epsilon)
+        return rows - update, {"m": m_rows, "v": v_rows}
+
+    def _float32_constants(self, dtype):
+        """(step size, beta1, beta2, epsilon) as `dtype` tensors."""
+        beta1_power, beta2_power = self._get_beta_accumulators()
+        beta1_power = tf.cast(beta1_power, dtype)
+        beta2_power = tf.cast(beta2_power, dtype)
+        lr = tf.cast(self._lr_t, dtype)
+        step_size = lr * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
+        return (step_size, tf.cast(self._beta1_t, dtype), tf.cast(self._beta2_t, dtype),
+                tf.cast(self._epsilon_t, dtype))
+
     def _resource_apply_sparse(self, grad, var, indices):
         beta1_power, beta2_power = self._get_beta_accumulators()
         dtype = var.dtype.base_dtype

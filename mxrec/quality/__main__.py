@@ -1,13 +1,15 @@
 """python -m mxrec.quality: AUC, log loss and bytes of a model's forms, side by side.
 
-    python -m mxrec.quality --data ROOT --model-dir M --compare float32,int8
+    python -m mxrec.quality --data ROOT --model-dir M --compare float32,bfloat16,float16,int8
 
 Trains a built-in model (the streaming trainer's --model and flags) on every ready partition
 of ROOT but the last --holdout, into M (a model dir trained before goes on from its
 donefile), then scores the held-out partitions with a serving SavedModel of each form and
 prints a Markdown table: AUC, its difference from the first form, log loss, the serving
-model's bytes and the tables' bytes per ID. Forms: float32 (rows as trained) and int8
-(serving rows quantized per row). bfloat16 and float16 table storage are not built yet.
+model's bytes, the tables' bytes per ID in serving and an ID's row bytes at rest while
+training. Forms: float32 (rows as trained), int8 (serving rows quantized per row), bfloat16
+and float16 (a model whose tables rest in that dtype while training, trained into
+M/storage-<dtype> on the same partitions). --storage_dtype sets M's own tables' dtype.
 """
 
 import argparse
@@ -46,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dense_lr", type=float, default=0.001, help="Adam rate (0.001)")
     parser.add_argument("--sparse_lr", type=float, default=0.05, help="Adagrad rate (0.05)")
     parser.add_argument("--seed", type=int, default=0, help="initializer seed (0)")
+    parser.add_argument("--storage_dtype", choices=("float32", "bfloat16", "float16"),
+                        default="float32", help="the dtype the tables' rows rest in while "
+                                                "training (float32)")
     parser.add_argument("--threads", type=int, default=0,
                         help="TensorFlow threads (0: TensorFlow's default)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
@@ -65,7 +70,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         forms = report.parse_forms(args.compare)
         model = models.ModelConfig(args.model, dim=args.dim,
                                    hidden=tuple(int(h) for h in args.hidden.split(",") if h),
-                                   vocabulary=args.vocabulary, seed=args.seed)
+                                   vocabulary=args.vocabulary, seed=args.seed,
+                                   storage_dtype=args.storage_dtype)
         config = StreamConfig(data=args.data, schema=_schema(args), workdir=args.workdir,
                               batch_size=args.batch_size, done_marker=args.done_marker,
                               granularity=args.granularity, progress=False,
@@ -83,8 +89,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(report.table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([dict(dataclasses.asdict(r), bytes_per_id=r.bytes_per_id) for r in rows],
-                      f, indent=1)
+            json.dump([dict(dataclasses.asdict(r), bytes_per_id=r.bytes_per_id,
+                            train_bytes_per_id=r.train_bytes_per_id) for r in rows], f, indent=1)
     return 0
 
 

@@ -3,11 +3,12 @@
     >>> rows = compare("/data/criteo", "/models/q", ["float32", "int8"], schema, model)
     >>> print(table(rows))
 
-A form is how the model's rows are kept: "float32" (rows as trained) or "int8" (serving
-rows quantized per row, `mxrec.export.quantize`). Every form is scored on the same
-held-out partitions with its own serving SavedModel, so the comparison is what a predictor
-would answer. Storage in half precision (bfloat16, float16) is not built yet: naming it
-is refused.
+A form is how the model's rows are kept: "float32" (rows as trained), "int8" (serving
+rows quantized per row, `mxrec.export.quantize`), or "bfloat16" / "float16" (tables whose
+rows rest in half precision while training, `create_table(storage_dtype=...)`: a model of
+their own, trained in `<model dir>/storage-<dtype>` on the same partitions, served as its
+float32 form). Every form is scored on the same held-out partitions with its own serving
+SavedModel, so the comparison is what a predictor would answer.
 """
 
 import dataclasses
@@ -26,26 +27,27 @@ from mxrec.streaming import donefile, metrics, models, parsers, partitions
 from mxrec.streaming.trainer import DEFAULT_SIGNATURE, StreamConfig, StreamingTrainer
 
 # Form -> the serving export's quantize.
-FORMS: Dict[str, Optional[str]] = {"float32": None, "int8": quantizer.INT8}
-# Storage dtypes of the training tables: named by the issue, not built yet.
-NOT_BUILT = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
-             "fp16": "float16", "half": "float16"}
+FORMS: Dict[str, Optional[str]] = {"float32": None, "int8": quantizer.INT8, "bfloat16": None,
+                                   "float16": None}
+# Forms that are a storage dtype of the training tables (a model of their own), by alias.
+STORAGE_FORMS = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+                 "fp16": "float16", "half": "float16"}
+# Bytes of one value of an embedding row at rest in training, by form.
+_TRAIN_VALUE_BYTES = {"float32": 4, "int8": 4, "bfloat16": 2, "float16": 2}
 
 
 def parse_forms(text: str) -> List[str]:
     """"float32,int8" -> ["float32", "int8"].
 
     Raises:
-        ValueError: an empty list, a repeated form, a storage dtype not built yet, or an
-            unknown name (naming the accepted ones).
+        ValueError: an empty list, a repeated form, or an unknown name (naming the accepted
+            ones).
     """
     forms = [name.strip() for name in text.split(",") if name.strip()]
     if not forms:
         raise ValueError(f"--compare names no form; accepted: {', '.join(FORMS)}")
+    forms = [STORAGE_FORMS.get(name.lower(), name) for name in forms]
     for name in forms:
-        if name.lower() in NOT_BUILT:
-            raise ValueError(f"--compare: {NOT_BUILT[name.lower()]} table storage is not built "
-                             f"yet (tables keep float32 rows); accepted: {', '.join(FORMS)}")
         if name not in FORMS:
             raise ValueError(f"--compare: unknown form {name!r}; accepted: {', '.join(FORMS)}")
     if len(set(forms)) != len(forms):
@@ -64,10 +66,16 @@ class Row:
     model_bytes: int  # the serving SavedModel folder, every file
     table_bytes: int  # the tables' serving variables (IDs and rows)
     ids: int
+    train_row_bytes: int = 0  # the embedding rows at rest in training (device tier), all IDs
 
     @property
     def bytes_per_id(self) -> float:
         return self.table_bytes / max(self.ids, 1)
+
+    @property
+    def train_bytes_per_id(self) -> float:
+        """Bytes of an ID's embedding row at rest while training (slots excluded)."""
+        return self.train_row_bytes / max(self.ids, 1)
 
 
 def split(data: str, holdout: int, done_marker: str, granularity: Optional[str]):
@@ -146,8 +154,9 @@ def _score(export_dir: str, files: Sequence[str], schema, batch_size: int) -> Di
     return metrics.evaluate(np.concatenate(labels), np.concatenate(logits))
 
 
-def _sizes(export_dir: str):
-    """(bytes of every file of the export, bytes of its tables' serving variables, IDs)."""
+def _sizes(export_dir: str, form: str):
+    """(bytes of every file of the export, bytes of its tables' serving variables, IDs,
+    bytes of the IDs' embedding rows at rest in training in `form`)."""
     total = sum(os.path.getsize(os.path.join(folder, name))
                 for folder, _, names in os.walk(export_dir) for name in names)
     tables = saved_model.exported_tables(export_dir)
@@ -156,28 +165,52 @@ def _sizes(export_dir: str):
                                   + t[quantizer.SCALE_OFFSET].nbytes
                                   if quantizer.QUANTIZED in t else t["embeddings"].nbytes)
                for t in tables.values())
-    return total, rows, ids
+    dims = [(len(t["ids"]), _dim(t)) for t in tables.values()]
+    train_rows = sum(k * d * _TRAIN_VALUE_BYTES[form] for k, d in dims)
+    return total, rows, ids, train_rows
+
+
+def _dim(arrays) -> int:
+    rows = arrays[quantizer.QUANTIZED] if quantizer.QUANTIZED in arrays else arrays["embeddings"]
+    return int(rows.shape[1])
+
+
+def _trainer(config: StreamConfig, model: models.ModelConfig, form: str, train_on, held_out,
+             trained: Dict[str, StreamingTrainer]) -> StreamingTrainer:
+    """The trained model a form is exported from: the model dir's (float32, int8), or for a
+    storage form the one in `<model dir>/storage-<dtype>` (trained once per compare)."""
+    storage = form if form in STORAGE_FORMS.values() else model.storage_dtype
+    key = "" if form not in STORAGE_FORMS.values() else form
+    if key not in trained:
+        if key:
+            config = dataclasses.replace(config,
+                                         workdir=os.path.join(config.workdir, f"storage-{key}"))
+            model = dataclasses.replace(model, storage_dtype=storage)
+        trained[key] = train(config, model, train_on, held_out)
+    return trained[key]
 
 
 def compare(config: StreamConfig, model: models.ModelConfig, forms: Sequence[str],
             holdout: int = 1) -> List[Row]:
-    """Trains (what the model dir lacks), exports each form and scores the held-out
+    """Trains (what each model dir lacks), exports each form and scores the held-out
     partitions; returns one Row per form. The exports are written in a temporary folder
     of the model dir and removed."""
     train_on, held_out = split(config.data, holdout, config.done_marker, config.granularity)
-    trainer = train(config, model, train_on, held_out)
     files = [f for p in held_out for f in p.files]
-    scratch = tempfile.mkdtemp(prefix=".quality-", dir=config.workdir)
+    trained: Dict[str, StreamingTrainer] = {}
     out = []
-    try:
-        for form in forms:
+    for form in forms:
+        trainer = _trainer(config, model, form, train_on, held_out, trained)
+        scratch = tempfile.mkdtemp(prefix=".quality-", dir=config.workdir)
+        try:
             export_dir = _export(trainer, os.path.join(scratch, form), FORMS[form])
             scored = _score(export_dir, files, config.schema, config.batch_size)
-            total, table_bytes, ids = _sizes(export_dir)
-            out.append(Row(form, scored["auc"], scored["logloss"], scored["rows"], total,
-                           table_bytes, ids))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            total, table_bytes, ids, train_rows = _sizes(
+                export_dir, form if form in STORAGE_FORMS.values() else model.storage_dtype)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        out.append(Row(form, scored["auc"], scored["logloss"], scored["rows"], total,
+                       table_bytes, ids, train_rows))
     return out
 
 
@@ -185,9 +218,10 @@ def table(rows: Sequence[Row]) -> str:
     """A Markdown table of the rows, each against the first (the baseline)."""
     base = rows[0]
     lines = ["| form | AUC | ΔAUC | log loss | serving model bytes | table bytes per ID | "
-             "x bytes |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "x bytes | training row bytes per ID |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row.form} | {row.auc:.5f} | {row.auc - base.auc:+.5f} | "
                      f"{row.logloss:.5f} | {row.model_bytes:,} | {row.bytes_per_id:.1f} | "
-                     f"{row.table_bytes / max(base.table_bytes, 1):.3f} |")
+                     f"{row.table_bytes / max(base.table_bytes, 1):.3f} | "
+                     f"{row.train_bytes_per_id:.1f} |")
     return "\n".join(lines)

@@ -80,7 +80,7 @@ import tensorflow as tf
 from absl import logging
 
 from mxrec._lib import loader
-from mxrec.core import dynamic, wing
+from mxrec.core import dynamic, storage_dtype, wing
 from mxrec.core.graph_state import graph_state
 from mxrec.core.table import graph_tables
 from mxrec.saver import finite, fold, schema, stream, table_file
@@ -644,11 +644,13 @@ def _serving_delta(directory: str, step: int, copies: stream.LocalCopies
             table_arrays = stream.MappedNpz(copies.local(posixpath.join(folder, file_name)))
             admitted = table_arrays[schema.host_key("rows")] >= 0
             ids.append(table_arrays[schema.host_key("keys")][admitted])
-            embeddings.append(table_arrays[schema.state_key("embedding")])
+            embeddings.append(storage_dtype.from_file(
+                table_arrays[schema.state_key("embedding")]))
             if schema.host_key("in_host") in table_arrays:  # host-tier rows are rows too
                 in_host = table_arrays[schema.host_key("in_host")].astype(bool)
                 ids.append(table_arrays[schema.host_key("keys")][in_host])
-                embeddings.append(table_arrays[schema.tier_key("embedding")])
+                embeddings.append(storage_dtype.from_file(
+                    table_arrays[schema.tier_key("embedding")]))
             removed.append(table_arrays[schema.host_key("removed")])
         # Each ID once: the ranks of a replicated table (is_dp=True) all wrote it.
         ids, first = np.unique(np.concatenate(ids), return_index=True)

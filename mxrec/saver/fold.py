@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from mxrec.core import storage_dtype
 from mxrec.saver import manifest as manifest_io
 from mxrec.saver import merge, schema, stream
 from mxrec.saver.manifest import CheckpointError
@@ -173,7 +174,7 @@ class Folded:
                     continue
                 index = file.where[self._record[positions[part]]]
                 order = np.argsort(index, kind="stable")  # the file read in order
-                rows = np.asarray(file.arrays[key][index[order]], np.float32)
+                rows = storage_dtype.from_file(file.arrays[key][index[order]])
                 out[part[order]] = rows
                 has = np.ones(len(part), bool)
                 if in_tier:

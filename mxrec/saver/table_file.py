@@ -15,8 +15,10 @@ import shutil
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
+import tensorflow as tf
 
 from mxrec._lib import loader
+from mxrec.core import storage_dtype
 from mxrec.saver import finite, fold, schema, stream
 from mxrec.saver.manifest import CheckpointError
 
@@ -58,7 +60,13 @@ class Prepared:
     def _device_chunks(self, session, state: str) -> Iterator[np.ndarray]:
         rows = self.device_rows
         for begin, end in stream.chunks_of(len(rows), self.rows_per_chunk):
-            yield np.asarray(_read_state(self.io_, session, state, rows[begin:end]), np.float32)
+            yield storage_dtype.to_file(
+                _read_state(self.io_, session, state, rows[begin:end]), self._dtype(state))
+
+    def _dtype(self, state: str):
+        """The dtype `state`'s device rows rest in (mxrec.core.storage_dtype)."""
+        variable = getattr(self.io_, "variables", {}).get(state)
+        return storage_dtype.variable_dtype(variable) or tf.float32
 
     def _tier_count(self) -> int:
         return int(self.host.get("tier_spooled", 0))
@@ -94,7 +102,8 @@ class Prepared:
         out.append(stream.whole(schema.ACCESS_THRESHOLD_KEY,
                                 np.array(host["access_threshold"], np.float64)))
         for state in self.io_.state_names():
-            out.append(stream.Member(schema.state_key(state), np.float32,
+            out.append(stream.Member(schema.state_key(state),
+                                     storage_dtype.file_dtype(self._dtype(state)),
                                      (len(self.device_rows), dim),
                                      lambda s=state: self._device_chunks(session, s)))
         if "in_host" not in host:
@@ -124,8 +133,9 @@ class Prepared:
                     else np.zeros(0, np.int64))
         found: List[finite.Fault] = []
         for state in self.io_.state_names():
-            found += _merged(name, state, device_ids, self._device_chunks(session, state),
-                             self.rows_per_chunk)
+            # as values: a bfloat16 state's file form is its bits (uint16)
+            values = (storage_dtype.from_file(c) for c in self._device_chunks(session, state))
+            found += _merged(name, state, device_ids, values, self.rows_per_chunk)
             if "in_host" in self.host:
                 found += _merged(name, f"host/SSD tier {state}", tier_ids,
                                  self._tier_chunks(state, mask=False), self.rows_per_chunk)

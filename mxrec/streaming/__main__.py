@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--host_vocabulary", type=int, default=0,
                        help="host-memory rows per table for IDs past the device rows (a host "
                             "tier; the device rows become a cache); 0: none (default)")
+    train.add_argument("--storage_dtype", choices=("float32", "bfloat16", "float16"),
+                       default="float32",
+                       help="the dtype table rows rest in (float32); bfloat16 and float16 "
+                            "halve the bytes, updates computed in float32 and rounded")
     train.add_argument("--init_stddev", type=float, default=0.01,
                        help="stddev of new rows (0.01); 0: zeros")
     # Flags of this parser take both spellings (_Parser); the later of the two flags wins.
@@ -284,7 +288,8 @@ def _train_config(args, parser):
                                    access_threshold=args.access_threshold,
                                    eviction_threshold=args.eviction_threshold, seed=args.seed,
                                    buckets=args.buckets,
-                                   host_vocabulary=args.host_vocabulary)
+                                   host_vocabulary=args.host_vocabulary,
+                                   storage_dtype=args.storage_dtype)
         config = StreamConfig(
             data=args.data, schema=_schema(args), workdir=args.workdir,
             export_base=args.export_base, batch_size=args.batch_size,

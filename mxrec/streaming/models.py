@@ -24,6 +24,7 @@ from mxrec.core.embedding import create_table, sparse_lookup
 from mxrec.util.config import get_config_initializer
 
 MODELS = ("wide_deep", "dlrm", "dcn")
+STORAGE_DTYPES = ("float32", "bfloat16", "float16")
 # Plain TensorFlow bucket variables (ModelConfig.buckets): the trainer updates them with
 # Adagrad at the sparse learning rate, as mxrec's tables.
 BUCKET_VARIABLES = "mxrec_streaming_bucket_variables"
@@ -55,6 +56,8 @@ class ModelConfig:
         host_vocabulary: rows of each table in host memory for IDs past its `vocabulary`
             device rows (a host tier: the device rows become a cache); 0: none. Both are
             per rank on several ranks.
+        storage_dtype: the dtype each table's rows rest in: "float32", "bfloat16" or
+            "float16" (create_table(storage_dtype=...); device-only tables).
     """
 
     kind: str = "wide_deep"
@@ -69,6 +72,7 @@ class ModelConfig:
     seed: int = 0
     buckets: Optional[int] = None
     host_vocabulary: int = 0
+    storage_dtype: str = "float32"
 
     def __post_init__(self):
         if self.host_vocabulary < 0 or (self.host_vocabulary and self.buckets is not None):
@@ -78,6 +82,13 @@ class ModelConfig:
                                          or self.eviction_threshold is not None):
             raise ValueError("model: buckets must be >= 1 and excludes access_threshold and "
                              f"eviction_threshold, got {self.buckets}")
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"model: storage_dtype must be one of {STORAGE_DTYPES}, got "
+                             f"{self.storage_dtype!r}")
+        if self.storage_dtype != "float32" and (self.buckets is not None
+                                                or self.host_vocabulary):
+            raise ValueError(f"model: storage_dtype {self.storage_dtype} is for device-only "
+                             "mxrec tables (no buckets, no host_vocabulary)")
         if self.kind not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.kind!r}")
         if self.dim < 1 or self.vocabulary < 1 or self.cross_layers < 0:
@@ -93,14 +104,15 @@ class ModelConfig:
 
 
 def table(name: str, dim: int, vocabulary: int, initializer, host_vocabulary: int = 0,
-          init_by_id: bool = False):
+          init_by_id: bool = False, storage_dtype: str = "float32"):
     """The mxrec table `name` of the current runtime, created on first use (with a host
-    tier of `host_vocabulary` rows when > 0; init_by_id: create_table's)."""
+    tier of `host_vocabulary` rows when > 0; init_by_id, storage_dtype: create_table's)."""
     existing = get_config_initializer().tables.get(name)
     if existing is not None and existing.variable.graph is tf.compat.v1.get_default_graph():
         return existing
     return create_table(tf.int64, dim, name, initializer, device_vocabulary_size=vocabulary,
-                        host_vocabulary_size=host_vocabulary, init_by_id=init_by_id)
+                        host_vocabulary_size=host_vocabulary, init_by_id=init_by_id,
+                        storage_dtype=storage_dtype)
 
 
 def _lookup_config(config: ModelConfig):
@@ -158,7 +170,7 @@ def _embed(config: ModelConfig, name: str, dim: int, initializer, sparse, is_tra
     # Constant (zeros) initializers give every ID the same values: nothing to key.
     by_id = config.init_by_id and not isinstance(initializer, tf.compat.v1.zeros_initializer)
     return sparse_lookup(table(name, dim, config.vocabulary, initializer,
-                               config.host_vocabulary, by_id), sparse,
+                               config.host_vocabulary, by_id, config.storage_dtype), sparse,
                          is_train=is_train, name=f"{name}_{'train' if is_train else 'eval'}",
                          access_and_evict_config=access)
 

@@ -1,0 +1,89 @@
+"""The update of a table whose rows or slots rest in fewer bits than float32.
+
+TensorFlow's fused sparse kernels read and write the variable in its own dtype; a table
+stored in bfloat16 or float16 (`create_table(storage_dtype=..., slot_dtype=...)`,
+mxrec.core.storage_dtype) is updated here instead, in float32:
+
+    rows  = float32(table[indices])            slots = float32(slot[indices])
+    new_rows, new_slots = the optimizer's float32 rule (its `_float32_rows`)
+    table[indices] = round(new_rows)           slot[indices] = round(new_slots)
+
+The gradient arrives in float32 (the lookup's upcast keeps it so) and the gradients of a
+row that appears twice are summed first, as TF's sparse optimizers do. The optimizer's rule
+uses the float32 values it computed, also for a slot that is then stored rounded.
+
+With `rounding="stochastic"` each update draws its rounding from a stateless seed (the
+table's seed, the table's update count and the component), so a run repeats bit for bit;
+the count is a variable of the table (`<table>/mxrec_rounding_updates`), saved with the
+dense variables.
+"""
+
+import weakref
+
+import tensorflow as tf
+
+from mxrec.core import storage_dtype
+
+
+def apply(optimizer, grad: tf.Tensor, handle, indices: tf.Tensor, distinct: bool):
+    """The update op of table variable `handle` by `optimizer` for gradient rows `grad`
+    [N, dim] float32 at `indices` [N] (distinct: no index twice, so no sum first).
+
+    Raises:
+        NotImplementedError: the optimizer has no float32 rule for reduced storage.
+    """
+    table = handle._mxrec_table  # noqa: SLF001
+    rule = getattr(optimizer, "_float32_rows", None)
+    if rule is None:
+        raise NotImplementedError(
+            f"{type(optimizer).__name__} cannot train table {table.table_name!r}, whose rows "
+            f"rest in {table.storage_dtype.name} and slots in {table.slot_dtype.name}: the "
+            "hash optimizers gradient_descent, adagrad, lazy_adam and momentum can; or use "
+            "float32 storage")
+    grad = tf.cast(grad, tf.float32)
+    if not distinct:
+        indices, positions = tf.unique(indices)
+        grad = tf.math.unsorted_segment_sum(grad, positions, tf.size(indices))
+    slots = {name: optimizer.get_slot(handle, name) for name in optimizer.get_slot_names()}
+    slots = {name: slot for name, slot in slots.items() if slot is not None}
+    # The rows read after this step's refills of rows handed to new IDs: a gradient need not
+    # depend on the lookup's values (a loss linear in them), so nothing else orders them.
+    with tf.control_dependencies(table.refills(handle.graph)):
+        rows = storage_dtype.upcast(tf.gather(handle, indices))
+        old = {name: storage_dtype.upcast(tf.gather(slot, indices))
+               for name, slot in slots.items()}
+    new_rows, new_slots = rule(grad, rows, old)
+    seeds = _seeds(table, 1 + len(new_slots))
+    writes = [slots[name].scatter_update(tf.IndexedSlices(
+        storage_dtype.store(value, table, seeds[1 + i], slots[name].dtype.base_dtype), indices))
+        for i, (name, value) in enumerate(sorted(new_slots.items()))]
+    writes.append(handle.scatter_update(
+        tf.IndexedSlices(storage_dtype.store(new_rows, table, seeds[0]), indices)))
+    return tf.group(*writes)
+
+
+def _seeds(table, count: int):
+    """[count] stateless seeds ([2] int64 each) of this update, or Nones (rounding to
+    nearest): (the table's seed * count + component, the table's update count)."""
+    if table.rounding != "stochastic":
+        return [None] * count
+    graph = tf.compat.v1.get_default_graph()
+    counters = table.__dict__.setdefault("_rounding_counters", weakref.WeakKeyDictionary())
+    if graph not in counters:
+        with tf.init_scope(), tf.compat.v1.variable_scope(table.table_name, reuse=False):
+            counters[graph] = tf.compat.v1.get_variable(
+                "mxrec_rounding_updates", shape=[], dtype=tf.int64,
+                initializer=tf.compat.v1.zeros_initializer(), trainable=False,
+                use_resource=True)
+    updates = counters[graph].assign_add(1)
+    base = tf.constant(table.rounding_seed * count, tf.int64)
+    return [tf.stack([base + c, updates]) for c in range(count)]
+
+
+def check_slot_dtype(var, dtype):
+    """The dtype a slot of `var` rests in: the table's slot_dtype for a table variable
+    whose storage is reduced, `dtype` otherwise."""
+    table = getattr(var, "_mxrec_table", None)
+    if table is None or not storage_dtype.is_reduced(table):
+        return dtype
+    return table.slot_dtype
