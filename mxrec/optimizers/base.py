@@ -115,7 +115,11 @@ def _slot_refills(optimizer, handle):
         optimizer._mxrec_slot_refills = weakref.WeakKeyDictionary()
     built = optimizer._mxrec_slot_refills.setdefault(graph, {})
     if handle.name not in built:
-        built[handle.name] = table.slot_refills(optimizer, handle, graph)
+        # The rows' own refills too: a gradient that does not depend on the rows' values
+        # (a loss linear in them) does not order the update after the refill, which would
+        # then overwrite the update (or, a tiered table, send it to the old owner).
+        built[handle.name] = table.refills(graph) + table.slot_refills(optimizer, handle,
+                                                                       graph)
     return built[handle.name]
 
 

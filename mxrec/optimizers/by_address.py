@@ -148,7 +148,12 @@ class ByAddressOptimizer(tf.compat.v1.train.Optimizer):
                         keep = address >= 0
                         grad = tf.boolean_mask(grad, keep)
                         address = tf.boolean_mask(address, keep)
-                    updates.append(self._apply(table, grad, address, lr))
+                    # After this step's lookups made their new rows: a gradient that does
+                    # not depend on the rows' values (a loss linear in them) would not
+                    # order the update after the assignment that would overwrite it.
+                    with tf.control_dependencies(
+                            table.refills(tf.compat.v1.get_default_graph())):
+                        updates.append(self._apply(table, grad, address, lr))
             with tf.control_dependencies(updates):
                 finish = list(self._finish())
                 if global_step is not None:
