@@ -17,7 +17,7 @@ import tensorflow as tf
 from mxrec import initialize
 from mxrec.distributed import communication
 from mxrec.export import keras_model
-from mxrec.keras import _compat, callbacks, metrics, optimizers
+from mxrec.keras import _compat, callbacks, data, metrics, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.group import EmbeddingGroup
 from mxrec.keras.layers import Embedding, embedding_layers
@@ -124,6 +124,6 @@ def _export_on_ranks(export, save_model, export_dir: str, checkpoint: Optional[s
     return export_dir
 
 
-__all__ = ["Embedding", "EmbeddingGroup", "KerasSaver", "broadcast_weights", "callbacks",
+__all__ = ["Embedding", "EmbeddingGroup", "KerasSaver", "broadcast_weights", "callbacks", "data",
            "export_serving", "init", "metrics", "optimizers", "rank_and_size", "terminate",
            "warm_start"]
