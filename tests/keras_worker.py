@@ -165,7 +165,8 @@ def train_planned(mode, data, settings, model, layer, opt, loss_fn, callbacks=()
         model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
         return {}
 
-    @tf.function
+    # One trace for every batch (the plans' shapes vary from batch to batch).
+    @tf.function(input_signature=[dataset.element_spec])
     def step(element):
         with mk.data.use_plans(model, element) as (x, y):
             with tf.GradientTape() as tape:

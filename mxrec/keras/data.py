@@ -21,6 +21,7 @@ without plans pass through it unchanged), a loop of the user's through `use_plan
 """
 
 import contextlib
+import dataclasses
 from typing import Dict, List, Tuple
 
 import tensorflow as tf
@@ -170,9 +171,11 @@ def _plan(lookups, rounds, ids, stamps, size: int):
     stamp_of, stamps = [], list(stamps)
     for lookup in lookups:
         stamp_of.append(None if lookup.stamp is None else stamps.pop(0))
-    if size > 1:
-        return [(replicated.route if lookup.is_dp else routing.route)(flat, size)
-                for lookup, flat in zip(lookups, ids)], []
+    if size > 1:  # routing.Route's fields as a tuple (tf.data carries no dataclass)
+        routes = [(replicated.route if lookup.is_dp else routing.route)(flat, size)
+                  for lookup, flat in zip(lookups, ids)]
+        return [tuple(getattr(route, field.name) for field in dataclasses.fields(route))
+                for route in routes], []
     plans = [None] * len(lookups)
     batch_ids, previous = [], []
     for members in rounds:

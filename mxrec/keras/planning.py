@@ -21,6 +21,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from mxrec.distributed import routing
 from mxrec.util import ops as mxrec_ops
 
 OWNED = "owned"    # one rank: the plan is the key stage's (rows, restore, reused)
@@ -123,7 +124,7 @@ class StepPlans:
 
     def routed(self, table, ids, stamp, is_train):
         """The lookup's routing.Route, computed in the pipeline."""
-        return self._plans[self._take(table, ROUTED, is_train)]
+        return routing.Route(*self._plans[self._take(table, ROUTED, is_train)])
 
     def _commit(self, round_index: int) -> tf.Operation:
         if round_index not in self._commits:
