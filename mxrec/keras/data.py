@@ -266,10 +266,7 @@ def _wrap_steps(model, lookups, rounds) -> None:
     def refuse(step):
         def unplanned(data):
             if split(data)[1] is not None:
-                raise ValueError(
-                    "mxrec.keras.data.plan_ahead: evaluate, predict and validation_data "
-                    "take the dataset without plan_ahead (a planned batch is planned for "
-                    "training; evaluation reads the tables as they are when it runs)")
+                raise ValueError(_EVALUATION_REFUSED)
             return step(data)
         return unplanned
 
@@ -277,7 +274,42 @@ def _wrap_steps(model, lookups, rounds) -> None:
     model.train_step = planned_train_step
     model.test_step = refuse(test_step)
     model.predict_step = refuse(predict_step)
+    _refuse_planned_evaluation(model)
     # Keras keeps the functions it built from the old steps.
     for name in ("train_function", "test_function", "predict_function"):
         if getattr(model, name, None) is not None:
             setattr(model, name, None)
+
+
+_EVALUATION_REFUSED = (
+    "mxrec.keras.data.plan_ahead: evaluate, predict and validation_data take the dataset "
+    "without plan_ahead (a planned batch is planned for training; evaluation reads the "
+    "tables as they are when it runs)")
+
+
+def is_planned(dataset) -> bool:
+    """Whether `dataset` is a tf.data.Dataset made by plan_ahead (by its element structure)."""
+    if not isinstance(dataset, tf.data.Dataset):
+        return False
+    return split(dataset.element_spec)[1] is not None
+
+
+def _refuse_planned_evaluation(model) -> None:
+    """evaluate, predict and fit's validation_data refuse a planned dataset before Keras
+    makes its iterator: the pipeline would plan (and leave pending) training batches that
+    no step trains."""
+    evaluate, predict, fit = model.evaluate, model.predict, model.fit
+
+    def checked(call, name):
+        def run(*args, **kwargs):
+            given = args[0] if args else kwargs.get("x")
+            if name == "fit":
+                given = kwargs.get("validation_data", args[7] if len(args) > 7 else None)
+            if is_planned(given):
+                raise ValueError(_EVALUATION_REFUSED)
+            return call(*args, **kwargs)
+        return run
+
+    model.evaluate = checked(evaluate, "evaluate")
+    model.predict = checked(predict, "predict")
+    model.fit = checked(fit, "fit")
