@@ -6,7 +6,8 @@
     user = mk.Embedding(dim=16, name="user", device_vocabulary_size=100_000,
                         access_threshold=2)      # create_table's settings
     model.compile(optimizer=mk.optimizers.Adagrad(0.05), loss=...)
-
+    model.fit(mk.data.plan_ahead(dataset, model, prefetch=2))  # optional: the key stage
+                                                                # in tf.data, ahead of the step
 docs/KERAS.md says what works and what is not available yet.
 """
 

@@ -28,6 +28,9 @@ On several ranks (the MPI engine) the same owner's part runs on the IDs this ran
 the Session path's sharded lookup (mxrec.distributed: `routing.route` or `replicated.route`,
 `id_exchange.exchange`, `send_back.send_back` or `replicated.send_back`); several tables
 share one exchange through mxrec.keras.group.EmbeddingGroup. docs/KERAS_RANKS.md.
+
+With mxrec.keras.data.plan_ahead the key stage (one rank) or the routing (several ranks) has
+run in the tf.data pipeline: the lookup takes its plan from mxrec.keras.planning instead.
 """
 
 import weakref
