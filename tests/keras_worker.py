@@ -11,7 +11,12 @@ mk.callbacks.Checkpoint, mxrec's full/delta format, in settings["ckpt_dir"]), to
 (Model.fit on the first half with that callback), from_session (Model.fit on the second half,
 the callback restoring settings["ckpt_dir"] first), warm (mk.warm_start from it); each trains
 from the start under its own init(). DATA.npz holds the batches, the initial values and the
-settings; OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
+settings. fit_planned and function_planned: fit and function over the dataset of
+mk.data.plan_ahead (prefetch settings["prefetch"], 2 by default); ckpt_mid_planned: Model.fit
+over all steps with plan_ahead and mk.callbacks.Checkpoint(full_every=half) in
+settings["ckpt_dir"], then a new init() and model restored from the version at the half
+(saved while later batches were planned), Model.fit on the rest without plan_ahead.
+OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
 statistics.
 """
 
@@ -106,6 +111,8 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
     every = settings.get("evict_every")
     steps = len(data["ids"])
+    if mode.endswith("_planned"):
+        return train_planned(mode, data, settings, model, layer, opt, loss_fn)
     if mode == "fit":
         metrics = []
         if settings.get("global_metrics"):  # over the global batch on several ranks
@@ -142,6 +149,36 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
         kinds = [op.type for op in graph.get_operations()]
         return {"collectives": np.array([kinds.count("MxrecMpiAlltoallv"),
                                          kinds.count("MxrecMpiAllreduce")])}
+    return {}
+
+
+def train_planned(mode, data, settings, model, layer, opt, loss_fn, callbacks=()):
+    """fit_planned / function_planned / ckpt_mid_planned's fit: the batches through
+    mk.data.plan_ahead."""
+    every = settings.get("evict_every")
+    dataset = mk.data.plan_ahead(tf.data.Dataset.from_tensor_slices(
+        ((data["ids"], data["dense"], data["ts"]), data["y"])), model,
+        prefetch=settings.get("prefetch", 2))
+    if mode != "function_planned":
+        model.compile(optimizer=opt, loss=loss_fn)
+        callbacks = [*callbacks, *([mk.callbacks.Evict(every_steps=every)] if every else [])]
+        model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
+        return {}
+
+    # One trace for every batch (the plans' shapes vary from batch to batch).
+    @tf.function(input_signature=[dataset.element_spec])
+    def step(element):
+        with mk.data.use_plans(model, element) as (x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(list(x), training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    for i, element in enumerate(dataset):  # eviction while later batches are planned
+        step(element)
+        if every and (i + 1) % every == 0:
+            layer.evict()
     return {}
 
 
@@ -232,6 +269,20 @@ def run(data_path, out_prefix, mode):
         model, layer = build(settings, init)
         opt = optimizer(settings)
         train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt, True)
+    elif mode == "ckpt_mid_planned":  # a save mid-fit with batches planned ahead
+        from mxrec.keras import saving  # noqa: PLC0415
+
+        half = len(data["ids"]) // 2
+        loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+        train_planned(mode, data, settings, model, layer, opt, loss_fn, [
+            mk.callbacks.Checkpoint(settings["ckpt_dir"], full_every=half, max_to_keep=None)])
+        tf.keras.backend.clear_session()
+        model, layer = build(settings, init)
+        opt = optimizer(settings)
+        model.compile(optimizer=opt, loss=loss_fn)
+        saving.build_optimizer(opt, model)
+        saving.KerasSaver(settings["ckpt_dir"], model, opt, max_to_keep=None).restore(half)
+        train("fit", {k: v[half:] for k, v in data.items()}, settings, model, layer, opt)
     elif mode == "to_session":  # the first half, checkpointed for the Session path
         half = len(data["ids"]) // 2
         train("fit", {k: v[:half] for k, v in data.items()}, settings, model, layer, opt, True)

@@ -252,3 +252,28 @@ def test_embedding_group_exchanges_once_per_step_and_equals_one_process(tmp_path
         np.testing.assert_allclose(values[order], one["item_values"][ref_order], atol=ATOL)
     for part in parts["function"]:  # two layers called alone: 6 and 5
         assert part["collectives"].tolist() == [3, 2]
+
+
+@pytest.mark.parametrize("case", ["group", pytest.param("eviction", marks=pytest.mark.variant)])
+def test_plan_ahead_on_two_ranks_equals_one_process(tmp_path, case):
+    """mk.data.plan_ahead on 2 ranks (each rank routes its slice in its tf.data pipeline; the
+    exchange and the owners' key stages stay in the step), by Model.fit and a tf.function
+    loop: the same as one process without it. Two tables through one mk.EmbeddingGroup with
+    admission, or one table with admission and eviction every 3 steps."""
+    settings = dict(BASE, optimizer="adagrad", lr=0.05, access_threshold=2, group=True)
+    if case == "eviction":
+        settings = dict(BASE, **SCENARIOS["adagrad_admission_eviction"])
+    (reference,) = _train(tmp_path / "one", settings, ("fit",), 1).values()
+    parts = _train(tmp_path / "ranks", settings, ("fit_planned", "function_planned"), 2)
+    if case == "eviction":
+        assert json.loads(str(reference[0]["stats"]))["evicted"] > 0
+    for mode, ranks in parts.items():
+        _check_equal(reference, ranks, settings)
+        if case == "group":
+            (one,) = reference
+            ids = np.concatenate([p["item_ids"] for p in ranks])
+            values = np.concatenate([p["item_values"] for p in ranks])
+            order, ref_order = np.argsort(ids), np.argsort(one["item_ids"])
+            np.testing.assert_array_equal(ids[order], one["item_ids"][ref_order], err_msg=mode)
+            np.testing.assert_allclose(values[order], one["item_values"][ref_order],
+                                       atol=ATOL, err_msg=mode)

@@ -233,7 +233,6 @@ def test_keras_matches_session_path(mx, tmp_path, scenario):
     data = _data(settings)
     session = _session_run(mx, settings, data)
     runs = _keras_runs(tmp_path, settings, data)
-    expected = _by_id(session)
     expected_stats = json.loads(str(session["stats"]))
     # The scenario does what it says: training moved the weights; admission rejected
     # IDs; eviction removed IDs and the stream outgrew the table without it.
@@ -249,25 +248,36 @@ def test_keras_matches_session_path(mx, tmp_path, scenario):
     if settings.get("ssd"):
         assert expected_stats["ssd_rows"] > 0
     for mode, run in runs.items():
-        got = _by_id(run)
-        np.testing.assert_array_equal(got["ids"], expected["ids"], err_msg=mode)
+        assert_same(run, session, settings, mode)
+
+
+def assert_same(run, session, settings, mode, rows=True, stats_keys=_STATS):
+    """One Keras run's table (IDs, rows unless `rows` is False, values, slots, tiers), dense
+    weights and host statistics (`stats_keys` of them: a resumed run's process-lifetime
+    counters restart) against the Session path's, within ATOL."""
+    expected = _by_id(session)
+    expected_stats = json.loads(str(session["stats"]))
+    got = _by_id(run)
+    np.testing.assert_array_equal(got["ids"], expected["ids"], err_msg=mode)
+    if rows:
         np.testing.assert_array_equal(got["rows"], expected["rows"], err_msg=mode)
-        assert sorted(got) == sorted(expected), mode
-        for key in sorted(set(expected) - {"ids", "rows"}):  # values and slots
-            np.testing.assert_allclose(got[key], expected[key], atol=ATOL, rtol=0,
-                                       err_msg=f"{mode} {key}")
-        np.testing.assert_allclose(run["w"], session["w"], atol=ATOL, rtol=0, err_msg=mode)
-        np.testing.assert_allclose(run["b"], session["b"], atol=ATOL, rtol=0, err_msg=mode)
-        stats = json.loads(str(run["stats"]))
-        assert {k: stats[k] for k in _STATS} == {k: expected_stats[k] for k in _STATS}, mode
-        if settings.get("host"):
-            assert ({k: stats[k] for k in _TIER_STATS}
-                    == {k: expected_stats[k] for k in _TIER_STATS}), mode
-            names = ["embedding", *SLOTS[settings["optimizer"]]]
-            assert sorted(k for k in run if k.startswith("all_ids_")) == sorted(
-                f"all_ids_{n}" for n in names), mode
-            for name in names:
-                np.testing.assert_array_equal(run[f"all_ids_{name}"],
-                                              session[f"all_ids_{name}"], err_msg=mode)
-                np.testing.assert_allclose(run[f"all_{name}"], session[f"all_{name}"],
-                                           atol=ATOL, rtol=0, err_msg=f"{mode} {name}")
+    assert sorted(got) == sorted(expected), mode
+    for key in sorted(set(expected) - {"ids", "rows"}):  # values and slots
+        np.testing.assert_allclose(got[key], expected[key], atol=ATOL, rtol=0,
+                                   err_msg=f"{mode} {key}")
+    np.testing.assert_allclose(run["w"], session["w"], atol=ATOL, rtol=0, err_msg=mode)
+    np.testing.assert_allclose(run["b"], session["b"], atol=ATOL, rtol=0, err_msg=mode)
+    stats = json.loads(str(run["stats"]))
+    assert ({k: stats[k] for k in stats_keys}
+            == {k: expected_stats[k] for k in stats_keys}), mode
+    if settings.get("host"):
+        assert ({k: stats[k] for k in _TIER_STATS}
+                == {k: expected_stats[k] for k in _TIER_STATS}), mode
+        names = ["embedding", *SLOTS[settings["optimizer"]]]
+        assert sorted(k for k in run if k.startswith("all_ids_")) == sorted(
+            f"all_ids_{n}" for n in names), mode
+        for name in names:
+            np.testing.assert_array_equal(run[f"all_ids_{name}"],
+                                          session[f"all_ids_{name}"], err_msg=mode)
+            np.testing.assert_allclose(run[f"all_{name}"], session[f"all_{name}"],
+                                       atol=ATOL, rtol=0, err_msg=f"{mode} {name}")

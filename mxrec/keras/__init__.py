@@ -6,7 +6,8 @@
     user = mk.Embedding(dim=16, name="user", device_vocabulary_size=100_000,
                         access_threshold=2)      # create_table's settings
     model.compile(optimizer=mk.optimizers.Adagrad(0.05), loss=...)
-
+    model.fit(mk.data.plan_ahead(dataset, model, prefetch=2))  # optional: the key stage
+                                                                # in tf.data, ahead of the step
 docs/KERAS.md says what works and what is not available yet.
 """
 
@@ -17,7 +18,7 @@ import tensorflow as tf
 from mxrec import initialize
 from mxrec.distributed import communication
 from mxrec.export import keras_model
-from mxrec.keras import _compat, callbacks, metrics, optimizers
+from mxrec.keras import _compat, callbacks, data, metrics, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.group import EmbeddingGroup
 from mxrec.keras.layers import Embedding, embedding_layers
@@ -124,6 +125,6 @@ def _export_on_ranks(export, save_model, export_dir: str, checkpoint: Optional[s
     return export_dir
 
 
-__all__ = ["Embedding", "EmbeddingGroup", "KerasSaver", "broadcast_weights", "callbacks",
+__all__ = ["Embedding", "EmbeddingGroup", "KerasSaver", "broadcast_weights", "callbacks", "data",
            "export_serving", "init", "metrics", "optimizers", "rank_and_size", "terminate",
            "warm_start"]

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from mxrec.core.arguments import validate_ids
 from mxrec.distributed import communication, id_exchange, replicated, routing, send_back
+from mxrec.keras import planning
 from mxrec.keras.layers import Embedding
 
 
@@ -93,8 +94,7 @@ def _grouped_lookup(layers: List[Embedding], ids_list, is_train: bool, stamp) ->
     if is_train:
         for layer in layers:
             layer.table.before_training_lookup()
-    routes = [(replicated.route if layer.table.is_dp else routing.route)(
-        tf.reshape(ids, [-1]), size) for layer, ids in zip(layers, ids_list)]
+    routes = [_route(layer, ids, stamp, is_train, size) for layer, ids in zip(layers, ids_list)]
     lookups = [id_exchange.PlannedLookup(layer.name, layer.table, None) for layer in layers]
     keys = [None if layer.table.is_dp else ("float32", layer.dim) for layer in layers]
     groups = id_exchange.send_groups(keys)
@@ -120,3 +120,14 @@ def _grouped_lookup(layers: List[Embedding], ids_list, is_train: bool, stamp) ->
                 out[i] = tf.reshape(piece, shape)
                 out[i].set_shape(ids_list[i].shape.concatenate([layers[i].dim]))
     return out
+
+
+def _route(layer: Embedding, ids, stamp, is_train: bool, size: int):
+    """The rank-local routing of one member's IDs: planned in the input pipeline
+    (mxrec.keras.data.plan_ahead), or here."""
+    scope = planning.current()
+    routed = None if scope is None else scope.routed(layer.table, ids, stamp, is_train)
+    if routed is None:
+        router = replicated.route if layer.table.is_dp else routing.route
+        routed = router(tf.reshape(ids, [-1]), size)
+    return routed

@@ -28,6 +28,9 @@ On several ranks (the MPI engine) the same owner's part runs on the IDs this ran
 the Session path's sharded lookup (mxrec.distributed: `routing.route` or `replicated.route`,
 `id_exchange.exchange`, `send_back.send_back` or `replicated.send_back`); several tables
 share one exchange through mxrec.keras.group.EmbeddingGroup. docs/KERAS_RANKS.md.
+
+With mxrec.keras.data.plan_ahead the key stage (one rank) or the routing (several ranks) has
+run in the tf.data pipeline: the lookup takes its plan from mxrec.keras.planning instead.
 """
 
 import weakref
@@ -41,7 +44,7 @@ from mxrec.core import embedding, gather, multi_hot, tiers
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
 from mxrec.distributed import communication, id_exchange, replicated, routing, send_back
-from mxrec.keras import _compat, trackable
+from mxrec.keras import _compat, planning, trackable
 from mxrec.util import ops as mxrec_ops
 from mxrec.util.config import get_config_initializer
 
@@ -306,7 +309,10 @@ class Embedding(tf.keras.layers.Layer):
                         else (routing.route, send_back.send_back))
         if stamp is not None:
             stamp = communication.allreduce(stamp, "max")
-        routed = router(tf.reshape(ids, [-1]), size)
+        scope = planning.current()
+        routed = None if scope is None else scope.routed(self.table, ids, stamp, is_train)
+        if routed is None:
+            routed = router(tf.reshape(ids, [-1]), size)
         exchanged = id_exchange.exchange(self.table, routed, is_train, None)
         owned = self._owned_lookup(exchanged.owned, is_train, stamp, exchanged.weights)
         return back(self.table, owned, exchanged, routed, ids, 1.0 / size)
@@ -314,9 +320,18 @@ class Embedding(tf.keras.layers.Layer):
     def _owned_lookup(self, ids, is_train: bool, stamp, weights=None) -> tf.Tensor:
         """The lookup of IDs this rank owns ([*S] -> [*S, dim]); `weights`: the occurrences
         each ID stands for in the key stage (training on several ranks), or None."""
-        (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
-            [tf.reshape(ids, [-1])], [self.table.table_key], is_train, timestamp=stamp,
-            weights=None if weights is None else [weights])
+        planned = None
+        # One rank: the key stage may have run in the input pipeline (mxrec.keras.data).
+        # On several ranks this part plans what the exchange brought, in the step.
+        scope = planning.current() if weights is None else None
+        if scope is not None and communication.get_rank_size() == 1:
+            planned = scope.owned(self.table, ids, stamp, is_train)
+        if planned is None:
+            (rows,), (restore,), (reused,), _ = mxrec_ops.key_stage(
+                [tf.reshape(ids, [-1])], [self.table.table_key], is_train, timestamp=stamp,
+                weights=None if weights is None else [weights])
+        else:
+            rows, restore, reused = planned
         variable = self.table.variable
         deps = []
         if is_train and self.table.tiered:
