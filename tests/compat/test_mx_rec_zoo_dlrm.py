@@ -8,11 +8,11 @@ exactly. Every mode's AUC is compared with the one-process direct run of the sam
 admission/eviction the example's FeatureSpecs carry the thresholds and its modify_graph
 lookups none, and the direct run follows the path it stands for).
 Tolerance: four standard errors of the AUC on the test set (Hanley-McNeil; about 0.045
-here). The example itself is not
-deterministic, so no mode is asserted equal to the reference: its learning rate is
-computed from the global step that the same session.run increments, and its dense updates
-race with the gradients read from the ref variables of disable_v2_behavior (two runs of
-one mode differ by about 0.02 AUC at these settings). Every mode must also learn (AUC
+here). No mode is asserted equal to the reference: a mode's path (the graph modifier, a
+host tier, admission) sums and orders its floating-point work differently, and at these
+learning rates the example turns a change of one part in a million into a few percent of
+the table within the 48 steps (the port orders each step's reads and updates, which the
+original leaves to the scheduler: zoo_port.step_gradient_ops). Every mode must also learn (AUC
 above 0.6; with multi-lookup, whose two lookups of one table double the embeddings and
 their gradients, DLRM reaches only 0.55-0.57 at these sizes, so multi-lookup is tested
 with Wide&Deep).

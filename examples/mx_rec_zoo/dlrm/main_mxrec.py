@@ -34,7 +34,7 @@ from glob import glob
 
 import tensorflow.compat.v1 as tf  # mxrec port: TF's migration recipe
 # mxrec port: roc_auc_score of scikit-learn (not an mxrec dependency) -> zoo_port's
-from zoo_port import roc_auc_score
+from zoo_port import roc_auc_score, step_gradient_ops, ModelSaver
 import numpy as np
 
 from optimizer import get_dense_and_sparse_optimizer
@@ -68,9 +68,6 @@ DIRECT_FLAG = os.getenv("ZOO_DIRECT", "0") not in ("", "0")  # mxrec port: the r
 # init_by_id), so that N ranks start every ID as one process does (each rank hands out rows
 # of its own shard); the tests compare the tables of N ranks with one process's this way
 ZOO_TABLE_ARGS = {"init_by_id": True} if os.getenv("ZOO_INIT_BY_ID", "0") not in ("", "0") else {}
-# mxrec port: on several ranks every rank saves the whole model (a collective), each to its own
-# folder: ./saved-model on rank 0, ./saved-model/rank-R on rank R (mxrec's rank_directory)
-RANK_CHECKPOINT = None
 
 
 def _direct_faae():  # mxrec port: the FeatureSpecs' admission/eviction, for tensor IDs
@@ -285,8 +282,6 @@ if __name__ == "__main__":
     if filelist:
         IF_LOAD = True
     ConfigInitializer.get_instance().if_load = IF_LOAD
-    RANK_CHECKPOINT = os.path.join(mxrec_util.communication.rank_directory("./saved-model"),
-                                   "model-0")  # mxrec port
 
     cfg = Config()
     feature_spec_list_train = None
@@ -343,36 +338,44 @@ if __name__ == "__main__":
     for loss, (dense_optimizer, sparse_optimizer) in zip([train_model.get("loss")], optimizer_list):
         # do dense optimization
         grads = dense_optimizer.compute_gradients(loss, var_list=trainable_varibles)
-        avg_grads = []
-        for grad, var in grads[:-1]:
-            if rank_size > 1:
-                grad = hccl_ops.allreduce(grad, "sum") if grad is not None else None
-            if grad is not None:
-                avg_grads.append((grad / 8.0, var))
-        # apply gradients: update variables
-        train_ops.append(dense_optimizer.apply_gradients(avg_grads))
+        # mxrec port: every update waits for every gradient of the step (see
+        # step_gradient_ops in zoo_port.py; the original leaves this order to the scheduler)
+        with tf.control_dependencies(step_gradient_ops(grads)):
+            avg_grads = []
+            for grad, var in grads[:-1]:
+                if rank_size > 1:
+                    grad = hccl_ops.allreduce(grad, "sum") if grad is not None else None
+                if grad is not None:
+                    avg_grads.append((grad / 8.0, var))
+            # apply gradients: update variables
+            train_ops.append(dense_optimizer.apply_gradients(avg_grads))
 
-        if use_dynamic_expansion:
-            train_address_list = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)
-            # do sparse optimization by addr
-            sparse_grads = list(grads[-1])  # local_embedding
-            grads_and_vars = [(grad, address) for grad, address in zip(sparse_grads, train_address_list)]
-            train_ops.append(sparse_optimizer.apply_gradients(grads_and_vars))
-        else:
-            # do sparse optimization
-            sparse_grads = list(grads[-1])
-            print("sparse_grads_tensor:", sparse_grads)
-            grads_and_vars = [(grad, variable) for grad, variable in zip(sparse_grads, sparse_variables)]
-            train_ops.append(sparse_optimizer.apply_gradients(grads_and_vars))
+            if use_dynamic_expansion:
+                train_address_list = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)
+                # do sparse optimization by addr
+                sparse_grads = list(grads[-1])  # local_embedding
+                grads_and_vars = [(grad, address) for grad, address in zip(sparse_grads, train_address_list)]
+                train_ops.append(sparse_optimizer.apply_gradients(grads_and_vars))
+            else:
+                # do sparse optimization
+                sparse_grads = list(grads[-1])
+                print("sparse_grads_tensor:", sparse_grads)
+                grads_and_vars = [(grad, variable) for grad, variable in zip(sparse_grads, sparse_variables)]
+                train_ops.append(sparse_optimizer.apply_gradients(grads_and_vars))
 
     # 动态学习率更新
-    train_ops.extend([cfg.global_step.assign(cfg.global_step + 1), cfg.learning_rate[0], cfg.learning_rate[1]])
+    # mxrec port: the step counter moves after the step's updates, so step k trains with the
+    # learning rate of step k (see step_gradient_ops in zoo_port.py; was unordered)
+    with tf.control_dependencies(train_ops):
+        step_increment = cfg.global_step.assign(cfg.global_step + 1)
+    train_ops.extend([step_increment, cfg.learning_rate[0], cfg.learning_rate[1]])
 
     with tf.control_dependencies(train_ops):
         train_ops = tf.no_op()
         cfg.learning_rate = [cfg.learning_rate[0], cfg.learning_rate[1]]
 
     saver = tf.train.Saver()
+    model_saver = ModelSaver(saver, rank_size)  # mxrec port: the save the tests read
     if MODIFY_GRAPH_FLAG:
         modify_graph_and_start_emb_cache(dump_graph=False)  # mxrec port: dump_graph was True
     else:
@@ -414,7 +417,7 @@ if __name__ == "__main__":
     results = {"auc": [], "steps": 0}  # mxrec port: what the tests read
 
     if IF_LOAD:  # mxrec port: restore what the training run saved, evaluate only
-        saver.restore(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, RANK_CHECKPOINT)
+        model_saver.restore(sess)  # mxrec port
         test_auc, test_mean_log_loss = evaluate()
         results["auc"].append(float(test_auc))
         results["restored_step"] = int(sess.run(cfg.global_step))
@@ -459,8 +462,8 @@ if __name__ == "__main__":
             results["auc"].append(float(test_auc))  # mxrec port
 
     if not IF_LOAD:  # mxrec port: save what training made (the original builds a Saver and never saves)
-        saver.save(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, RANK_CHECKPOINT)
         results["saved_step"] = int(sess.run(cfg.global_step))
+        model_saver.save(sess, results["saved_step"])
         results["table_size"] = int(sparse_hashtable.size())
     sess.close()
 

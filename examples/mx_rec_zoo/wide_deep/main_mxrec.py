@@ -35,7 +35,7 @@ from glob import glob
 
 import tensorflow.compat.v1 as tf  # mxrec port: TF's migration recipe
 # mxrec port: roc_auc_score of scikit-learn (not an mxrec dependency) -> zoo_port's
-from zoo_port import roc_auc_score
+from zoo_port import roc_auc_score, ModelSaver
 import numpy as np
 
 from optimizer import get_dense_and_sparse_optimizer
@@ -69,9 +69,6 @@ DIRECT_FLAG = os.getenv("ZOO_DIRECT", "0") not in ("", "0")  # mxrec port: the r
 # init_by_id), so that N ranks start every ID as one process does (each rank hands out rows
 # of its own shard); the tests compare the tables of N ranks with one process's this way
 ZOO_TABLE_ARGS = {"init_by_id": True} if os.getenv("ZOO_INIT_BY_ID", "0") not in ("", "0") else {}
-# mxrec port: on several ranks every rank saves the whole model (a collective), each to its own
-# folder: ./saved-model on rank 0, ./saved-model/rank-R on rank R (mxrec's rank_directory)
-RANK_CHECKPOINT = None
 
 
 def _direct_faae():  # mxrec port: the FeatureSpecs' admission/eviction, for tensor IDs
@@ -342,8 +339,6 @@ if __name__ == "__main__":
     if filelist:
         IF_LOAD = True
     ConfigInitializer.get_instance().if_load = IF_LOAD
-    RANK_CHECKPOINT = os.path.join(mxrec_util.communication.rank_directory("./saved-model"),
-                                   "model-0")  # mxrec port
 
     cfg = Config()
     feature_spec_list_train = None
@@ -448,6 +443,7 @@ if __name__ == "__main__":
         cfg.learning_rate = [cfg.learning_rate[0], cfg.learning_rate[1]]
 
     saver = tf.train.Saver()
+    model_saver = ModelSaver(saver, rank_size)  # mxrec port: the save the tests read
     if MODIFY_GRAPH_FLAG:
         modify_graph_and_start_emb_cache(dump_graph=False)  # mxrec port: dump_graph was True
     else:
@@ -489,7 +485,7 @@ if __name__ == "__main__":
     results = {"auc": [], "steps": 0}  # mxrec port: what the tests read
 
     if IF_LOAD:  # mxrec port: restore what the training run saved, evaluate only
-        saver.restore(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, RANK_CHECKPOINT)
+        model_saver.restore(sess)  # mxrec port
         test_auc, test_mean_log_loss = evaluate()
         results["auc"].append(float(test_auc))
         results["restored_step"] = int(sess.run(cfg.global_step))
@@ -537,8 +533,8 @@ if __name__ == "__main__":
             results["auc"].append(float(test_auc))  # mxrec port
 
     if not IF_LOAD:  # mxrec port: save what training made (the original builds a Saver and never saves)
-        saver.save(sess._tf_sess() if hasattr(sess, "_tf_sess") else sess, RANK_CHECKPOINT)
         results["saved_step"] = int(sess.run(cfg.global_step))
+        model_saver.save(sess, results["saved_step"])
         results["table_size"] = int(sparse_hashtable_deep.size())
     sess.close()
 
