@@ -153,6 +153,7 @@ RANKS_EXTRA = (
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_on_ranks_equals_one_process[4-mxrec.launch]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_on_ranks_equals_one_process[2-mpirun]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_on_ranks_equals_one_process[4-1]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_later_dlrm_script_on_two_ranks_equals_one_process[1-DDR-1-0-0-1]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[2-0-HBM-1-1-0-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[2-0-HBM-0-0-1-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[2-0-SSD-0-0-0-0]",

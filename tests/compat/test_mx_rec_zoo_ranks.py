@@ -205,19 +205,22 @@ def _compare_tightly(data, one_dir, one, ranks_dir, got):
         assert abs(result["auc"][0] - one["auc"][0]) <= tolerance, (rank, result["auc"], one)
 
 
-def test_later_dlrm_script_on_two_ranks_equals_one_process(tmp_path, dlrm_short):
+@pytest.mark.parametrize("mode", [(0, "HBM", 0, 0, 0, 0), (1, "DDR", 1, 0, 0, 1)],
+                         ids=["0-HBM-0-0-0-0", "1-DDR-1-0-0-1"])
+def test_later_dlrm_script_on_two_ranks_equals_one_process(tmp_path, dlrm_short, mode):
     """RecSDK's later DLRM script (examples/mx_rec_zoo/dlrm_later, on mxrec's model_common)
-    in run.sh's default mode, 8 steps on 2 ranks against itself on one process, compared as
-    the earlier script's modes are."""
+    in run.sh's default mode and with the graph modifier, DDR, dynamic shapes and
+    multi-lookup: 8 steps on 2 ranks against itself on one process, compared as the earlier
+    script's modes are."""
     data, _ = dlrm_short
     env = dict(DLRM, DLRM_CRITEO_DATA_PATH=data, ZOO_TRAIN_EPOCH=1, ZOO_TRAIN_STEPS=8,
-               USE_MODIFY_GRAPH=0)
+               **_mode_env(mode))
     later = {"overlay": "dlrm_later", "main": "dlrm_later"}
     got = run_ranks("dlrm", tmp_path / "ranks", dict(
-        env, ZOO_BATCH_SIZE=128, ZOO_LR_SCALE=0.125, ZOO_HBM_DEV_VOCAB=12000), 2, **later)
+        env, ZOO_BATCH_SIZE=128, ZOO_LR_SCALE=0.125,
+        **{name: rows // 2 for name, rows in DLRM_ROWS.items()}), 2, **later)
     one = run_example("dlrm", tmp_path / "one", dict(
-        env, TRAIN_RANK_SIZE=1, ZOO_BATCH_SIZE=256, ZOO_LR_SCALE=0.25,
-        ZOO_HBM_DEV_VOCAB=24000), **later)
+        env, TRAIN_RANK_SIZE=1, ZOO_BATCH_SIZE=256, ZOO_LR_SCALE=0.25, **DLRM_ROWS), **later)
     _compare_tightly(data, tmp_path / "one", one, tmp_path / "ranks", got)
 
 
