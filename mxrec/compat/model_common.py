@@ -53,6 +53,7 @@ NPU_ONLY = "Ascend NPU only"
 MODEL_NAME = None
 SSD_DATA_PATH = ["ssd_data"]
 SHUFFLE_SEED = 128
+# As RecSDK's module does on import: a script drawing from `random` afterwards gets its draws.
 random.seed(SHUFFLE_SEED)
 logger = _mxrec_logger  # a script sets its own (RecSDK's starts as None)
 

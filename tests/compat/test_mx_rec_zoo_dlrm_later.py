@@ -6,7 +6,8 @@ The later script builds the same graph as the earlier one from the same pieces m
 model_common, so on one process and the same data they must agree exactly: every loss, the
 AUC, the saved table and dense weights (the earlier port, examples/mx_rec_zoo/dlrm, is the
 reference; both order their step alike). The later run sets INTERVAL, so its evaluation is
-evaluate_fix, whose saved labels and predictions give the AUC it returned. Every run.sh
+evaluate_fix, whose saved labels and predictions give the AUC it returned, and a second run
+restores what it saved and evaluates to the same AUC. Every run.sh
 switch on and off (the earlier port's modes on ranks). Several ranks:
 tests/compat/test_mx_rec_zoo_ranks.py.
 """
@@ -90,6 +91,11 @@ def test_later_script_equals_the_earlier_port(tmp_path, data, mode):
         np.testing.assert_array_equal(dense[name], weights)
     if not default:
         return
+    # The script's IF_LOAD finds ./saved-model/sparse-model-0: restore, evaluate only.
+    restored = run_example("dlrm", tmp_path / "later", env, overlay="dlrm_later",
+                           main="dlrm_later")
+    assert restored["restored_step"] == later["saved_step"] == 8
+    assert restored["auc"] == later["auc"]
     # evaluate_fix saved this rank's labels and predictions of the evaluation at step 8
     folder = tmp_path / "later" / "interval_8" / "numpy_8"
     labels, preds = np.load(folder / "label_0.npy"), np.load(folder / "pred_0.npy")
