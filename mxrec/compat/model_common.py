@@ -17,8 +17,9 @@ answering the same path (`mxrec.compat.MODULES`):
 
 Refused, naming why (Ascend NPU only): `get_npu_run_config` (mxrec.compat.REFUSED_NAMES: its
 import raises), `sess_config(dump_data=True)`,
-`USE_SHM_SWAP=1`, `HUGE_TLB_ENABLE=1`. Not available: `USE_DP=1`, a `MODEL_NAME` other than
-DLRM or DCNv2 (their inputs differ; the functions that depend on it say so).
+`USE_SHM_SWAP=1`, `HUGE_TLB_ENABLE=1`. `USE_DP` is read as RecSDK's (scripts pass it to
+`create_table(is_dp=...)`). Not available: a `MODEL_NAME` other than DLRM or DCNv2 (their
+inputs differ; the functions that depend on it say so).
 
 Example:
     >>> import mxrec.util.model_common as cm
@@ -91,8 +92,6 @@ _REFUSED_SWITCHES = {
                      "in the step's own ops"),
     "HUGE_TLB_ENABLE": (huge_tle_enable, f"{NPU_ONLY}: huge pages for the host-device "
                         "transfer buffers of mx_rec's host pipeline"),
-    "USE_DP": (USE_DP, "the examples' data-parallel variant is not part of mxrec's "
-               "model_common; a replicated table is create_table(..., is_dp=True)"),
 }
 for _name, (_on, _why) in _REFUSED_SWITCHES.items():
     if _on:

@@ -113,13 +113,21 @@ def _fresh_module(monkeypatch, **env):
     return module
 
 
-@pytest.mark.parametrize("name, says", [("USE_SHM_SWAP", "Ascend NPU only"),
-                                        ("HUGE_TLB_ENABLE", "Ascend NPU only"),
-                                        ("USE_DP", "is_dp=True")])
-def test_npu_and_missing_switches_are_refused_by_name(monkeypatch, name, says):
-    with pytest.raises(ValueError, match=f"{name}=1 is not supported on mxrec: .*{says}"):
+@pytest.mark.parametrize("name, says", [("USE_SHM_SWAP", "PCIe shared-memory queue"),
+                                        ("HUGE_TLB_ENABLE", "huge pages")])
+def test_npu_switches_are_refused_by_name(monkeypatch, name, says):
+    with pytest.raises(ValueError, match=f"{name}=1 is not supported on mxrec: Ascend NPU "
+                                         f"only: .*{says}"):
         _fresh_module(monkeypatch, **{name: "1"})
     assert _fresh_module(monkeypatch, **{name: "0"}).MODIFY_GRAPH_FLAG is False
+
+
+def test_the_switches_read_as_recsdk_reads_them(monkeypatch):
+    """USE_DP is the flag scripts pass to create_table(is_dp=...) (a replicated table)."""
+    module = _fresh_module(monkeypatch, USE_DP="1", USE_FAAE="1", USE_MODIFY_GRAPH="1",
+                           USE_MULTI_LOOKUP="1", USE_DYNAMIC_EXPANSION="0", INTERVAL="5")
+    assert (module.USE_DP, module.use_faae, module.MODIFY_GRAPH_FLAG, module.use_multi_lookup,
+            module.use_dynamic_expansion, module.interval) == (True, True, True, True, False, 5)
 
 
 def test_a_switch_other_than_0_or_1_names_itself(monkeypatch):
