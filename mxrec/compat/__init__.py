@@ -51,6 +51,8 @@ MODULES: Dict[str, str] = {
     "mxrec.util.global_env_conf": "mxrec.util.env",
     "mxrec.saver.saver": "mxrec.saver.checkpoint",
     "mxrec.util.initialize": "mxrec.initialize",
+    # RecSDK's later releases ship the examples' shared helpers inside mx_rec.
+    "mxrec.util.model_common": "mxrec.compat.model_common",
     "mxrec.util.tf_version_adapter": "mxrec.compat.tf_version_adapter",
 }
 

@@ -37,7 +37,10 @@ IMPORTS: Dict[str, Tuple[str, ...]] = {
     "mxrec.util.tf_version_adapter": ("hccl_ops", "npu_ops"),
     "mxrec.util.communication.hccl_ops": ("get_rank_id", "get_rank_size", "allreduce"),
     "mxrec.util.communication.hccl_mgmt": ("parse_hccl_json", "set_hccl_info_without_json"),
-    "mxrec.util.model_common": ("Config", "sess_config", "make_batch_and_iterator"),
+    "mxrec.util.model_common": (
+        "Config", "LearningRateScheduler", "CacheModeEnum", "SSD_DATA_PATH", "sess_config",
+        "get_npu_run_config", "make_batch_and_iterator", "create_feature_spec_list",
+        "clear_saved_model", "evaluate", "evaluate_fix", "add_timestamp_func"),
     "mxrec.util.atomic": (),
     "mxrec.util.normalization": (),
     "mxrec.util.perf": ("performance",),

@@ -24,9 +24,6 @@ REFUSED_MODULES: Dict[str, str] = {
         "mx_rec's registry of FeatureSpecs, written by its library; mxrec keeps each "
         "FeatureSpec's plan with the FeatureSpec"),
     "mxrec.util.communication.hccl_mgmt": f"{_NPU}: the HCCL rank table of the devices",
-    "mxrec.util.model_common": (
-        "RecSDK's example helpers (NPU session and run configs, the Criteo input); the ports "
-        "in examples/mx_rec_zoo keep the parts they use"),
     "mxrec.util.atomic": _INTERNAL,
     "mxrec.util.normalization": _INTERNAL,
     "mxrec.util.perf": "mx_rec's timing decorator of its own functions",
@@ -73,6 +70,9 @@ REFUSED_NAMES: Dict[str, str] = {
                                                 "mxrec.util.log.get_logger names the valid ones"),
     "mxrec.core.asc.feature_spec.set_temporary_feature_spec_attribute": (
         "mx_rec's FeatureSpec bookkeeping, set by its insert function"),
+    # The host is the module that answers mx_rec.util.model_common.
+    "mxrec.compat.model_common.get_npu_run_config": (
+        f"{_NPU}: npu_bridge's NPURunConfig for NPUEstimator; use tf.estimator.RunConfig"),
     "mxrec.util.variable.check_and_get_config_via_var": (
         "mx_rec's lookup of a table by its variable; use ConfigInitializer.get_instance()"
         ".sparse_embed_config.get_table_instance(var)"),

@@ -178,16 +178,23 @@ def test_dlrm_mode_on_ranks_equals_one_process_tightly(tmp_path, dlrm_short, ran
         one_runs[mode] = (one_dir, run_example("dlrm", one_dir, dict(
             env, TRAIN_RANK_SIZE=1, ZOO_BATCH_SIZE=256, ZOO_LR_SCALE=0.25, **DLRM_ROWS)))
     one_dir, one = one_runs[mode]
+    _compare_tightly(data, one_dir, one, tmp_path / "ranks", got)
+
+
+def _compare_tightly(data, one_dir, one, ranks_dir, got):
+    """8 steps: IDs exactly, tables and dense weights within 1e-4, every step's loss within
+    1e-4, each rank's AUC within four standard errors."""
+    ranks = len(got)
     assert [r["steps"] for r in got] == [8] * ranks == [one["steps"]] * ranks
     np.testing.assert_allclose(np.mean([r["losses"] for r in got], axis=0), one["losses"],
                                rtol=1e-4)
-    want, have = _tables(one_dir), _tables(tmp_path / "ranks")
+    want, have = _tables(one_dir), _tables(ranks_dir)
     assert sorted(want) == sorted(have)
     for name, (ids, rows) in want.items():
         np.testing.assert_array_equal(have[name][0], ids)
         gap = np.linalg.norm(have[name][1] - rows) / np.linalg.norm(rows)
         assert gap <= 1e-4, (name, gap)
-    want, have = _dense(one_dir), _dense(tmp_path / "ranks")
+    want, have = _dense(one_dir), _dense(ranks_dir)
     assert sorted(want) == sorted(have) and len(want) == 16
     for name, weights in want.items():
         gap = np.linalg.norm(have[name] - weights) / np.linalg.norm(weights)
@@ -196,6 +203,25 @@ def test_dlrm_mode_on_ranks_equals_one_process_tightly(tmp_path, dlrm_short, ran
     tolerance = auc_tolerance(positives / ranks, negatives / ranks, one["auc"][0])
     for rank, result in enumerate(got):
         assert abs(result["auc"][0] - one["auc"][0]) <= tolerance, (rank, result["auc"], one)
+
+
+@pytest.mark.parametrize("mode", [(0, "HBM", 0, 0, 0, 0), (1, "DDR", 1, 0, 0, 1)],
+                         ids=["0-HBM-0-0-0-0", "1-DDR-1-0-0-1"])
+def test_later_dlrm_script_on_two_ranks_equals_one_process(tmp_path, dlrm_short, mode):
+    """RecSDK's later DLRM script (examples/mx_rec_zoo/dlrm_later, on mxrec's model_common)
+    in run.sh's default mode and with the graph modifier, DDR, dynamic shapes and
+    multi-lookup: 8 steps on 2 ranks against itself on one process, compared as the earlier
+    script's modes are."""
+    data, _ = dlrm_short
+    env = dict(DLRM, DLRM_CRITEO_DATA_PATH=data, ZOO_TRAIN_EPOCH=1, ZOO_TRAIN_STEPS=8,
+               **_mode_env(mode))
+    later = {"overlay": "dlrm_later", "main": "dlrm_later"}
+    got = run_ranks("dlrm", tmp_path / "ranks", dict(
+        env, ZOO_BATCH_SIZE=128, ZOO_LR_SCALE=0.125,
+        **{name: rows // 2 for name, rows in DLRM_ROWS.items()}), 2, **later)
+    one = run_example("dlrm", tmp_path / "one", dict(
+        env, TRAIN_RANK_SIZE=1, ZOO_BATCH_SIZE=256, ZOO_LR_SCALE=0.25, **DLRM_ROWS), **later)
+    _compare_tightly(data, tmp_path / "one", one, tmp_path / "ranks", got)
 
 
 @pytest.mark.parametrize("ranks, modify_graph", [(2, 1), (4, 1), (2, 0)])

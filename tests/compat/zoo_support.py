@@ -36,19 +36,20 @@ def _example_env(example: str, env: dict, result: str, overlay: str = None) -> d
 
 
 def run_ranks(example: str, workdir: pathlib.Path, env: dict, ranks: int,
-              launcher: str = "mxrec.launch") -> list:
+              launcher: str = "mxrec.launch", overlay: str = None, main: str = None) -> list:
     """Runs the example on `ranks` ranks as its run.sh does with TRAIN_RANK_SIZE=ranks
-    (`python -m mxrec.launch -n N` or `mpirun -n N`); each rank's results, by rank."""
+    (`python -m mxrec.launch -n N` or `mpirun -n N`); each rank's results, by rank.
+    `overlay` and `main` as run_example's."""
     from mxrec import launch
 
     workdir.mkdir(parents=True, exist_ok=True)
-    script = [str(ZOO / example / "main_mxrec.py")]
+    script = [str(ZOO / (main or example) / "main_mxrec.py")]
     if launcher == "mxrec.launch":
         command = [sys.executable, "-m", "mxrec.launch", "-n", str(ranks)] + script
     else:
         command = launch.mpirun_command(ranks, [sys.executable] + script)
     full = _example_env(example, dict(env, TRAIN_RANK_SIZE=ranks, MXREC_COLLECTIVE_TIMEOUT=300),
-                        str(workdir / "result-{rank}.json"))
+                        str(workdir / "result-{rank}.json"), overlay)
     done = subprocess.run(command, cwd=workdir, env=full, capture_output=True, text=True,
                           timeout=900)
     if done.returncode != 0:
@@ -57,17 +58,20 @@ def run_ranks(example: str, workdir: pathlib.Path, env: dict, ranks: int,
     return [json.loads((workdir / f"result-{rank}.json").read_text()) for rank in range(ranks)]
 
 
-def run_example(example: str, workdir: pathlib.Path, env: dict, overlay: str = None) -> dict:
+def run_example(example: str, workdir: pathlib.Path, env: dict, overlay: str = None,
+                main: str = None) -> dict:
     """Runs examples/mx_rec_zoo/<example>/main_mxrec.py in `workdir` with `env`, in a
     process of its own (as run.sh does; the examples set process-wide TF behaviour).
     `overlay`, a folder of examples/mx_rec_zoo, comes first on the path: its files (another
-    RecSDK version's) replace the example's."""
+    RecSDK version's) replace the example's; `main`, the folder whose main_mxrec.py runs
+    (default: the example's)."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / "result.json"
     if result.exists():
         result.unlink()
     full = _example_env(example, env, str(result), overlay)
-    done = subprocess.run([sys.executable, str(ZOO / example / "main_mxrec.py")], cwd=workdir,
+    script = ZOO / (main or example) / "main_mxrec.py"
+    done = subprocess.run([sys.executable, str(script)], cwd=workdir,
                           env=full, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise AssertionError(f"{example} failed ({done.returncode}) with {env}:\n"
