@@ -31,8 +31,7 @@ constexpr int32_t kDefaultSlot = -1;
 
 BatchPlanner::BatchPlanner(const TableOptions& options, IdMap* ids, DeviceRows* rows,
                            DeviceCachePlanner* cache, const Admission* admission,
-                           const std::unordered_map<int64_t, uint64_t>* pending_admitted,
-                           TableStats* stats)
+                           const PendingAdmitted* pending_admitted, TableStats* stats)
     : options_(options),
       ids_(ids),
       rows_(rows),
@@ -433,9 +432,18 @@ void BatchPlanner::CountIds(BatchWork& w, ShardGroup shards) {
   const bool journal = w.journal != nullptr;
   const uint32_t epoch = w.epoch;
   const float weight = static_cast<float>(admission_->options.faae_coefficient);
+  // One group visits every shard in order: its undo entries go straight into
+  // the journal, in the order Plan's concatenation of the shards' would give.
+  std::vector<Undo>* const direct = journal && w.groups == 1 ? &w.journal->undo : nullptr;
+  if (direct != nullptr) {
+    size_t total = direct->size();
+    for (int s = shards.lo; s < shards.hi; ++s) total += w.uniques[s].size();
+    direct->reserve(total);
+  }
   for (int s = shards.lo; s < shards.hi; ++s) {
     KeyMap& map = (*ids_)[s];
     const std::vector<BatchWork::Unique>& uniq = w.uniques[s];
+    std::vector<Undo>& undo = direct != nullptr ? *direct : w.undo[s];
     const size_t distinct = uniq.size();
     for (size_t u = 0; u < distinct; ++u) {
       if (u + kPrefetchDistance < distinct) {
@@ -446,8 +454,9 @@ void BatchPlanner::CountIds(BatchWork& w, ShardGroup shards) {
       KeyRecord& rec = map.record(id.index);
       const uint32_t occurrences = id.occurrences + w.dedupe[s].at(id.slot).count;
       if (journal) {
-        w.undo[s].push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
-                                 static_cast<uint8_t>(rec.seen_recently), static_cast<uint8_t>(id.inserted ? 1 : 0)});
+        undo.push_back(Undo{id.key, map.last_seen(id.index), rec.count, rec.epoch,
+                            static_cast<uint8_t>(rec.seen_recently),
+                            static_cast<uint8_t>(id.inserted ? 1 : 0)});
       }
       map.set_last_seen(id.index, w.timestamp);
       rec.seen_recently = 1;
@@ -473,7 +482,7 @@ void BatchPlanner::CountIds(BatchWork& w, ShardGroup shards) {
 int32_t BatchPlanner::EvalRow(const BatchWork& w, int64_t key, const KeyRecord& rec) const {
   // The step boundary: an ID admitted by a pending batch has no row yet, and
   // an ID a pending swap plan moves is still where it was.
-  if (!pending_admitted_->empty() && pending_admitted_->count(key) > 0) return kDefaultSlot;
+  if (!pending_admitted_->empty() && pending_admitted_->Contains(key)) return kDefaultSlot;
   int32_t row = rec.row;
   if (!w.physical.empty()) {
     auto it = w.physical.find(key);
@@ -515,7 +524,10 @@ Status BatchPlanner::Plan(const BatchInput& batch, ThreadPool* pool, BatchPlan* 
   HashKeys(w, pool);
   FindAndCount(w, pool);
   MXREC_RETURN_IF_ERROR(AssignRows(w, pool, plan));
-  if (w.journal != nullptr) {
+  if (w.journal != nullptr && w.groups > 1) {  // one group wrote the journal's (CountIds)
+    size_t total = w.journal->undo.size();
+    for (const auto& part : w.undo) total += part.size();
+    w.journal->undo.reserve(total);
     for (const auto& part : w.undo) {
       w.journal->undo.insert(w.journal->undo.end(), part.begin(), part.end());
     }
@@ -831,6 +843,7 @@ Status BatchPlanner::RefuseBatch(BatchWork& w, BatchPlan* plan) {
 }
 
 void BatchPlanner::JournalGrants(BatchWork& w) {
+  w.journal->admitted.reserve(w.journal->admitted.size() + w.granted.size());
   for (const auto& [id, from_free] : w.granted) {
     w.journal->admitted.push_back(id.key);
     if (from_free) {

@@ -32,7 +32,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 
 #include "batch_journal.h"
 #include "id_map.h"
@@ -72,7 +71,7 @@ class BatchPlanner {
   // table's and outlives the planner.
   BatchPlanner(const TableOptions& options, IdMap* ids, DeviceRows* rows, DeviceCachePlanner* cache,
                const Admission* admission,
-               const std::unordered_map<int64_t, uint64_t>* pending_admitted, TableStats* stats);
+               const PendingAdmitted* pending_admitted, TableStats* stats);
   // A copy would plan against the same table's state.
   BatchPlanner(const BatchPlanner&) = delete;
   BatchPlanner& operator=(const BatchPlanner&) = delete;
@@ -168,8 +167,9 @@ class BatchPlanner {
   DeviceRows* const rows_;
   DeviceCachePlanner* const cache_;
   const Admission* const admission_;
-  // IDs admitted by pending batches (-> batch id).
-  const std::unordered_map<int64_t, uint64_t>* const pending_admitted_;
+  // IDs admitted by pending batches; current when an evaluation batch is
+  // planned (HostTable::Process refreshes it), unused by training batches.
+  const PendingAdmitted* const pending_admitted_;
   TableStats* const stats_;
 };
 

@@ -73,14 +73,18 @@ Status HostTable::Process(const int64_t* keys, int64_t n, bool train, int64_t ti
   PendingBatch journal;
   BatchInput batch{keys, n, weights, train, timestamp, epoch_, nullptr};
   if (train && deferred) {
+    // The retired batch's vectors, emptied: a pipeline's journals are alike in size.
+    journal = std::move(spare_);
+    journal.Clear();
     journal.id = next_batch_id_.load(std::memory_order_relaxed);
     journal.newest_before = newest_timestamp_;
     batch.journal = &journal;
   }
   if (train && timestamp > newest_timestamp_) newest_timestamp_ = timestamp;
+  if (!train) pending_admitted_.Refresh(pending_);
   if (n > 0) MXREC_RETURN_IF_ERROR(planner_.Plan(batch, pool, plan));
   if (batch.journal != nullptr) {
-    for (int64_t key : journal.admitted) pending_admitted_[key] = journal.id;
+    pending_admitted_.Invalidate();
     plan->batch_id = journal.id;
     next_batch_id_.store(journal.id + 1, std::memory_order_release);
     pending_.push_back(std::move(journal));
@@ -130,16 +134,11 @@ std::unique_lock<std::mutex> HostTable::Lock() const {
 void HostTable::RetireCommittedLocked() const {
   const uint64_t through = committed_through_.load(std::memory_order_acquire);
   auto done = pending_.begin();
-  while (done != pending_.end() && done->id <= through) {
-    for (int64_t key : done->admitted) {
-      auto entry = pending_admitted_.find(key);
-      if (entry != pending_admitted_.end() && entry->second == done->id) {
-        pending_admitted_.erase(entry);
-      }
-    }
-    ++done;
-  }
+  while (done != pending_.end() && done->id <= through) ++done;
+  if (done == pending_.begin()) return;
+  spare_ = std::move(*(done - 1));
   pending_.erase(pending_.begin(), done);
+  pending_admitted_.Invalidate();
 }
 
 int64_t HostTable::pending_batches() const {

@@ -369,10 +369,12 @@ class HostTable {
   bool track_removals_ = false;  // a delta chain exists (ExportState delta_chain)
   int64_t newest_timestamp_ = -1;
   // Deferred training batches planned and not retired, oldest first (ids
-  // increasing); IDs their batches admitted (-> batch id). Both are mutable:
-  // a const reader retires committed batches first (Lock()).
+  // increasing); IDs their batches admitted (for evaluation batches); the
+  // storage of the last batch retired, which the next deferred batch's journal
+  // reuses. All mutable: a const reader retires committed batches first (Lock()).
   mutable std::deque<PendingBatch> pending_;
-  mutable std::unordered_map<int64_t, uint64_t> pending_admitted_;
+  mutable PendingAdmitted pending_admitted_;
+  mutable PendingBatch spare_;
   // Written under mu_, read by Commit without it: the id of the next deferred batch.
   std::atomic<uint64_t> next_batch_id_{1};
   // Outside mu_: the newest batch id a step committed (Commit), and the first

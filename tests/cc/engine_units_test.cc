@@ -1,5 +1,5 @@
-// Unit tests of engine pieces below the Python API: the ID map (KeyMap) and the
-// thread pool's failure path. Built and run by tests/test_engine_units.py
+// Unit tests of engine pieces below the Python API: the ID map (KeyMap), the
+// thread pool's failure path, and what evaluation reads while batches are pending. Built and run by tests/test_engine_units.py
 // against the engine library; prints one line per test and exits non-zero on
 // the first failure.
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "expect.h"
+#include "engine/host_table.h"
 #include "engine/huge_pages.h"
 #include "engine/key_map.h"
 #include "engine/thread_pool.h"
@@ -330,6 +331,52 @@ void TestParallelForRethrows() {
   EXPECT(caught);
 }
 
+// Evaluation reads an ID that a pending (deferred, not committed) batch admitted
+// as unseen, and reads its row once the batch's step committed it. The table
+// gathers those IDs from the journals when an evaluation batch asks
+// (PendingAdmitted), so every change of the pending batches (one planned, one
+// retired) must show in the next evaluation batch.
+void TestEvaluationSeesCommittedAdmissionsOnly() {
+  mxrec::TableOptions options;
+  options.name = "pending";
+  options.dim = 4;
+  options.device_capacity = 16;
+  mxrec::HostTable table(options);
+  int64_t time = 0;
+  auto train = [&](int64_t key) {
+    mxrec::BatchPlan plan;
+    EXPECT(table.Process(&key, 1, true, ++time, nullptr, &plan, true).ok());
+    EXPECT(plan.batch_id > 0 && plan.unique_rows.size() == 1);
+    return plan.batch_id;
+  };
+  auto eval_row = [&](int64_t key) {
+    mxrec::BatchPlan plan;
+    EXPECT(table.Process(&key, 1, false, time, nullptr, &plan).ok());
+    const size_t index = static_cast<size_t>(plan.restore[0]);
+    return index < plan.unique_rows.size() ? plan.unique_rows[index] : -1;
+  };
+  const int64_t a = 7;
+  const int64_t b = -(int64_t{1} << 62);
+  const uint64_t first = train(a);
+  EXPECT(eval_row(a) == -1);
+  const uint64_t second = train(b);  // planned after an evaluation batch read the set
+  EXPECT(eval_row(b) == -1);
+  EXPECT(eval_row(a) == -1);
+  EXPECT(table.Commit(first).ok());
+  EXPECT(eval_row(a) >= 0);
+  EXPECT(eval_row(b) == -1);
+  EXPECT(table.pending_batches() == 1);
+  EXPECT(table.Commit(second).ok());
+  EXPECT(eval_row(b) >= 0 && eval_row(b) != eval_row(a));
+  EXPECT(table.pending_batches() == 0);
+  // A batch planned after the set was emptied: its admission is pending again.
+  const int64_t c = 1;
+  const uint64_t third = train(c);
+  EXPECT(eval_row(c) == -1 && eval_row(a) >= 0);
+  EXPECT(table.Commit(third).ok());
+  EXPECT(eval_row(c) >= 0);
+}
+
 }  // namespace
 
 int main() {
@@ -347,5 +394,7 @@ int main() {
   std::puts("failed growth keeps the map: ok");
   TestParallelForRethrows();
   std::puts("parallel for rethrows: ok");
+  TestEvaluationSeesCommittedAdmissionsOnly();
+  std::puts("evaluation sees committed admissions only: ok");
   return 0;
 }
