@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -246,6 +247,29 @@ void TestReadAhead(const std::string& dir) {
   EXPECT(ahead->Hint(valid) == 0);
 }
 
+// An Append's runs and pages: what the write statistics count.
+void TestAppendCounts(const std::string& dir) {
+  const int64_t dim = 64;
+  std::unique_ptr<SsdTier> tier;
+  EXPECT(SsdTier::Open(dir, "counts", 2 * dim, &tier).ok());
+  EXPECT(tier->record_bytes() == 528);
+  // Records 0..9 fill bytes [0, 5280): pages 0 and 1; record 100 is [52800, 53328):
+  // pages 12 and 13 (given out of order: BeginAppend sorts them).
+  std::vector<int64_t> numbers = {100, 3, 0, 1, 2, 4, 5, 6, 7, 8, 9};
+  std::vector<int64_t> keys(numbers.size());
+  std::vector<uint32_t> present(numbers.size(), 3u);
+  std::vector<int64_t> floats(numbers.size(), 2 * dim);
+  for (size_t i = 0; i < numbers.size(); ++i) keys[i] = numbers[i] + 1000;
+  SsdTier::Append append;
+  EXPECT(tier->BeginAppend(keys, numbers, present, floats,
+                           [](size_t, char* out) { std::memset(out, 0, 2 * 64 * 4); }, &append)
+             .ok());
+  EXPECT(append.runs == 2 && append.pages == 4);
+  EXPECT(tier->WriteAppend(append).ok());
+  tier->FinishAppend(append, std::vector<uint8_t>(numbers.size(), 1));
+  EXPECT(tier->size() == 11);
+}
+
 // The allocator's records for `count` allocations.
 std::vector<int64_t> Take(SsdRecordAllocator* allocator, int64_t count) {
   std::vector<int64_t> out;
@@ -333,6 +357,7 @@ int main(int argc, char** argv) {
   }
   TestTierMatchesReference(argv[1]);
   TestReadAhead(argv[1]);
+  TestAppendCounts(argv[1]);
   TestAllocatorOrder();
   TestAllocatorAgainstReference();
   std::printf("ssd tier records: ok\n");
