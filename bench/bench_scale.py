@@ -318,6 +318,7 @@ def train_figures(args, steps: list, rep: report.Report) -> None:
                round((last[-1]["disk"][0] - before[0]) / seconds / 2**30, 3))
     rep.figure("steady state disk writes (GiB/s)",
                round((last[-1]["disk"][1] - before[1]) / seconds / 2**30, 3))
+    spill_figures(steps, len(last), rep)
     stats = steps[-1]["stats"]
     comps = 2  # the embedding and Adagrad's slot
     rep.figure("device cache RAM per ID (values, bytes)", args.dim * 4 * comps)
@@ -339,6 +340,32 @@ def train_figures(args, steps: list, rep: report.Report) -> None:
         (start, start_rows), (end, end_rows) = steps[0]["trimmed"], steps[-1]["trimmed_end"]
         rep.figure("RAM per SSD-resident ID, training, heap trimmed (bytes)",
                    round((end - start) / (end_rows - start_rows), 1))
+
+
+def spill_figures(steps: list, count: int, rep: report.Report) -> None:
+    """Per steady-state step: the rows spilled to the SSD file, the writes and bytes that
+    wrote them, the 4 KiB pages those writes touched, and what the process dirtied in all
+    (/proc/self/io); the last two over the first show the write amplification."""
+    n = len(steps)
+    if n <= count:
+        return
+    before, end = steps[n - count - 1], steps[-1]
+
+    def per_step(key):
+        return (end["stats"].get(key, 0) - before["stats"].get(key, 0)) / count
+
+    records = per_step("ssd_spilled_records")
+    written = per_step("ssd_write_bytes")
+    pages = per_step("ssd_write_pages") * 4096
+    dirtied = (end["disk"][1] - before["disk"][1]) / count
+    rep.figure("steady state rows spilled per step", round(records))
+    rep.figure("steady state spill runs per step", round(per_step("ssd_write_runs")))
+    rep.figure("steady state spill bytes per step (MiB)", round(written / 2**20, 1))
+    rep.figure("steady state pages the spills touched per step (MiB)", round(pages / 2**20, 1))
+    rep.figure("steady state bytes dirtied per step (MiB, /proc/self/io)",
+               round(dirtied / 2**20, 1))
+    if written:
+        rep.figure("pages the spills touched / spill bytes", round(pages / written, 2))
 
 
 def dd_speeds(directory: str, size: int) -> tuple:

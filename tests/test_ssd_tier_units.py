@@ -1,6 +1,8 @@
 """C++ unit tests of the SSD tier (tests/cc/ssd_tier_test.cc), built against the engine
 library: its fixed-size records at caller-given numbers (batched puts, per-component reads,
-releases and reuse, the file widened for a new component) against a std::map reference."""
+releases and reuse, the file widened for a new component) against a std::map reference; the
+runs and pages a batch's write counts; the record allocator's order (a spill after scattered
+frees goes to the file's end) and a random run against a reference set."""
 
 import subprocess
 

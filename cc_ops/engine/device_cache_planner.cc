@@ -72,7 +72,9 @@ Status DeviceCachePlanner::AssignRows(const std::vector<RecordRef>& need,
                                       const std::vector<int32_t>& slots, uint32_t epoch,
                                       BatchPlan* plan, PendingBatch* journal) {
   MXREC_RETURN_IF_ERROR(CheckRoom(need));
-  tier_->TakeReleased(&free_host_slots_, &free_ssd_records_);
+  tier_->TakeReleased(&free_host_slots_, &freed_records_);
+  for (int32_t record : freed_records_) ssd_records_.Release(record);
+  freed_records_.clear();
   // Victims, in the order the loop below hands out rows: free rows first, then
   // never used ones, then victims. Picking them all up front picks the same
   // rows (the rows handed out meanwhile join the recency list's tail as
@@ -277,23 +279,10 @@ int32_t DeviceCachePlanner::AllocHostSlot() {
   return next_host_slot_++;
 }
 
-int64_t DeviceCachePlanner::AllocSsdRecord() {
-  if (!free_ssd_records_.empty()) {
-    const int32_t record = free_ssd_records_.back();
-    free_ssd_records_.pop_back();
-    return record;
-  }
-  if (next_ssd_record_ >= SsdTier::kMaxRecords) return -1;
-  return next_ssd_record_++;
-}
-
 void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
   if (options_.ssd_capacity <= 0) return;
-  // Freed records are handed out lowest first (AllocSsdRecord takes the
-  // back), so one spill's records are in ascending order and, where freed
-  // records neighbour each other or the file's end is reached, consecutive:
-  // the writer writes each run of consecutive records with one write.
-  std::sort(free_ssd_records_.begin(), free_ssd_records_.end(), std::greater<int32_t>());
+  // The writer sorts a spill's records and writes each run of consecutive
+  // ones with one write; the allocator keeps them together.
   // IDs on disk (or with no values yet) are the tier's IDs without a host slot.
   // With the SSD tier full, host memory holds the rest beyond its size for a
   // while (the tier's total size is checked when rows are handed out).
@@ -303,7 +292,7 @@ void DeviceCachePlanner::PlanSpills(SwapPlan* plan) {
     host_arrival_.pop_front();
     const RecordRef id = ids_->Find(key);
     if (id.rec == nullptr || !id.tier->in_host || id.tier->host_slot != slot) continue;  // moved since
-    const int64_t record = AllocSsdRecord();
+    const int64_t record = ssd_records_.Allocate();
     if (record < 0) {
       host_arrival_.emplace_front(key, slot);  // no record number left: it stays in host memory
       break;
@@ -422,21 +411,21 @@ Status DeviceCachePlanner::Restore(const TableState& state, const std::vector<in
   }
   // Nothing below fails.
   free_host_slots_.clear();
-  free_ssd_records_.clear();
   host_arrival_.clear();
   next_host_slot_ = 0;
-  next_ssd_record_ = 0;
   host_resident_ = 0;
+  int64_t records_used = 0;
   for (size_t i = 0; i < host_records.size(); ++i) {
     host_records[i]->host_slot = host_slots[i];
     if (IsSsdSlot(host_slots[i])) {
-      next_ssd_record_ = std::max(next_ssd_record_, SsdRecordOf(host_slots[i]) + 1);
+      records_used = std::max(records_used, SsdRecordOf(host_slots[i]) + 1);
     }
     if (host_slots[i] < 0) continue;
     next_host_slot_ = std::max(next_host_slot_, host_slots[i] + 1);
     ++host_resident_;
     if (options_.ssd_capacity > 0) host_arrival_.emplace_back(host_keys[i], host_slots[i]);
   }
+  ssd_records_.Reset(records_used);
   stamp_ = RebuildRecency(state, maps);
   tier_ids_ = static_cast<int64_t>(host_keys.size());
   return Status::Ok();

@@ -26,6 +26,7 @@
 #include "batch_journal.h"
 #include "host_tier.h"
 #include "id_map.h"
+#include "ssd_record_allocator.h"
 #include "status.h"
 
 namespace mxrec {
@@ -162,9 +163,6 @@ class DeviceCachePlanner {
   }
   void LruPushHead(int32_t row);
   int32_t AllocHostSlot();
-  // A free SSD record (the one freed last, so the file's hot end is reused),
-  // else the next never used one; -1 when SsdTier::kMaxRecords are in use.
-  int64_t AllocSsdRecord();
   // Chooses the oldest host-resident IDs to go to disk while host memory is
   // over host_vocabulary_size (SSD tier only), adding them to `plan`.
   void PlanSpills(SwapPlan* plan);
@@ -203,10 +201,11 @@ class DeviceCachePlanner {
   // no longer holds that slot are skipped.
   std::vector<int32_t> free_host_slots_;
   int32_t next_host_slot_ = 0;
-  // SSD records, numbered by this planner: free ones (4 bytes per freed
-  // record; none are freed while rows only arrive) and the next never used.
-  std::vector<int32_t> free_ssd_records_;
-  int64_t next_ssd_record_ = 0;
+  // SSD records, numbered by this planner so that a spill's records lie
+  // together (see SsdRecordAllocator), and the scratch that takes the records
+  // the tier freed.
+  SsdRecordAllocator ssd_records_{SsdTier::kMaxRecords};
+  std::vector<int32_t> freed_records_;
   int64_t host_resident_ = 0;
   std::deque<std::pair<int64_t, int32_t>> host_arrival_;
   uint32_t swap_protect_ = 1;

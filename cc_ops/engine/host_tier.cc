@@ -412,6 +412,10 @@ Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* l
       if (entries.empty()) pending_spills_.erase(it);
     }
     ssd->FinishAppend(append, keep);
+    stats_.ssd_spilled_records += static_cast<int64_t>(append.numbers.size());
+    stats_.ssd_write_runs += append.runs;
+    stats_.ssd_write_bytes += static_cast<int64_t>(append.bytes.size());
+    stats_.ssd_write_pages += append.pages;
   }
   for (int32_t slot : job.slots) ReleaseLocked(slot);
   return status;

@@ -106,6 +106,13 @@ struct TierStats {
   int64_t ssd_record_bytes = 0;  // bytes of one SSD record (the file holds whole records)
   int64_t ssd_read_ahead_records = 0;  // records hinted to the kernel ahead of their plans
   int64_t ssd_read_ahead_runs = 0;     // runs of pages those hints asked for
+  // Spills written to the SSD tier: records, their runs of consecutive records
+  // (each written in calls of at most 16 KiB), their bytes, and the distinct
+  // 4 KiB pages each spill's runs touched (what the page cache writes back).
+  int64_t ssd_spilled_records = 0;
+  int64_t ssd_write_runs = 0;
+  int64_t ssd_write_bytes = 0;
+  int64_t ssd_write_pages = 0;
 
   // The one list of the statistics by name: fn(name, value) for each, in
   // this order (the pybind module's tier_stats dict is filled from it).
@@ -124,6 +131,10 @@ struct TierStats {
     fn("pending_plans", pending_plans);
     fn("ssd_read_ahead_records", ssd_read_ahead_records);
     fn("ssd_read_ahead_runs", ssd_read_ahead_runs);
+    fn("ssd_spilled_records", ssd_spilled_records);
+    fn("ssd_write_runs", ssd_write_runs);
+    fn("ssd_write_bytes", ssd_write_bytes);
+    fn("ssd_write_pages", ssd_write_pages);
   }
 };
 

@@ -31,9 +31,19 @@ std::string Sanitize(const std::string& name) {
   return out;
 }
 
+// The most one write call gives the kernel. The page cache holds what a write
+// brings in folios as large as the write (up to 2 MiB on ext4 since Linux
+// 6.16), and a later write of one record into a large folio dirties all of it:
+// measured on this project's machines, a 528-byte record freed and reused in a
+// file written in 8 MiB calls made the disk write 26-270 KB, against 4.4 KB
+// after 4 KiB calls and 14 KB after 16 KiB ones. 16 KiB keeps both that and
+// the calls per spill (one per 31 records of 528 bytes) small.
+constexpr int64_t kWritePiece = int64_t{16} << 10;
+
 Status WriteAll(int fd, const char* data, int64_t length, int64_t offset, const std::string& path) {
   while (length > 0) {
-    const ssize_t done = pwrite(fd, data, static_cast<size_t>(length), offset);
+    const int64_t piece = std::min(length, kWritePiece - offset % kWritePiece);
+    const ssize_t done = pwrite(fd, data, static_cast<size_t>(piece), offset);
     if (done < 0) {
       if (errno == EINTR) continue;
       return MXREC_ERROR(StatusCode::kInternal, "SSD tier: writing ", path, " failed: ",
@@ -315,9 +325,17 @@ Status SsdTier::BeginAppend(const std::vector<int64_t>& keys,
   append->numbers.resize(keys.size());
   append->bytes.assign(keys.size() * static_cast<size_t>(bytes), 0);
   char* p = append->bytes.data();
+  append->runs = 0;
+  append->pages = 0;
+  int64_t last_page = -1;
   for (size_t j = 0; j < keys.size(); ++j) {
     const size_t i = append->order[j];
     append->numbers[j] = numbers[i];
+    if (j == 0 || numbers[i] != append->numbers[j - 1] + 1) ++append->runs;
+    const int64_t first = numbers[i] * bytes / kPageBytes;
+    const int64_t last = ((numbers[i] + 1) * bytes - 1) / kPageBytes;
+    append->pages += last - std::max(first, last_page + 1) + 1;
+    last_page = last;
     std::memcpy(p, &keys[i], 8);
     std::memcpy(p + 8, &present[i], 4);
     fill(i, p + kHeaderBytes);

@@ -2,9 +2,9 @@
 // mxrec owns. The record numbers are given out by the device-cache planner
 // (under the table's mutex) and kept in each ID's TierRecord, so the tier
 // keeps no index by key: record r is at r * record_bytes() in the file, and
-// a record freed (its ID read back or evicted) is reused by a later spill.
-// The file's size is bounded by the peak of records in use, so it is never
-// compacted. In RAM the tier keeps one bit per record (whether it holds a
+// a record freed (its ID read back or evicted) is reused by a later spill
+// (SsdRecordAllocator: the file holds at most 4/3 of its peak of records in
+// use), so it is never compacted. In RAM the tier keeps one bit per record (whether it holds a
 // live row), for its row count, for checks and for iterating the rows.
 //
 // A record is a 16-byte header (the key, the mask of components present, 4
@@ -21,8 +21,8 @@
 // never followed, truncated or written. Dropping the table removes the data
 // file only if it is still the one the tier created, and the directory only
 // if nothing else was put in it. Plain C++ and POSIX I/O: a batch's records
-// are written sorted by record number, runs of consecutive records with one
-// write each, and read through a read-only shared mapping of the file (no
+// are written sorted by record number, each run of consecutive records in
+// calls of at most 16 KiB (see kWritePiece), and read through a read-only shared mapping of the file (no
 // system call per record; pread where the mapping cannot be made).
 #ifndef MXREC_ENGINE_SSD_TIER_H_
 #define MXREC_ENGINE_SSD_TIER_H_
@@ -105,7 +105,12 @@ class SsdTier {
     std::vector<int64_t> numbers;  // sorted
     std::vector<size_t> order;     // numbers[j] is the record of keys[order[j]]
     std::vector<char> bytes;       // record_bytes() per record, in `numbers` order
+    int64_t runs = 0;   // runs of consecutive records: the writes WriteAppend makes
+    int64_t pages = 0;  // distinct pages of kPageBytes the writes touch
   };
+  // The unit of the page cache (and of what the disk writes back) that the
+  // write statistics count.
+  static constexpr int64_t kPageBytes = 4096;
   Status BeginAppend(const std::vector<int64_t>& keys, const std::vector<int64_t>& numbers,
                      const std::vector<uint32_t>& present, const std::vector<int64_t>& floats,
                      const std::function<void(size_t, char*)>& fill, Append* append);

@@ -263,7 +263,10 @@ def stats(table) -> Dict[str, int]:
     last applied plan: one step, or the last lookup of a step with several),
     pending_plans, ssd_record_bytes (the bytes of one row's record in the SSD file),
     ssd_read_ahead_records / ssd_read_ahead_runs (SSD records of planned steps hinted to
-    the kernel ahead of their use, and the runs of pages those hints asked for).
+    the kernel ahead of their use, and the runs of pages those hints asked for),
+    ssd_spilled_records / ssd_write_runs / ssd_write_bytes / ssd_write_pages (rows
+    spilled to the SSD file, the writes that wrote them, their bytes, and the distinct
+    4 KiB pages they touched: what the page cache writes back to the disk).
     """
     engine = loader.engine()
     out = dict(engine.tier_stats(table.table_key))

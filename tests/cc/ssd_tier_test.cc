@@ -6,7 +6,12 @@
 // brings a component the records had no room for; the read-ahead's page runs
 // against a set of pages computed here, the pages it hints loaded, and a hint
 // after the file was widened or the tier dropped. Built and run by
-// tests/test_ssd_tier_units.py.
+// tests/test_ssd_tier_units.py. The record allocator (ssd_record_allocator.h):
+// a spill after scattered frees goes to consecutive records at the file's end
+// while the holes are at most a quarter of the file, a half-free group is
+// filled first, the holes lowest first beyond that, and against a reference set
+// over random frees and allocations: no record handed out twice, the file at
+// most 4/3 of its peak of live records.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,17 +24,20 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "expect.h"
+#include "engine/ssd_record_allocator.h"
 #include "engine/ssd_tier.h"
 
 namespace {
 
 using mxrec::SsdRecord;
+using mxrec::SsdRecordAllocator;
 using mxrec::SsdTier;
 
 struct Held {
@@ -239,6 +247,107 @@ void TestReadAhead(const std::string& dir) {
   EXPECT(ahead->Hint(valid) == 0);
 }
 
+// An Append's runs and pages: what the write statistics count.
+void TestAppendCounts(const std::string& dir) {
+  const int64_t dim = 64;
+  std::unique_ptr<SsdTier> tier;
+  EXPECT(SsdTier::Open(dir, "counts", 2 * dim, &tier).ok());
+  EXPECT(tier->record_bytes() == 528);
+  // Records 0..9 fill bytes [0, 5280): pages 0 and 1; record 100 is [52800, 53328):
+  // pages 12 and 13 (given out of order: BeginAppend sorts them).
+  std::vector<int64_t> numbers = {100, 3, 0, 1, 2, 4, 5, 6, 7, 8, 9};
+  std::vector<int64_t> keys(numbers.size());
+  std::vector<uint32_t> present(numbers.size(), 3u);
+  std::vector<int64_t> floats(numbers.size(), 2 * dim);
+  for (size_t i = 0; i < numbers.size(); ++i) keys[i] = numbers[i] + 1000;
+  SsdTier::Append append;
+  EXPECT(tier->BeginAppend(keys, numbers, present, floats,
+                           [](size_t, char* out) { std::memset(out, 0, 2 * 64 * 4); }, &append)
+             .ok());
+  EXPECT(append.runs == 2 && append.pages == 4);
+  EXPECT(tier->WriteAppend(append).ok());
+  tier->FinishAppend(append, std::vector<uint8_t>(numbers.size(), 1));
+  EXPECT(tier->size() == 11);
+}
+
+// The allocator's records for `count` allocations.
+std::vector<int64_t> Take(SsdRecordAllocator* allocator, int64_t count) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back(allocator->Allocate());
+  return out;
+}
+
+std::vector<int64_t> Range(int64_t begin, int64_t end) {
+  std::vector<int64_t> out;
+  for (int64_t r = begin; r < end; ++r) out.push_back(r);
+  return out;
+}
+
+void TestAllocatorOrder() {
+  SsdRecordAllocator allocator(SsdTier::kMaxRecords);
+  EXPECT(Take(&allocator, 6400) == Range(0, 6400));
+  // Every 7th record freed (914 holes, 14 % of the file): a spill of 1000
+  // records writes one run at the file's end, not 914 scattered records (each a
+  // page of its own on disk) and 86 more.
+  for (int64_t r = 0; r < 6400; r += 7) allocator.Release(r);
+  allocator.Release(7);  // freed twice: counted once
+  allocator.Release(9000);  // never given out: nothing to free
+  EXPECT(allocator.free_count() == 915);
+  EXPECT(Take(&allocator, 1000) == Range(6400, 7400));
+  // Group 10 (records 640..703) half free: its free records go first, in order.
+  std::vector<int64_t> group;
+  for (int64_t r = 640; r < 704; ++r) {
+    if (r % 7 == 0 || r % 2 == 0) group.push_back(r);
+    if (r % 2 == 0) allocator.Release(r);
+  }
+  EXPECT(static_cast<int64_t>(group.size()) >= SsdRecordAllocator::kDense);
+  std::vector<int64_t> expected = group;
+  expected.push_back(7400);
+  EXPECT(Take(&allocator, static_cast<int64_t>(group.size()) + 1) == expected);
+  // Holes beyond a quarter of the file (every 3rd and 7th record: no group half
+  // free): they are reused, lowest first, before the file grows.
+  for (int64_t r = 1002; r < 6000; r += 3) allocator.Release(r);
+  EXPECT(allocator.free_count() * SsdRecordAllocator::kHoleDivisor > allocator.used());
+  const int64_t used = allocator.used();
+  const std::vector<int64_t> reused = Take(&allocator, 100);
+  EXPECT(allocator.used() == used);
+  EXPECT(std::is_sorted(reused.begin(), reused.end()) && reused.front() < 1000);
+  allocator.Reset(50);
+  EXPECT(allocator.free_count() == 0 && allocator.Allocate() == 50);
+  SsdRecordAllocator tiny(3);
+  EXPECT(Take(&tiny, 4) == (std::vector<int64_t>{0, 1, 2, -1}));
+  tiny.Release(1);
+  EXPECT(tiny.Allocate() == 1);
+}
+
+void TestAllocatorAgainstReference() {
+  SsdRecordAllocator allocator(SsdTier::kMaxRecords);
+  std::mt19937_64 rng(5);
+  std::set<int64_t> live;
+  std::vector<int64_t> order;  // live records, for random frees
+  int64_t peak = 0;
+  for (int round = 0; round < 400; ++round) {
+    // Bursts of spills and of frees, as steps that grow, shrink or churn the tier.
+    const int64_t spills = static_cast<int64_t>(rng() % 300);
+    for (int64_t i = 0; i < spills; ++i) {
+      const int64_t r = allocator.Allocate();
+      EXPECT(r >= 0 && live.insert(r).second);
+      order.push_back(r);
+    }
+    peak = std::max(peak, static_cast<int64_t>(live.size()));
+    EXPECT(allocator.used() <= peak * 4 / 3 + 1);
+    const int64_t frees = static_cast<int64_t>(rng() % (order.size() / 2 + 1));
+    for (int64_t i = 0; i < frees; ++i) {
+      const size_t at = static_cast<size_t>(rng() % order.size());
+      allocator.Release(order[at]);
+      live.erase(order[at]);
+      order[at] = order.back();
+      order.pop_back();
+    }
+    EXPECT(allocator.free_count() == allocator.used() - static_cast<int64_t>(live.size()));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,6 +357,9 @@ int main(int argc, char** argv) {
   }
   TestTierMatchesReference(argv[1]);
   TestReadAhead(argv[1]);
+  TestAppendCounts(argv[1]);
+  TestAllocatorOrder();
+  TestAllocatorAgainstReference();
   std::printf("ssd tier records: ok\n");
   return 0;
 }
