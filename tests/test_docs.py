@@ -43,7 +43,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GUIDE_LINES = 250
 # A reference page, not a guide: the module map grows with the modules. Held to its own cap.
-LONGER_PAGES = {"docs/ARCHITECTURE.md": 700}  # a row per module (about 130), the design sections
+LONGER_PAGES = {"docs/ARCHITECTURE.md": 720}  # a row per module (about 140), the design sections
 RESULTS = "bench/RESULTS.md"
 FRAGMENT = "<!-- fragment -->"
 CONTINUED = "<!-- continued -->"
