@@ -290,8 +290,6 @@ def test_checkpoint_file_holds_two_bytes_per_value(tmp_path):
     (dict(slot_dtype=tf.float64), TypeError, "slot_dtype must be"),
     (dict(rounding="up"), ValueError, "rounding must be"),
     (dict(rounding=("nearest", 1)), ValueError, "rounding must be"),
-    (dict(storage_dtype=tf.bfloat16, host_vocabulary_size=100), NotImplementedError,
-     "not built yet"),
 ])
 def test_bad_storage_settings_are_refused(kwargs, error, text):
     with tf.Graph().as_default():
@@ -299,6 +297,15 @@ def test_bad_storage_settings_are_refused(kwargs, error, text):
         with pytest.raises(error, match=text):
             create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.0),
                          device_vocabulary_size=16, **kwargs)
+        terminate_config_initializer()
+
+
+def test_half_precision_under_dynamic_expansion_is_refused():
+    with tf.Graph().as_default():
+        init(prefetch_batch_number=0, use_dynamic_expansion=True)
+        with pytest.raises(NotImplementedError, match="use_dynamic_expansion=True\\) is not built"):
+            create_table(tf.int64, DIM, "t", _v1.constant_initializer(0.0),
+                         device_vocabulary_size=16, storage_dtype=tf.bfloat16)
         terminate_config_initializer()
 
 

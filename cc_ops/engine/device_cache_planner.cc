@@ -34,6 +34,8 @@ DeviceCachePlanner::DeviceCachePlanner(const TableOptions& options, IdMap* ids, 
   tier.host_capacity = options_.host_capacity;
   tier.ssd_capacity = options_.ssd_capacity;
   tier.ssd_path = options_.ssd_path;
+  tier.embedding_type = options_.embedding_type;
+  tier.slot_type = options_.slot_type;
   tier_ = std::make_unique<HostTier>(std::move(tier));
   const size_t device_rows = static_cast<size_t>(options_.device_capacity);
   row_owner_.assign(device_rows, RecordRef{});

@@ -49,6 +49,10 @@ struct TableOptions {
   // (`ssd_vocabulary_size`, `ssd_data_path`); needs host_capacity > 0.
   int64_t ssd_capacity = 0;
   std::string ssd_path;
+  // How the host and SSD tiers store the embedding (`storage_dtype`) and the
+  // optimizer slots (`slot_dtype`): 4 or 2 bytes a value (row_format.h).
+  ElementType embedding_type = ElementType::kFloat32;
+  ElementType slot_type = ElementType::kFloat32;
   // Every row handed to a newly admitted ID is in the plan's reused_rows, also
   // a never used one, so that the step writes the ID's first values into it
   // (create_table(init_by_id=True): values drawn from the ID, not the row).

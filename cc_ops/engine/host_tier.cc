@@ -37,9 +37,13 @@ void HostTier::SetSpillDelayForTesting(int64_t microseconds) {
 
 void HostTier::SetParallelMinRows(int64_t rows) { parallel_min_rows.store(std::max<int64_t>(1, rows)); }
 
-HostTier::HostTier(TierOptions options) : options_(std::move(options)) {
-  // Rows per chunk: a power of two, at most 2 MiB of values, at least 64 rows.
-  const int64_t row_bytes = std::max<int64_t>(1, options_.dim) * sizeof(float);
+HostTier::HostTier(TierOptions options)
+    : options_(std::move(options)),
+      layout_{options_.dim, options_.embedding_type, options_.slot_type} {
+  // Rows per chunk: a power of two, at most 2 MiB of values of the widest
+  // component, at least 64 rows.
+  const int64_t row_bytes =
+      std::max<int64_t>(1, std::max(layout_.ComponentBytes(0), layout_.ComponentBytes(1)));
   chunk_shift_ = 6;
   while (chunk_shift_ < 24 &&
          (int64_t{2} << chunk_shift_) * row_bytes <= static_cast<int64_t>(kHugePageBytes)) {
@@ -66,29 +70,38 @@ HostTier::~HostTier() {
   if (ahead_thread_.joinable()) ahead_thread_.join();
 }
 
-HostTier::Chunk HostTier::AllocateChunk() const {
-  const size_t bytes = static_cast<size_t>(chunk_rows_ * options_.dim) * sizeof(float);
-  return Chunk(static_cast<float*>(AllocateLarge(bytes)));
+HostTier::Chunk HostTier::AllocateChunk(int component) const {
+  return Chunk(static_cast<char*>(AllocateLarge(static_cast<size_t>(ChunkBytes(component)))));
 }
 
-float* HostTier::ValueIn(std::vector<std::vector<Chunk>>* table, int component,
-                         int32_t slot) const {
+char* HostTier::ValueIn(std::vector<std::vector<Chunk>>* table, int component,
+                        int32_t slot) const {
   auto& chunks = (*table)[component];
   const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
   if (chunk >= chunks.size()) chunks.resize(chunk + 1);
-  if (!chunks[chunk]) chunks[chunk] = AllocateChunk();
-  return chunks[chunk].get() + (slot & (chunk_rows_ - 1)) * options_.dim;
+  if (!chunks[chunk]) chunks[chunk] = AllocateChunk(component);
+  return chunks[chunk].get() + (slot & (chunk_rows_ - 1)) * layout_.ComponentBytes(component);
 }
 
-float* HostTier::ValueLocked(int component, int32_t slot) {
+char* HostTier::ValueLocked(int component, int32_t slot) {
   return ValueIn(&chunks_, component, slot);
 }
 
 Status HostTier::ChunkOutOfMemory(const std::string& component_name) const {
+  // Every component but the embedding is an optimizer slot.
+  const int component = component_name == kEmbedding ? 0 : 1;
   return OutOfMemory(options_.name,
                      internal::StrCat("a host-tier chunk of ", chunk_rows_, " rows of '",
                                       component_name, "'"),
-                     static_cast<size_t>(chunk_rows_ * options_.dim) * sizeof(float));
+                     static_cast<size_t>(ChunkBytes(component)));
+}
+
+Status HostTier::NotRepresentable(int component, int64_t key) const {
+  return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name, "': a swap brought ",
+                     components_[component], " of ID ", key, " a value that ",
+                     ElementName(layout_.type(component)),
+                     " (its storage_dtype / slot_dtype) cannot hold exactly: the device "
+                     "variable is not in the type the host tier stores");
 }
 
 void HostTier::EnsureSlotsLocked(int64_t count) {
@@ -231,9 +244,8 @@ int64_t HostTier::pending_plans() const {
 
 Status HostTier::OpenSsdLocked() {
   if (ssd_) return Status::Ok();
-  MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name,
-                                      static_cast<int64_t>(components_.size()) * options_.dim,
-                                      &ssd_));
+  MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name, layout_,
+                                      static_cast<int64_t>(components_.size()), &ssd_));
   SetReadAheadTargetLocked();
   return Status::Ok();
 }
@@ -251,7 +263,7 @@ Status HostTier::ReadSpilledLocked(int component, int64_t key, int64_t record, u
     }
     if (slot >= 0) {
       if (HasValue(component, slot)) {
-        std::memcpy(out, ValueAt(component, slot), dim * sizeof(float));
+        Load(component, ValueAt(component, slot), out);
         *found = true;
       }
       return Status::Ok();
@@ -348,13 +360,12 @@ void HostTier::SpillLoop() {
 }
 
 Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* lock) {
-  const int64_t dim = options_.dim;
   // Spills dropped while the job waited (the ID erased, or read back) are not written.
   std::vector<int64_t> keys;
   std::vector<int32_t> slots;
   std::vector<int64_t> records;
   std::vector<uint32_t> present;
-  std::vector<int64_t> floats;
+  std::vector<int64_t> payload;
   for (size_t i = 0; i < job.keys.size(); ++i) {
     if (!SpillPending(job.keys[i], job.seq, job.slots[i])) continue;
     const uint32_t mask = meta_[job.slots[i]].present;
@@ -366,23 +377,24 @@ Status HostTier::WriteSpill(const SpillJob& job, std::unique_lock<std::mutex>* l
     slots.push_back(job.slots[i]);
     records.push_back(job.records[i]);
     present.push_back(mask);
-    floats.push_back(top * dim);
+    payload.push_back(layout_.Bytes(top));
   }
   Status status;
   if (!keys.empty()) {
-    // Encoded from the slots under the lock, written without it.
+    // Copied from the slots under the lock (in the element types the file
+    // keeps too), written without it.
     SsdTier::Append append;
-    const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
     status = OpenSsdLocked();
     SsdTier* ssd = ssd_.get();
     if (status.ok()) {
-      status = ssd->BeginAppend(keys, records, present, floats, [&](size_t i, char* out) {
-          const int top = static_cast<int>(floats[i] / std::max<int64_t>(dim, 1));
+      status = ssd->BeginAppend(keys, records, present, payload, [&](size_t i, char* out) {
+          const int top = static_cast<int>(layout_.ComponentsIn(payload[i]));
           for (int c = 0; c < top; ++c) {
+            const size_t bytes = static_cast<size_t>(layout_.ComponentBytes(c));
             if (present[i] & (1u << c)) {
-              std::memcpy(out + c * row_bytes, ValueAt(c, slots[i]), row_bytes);
+              std::memcpy(out + layout_.Offset(c), ValueAt(c, slots[i]), bytes);
             } else {
-              std::memset(out + c * row_bytes, 0, row_bytes);
+              std::memset(out + layout_.Offset(c), 0, bytes);
             }
           }
         }, &append);
@@ -503,12 +515,12 @@ template <typename CurrentRow>
 Status HostTier::StoreVictimsLocked(int component, const SwapPlan& plan, CurrentRow current,
                                     ThreadPool* pool, int64_t parts, int64_t* outs) {
   const int64_t n = static_cast<int64_t>(plan.rows.size());
-  const int64_t dim = options_.dim;
   const uint32_t bit = 1u << component;
   // A plan's out slots are distinct, and so are its rows: the parts write apart.
   std::vector<int64_t> part_outs(parts, 0);
   std::vector<int64_t> part_live(parts, 0);
   std::vector<int64_t> bad_out(parts, -1);
+  std::vector<int64_t> inexact(parts, -1);
   // Rows kAhead ahead are prefetched in the loop's body: GCC drops a prefetch
   // made in a lambda of its own (it sees a call without effects).
   ForParts(pool, parts, n, [&](int64_t p, int64_t begin, int64_t end) {
@@ -531,7 +543,9 @@ Status HostTier::StoreVictimsLocked(int component, const SwapPlan& plan, Current
       if (meta.present == 0) ++part_live[p];
       meta.key = plan.out_keys[i];
       meta.present |= bit;
-      std::memcpy(ValueAt(component, slot), current(i), dim * sizeof(float));
+      if (!Store(component, current(i), ValueAt(component, slot)) && inexact[p] < 0) {
+        inexact[p] = i;
+      }
       ++part_outs[p];
     }
   });
@@ -548,6 +562,9 @@ Status HostTier::StoreVictimsLocked(int component, const SwapPlan& plan, Current
     *outs += part_outs[p];
     live_ += part_live[p];
   }
+  for (int64_t p = 0; p < parts; ++p) {
+    if (inexact[p] >= 0) return NotRepresentable(component, plan.out_keys[inexact[p]]);
+  }
   return Status::Ok();
 }
 
@@ -555,7 +572,6 @@ template <typename IncomingRow>
 Status HostTier::LoadArrivalsLocked(int component, const SwapPlan& plan, IncomingRow incoming,
                                     bool* fresh, ThreadPool* pool, int64_t parts, int64_t* ins) {
   const int64_t n = static_cast<int64_t>(plan.rows.size());
-  const int64_t dim = options_.dim;
   std::vector<int64_t> part_ins(parts, 0);
   std::vector<int64_t> bad_in(parts, -1);
   std::vector<std::vector<int64_t>> spilled(parts);
@@ -584,7 +600,7 @@ Status HostTier::LoadArrivalsLocked(int component, const SwapPlan& plan, Incomin
       }
       // No value: a component registered after the ID left (it starts afresh).
       if (HasValue(component, slot)) {
-        std::memcpy(incoming(i), ValueAt(component, slot), dim * sizeof(float));
+        Load(component, ValueAt(component, slot), incoming(i));
         fresh[i] = false;
         ++part_ins[p];
       }
@@ -676,7 +692,7 @@ Status HostTier::Read(int component, const int64_t* keys, const int32_t* slots, 
       // The planner may be ahead of the values: trust the slot only if it
       // holds the key already.
       if (HasValue(component, slot) && meta_[slot].key == keys[i]) {
-        std::memcpy(out, ValueAt(component, slot), dim * sizeof(float));
+        Load(component, ValueAt(component, slot), out);
         found[i] = true;
       }
     } else if (IsSsdSlot(slot)) {
@@ -710,30 +726,34 @@ Status HostTier::Export(int component, std::vector<int64_t>* keys, std::vector<f
   WaitSpills(&lock, 0);
   const int64_t dim = options_.dim;
   const uint32_t bit = 1u << component;
-  std::vector<std::pair<int64_t, const float*>> found;
-  std::vector<std::pair<int64_t, std::vector<float>>> from_disk;
+  // (key, where): a host slot (>= 0), or from_disk[-1 - where] (decoded already).
+  std::vector<std::pair<int64_t, int64_t>> found;
+  std::vector<std::vector<float>> from_disk;
   for (size_t slot = 0; slot < meta_.size(); ++slot) {
-    if (meta_[slot].present & bit) {
-      found.emplace_back(meta_[slot].key, ValueAt(component, static_cast<int32_t>(slot)));
-    }
+    if (meta_[slot].present & bit) found.emplace_back(meta_[slot].key, slot);
   }
   if (ssd_) {
     MXREC_RETURN_IF_ERROR(ssd_->ForEach([&](int64_t key, const SsdRecord& record) {
       if (record.present & bit) {
-        from_disk.emplace_back(key, std::vector<float>(record.values.begin() + component * dim,
-                                                       record.values.begin() + (component + 1) * dim));
+        found.emplace_back(key, -1 - static_cast<int64_t>(from_disk.size()));
+        from_disk.emplace_back(record.values.begin() + component * dim,
+                               record.values.begin() + (component + 1) * dim);
       }
     }));
   }
-  for (const auto& [key, row] : from_disk) found.emplace_back(key, row.data());
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   keys->clear();
-  values->clear();
-  values->reserve(found.size() * dim);
-  for (const auto& [key, row] : found) {
+  values->assign(found.size() * dim, 0.0f);
+  for (size_t i = 0; i < found.size(); ++i) {
+    const auto [key, where] = found[i];
     keys->push_back(key);
-    values->insert(values->end(), row, row + dim);
+    float* out = values->data() + i * dim;
+    if (where >= 0) {
+      Load(component, ValueAt(component, static_cast<int32_t>(where)), out);
+    } else {
+      std::copy(from_disk[-1 - where].begin(), from_disk[-1 - where].end(), out);
+    }
   }
   return Status::Ok();
 }
@@ -781,7 +801,7 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
       (*present)[i] = mask;
       for (size_t c = 0; c < components_.size(); ++c) {
         if (mask & (1u << c)) {
-          std::memcpy(out + c * dim, ValueAt(static_cast<int>(c), from), dim * sizeof(float));
+          Load(static_cast<int>(c), ValueAt(static_cast<int>(c), from), out + c * dim);
         }
       }
       continue;
@@ -956,9 +976,8 @@ Status HostTier::FillChunk(const std::vector<int64_t>& keys, size_t begin, size_
   }
   if (disk_keys.empty()) return Status::Ok();
   if (!next->ssd) {
-    MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name,
-                                        static_cast<int64_t>(next->names.size()) * options_.dim,
-                                        &next->ssd));
+    MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name, layout_,
+                                        static_cast<int64_t>(next->names.size()), &next->ssd));
   }
   return next->ssd->PutBatch(disk_keys, disk_numbers, disk_records);
 }
@@ -970,13 +989,15 @@ Status HostTier::StoreAside(int32_t slot, int64_t key, uint32_t present, const f
   next->meta[slot].key = key;
   for (size_t c = 0; c < components.size(); ++c) {
     if (!(present & (1u << c))) continue;
-    float* value = nullptr;
+    char* value = nullptr;
     try {
       value = ValueIn(&next->chunks, next->index[c], slot);
     } catch (const std::bad_alloc&) {
       return ChunkOutOfMemory(components[c]);
     }
-    std::memcpy(value, row + c * dim, dim * sizeof(float));
+    // A checkpoint's values, rounded to the element type (exact when they left
+    // a table of the same types).
+    Store(next->index[c], row + c * dim, value);
     next->meta[slot].present |= 1u << next->index[c];
   }
   ++next->live;
@@ -1033,12 +1054,13 @@ TierStats HostTier::Stats() const {
   int64_t bytes = static_cast<int64_t>(
       meta_.capacity() * sizeof(SlotMeta) +
       (released_.capacity() + released_records_.capacity()) * sizeof(int32_t));
-  for (const auto& chunks : chunks_) {
-    for (const auto& chunk : chunks) {
-      if (chunk) bytes += chunk_rows_ * options_.dim * static_cast<int64_t>(sizeof(float));
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (const auto& chunk : chunks_[c]) {
+      if (chunk) bytes += ChunkBytes(static_cast<int>(c));
     }
   }
   stats.host_bytes = bytes + (ssd_ ? ssd_->ram_bytes() : 0);
+  stats.host_row_bytes = layout_.Bytes(static_cast<int64_t>(components_.size()));
   stats.ssd_rows = ssd_ ? ssd_->size() : 0;
   stats.ssd_file_bytes = ssd_ ? ssd_->file_bytes() : 0;
   stats.ssd_record_bytes = ssd_ ? ssd_->record_bytes() : 0;

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "huge_pages.h"
+#include "row_format.h"
 #include "ssd_tier.h"
 #include "status.h"
 #include "thread_pool.h"
@@ -69,6 +70,10 @@ struct TierOptions {
   // (`ssd_vocabulary_size`); 0 = no SSD tier.
   int64_t ssd_capacity = 0;
   std::string ssd_path;
+  // How the tiers store the embedding and the optimizer slots
+  // (`storage_dtype`, `slot_dtype`); swaps and checkpoints pass float32.
+  ElementType embedding_type = ElementType::kFloat32;
+  ElementType slot_type = ElementType::kFloat32;
 };
 
 // One batch's cache decisions for one table: device row rows[i] passes from
@@ -96,6 +101,9 @@ struct TierStats {
   int64_t host_rows = 0;      // IDs whose values are in host memory
   int64_t ssd_rows = 0;       // IDs whose values are on disk
   int64_t host_bytes = 0;     // host memory of rows, slots and SSD records' live bits (estimate)
+  // Bytes of one ID's values in a host slot: the embedding and every
+  // registered slot, each dim values of its element type.
+  int64_t host_row_bytes = 0;
   int64_t ssd_file_bytes = 0;
   int64_t swap_in_total = 0;  // rows brought back from the host tier (embedding)
   int64_t swap_out_total = 0; // rows written to the host tier (embedding)
@@ -121,6 +129,7 @@ struct TierStats {
     fn("host_rows", host_rows);
     fn("ssd_rows", ssd_rows);
     fn("host_bytes", host_bytes);
+    fn("host_row_bytes", host_row_bytes);
     fn("ssd_file_bytes", ssd_file_bytes);
     fn("ssd_record_bytes", ssd_record_bytes);
     fn("swap_in_total", swap_in_total);
@@ -175,7 +184,8 @@ class HostTier {
   void TakeReleased(std::vector<int32_t>* free_slots, std::vector<int32_t>* free_records);
 
   // Applies the next plan of `component` to `n` rows: stores current[i]
-  // (dim floats) as the value of the row's old owner and fills incoming[i]
+  // (dim floats, exact in the component's element type) as the value of the
+  // row's old owner and fills incoming[i]
   // with the new owner's value, or sets fresh[i] (and zeros) when the
   // initializer must give it. `rows` must be the plan's rows: anything else
   // means the step is out of step with the key stage (a planned batch was
@@ -244,18 +254,34 @@ class HostTier {
 
  private:
   // Host rows live in a slab store: each component keeps its values in
-  // chunks of chunk_rows_ slots * dim floats (about 2 MiB, aligned so that the
+  // chunks of chunk_rows_ slots * dim values of its element type (layout_;
+  // at most 2 MiB, aligned so that the
   // kernel may back them with huge pages: a swap touches thousands of random
   // slots, and small pages would make most of those touches TLB misses),
   // allocated on first use.
   struct ChunkFree {
-    void operator()(float* chunk) const { std::free(chunk); }
+    void operator()(char* chunk) const { std::free(chunk); }
   };
-  using Chunk = std::unique_ptr<float, ChunkFree>;
-  Chunk AllocateChunk() const;
-  // The dim floats of `slot` for `component` in the chunk table *table,
+  using Chunk = std::unique_ptr<char, ChunkFree>;
+  Chunk AllocateChunk(int component) const;
+  int64_t ChunkBytes(int component) const {
+    return chunk_rows_ * layout_.ComponentBytes(component);
+  }
+  // The dim values of `slot` for `component` in the chunk table *table,
   // allocating its chunk if needed (throws AllocationError).
-  float* ValueIn(std::vector<std::vector<Chunk>>* table, int component, int32_t slot) const;
+  char* ValueIn(std::vector<std::vector<Chunk>>* table, int component, int32_t slot) const;
+  // Stores the dim floats `in` at `out`, the slot value of `component`
+  // (exact: a swap's values left a device variable of the element type), and
+  // reads them back; Store returns false for a value the type would round.
+  bool Store(int component, const float* in, char* out) const {
+    return EncodeRow(layout_.type(component), in, options_.dim, out);
+  }
+  void Load(int component, const char* in, float* out) const {
+    DecodeRow(layout_.type(component), in, options_.dim, out);
+  }
+  // kInternal: a swap brought `component` a value of `key` that its element
+  // type cannot hold exactly.
+  Status NotRepresentable(int component, int64_t key) const;
   // kResourceExhausted: no memory for a chunk of `component_name`.
   Status ChunkOutOfMemory(const std::string& component_name) const;
   struct SlotMeta {
@@ -325,17 +351,17 @@ class HostTier {
   Status FinishPlanLocked(const SwapPlan& plan);
   void ReleaseLocked(int32_t slot);
   void EnsureSlotsLocked(int64_t count);
-  // The dim floats of `slot` for `component`, allocating its chunk if needed.
-  float* ValueLocked(int component, int32_t slot);
+  // The dim values of `slot` for `component`, allocating its chunk if needed.
+  char* ValueLocked(int component, int32_t slot);
   // Whether the chunk holding `slot` exists for `component`.
   bool HasChunk(int component, int32_t slot) const {
     const size_t chunk = static_cast<size_t>(slot >> chunk_shift_);
     return chunk < chunks_[component].size() && chunks_[component][chunk] != nullptr;
   }
-  // The dim floats of `slot` for `component`, whose chunk exists.
-  float* ValueAt(int component, int32_t slot) const {
+  // The dim values of `slot` for `component`, whose chunk exists.
+  char* ValueAt(int component, int32_t slot) const {
     return chunks_[component][slot >> chunk_shift_].get() +
-           (slot & (chunk_rows_ - 1)) * options_.dim;
+           (slot & (chunk_rows_ - 1)) * layout_.ComponentBytes(component);
   }
   bool HasValue(int component, int32_t slot) const {
     return static_cast<size_t>(slot) < meta_.size() &&
@@ -376,6 +402,7 @@ class HostTier {
   Status RegisterLocked(const std::string& name, int* index);
 
   const TierOptions options_;
+  const RowLayout layout_;
   mutable std::mutex mu_;  // everything below but what queue_mu_ guards
   // The hand-over between the key stage and the step: plans queued and not
   // yet drained, and slots freed and not yet taken. Taken inside mu_ when

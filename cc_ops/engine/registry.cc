@@ -9,7 +9,8 @@ bool SameOptions(const TableOptions& a, const TableOptions& b) {
   return a.name == b.name && a.dim == b.dim && a.device_capacity == b.device_capacity &&
          a.padding_keys == b.padding_keys && a.host_capacity == b.host_capacity &&
          a.ssd_capacity == b.ssd_capacity && a.ssd_path == b.ssd_path &&
-         a.refill_new_rows == b.refill_new_rows;
+         a.refill_new_rows == b.refill_new_rows && a.embedding_type == b.embedding_type &&
+         a.slot_type == b.slot_type;
 }
 }  // namespace
 

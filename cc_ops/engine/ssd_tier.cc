@@ -193,8 +193,8 @@ int64_t SsdReadAhead::Hint(std::vector<int64_t> records) const {
   return runs;
 }
 
-Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t floats,
-                     std::unique_ptr<SsdTier>* out) {
+Status SsdTier::Open(const std::string& dir, const std::string& name, const RowLayout& layout,
+                     int64_t components, std::unique_ptr<SsdTier>* out) {
   struct stat info;
   if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", name, "': ssd_data_path '",
@@ -203,7 +203,8 @@ Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t fl
   std::string private_dir;
   int dir_fd = -1;
   MXREC_RETURN_IF_ERROR(MakePrivateDirectory(dir, name, &private_dir, &dir_fd));
-  std::unique_ptr<SsdTier> tier(new SsdTier(private_dir, dir_fd, name, std::max<int64_t>(floats, 0)));
+  std::unique_ptr<SsdTier> tier(new SsdTier(private_dir, dir_fd, name, layout,
+                                            layout.Bytes(std::max<int64_t>(components, 0))));
   tier->parent_ = dir;
   MXREC_RETURN_IF_ERROR(tier->CreateFile(kDataFile, &tier->fd_));
   tier->Map();
@@ -213,11 +214,13 @@ Status SsdTier::Open(const std::string& dir, const std::string& name, int64_t fl
   return Status::Ok();
 }
 
-SsdTier::SsdTier(std::string dir, int dir_fd, std::string name, int64_t stride)
+SsdTier::SsdTier(std::string dir, int dir_fd, std::string name, const RowLayout& layout,
+                 int64_t stride)
     : dir_(std::move(dir)),
       dir_fd_(dir_fd),
       path_(dir_ + "/" + kDataFile),
       name_(std::move(name)),
+      layout_(layout),
       stride_(stride),
       fd_(-1) {}
 
@@ -280,21 +283,24 @@ void SsdTier::Unmap() {
 Status SsdTier::PutBatch(const std::vector<int64_t>& keys, const std::vector<int64_t>& numbers,
                          const std::vector<SsdRecord>& records) {
   if (keys.empty()) return Status::Ok();
+  const int64_t dim = std::max<int64_t>(layout_.dim, 1);
   std::vector<uint32_t> present(keys.size());
-  std::vector<int64_t> floats(keys.size());
+  std::vector<int64_t> payload(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     present[i] = records[i].present;
-    floats[i] = static_cast<int64_t>(records[i].values.size());
+    payload[i] = layout_.Bytes(static_cast<int64_t>(records[i].values.size()) / dim);
   }
+  // Values from a checkpoint: rounded to the element types (exact when they
+  // left a table of the same types).
+  const auto fill = [&](size_t i, char* out) {
+    const int64_t components = static_cast<int64_t>(records[i].values.size()) / dim;
+    for (int c = 0; c < components; ++c) {
+      EncodeRow(layout_.type(c), records[i].values.data() + c * layout_.dim, layout_.dim,
+                out + layout_.Offset(c));
+    }
+  };
   Append append;
-  MXREC_RETURN_IF_ERROR(BeginAppend(keys, numbers, present, floats,
-                                    [&records](size_t i, char* out) {
-                                      if (!records[i].values.empty()) {
-                                        std::memcpy(out, records[i].values.data(),
-                                                    records[i].values.size() * sizeof(float));
-                                      }
-                                    },
-                                    &append));
+  MXREC_RETURN_IF_ERROR(BeginAppend(keys, numbers, present, payload, fill, &append));
   MXREC_RETURN_IF_ERROR(WriteAppend(append));
   FinishAppend(append, std::vector<uint8_t>(keys.size(), 1));
   return Status::Ok();
@@ -303,7 +309,7 @@ Status SsdTier::PutBatch(const std::vector<int64_t>& keys, const std::vector<int
 Status SsdTier::BeginAppend(const std::vector<int64_t>& keys,
                             const std::vector<int64_t>& numbers,
                             const std::vector<uint32_t>& present,
-                            const std::vector<int64_t>& floats,
+                            const std::vector<int64_t>& payload,
                             const std::function<void(size_t, char*)>& fill, Append* append) {
   int64_t widest = stride_;
   int64_t top = records_in_file_;
@@ -312,7 +318,7 @@ Status SsdTier::BeginAppend(const std::vector<int64_t>& keys,
       return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", name_, "': SSD record number ",
                          numbers[i], " is outside [0, ", kMaxRecords, ")");
     }
-    widest = std::max(widest, floats[i]);
+    widest = std::max(widest, payload[i]);
     top = std::max(top, numbers[i] + 1);
   }
   if (widest > stride_) MXREC_RETURN_IF_ERROR(Restride(widest));
@@ -427,11 +433,16 @@ Status SsdTier::ReadComponent(int64_t number, int64_t key, int component, int64_
   int64_t stored = 0;
   uint32_t present = 0;
   MXREC_RETURN_IF_ERROR(ReadHeader(number, &stored, &present));
-  if (stored != key || !(present & (1u << component)) || (component + 1) * dim > stride_) {
+  const int64_t bytes = layout_.ComponentBytes(component);
+  if (stored != key || !(present & (1u << component)) || dim != layout_.dim ||
+      layout_.Offset(component) + bytes > stride_) {
     return Status::Ok();
   }
-  MXREC_RETURN_IF_ERROR(ReadBytes(number * record_bytes() + kHeaderBytes + component * dim * 4,
-                                  dim * 4, reinterpret_cast<char*>(out)));
+  // Read into `out` and widened there: no buffer of its own on the swap path.
+  char* raw = reinterpret_cast<char*>(out);
+  MXREC_RETURN_IF_ERROR(
+      ReadBytes(number * record_bytes() + kHeaderBytes + layout_.Offset(component), bytes, raw));
+  DecodeRow(layout_.type(component), raw, dim, out);
   *found = true;
   return Status::Ok();
 }
@@ -442,11 +453,17 @@ Status SsdTier::Peek(int64_t number, int64_t key, bool* found, SsdRecord* record
   int64_t stored = 0;
   MXREC_RETURN_IF_ERROR(ReadHeader(number, &stored, &record->present));
   if (stored != key) return Status::Ok();
-  record->values.resize(static_cast<size_t>(stride_));
+  const int64_t components = layout_.ComponentsIn(stride_);
+  record->values.resize(static_cast<size_t>(components * layout_.dim));
   *found = true;
   if (stride_ == 0) return Status::Ok();
-  return ReadBytes(number * record_bytes() + kHeaderBytes, stride_ * 4,
-                   reinterpret_cast<char*>(record->values.data()));
+  std::vector<char> raw(static_cast<size_t>(stride_));
+  MXREC_RETURN_IF_ERROR(ReadBytes(number * record_bytes() + kHeaderBytes, stride_, raw.data()));
+  for (int c = 0; c < components; ++c) {
+    DecodeRow(layout_.type(c), raw.data() + layout_.Offset(c), layout_.dim,
+              record->values.data() + c * layout_.dim);
+  }
+  return Status::Ok();
 }
 
 Status SsdTier::ForEach(const std::function<void(int64_t, const SsdRecord&)>& fn) const {
@@ -464,10 +481,10 @@ Status SsdTier::ForEach(const std::function<void(int64_t, const SsdRecord&)>& fn
 
 Status SsdTier::Restride(int64_t stride) {
   // Records keep their numbers: record r moves from r * old bytes to r * new
-  // bytes, its floats padded with zeros. The copy is written beside the file
-  // it replaces, in blocks.
+  // bytes, its values padded with zeros (components keep their offsets: new
+  // ones come last). The copy is written beside the file it replaces, in blocks.
   const int64_t old_bytes = record_bytes();
-  const int64_t new_bytes = kHeaderBytes + stride * 4;
+  const int64_t new_bytes = kHeaderBytes + stride;
   MXREC_RETURN_IF_ERROR(CheckRoom(records_in_file_ * new_bytes, "widen the records of"));
   int fd = -1;
   MXREC_RETURN_IF_ERROR(CreateFile(kRestrideFile, &fd));

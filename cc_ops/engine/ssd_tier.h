@@ -8,11 +8,13 @@
 // live row), for its row count, for checks and for iterating the rows.
 //
 // A record is a 16-byte header (the key, the mask of components present, 4
-// bytes of zero) and stride floats: every component the table had when the
-// record was written, dim floats each (zeros where the mask's bit is clear).
-// A component registered after the file was made (an optimizer slot that
-// first swaps after the first spill) widens the stride: the file is copied
-// once into a new one with the wider records (Restride).
+// bytes of zero) and stride bytes: every component the table had when the
+// record was written, dim values each in the component's element type
+// (RowLayout: the embedding in storage_dtype, the slots in slot_dtype; zeros
+// where the mask's bit is clear). A component registered after the file was
+// made (an optimizer slot that first swaps after the first spill) widens the
+// stride: the file is copied once into a new one with the wider records
+// (Restride).
 //
 // Files: each tier makes a private directory under ssd_data_path (mkdtemp:
 // mode 0700, a fresh random name, "mxrec-ssd-<table>-<pid>-XXXXXX") and
@@ -34,12 +36,14 @@
 #include <string>
 #include <vector>
 
+#include "row_format.h"
 #include "status.h"
 
 namespace mxrec {
 
 // What the SSD tier stores of one ID: which components hold a value, and the
-// values (dim floats per component, up to the highest present one).
+// values as floats (dim per component, up to the highest present one; the
+// file holds them in the layout's element types).
 struct SsdRecord {
   uint32_t present = 0;
   std::vector<float> values;
@@ -79,11 +83,11 @@ class SsdTier {
   static constexpr int64_t kHeaderBytes = 16;
 
   // Creates a private directory under `dir` (the table's ssd_data_path) and a
-  // fresh data file in it for table `name`, of records of `floats` floats
-  // (dim times the components); an error names the path and the setting
+  // fresh data file in it for table `name`, of records of `components`
+  // components laid out as `layout`; an error names the path and the setting
   // when either cannot be made.
-  static Status Open(const std::string& dir, const std::string& name, int64_t floats,
-                     std::unique_ptr<SsdTier>* out);
+  static Status Open(const std::string& dir, const std::string& name, const RowLayout& layout,
+                     int64_t components, std::unique_ptr<SsdTier>* out);
   ~SsdTier();
   SsdTier(const SsdTier&) = delete;
   SsdTier& operator=(const SsdTier&) = delete;
@@ -96,8 +100,9 @@ class SsdTier {
   // A batch's write in three steps, so that the write itself needs no lock
   // (the host tier's background spill writer): BeginAppend checks the room on
   // disk, widens the records if some need it, and encodes the records into
-  // *append, sorted by record number; fill(i, out) writes floats[i] floats of
-  // record i at `out` (unaligned: copy, do not cast). WriteAppend writes them
+  // *append, sorted by record number; fill(i, out) writes payload[i] bytes of
+  // record i at `out` (its components in the layout's element types; unaligned:
+  // copy, do not cast). WriteAppend writes them
   // (readers may read other records meanwhile, but nothing else may write or
   // drop the tier until FinishAppend); FinishAppend marks record i live where
   // keep[i] (i in the order of `keys`).
@@ -112,14 +117,14 @@ class SsdTier {
   // write statistics count.
   static constexpr int64_t kPageBytes = 4096;
   Status BeginAppend(const std::vector<int64_t>& keys, const std::vector<int64_t>& numbers,
-                     const std::vector<uint32_t>& present, const std::vector<int64_t>& floats,
+                     const std::vector<uint32_t>& present, const std::vector<int64_t>& payload,
                      const std::function<void(size_t, char*)>& fill, Append* append);
   Status WriteAppend(const Append& append) const;
   void FinishAppend(const Append& append, const std::vector<uint8_t>& keep);
 
   // Whether record `number` is live and holds `key`.
   Status Holds(int64_t number, int64_t key, bool* holds) const;
-  // Copies the dim floats of `component` in record `number` to `out`; *found
+  // Copies the dim values of `component` in record `number` to `out` as floats; *found
   // = false if the record is not live, holds another key, or no value of that
   // component. No allocation: the swap's read path.
   Status ReadComponent(int64_t number, int64_t key, int component, int64_t dim, float* out,
@@ -134,8 +139,9 @@ class SsdTier {
   // Live records.
   int64_t size() const { return live_count_; }
   int64_t file_bytes() const { return records_in_file_ * record_bytes(); }
-  int64_t record_bytes() const { return kHeaderBytes + stride_ * 4; }
-  // Floats per record, and how many times the file was widened.
+  int64_t record_bytes() const { return kHeaderBytes + stride_; }
+  // Bytes of values per record, and how many times the file was widened.
+  const RowLayout& layout() const { return layout_; }
   int64_t stride() const { return stride_; }
   int64_t restrides() const { return restrides_; }
   // Host memory the tier holds per record: its live bits.
@@ -153,7 +159,8 @@ class SsdTier {
 
  private:
   // Owns dir_fd; the data file is created by Open (fd_ -1 until then).
-  SsdTier(std::string dir, int dir_fd, std::string name, int64_t stride);
+  SsdTier(std::string dir, int dir_fd, std::string name, const RowLayout& layout,
+          int64_t stride);
   // A new file `file` of the private directory (O_EXCL: never one that exists).
   Status CreateFile(const char* file, int* fd) const;
   // `length` bytes at `offset` of the file into `out`, through the mapping or,
@@ -165,7 +172,7 @@ class SsdTier {
     return number >= 0 && static_cast<size_t>(number >> 6) < live_.size() &&
            ((live_[static_cast<size_t>(number >> 6)] >> (number & 63)) & 1u) != 0;
   }
-  // Copies the file into one of records of `stride` floats.
+  // Copies the file into one of records of `stride` bytes of values.
   Status Restride(int64_t stride);
   // kResourceExhausted, naming the table, ssd_data_path and the bytes needed
   // and free, when the file system has less than `bytes` free (to `what`).
@@ -182,6 +189,7 @@ class SsdTier {
   int dir_fd_;
   std::string path_;
   std::string name_;
+  RowLayout layout_;
   int64_t stride_;
   int fd_;
   int64_t records_in_file_ = 0;  // records the file has room for (written up to)

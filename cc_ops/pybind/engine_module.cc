@@ -16,6 +16,7 @@
 #include "engine/huge_pages.h"
 #include "engine/key_stage.h"
 #include "engine/registry.h"
+#include "engine/row_format.h"
 
 namespace py = pybind11;
 
@@ -324,8 +325,16 @@ void DefineTableCalls(py::module_& m) {
       [](const std::string& key, const std::string& name, int64_t dim, int64_t device_capacity,
          const std::vector<int64_t>& padding_keys, double access_threshold,
          double faae_coefficient, int64_t host_capacity, int64_t ssd_capacity,
-         const std::string& ssd_path, bool refill_new_rows) {
+         const std::string& ssd_path, bool refill_new_rows, const std::string& storage_dtype,
+         const std::string& slot_dtype) {
         TableOptions options;
+        if (!ParseElementType(storage_dtype, &options.embedding_type) ||
+            !ParseElementType(slot_dtype, &options.slot_type)) {
+          throw py::value_error("mxrec table '" + name +
+                                "': storage_dtype and slot_dtype must be 'float32', 'bfloat16' "
+                                "or 'float16', got '" + storage_dtype + "' and '" + slot_dtype +
+                                "'");
+        }
         options.name = name;
         options.dim = dim;
         options.device_capacity = device_capacity;
@@ -342,7 +351,8 @@ void DefineTableCalls(py::module_& m) {
       py::arg("padding_keys") = std::vector<int64_t>(), py::arg("access_threshold") = 0.0,
       py::arg("faae_coefficient") = 1.0, py::arg("host_capacity") = 0,
       py::arg("ssd_capacity") = 0, py::arg("ssd_path") = "",
-      py::arg("refill_new_rows") = false);
+      py::arg("refill_new_rows") = false, py::arg("storage_dtype") = "float32",
+      py::arg("slot_dtype") = "float32");
   m.def("is_tiered", [](const std::string& key) { return Table(key)->tiered(); });
   m.def("drop_prefix", [](const std::string& prefix) { return Registry::Global().DropPrefix(prefix); });
   m.def("table_keys", [] { return Registry::Global().Keys(); });

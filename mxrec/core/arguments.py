@@ -106,8 +106,7 @@ def table_config(runtime, key_dtype, dim, name, emb_initializer, device_vocabula
     if runtime.config.use_dynamic_expansion:
         dynamic.check_settings(name, host_vocabulary_size, ssd_vocabulary_size,
                                runtime.config.use_dynamic)
-    storage = _check_storage(name, storage or {}, host_size > 0,
-                             runtime.config.use_dynamic_expansion)
+    storage = _check_storage(name, storage or {}, runtime.config.use_dynamic_expansion)
     return TableConfig(name=name, key_dtype=key_dtype, dim=int(dim), initializer=initializer,
                        device_vocabulary_size=int(device_vocabulary_size),
                        host_vocabulary_size=host_size, ssd_vocabulary_size=ssd_size,
@@ -116,7 +115,7 @@ def table_config(runtime, key_dtype, dim, name, emb_initializer, device_vocabula
                        all2all_gradients_op=all2all_gradients_op, by_id=by_id, **storage)
 
 
-def _check_storage(name, storage, tiered: bool, dynamic_expansion: bool):
+def _check_storage(name, storage, dynamic_expansion: bool):
     """create_table's storage_dtype, slot_dtype and rounding, checked (mxrec.core.storage_dtype)."""
     unknown = sorted(set(storage) - {"storage_dtype", "slot_dtype", "rounding"})
     if unknown:
@@ -132,11 +131,6 @@ def _check_storage(name, storage, tiered: bool, dynamic_expansion: bool):
         return out
     reduced = (f"storage_dtype={out['storage_dtype'].name}, "
                f"slot_dtype={out['slot_dtype'].name}")
-    if tiered:
-        raise NotImplementedError(
-            f"create_table {name!r}: {reduced} with a host or SSD tier (host_vocabulary_size > "
-            "0) is not built yet: the tiers keep float32 rows. Use a device-only table, or "
-            "float32 storage")
     if dynamic_expansion:
         raise NotImplementedError(
             f"create_table {name!r}: {reduced} under init(use_dynamic_expansion=True) is not "

@@ -155,7 +155,9 @@ def create_host_table(runtime, config: arguments.TableConfig, table_key: str) ->
         engine.create_table(capacity=config.device_vocabulary_size,
                             host_capacity=config.host_vocabulary_size,
                             ssd_capacity=config.ssd_vocabulary_size, ssd_path=config.ssd_path,
-                            refill_new_rows=config.by_id is not None, **common)
+                            refill_new_rows=config.by_id is not None,
+                            storage_dtype=config.storage_dtype.name,
+                            slot_dtype=config.slot_dtype.name, **common)
     if runtime.config.use_combine_faae:
         # USE_COMBINE_FAAE: one admission count per ID over all tables.
         engine.share_counts(table_key, runtime.table_key("__combined_faae__"))
@@ -174,7 +176,7 @@ def _make_table(runtime, config: arguments.TableConfig, table_key: str) -> Spars
         return tiers.TieredTable(*args, device=accelerator_device(), static_shapes=static_shapes,
                                  key_stage_chain=chain,
                                  host_vocabulary_size=config.host_vocabulary_size,
-                                 ssd_vocabulary_size=config.ssd_vocabulary_size)
+                                 ssd_vocabulary_size=config.ssd_vocabulary_size, storage=config)
     return DeviceTable(*args, device=accelerator_device(), static_shapes=static_shapes,
                        key_stage_chain=chain, storage=config)
 

@@ -17,8 +17,13 @@ one component (the embedding, then each optimizer slot) at a time:
                                                           (initial where it has none)
       variable[reused] = values                           before the lookup's gather
 
-A table on the CPU runs the three as one kernel on the variable's buffer
-(MxrecTierSwapInPlace); a GPU table runs them as shown.
+A float32 table on the CPU runs the three as one kernel on the variable's buffer
+(MxrecTierSwapInPlace); a GPU table, and a table whose rows or slots rest in half
+precision (storage_dtype, slot_dtype), run them as shown, the gathered rows cast to
+float32 (exact) and the new values cast back (exact for values the tier held; new IDs'
+initial values rounded to nearest, as a device-only table rounds them). The tier stores
+each component in its own dtype: 2 bytes a value in host memory and on disk for a half
+component.
 
 The embedding swaps before the lookup's gather; the slots swap in the hash
 optimizer, before its update. Plans are applied at step time and in plan
@@ -153,7 +158,9 @@ def swaps_in_place(table) -> bool:
 
 
 def _in_place(variable) -> bool:
-    if not SWAP_IN_PLACE:
+    # A half-precision variable (storage_dtype, slot_dtype) swaps through float32 tensors:
+    # the tier's interface is float32, its storage the variable's type.
+    if not SWAP_IN_PLACE or variable.dtype.base_dtype != tf.float32:
         return False
     return tf.DeviceSpec.from_string(variable.device or "").device_type in (None, "CPU")
 
@@ -173,7 +180,8 @@ def apply_swap(table_key: str, variable: tf.Variable, reused: tf.Tensor, compone
                 variable=variable.handle, rows=reused, fresh_values=fresh,
                 table_key=table_key, component=component)
     with tf.control_dependencies(list(after)):
-        current = tf.gather(variable, reused)
+        # exact: every value of a half-precision variable is a float32 value
+        current = tf.cast(tf.gather(variable, reused), tf.float32)
     with tf.device("/device:CPU:0"):
         values = loader.op_library().mxrec_tier_swap(
             rows=reused, current=current, fresh_values=fresh,

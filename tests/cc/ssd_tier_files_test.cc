@@ -99,7 +99,7 @@ Status Fill(SsdTier* tier, int64_t floats) {
 
 void TestPrivateDirectoryAndCleanUp(const std::string& scratch) {
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(scratch, "user/items", 64, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "user/items", mxrec::RowLayout{64}, 1, &tier).ok());
   const std::string dir = tier->directory();
   const std::set<std::string> entries = Entries(scratch);
   EXPECT(entries.size() == 1);
@@ -115,7 +115,7 @@ void TestPrivateDirectoryAndCleanUp(const std::string& scratch) {
   EXPECT(OpenCloseOnExec(dir));
   // A second tier of the same table (a restore builds one beside the old) gets its own.
   std::unique_ptr<SsdTier> second;
-  EXPECT(SsdTier::Open(scratch, "user/items", 64, &second).ok());
+  EXPECT(SsdTier::Open(scratch, "user/items", mxrec::RowLayout{64}, 1, &second).ok());
   EXPECT(second->directory() != dir && Entries(scratch).size() == 2);
   EXPECT(Fill(tier.get(), 64).ok() && Fill(tier.get(), 128).ok() && tier->restrides() == 1);
   EXPECT(Entries(dir) == std::set<std::string>{"rows.dat"});
@@ -128,7 +128,7 @@ void TestPlantedRestrideFileIsLeftAlone(const std::string& scratch) {
   const std::string victim = scratch + "/victim.txt";
   Write(victim, "not mxrec's");
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(scratch, "t", 64, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "t", mxrec::RowLayout{64}, 1, &tier).ok());
   const std::string dir = tier->directory();
   const std::string planted = dir + "/rows.dat.restride";
   EXPECT(Fill(tier.get(), 64).ok());
@@ -160,7 +160,7 @@ void TestPlantedRestrideFileIsLeftAlone(const std::string& scratch) {
 void TestDroppingRemovesOnlyWhatItCreated(const std::string& scratch) {
   // Another file in the private directory: the data file goes, the rest stays.
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(scratch, "t", 64, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "t", mxrec::RowLayout{64}, 1, &tier).ok());
   const std::string dir = tier->directory();
   Write(dir + "/notes.txt", "kept");
   tier.reset();
@@ -168,7 +168,7 @@ void TestDroppingRemovesOnlyWhatItCreated(const std::string& scratch) {
   EXPECT(Read(dir + "/notes.txt") == "kept");
   EXPECT(unlink((dir + "/notes.txt").c_str()) == 0 && rmdir(dir.c_str()) == 0);
   // A file renamed over the data file is not the tier's: it stays.
-  EXPECT(SsdTier::Open(scratch, "t", 64, &tier).ok());
+  EXPECT(SsdTier::Open(scratch, "t", mxrec::RowLayout{64}, 1, &tier).ok());
   const std::string other = scratch + "/other.dat";
   Write(other, "replacement");
   EXPECT(rename(other.c_str(), tier->path().c_str()) == 0);
@@ -183,11 +183,11 @@ void TestDroppingRemovesOnlyWhatItCreated(const std::string& scratch) {
 void TestDirectoryErrorsNameTheSetting(const std::string& scratch) {
   std::unique_ptr<SsdTier> tier;
   // A name too long for the file system: the directory cannot be made.
-  const Status long_name = SsdTier::Open(scratch, std::string(300, 'x'), 10, &tier);
+  const Status long_name = SsdTier::Open(scratch, std::string(300, 'x'), mxrec::RowLayout{10}, 1, &tier);
   EXPECT(!long_name.ok() && tier == nullptr);
   EXPECT(Contains(long_name.message(), "ssd_data_path '" + scratch + "'") &&
          Contains(long_name.message(), "cannot create the SSD tier's directory"));
-  const Status missing = SsdTier::Open(scratch + "/no/such", "t", 10, &tier);
+  const Status missing = SsdTier::Open(scratch + "/no/such", "t", mxrec::RowLayout{10}, 1, &tier);
   const std::string expected = "ssd_data_path '" + scratch + "/no/such' is not an existing";
   EXPECT(!missing.ok() && Contains(missing.message(), expected));
   EXPECT(Entries(scratch).empty());

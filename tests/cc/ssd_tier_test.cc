@@ -32,6 +32,7 @@
 
 #include "expect.h"
 #include "engine/ssd_record_allocator.h"
+#include "engine/row_format.h"
 #include "engine/ssd_tier.h"
 
 namespace {
@@ -90,7 +91,7 @@ void ExpectSame(const SsdTier& tier, const std::map<int64_t, Held>& ref, int64_t
 void TestTierMatchesReference(const std::string& dir) {
   const int64_t dim = 4;
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(dir, "unit", 2 * dim, &tier).ok());
+  EXPECT(SsdTier::Open(dir, "unit", mxrec::RowLayout{dim}, 2, &tier).ok());
   std::mt19937_64 rng(11);
   std::map<int64_t, Held> ref;
   std::vector<int64_t> free_numbers;
@@ -135,7 +136,7 @@ void TestTierMatchesReference(const std::string& dir) {
     }
     if (round % 50 == 0) ExpectSame(*tier, ref, dim, components);
   }
-  EXPECT(tier->restrides() == 1 && tier->stride() == 3 * dim);
+  EXPECT(tier->restrides() == 1 && tier->stride() == 3 * dim * 4);
   ExpectSame(*tier, ref, dim, 3);
   // The file holds the records ever given out: the live and the free ones.
   EXPECT(tier->file_bytes() == next * tier->record_bytes());
@@ -209,7 +210,7 @@ bool DropPages(const std::string& path, int64_t records, int64_t record_bytes) {
 void TestReadAhead(const std::string& dir) {
   const int64_t dim = 4;
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(dir, "ahead", 2 * dim, &tier).ok());
+  EXPECT(SsdTier::Open(dir, "ahead", mxrec::RowLayout{dim}, 2, &tier).ok());
   const int64_t count = 20000;
   std::vector<int64_t> keys(count);
   std::vector<int64_t> numbers(count);
@@ -251,23 +252,104 @@ void TestReadAhead(const std::string& dir) {
 void TestAppendCounts(const std::string& dir) {
   const int64_t dim = 64;
   std::unique_ptr<SsdTier> tier;
-  EXPECT(SsdTier::Open(dir, "counts", 2 * dim, &tier).ok());
+  EXPECT(SsdTier::Open(dir, "counts", mxrec::RowLayout{dim}, 2, &tier).ok());
   EXPECT(tier->record_bytes() == 528);
   // Records 0..9 fill bytes [0, 5280): pages 0 and 1; record 100 is [52800, 53328):
   // pages 12 and 13 (given out of order: BeginAppend sorts them).
   std::vector<int64_t> numbers = {100, 3, 0, 1, 2, 4, 5, 6, 7, 8, 9};
   std::vector<int64_t> keys(numbers.size());
   std::vector<uint32_t> present(numbers.size(), 3u);
-  std::vector<int64_t> floats(numbers.size(), 2 * dim);
+  std::vector<int64_t> payload(numbers.size(), 2 * dim * 4);
   for (size_t i = 0; i < numbers.size(); ++i) keys[i] = numbers[i] + 1000;
   SsdTier::Append append;
-  EXPECT(tier->BeginAppend(keys, numbers, present, floats,
+  EXPECT(tier->BeginAppend(keys, numbers, present, payload,
                            [](size_t, char* out) { std::memset(out, 0, 2 * 64 * 4); }, &append)
              .ok());
   EXPECT(append.runs == 2 && append.pages == 4);
   EXPECT(tier->WriteAppend(append).ok());
   tier->FinishAppend(append, std::vector<uint8_t>(numbers.size(), 1));
   EXPECT(tier->size() == 11);
+}
+
+float Float(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+uint32_t BitsOf(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return bits;
+}
+
+// Half-precision records (row_format.h): the embedding in bfloat16, the slots in float16,
+// 2 bytes a value in the file; exact values come back as written, others rounded to
+// nearest even (the ties, float16's subnormals and overflow), and a slot added later widens
+// the records by its 2-byte values.
+void TestHalfPrecisionRecords(const std::string& dir) {
+  using mxrec::ElementType;
+  const int64_t dim = 6;
+  const mxrec::RowLayout layout{dim, ElementType::kBfloat16, ElementType::kFloat16};
+  std::unique_ptr<SsdTier> tier;
+  EXPECT(SsdTier::Open(dir, "half", layout, 2, &tier).ok());
+  EXPECT(tier->record_bytes() == 16 + 2 * dim * 2 && tier->stride() == 2 * dim * 2);
+  const float inf = Float(0x7f800000u);
+  // {written, read back}: bfloat16 (component 0), then float16 (component 1).
+  const std::vector<std::pair<float, float>> cases = {
+      {1.0f + 0x1p-8f, 1.0f},                  // a tie: to the even neighbour
+      {1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-6f},    // a tie: to the even neighbour, up
+      {-0x1p-130f, -0x1p-130f},                // a subnormal float32, exact in bfloat16
+      {-0.0f, -0.0f},
+      {3.0f, 3.0f},
+      {Float(0x7f7fffffu), inf},               // the largest float32 rounds up, to infinity
+      {1.0f + 0x1p-11f, 1.0f},                 // float16 ties
+      {1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-9f},
+      {0x1p-25f, 0.0f},                        // half the smallest subnormal: to even (0)
+      {3 * 0x1p-25f, 0x1p-23f},
+      {65520.0f, inf},                         // beyond the largest float16 (65504)
+      {-65504.0f, -65504.0f}};
+  SsdRecord record;
+  record.present = 3u;
+  for (const auto& c : cases) record.values.push_back(c.first);
+  EXPECT(record.values.size() == 2 * dim);
+  EXPECT(tier->PutBatch({42}, {0}, {record}).ok());
+  float out[8];
+  bool found = false;
+  for (int component = 0; component < 2; ++component) {
+    EXPECT(tier->ReadComponent(0, 42, component, dim, out, &found).ok() && found);
+    for (int64_t d = 0; d < dim; ++d) {
+      const auto& c = cases[static_cast<size_t>(component * dim + d)];
+      EXPECT(BitsOf(out[d]) == BitsOf(c.second));
+    }
+  }
+  // Exact values are reported exact; a value the type rounds is not; NaN stays NaN.
+  char bytes[8];
+  const float exact[2] = {0.5f, -3.0f};
+  const float rounded[2] = {0.5f, 0.1f};
+  EXPECT(mxrec::EncodeRow(ElementType::kBfloat16, exact, 2, bytes));
+  EXPECT(!mxrec::EncodeRow(ElementType::kBfloat16, rounded, 2, bytes));
+  EXPECT(!mxrec::EncodeRow(ElementType::kFloat16, rounded, 2, bytes));
+  const float nan[2] = {Float(0x7fc00000u), Float(0xffc00000u)};
+  for (ElementType type : {ElementType::kBfloat16, ElementType::kFloat16}) {
+    EXPECT(mxrec::EncodeRow(type, nan, 2, bytes));
+    float back[2];
+    mxrec::DecodeRow(type, bytes, 2, back);
+    EXPECT(back[0] != back[0] && back[1] != back[1] && (BitsOf(back[1]) >> 31) == 1u);
+  }
+  // A third component: the records widen by one float16 slot; the first two stay.
+  SsdRecord wide;
+  wide.present = 7u;
+  wide.values.assign(3 * dim, 0.25f);
+  EXPECT(tier->PutBatch({43}, {1}, {wide}).ok() && tier->restrides() == 1);
+  EXPECT(tier->stride() == 3 * dim * 2);
+  SsdRecord peeked;
+  EXPECT(tier->Peek(0, 42, &found, &peeked).ok() && found && peeked.values.size() == 3 * dim);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT(BitsOf(peeked.values[i]) == BitsOf(cases[i].second));
+  }
+  EXPECT(tier->Peek(1, 43, &found, &peeked).ok() && found);
+  for (float v : peeked.values) EXPECT(v == 0.25f);
 }
 
 // The allocator's records for `count` allocations.
@@ -358,6 +440,7 @@ int main(int argc, char** argv) {
   TestTierMatchesReference(argv[1]);
   TestReadAhead(argv[1]);
   TestAppendCounts(argv[1]);
+  TestHalfPrecisionRecords(argv[1]);
   TestAllocatorOrder();
   TestAllocatorAgainstReference();
   std::printf("ssd tier records: ok\n");
