@@ -57,7 +57,8 @@ class ModelConfig:
             device rows (a host tier: the device rows become a cache); 0: none. Both are
             per rank on several ranks.
         storage_dtype: the dtype each table's rows rest in: "float32", "bfloat16" or
-            "float16" (create_table(storage_dtype=...); device-only tables).
+            "float16" (create_table(storage_dtype=...); in the device rows and the host
+            tier alike; not with buckets).
     """
 
     kind: str = "wide_deep"
@@ -85,10 +86,9 @@ class ModelConfig:
         if self.storage_dtype not in STORAGE_DTYPES:
             raise ValueError(f"model: storage_dtype must be one of {STORAGE_DTYPES}, got "
                              f"{self.storage_dtype!r}")
-        if self.storage_dtype != "float32" and (self.buckets is not None
-                                                or self.host_vocabulary):
-            raise ValueError(f"model: storage_dtype {self.storage_dtype} is for device-only "
-                             "mxrec tables (no buckets, no host_vocabulary)")
+        if self.storage_dtype != "float32" and self.buckets is not None:
+            raise ValueError(f"model: storage_dtype {self.storage_dtype} is for mxrec tables, "
+                             "not the plain-TensorFlow baseline (buckets)")
         if self.kind not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.kind!r}")
         if self.dim < 1 or self.vocabulary < 1 or self.cross_layers < 0:
