@@ -265,7 +265,9 @@ def stats(table) -> Dict[str, int]:
     """Rows per tier and swap traffic of a table with a host tier.
 
     Keys: device_rows, tier_ids (IDs whose rows are off the device), host_rows and
-    ssd_rows (where those rows physically are now), host_bytes, ssd_file_bytes,
+    ssd_rows (where those rows physically are now), host_bytes, host_row_bytes (one ID's
+    values in a host slot: the embedding and each registered optimizer slot, 4 bytes a value
+    in float32 and 2 in bfloat16 or float16), ssd_file_bytes,
     swap_in_total / swap_out_total / fresh_total (embedding rows moved in from the
     tier, out to it, filled by the initializer), swap_in_last / swap_out_last (the
     last applied plan: one step, or the last lookup of a step with several),
