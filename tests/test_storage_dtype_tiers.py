@@ -14,6 +14,7 @@ import tensorflow as tf
 from test_storage_dtype import DIM, ROUND, Model, Reference, _bits
 
 from mxrec.core import tiers
+from mxrec.saver import stream
 from mxrec.saver.checkpoint import Saver
 from mxrec.util.initialize import terminate_config_initializer
 
@@ -166,6 +167,14 @@ def test_tiered_checkpoint_round_trips_and_crosses_dtypes(tmp_path, storage):
     batches = _stream()
     saved, stats = _run(tmp_path, storage, batches, save_to=tmp_path / "half")
     assert stats["ssd_rows"] > 0 and stats["host_rows"] > 0  # rows saved from both tiers
+    # Every ID's row and slots (device rows, host and SSD tiers) in the table file in 2
+    # bytes a value.
+    file = next(p for p in (tmp_path / "half").rglob("*.npz") if p.name != "dense.npz")
+    arrays = stream.MappedNpz(str(file))
+    for name, rows in saved.items():
+        held = [arrays[f"{part}/{name}"] for part in ("state", "tier")]
+        assert {a.dtype.itemsize for a in held} == {2}
+        assert sum(len(a) for a in held) == len(rows)
     restored, _ = _run(tmp_path, storage, [], restore_from=tmp_path / "half")
     _assert_equal(restored, saved, storage)
     # Into a float32 tiered table: the same values, upcast exactly; saved from there and

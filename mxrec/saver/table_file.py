@@ -78,7 +78,10 @@ class Prepared:
         return np.memmap(os.path.join(self.spool, name), dtype=dtype, mode="r", shape=shape)
 
     def _tier_chunks(self, state: str, mask: bool) -> Iterator[np.ndarray]:
-        """A state's host-tier values (or its mask) from the spool, a chunk at a time."""
+        """A state's host-tier values (or its mask) from the spool, a chunk at a time; the
+        values in the file form of the dtype the state rests in (the tier's float32 values
+        of a half-precision state are exact in it)."""
+        dtype = self._dtype(state)
         count, dim = self._tier_count(), self.io_.table.dim
         components = list(self.host["tier_components"])
         present = self._spooled("present.bin", np.uint32, (count,))
@@ -90,9 +93,9 @@ class Prepared:
                 yield (np.zeros(end - begin, np.uint8) if c is None else
                        ((np.asarray(present[begin:end]) >> np.uint32(c)) & 1).astype(np.uint8))
             elif values is None:  # never swapped out: restarts from its initial value
-                yield np.zeros((end - begin, dim), np.float32)
+                yield np.zeros((end - begin, dim), storage_dtype.file_dtype(dtype))
             else:
-                yield np.asarray(values[begin:end])
+                yield storage_dtype.to_file(np.asarray(values[begin:end]), dtype)
 
     def members(self, session) -> List[stream.Member]:
         """The file's arrays in the order `np.savez` of the whole dict wrote them."""
@@ -113,7 +116,8 @@ class Prepared:
         out.append(stream.whole(schema.host_key("lru_ages"), host["lru_ages"]))
         count = self._tier_count()
         for state in self.io_.state_names():
-            out.append(stream.Member(schema.tier_key(state), np.float32, (count, dim),
+            out.append(stream.Member(schema.tier_key(state),
+                                     storage_dtype.file_dtype(self._dtype(state)), (count, dim),
                                      lambda s=state: self._tier_chunks(s, mask=False)))
             out.append(stream.Member(schema.tier_mask_key(state), np.uint8, (count,),
                                      lambda s=state: self._tier_chunks(s, mask=True)))
@@ -137,8 +141,9 @@ class Prepared:
             values = (storage_dtype.from_file(c) for c in self._device_chunks(session, state))
             found += _merged(name, state, device_ids, values, self.rows_per_chunk)
             if "in_host" in self.host:
-                found += _merged(name, f"host/SSD tier {state}", tier_ids,
-                                 self._tier_chunks(state, mask=False), self.rows_per_chunk)
+                tier = (storage_dtype.from_file(c) for c in self._tier_chunks(state, mask=False))
+                found += _merged(name, f"host/SSD tier {state}", tier_ids, tier,
+                                 self.rows_per_chunk)
         return found
 
 
