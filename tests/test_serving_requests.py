@@ -377,3 +377,102 @@ def test_both_servers_refuse_each_integer_setting_out_of_range_naming_it(tmp_pat
     GrpcServer(predictor, "ctr", port=0, max_queued=0).close()
     with pytest.raises(ValueError, match="max_queued must be an integer >= 1, got 0"):
         ModelServer(predictor, "ctr", port=0, max_queued=0)
+
+
+def _bodies(rng):
+    """A columnar and a row-format body of int64 IDs over the whole range, float32 values
+    from subnormal to the largest, and strings; with the arrays they mean (numpy's)."""
+    ids = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, [6, 3], np.int64,
+                       endpoint=True)
+    ids[0] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0]
+    dense = (rng.standard_normal([6, 2]) * 10.0 ** rng.integers(-30, 30, [6, 2])).astype(
+        np.float32)
+    dense[0] = [np.finfo(np.float32).max, np.finfo(np.float32).smallest_subnormal]
+    words = ["a", "\u00e9\u4e2d", "", "x" * 50, "\"quoted\"", "tab\t"]
+    # Floats as Python writes them (shortest text that reads back to the same float64).
+    columnar = {"inputs": {"ids": ids.tolist(), "dense": dense.astype(np.float64).tolist(),
+                           "words": words}}
+    rows = {"instances": [{"ids": ids[i].tolist(), "dense": dense[i].tolist(),
+                           "words": words[i]} for i in range(6)]}
+    want = {"ids": ids, "dense": dense, "words": np.array([w.encode() for w in words], object)}
+    return [json.dumps(columnar).encode(), json.dumps(rows).encode()], want
+
+
+def test_orjson_and_the_standard_parser_read_and_refuse_bodies_alike(monkeypatch):
+    pytest.importorskip("orjson", reason="orjson is not installed (scripts/setup.sh installs "
+                        "it); the standard library's parser is the only one here")
+    specs = {"s": {"ids": requests.InputSpec("ids", np.int64, [None, 3]),
+                   "dense": requests.InputSpec("dense", np.float32, [None, 2]),
+                   "words": requests.InputSpec("words", object, [None])}}
+
+    def read(raw):
+        return requests.to_feeds(requests.parse_json(raw), specs, "s", raw)[1]
+
+    def refusal(raw):
+        with pytest.raises(requests.RequestError) as caught:
+            read(raw)
+        return str(caught.value)
+
+    bodies, want = _bodies(np.random.default_rng(11))
+    row = '"ids": [1, 2, 3], "dense": [1.5, 2], "words": "w"'
+    bad = [b'{"instances": [{%s}]}' % row.replace("1, 2, 3", v).encode() for v in (
+        "18446744073709551616, 2, 3", "-9223372036854775809, 2, 3", "1.0, 2, 3",
+        "1, 2, " + "9" * 5000)]
+    bad += [b'{"instances": [{%s}]}' % row.replace("1.5", v).encode() for v in (
+        "NaN", "-Infinity", "1e400", "1e39")]
+    bad += [b'{"instances": [{%s}]}' % row.replace('"w"', v).encode() for v in (
+        "18446744073709551616", '"\\ud800"', '{"b64": "%%"}')]
+    bad += [b'{"instances": ' + b"[" * 2000 + b"]" * 2000 + b"}", b'{"inputs": "\xff"}',
+            b'\xef\xbb\xbf{"inputs": {}}', b'{"inputs": {}', b'{"inputs": {}, "inputs": 1}']
+    fast = [[read(raw) for raw in bodies], [refusal(raw) for raw in bad]]
+    monkeypatch.setattr(requests, "orjson", None)
+    exact = [[read(raw) for raw in bodies], [refusal(raw) for raw in bad]]
+    for feeds in fast[0] + exact[0]:
+        for key, value in want.items():
+            assert feeds[key].dtype == value.dtype
+            np.testing.assert_array_equal(feeds[key], value)
+    assert fast[1] == exact[1]
+    assert "got 18446744073709551616 (out of range)" in fast[1][0]
+
+
+def test_answers_written_by_orjson_read_back_as_the_standard_writers():
+    outputs = {"prob": np.array([0.1, 3.4e38], np.float32),
+               "top": np.array([-(1 << 63), 1], np.int64),
+               "word": np.array([b"\xc3\xa9", b"\xff"], object)}
+    for row_format in (True, False):
+        written = requests.answer_json(outputs, row_format)
+        assert json.loads(written) == json.loads(json.dumps(
+            requests.outputs_to_json(outputs, row_format)))
+    with pytest.raises(ValueError, match="output 'prob' is not finite"):
+        requests.answer_json({"prob": np.array([1.0, np.nan], np.float32)}, True)
+
+
+def test_typed_arrays_are_checked_as_their_signature_says():
+    specs = {"ids": requests.InputSpec("ids", np.int64, [None, 3]),
+             "dense": requests.InputSpec("dense", np.float32, [None, 2]),
+             "words": requests.InputSpec("words", object, [None])}
+    good = {"ids": np.zeros([2, 3], np.int64), "dense": np.ones([2, 2], ">f4"),
+            "words": np.array([b"a", b"b"], object)}
+    requests.check_arrays(good, specs)  # float32 in either byte order
+    requests.check_arrays(dict(good, words=np.array(["a", "b"])), specs)  # any string dtype
+    cases = [
+        ({"ids": good["ids"], "dense": good["dense"]}, r"the inputs must be \['dense', 'ids', "
+                                                       r"'words'\]; missing \['words'\]"),
+        (dict(good, extra=good["ids"]), r"unknown \['extra'\]"),
+        (dict(good, ids=good["ids"].astype(np.int32)), "input 'ids': expected int64 values, "
+                                                       "got int32"),
+        (dict(good, words=good["ids"][:, 0]), "input 'words': expected string values, got "
+                                              "int64"),
+        (dict(good, ids=np.zeros([2, 4], np.int64)), r"input 'ids': expected shape \[\?, 3\] "
+                                                     r"\(the first dimension is the batch\), "
+                                                     r"got \[2, 4\]"),
+        (dict(good, ids=np.zeros([2, 3, 1], np.int64)), r"expected shape \[\?, 3\]"),
+        (dict(good, ids=np.zeros([0, 3], np.int64)), "input 'ids': the batch is empty"),
+        (dict(good, dense=np.array([[1, 2], [3, np.inf]], np.float32)),
+         r"input 'dense', row 1, position \[1\]: expected a finite JSON number .* got inf"),
+        (dict(good, ids=np.zeros([3, 3], np.int64)),
+         r"different batch sizes \{'dense': 2, 'ids': 3, 'words': 2\}"),
+    ]
+    for feeds, words in cases:
+        with pytest.raises(requests.RequestError, match=words):
+            requests.check_arrays(feeds, specs)

@@ -11,7 +11,6 @@ Example:
     ...     outputs = calls.run(instance, feeds, name, deadline, "--rest-api-timeout-in-ms")
 """
 
-import contextlib
 import re
 import time
 from typing import Dict, List, Optional, Sequence
@@ -36,10 +35,10 @@ def check_model(model_name: str, served_name: str) -> None:
                            f"server serves model {served_name!r}", 404)
 
 
-@contextlib.contextmanager
 def serving(predictor: Predictor, model_name: str, served_name: str,
-            version: Optional[int] = None, label: str = ""):
-    """The serving instance, held for one request, if it is the version asked for.
+            version: Optional[int] = None, label: str = "") -> "_Serving":
+    """The serving instance, held for one request (a context manager), if it is the version
+    asked for.
 
     Args:
         predictor: the predictor answering.
@@ -57,15 +56,33 @@ def serving(predictor: Predictor, model_name: str, served_name: str,
     if label:
         raise RequestError(f"Unrecognized servable version label: {label} (this server has "
                            "no version labels; name a version or none)", 400)
-    try:
-        with predictor.serving() as instance:
-            if version is not None and version != instance.version:
-                raise RequestError(f"Servable not found for request: Specific({model_name}, "
-                                   f"{version}): version {version} is not serving (version "
-                                   f"{instance.version} is)", 404)
-            yield instance
-    except NoVersionError as error:
-        raise RequestError(str(error), 503) from None
+    return _Serving(predictor, model_name, version)
+
+
+class _Serving:
+    """`serving`'s hold (a class, not a generator: it is taken on every request)."""
+
+    __slots__ = ("held", "model_name", "version")
+
+    def __init__(self, predictor: Predictor, model_name: str, version: Optional[int]):
+        self.held = predictor.serving()
+        self.model_name = model_name
+        self.version = version
+
+    def __enter__(self):
+        try:
+            instance = self.held.__enter__()
+        except NoVersionError as error:
+            raise RequestError(str(error), 503) from None
+        if self.version is not None and self.version != instance.version:
+            self.held.__exit__(None, None, None)
+            raise RequestError(f"Servable not found for request: Specific({self.model_name}, "
+                               f"{self.version}): version {self.version} is not serving "
+                               f"(version {instance.version} is)", 404)
+        return instance
+
+    def __exit__(self, *exc):
+        return self.held.__exit__(*exc)
 
 
 def run(instance, feeds: Dict, signature: str, deadline: Optional[float], flag: str,

@@ -29,7 +29,6 @@ Example:
     >>> predictor.predict({"sparse": ids, "dense": dense})["prob"]
 """
 
-import contextlib
 import dataclasses
 import io
 import posixpath
@@ -338,9 +337,9 @@ class ModelInstance:
             # every subset of many outputs cannot pass.
             if len(self._runners) < _MAX_RUNNERS:
                 self._runners[(name, chosen)] = runner
-        missing = sorted(set(wanted) - set(inputs))
-        unknown = sorted(set(inputs) - set(wanted))
-        if missing or unknown:
+        if inputs.keys() != wanted.keys():
+            missing = sorted(set(wanted) - set(inputs))
+            unknown = sorted(set(inputs) - set(wanted))
             raise ValueError(f"inputs must be {sorted(wanted)}; missing {missing}, "
                              f"unknown {unknown}")
         return runner(inputs, timeout)
@@ -469,6 +468,35 @@ class _Refusal:
     serving: Optional[int] = None  # a waiting delta: the serving version when refused
 
 
+class _Held:
+    """A request's hold on the serving instance (`Predictor.serving`): a class of its own,
+    not a generator, as it is taken and released on every request."""
+
+    __slots__ = ("predictor", "instance")
+
+    def __init__(self, predictor: "Predictor"):
+        self.predictor = predictor
+        self.instance: Optional[ModelInstance] = None
+
+    def __enter__(self) -> ModelInstance:
+        lock = self.predictor._lock  # pylint: disable=protected-access (its owner's lock)
+        with lock:
+            instance = self.predictor._current  # pylint: disable=protected-access
+            if instance is None:
+                raise NoVersionError("no model version is loaded")
+            instance.readers += 1
+        self.instance = instance
+        return instance
+
+    def __exit__(self, *_):
+        lock = self.predictor._lock  # pylint: disable=protected-access
+        with lock:
+            self.instance.readers -= 1
+            if not self.instance.readers:  # only a switch waits, for the count to reach 0
+                lock.notify_all()
+        return False
+
+
 class Predictor:
     """Serves the newest valid version of an export base; see the module docstring.
 
@@ -510,24 +538,14 @@ class Predictor:
         with self._lock:
             return {v: r.message for v, r in self._refusals.items()}
 
-    @contextlib.contextmanager
-    def serving(self):
-        """The serving instance, held: a version switch waits until it is released.
+    def serving(self) -> "_Held":
+        """The serving instance, held (a context manager): a version switch waits until it
+        is released.
 
         Raises:
-            NoVersionError: no version is loaded.
+            NoVersionError: (on entering) no version is loaded.
         """
-        with self._lock:
-            instance = self._current
-            if instance is None:
-                raise NoVersionError("no model version is loaded")
-            instance.readers += 1
-        try:
-            yield instance
-        finally:
-            with self._lock:
-                instance.readers -= 1
-                self._lock.notify_all()
+        return _Held(self)
 
     def predict(self, inputs: Dict[str, np.ndarray], signature: Optional[str] = None,
                 timeout: Optional[float] = None):

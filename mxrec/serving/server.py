@@ -193,9 +193,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.answered = True
         super().send_response(code, message)
 
-    def _reply(self, code: int, body: dict, version: Optional[int] = None,
+    def _reply(self, code: int, body, version: Optional[int] = None,
                close: bool = False, headers: Optional[dict] = None):
-        data = json.dumps(body, allow_nan=False).encode()
+        """Sends `body` (a dict, or JSON bytes already written) as the answer."""
+        data = body if isinstance(body, bytes) else json.dumps(body, allow_nan=False).encode()
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -349,17 +350,18 @@ class _Handler(BaseHTTPRequestHandler):
                                  f"/v1/models/{self.server.model_name}:predict", 404)
             self._body()  # read, so that the connection stays usable
             raise error
-        body = requests.parse_json(self._body())
+        data = self._body()
+        body = requests.parse_json(data)
         name = self.server.model_name
         wanted = None if match.group(2) is None else int(match.group(2))
         with calls.serving(self.server.predictor, name, name, wanted) as instance:
             signature, feeds, row_format = requests.to_feeds(
-                body, instance.input_specs, instance.default_signature)
+                body, instance.input_specs, instance.default_signature, data)
             outputs = calls.run(instance, feeds, signature, self.deadline,
                                 f"{self.server.timeout:g} s, python -m mxrec.serving "
                                 "--rest-api-timeout-in-ms")
             version = instance.version
-        return self._reply(200, requests.outputs_to_json(outputs, row_format), version)
+        return self._reply(200, requests.answer_json(outputs, row_format), version)
 
 
 def _closing(error: RequestError) -> RequestError:

@@ -18,6 +18,7 @@ Example:
 """
 
 import math
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -33,6 +34,7 @@ _RAW = {types_pb2.DT_FLOAT: np.dtype("<f4"), types_pb2.DT_DOUBLE: np.dtype("<f8"
         types_pb2.DT_UINT16: np.dtype("<u2"), types_pb2.DT_UINT32: np.dtype("<u4"),
         types_pb2.DT_UINT64: np.dtype("<u8"), types_pb2.DT_BOOL: np.dtype("?")}
 _ENUM = {dtype.newbyteorder("="): enum for enum, dtype in _RAW.items()}
+_LITTLE = sys.byteorder == "little"
 
 
 def to_array(name: str, proto: tensor_pb2.TensorProto, limit: int) -> np.ndarray:
@@ -52,7 +54,7 @@ def to_array(name: str, proto: tensor_pb2.TensorProto, limit: int) -> np.ndarray
     if shape.unknown_rank:
         raise RequestError(f"input {name!r}: the tensor has an unknown rank; give its shape")
     dims = [d.size for d in shape.dim]
-    if any(d < 0 for d in dims):
+    if dims and min(dims) < 0:
         raise RequestError(f"input {name!r}: the shape {dims} has a negative dimension")
     raw = _RAW.get(proto.dtype)
     item = _item_size(name, proto.dtype) if raw is None else raw.itemsize
@@ -91,14 +93,20 @@ def fill(proto: tensor_pb2.TensorProto, value) -> None:
     as their raw bytes (tensor_content, as TF Serving answers), other dtypes through
     TensorFlow's own conversion."""
     value = np.asarray(value)
-    enum = _ENUM.get(value.dtype.newbyteorder("="))
+    dtype = value.dtype
+    enum = _ENUM.get(dtype)
+    if enum is None:
+        enum = _ENUM.get(dtype.newbyteorder("="))
     if enum is None:
         proto.CopyFrom(tf.make_tensor_proto(value))
         return
     proto.dtype = enum
+    dims = proto.tensor_shape.dim
     for size in value.shape:
-        proto.tensor_shape.dim.add(size=size)
-    proto.tensor_content = np.ascontiguousarray(value, value.dtype.newbyteorder("<")).tobytes()
+        dims.add(size=size)
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and not _LITTLE):
+        value = value.astype(dtype.newbyteorder("<"))
+    proto.tensor_content = value.tobytes()  # C order, whatever the array's strides
 
 
 def to_proto(value) -> tensor_pb2.TensorProto:
