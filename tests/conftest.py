@@ -86,6 +86,9 @@ VARIANTS = (
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch2-reinit-eval]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[lazy_adam-2-prefetch1-dynamic-admission]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[sgd-4-prefetch2-reinit]",
+    # init_by_id's rows under the second TensorFlow: tests/test_init_by_id.py; the graph
+    # modifier with eviction on ranks: ...[lazy_adam-2-prefetch1-admission-eviction].
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[lazy_adam-2-prefetch1-eviction-init_by_id]",
     "tests/test_multiworker.py::test_direct_path_evaluation_until_the_data_ends_with_a_lagging_rank",
     "tests/test_multiworker.py::test_send_count_overflow_names_the_table_and_setting",
     "tests/test_multiworker.py::test_ranks_with_different_tables_fail_with_a_clear_error",
