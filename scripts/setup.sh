@@ -7,7 +7,10 @@
 # (Python 3.12 and 3.13). MXREC_TF_PACKAGE=tensorflow uses the GPU-capable wheel instead of
 # tensorflow-cpu. The ops are rebuilt only when a source, setup.py, the compiler or the
 # TensorFlow version changed (scripts/setup_helper.py); mxrec/_lib holds one build at a time,
-# so switching MXREC_TF rebuilds.
+# so switching MXREC_TF rebuilds. MXREC_SETUP_DEPS_ONLY=1 makes the environment and stops before
+# the build; MXREC_VENV=DIR uses the environment at DIR instead of .venv or .venv-tf221 (.ci/run
+# does both to make TensorFlow 2.21's environment and ops, in a copy of the tree, while the
+# tests under 2.15 run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -26,6 +29,7 @@ case "$tf_line" in
         serving_api=tensorflow-serving-api==2.15.1 ;;
   2.21) venv=.venv-tf221; reqs=("$pkg==2.21.0"); serving_api=tensorflow-serving-api==2.21.0 ;;
 esac
+venv=${MXREC_VENV:-$venv}
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
@@ -39,6 +43,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q "${reqs[@]}" "${deps[@]}"
   "$venv/bin/python" -m pip install -q --no-deps "$serving_api"
   echo "$want" > "$stamp"
+fi
+if [ "${MXREC_SETUP_DEPS_ONLY:-0}" = 1 ]; then
+  echo "$venv"
+  exit 0
 fi
 # Build in place: the shared objects land in mxrec/_lib next to the sources.
 if ! "$venv/bin/python" scripts/setup_helper.py fresh; then

@@ -86,6 +86,9 @@ VARIANTS = (
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch2-reinit-eval]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[lazy_adam-2-prefetch1-dynamic-admission]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[sgd-4-prefetch2-reinit]",
+    # init_by_id's rows under the second TensorFlow: tests/test_init_by_id.py; the graph
+    # modifier with eviction on ranks: ...[lazy_adam-2-prefetch1-admission-eviction].
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[lazy_adam-2-prefetch1-eviction-init_by_id]",
     "tests/test_multiworker.py::test_direct_path_evaluation_until_the_data_ends_with_a_lagging_rank",
     "tests/test_multiworker.py::test_send_count_overflow_names_the_table_and_setting",
     "tests/test_multiworker.py::test_ranks_with_different_tables_fail_with_a_clear_error",
@@ -160,6 +163,14 @@ RANKS_EXTRA = (
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-1-DDR-1-0-0-1]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-0-HBM-1-1-0-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-0-HBM-0-0-1-0]",
+    # run.sh's default DLRM mode on 2 ranks stays under the second TensorFlow in
+    # test_dlrm_mode_on_ranks_equals_one_process_tightly[2-0-HBM-0-0-0-0] (the same script,
+    # mode and launcher, compared tighter); the later DLRM script's model in one process in
+    # tests/compat/test_mx_rec_zoo_dlrm_later.py; the graph modifier on ranks in
+    # ...tightly[2-1-DDR-1-0-0-1] and tests/test_multiworker.py.
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_on_ranks_equals_one_process[2-mxrec.launch]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_later_dlrm_script_on_two_ranks_equals_one_process[0-HBM-0-0-0-0]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_on_ranks_equals_one_process[2-1]",
     "tests/test_multiworker_saver_finite.py::test_every_rank_refuses_a_save_that_one_rank_finds_non_finite[grpc]",
     "tests/test_streaming_ranks_nonfinite.py::test_skip_on_two_ranks_equals_one_process",
     "tests/test_several_hosts.py::test_ranks_on_two_hosts_equal_one_process[2x2]",
@@ -170,8 +181,9 @@ RANKS_EXTRA = (
 
 # Tests marked `one_tf`: their subject does not change with the TensorFlow version (the
 # launcher's stops, the trainer's kill-and-restart bookkeeping, the command line's refusals,
-# an atomic save under SIGKILL, setup's rebuild stamp), so CI runs them under the default
-# TensorFlow only. Same rules as VARIANTS.
+# an atomic save under SIGKILL, setup's rebuild stamp, the engine without TensorFlow, a tiered
+# table's memory bound), so CI runs them under the default TensorFlow only. Same rules as
+# VARIANTS.
 ONE_TF = (
     "tests/test_several_hosts.py::test_the_hosts_are_removed_after_a_run_and_after_their_maker_is_killed",
     "tests/test_streaming_trainer.py::test_exactly_once_across_kills",
@@ -190,6 +202,21 @@ ONE_TF = (
     "tests/test_streaming_ownership.py",
     "tests/test_stale_temporaries.py",
     "tests/test_deploy.py",
+    # The engine (pybind module and C++ unit tests) and the checkpoint's numpy readers, without
+    # TensorFlow: every training under the second TensorFlow runs that engine's 2.21 build.
+    # A tiered table's memory bound: the tiers' training under 2.21 stays in tests/test_tiers.py.
+    "tests/test_engine.py",
+    "tests/test_engine_units.py",
+    "tests/test_ssd_spill_writer.py",
+    "tests/test_ssd_tier_files.py",
+    "tests/test_ssd_tier_units.py",
+    "tests/test_key_stage_threads.py",
+    "tests/test_commit_lock_free.py",
+    "tests/test_key_map_growth.py",
+    "tests/test_apply_delta_arrays.py",
+    "tests/test_fold_admitted.py",
+    "tests/test_export_order.py",
+    "tests/test_tiers_larger_than_memory.py",
 )
 MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA, "one_tf": ONE_TF}
 

@@ -132,8 +132,11 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path, engine):
 @pytest.mark.one_tf
 @pytest.mark.parametrize("engine", _engines())
 def test_sighup_to_the_launcher_stops_every_rank_as_sigterm_does(tmp_path, engine):
-    """A closed terminal or a dropped ssh session."""
-    proc, pids = _start(tmp_path, engine, "wait")
+    """A closed terminal or a dropped ssh session. The launcher starts with SIGHUP at its
+    default: a suite run under `nohup` would otherwise hand it an ignored SIGHUP, which it
+    rightly keeps (the test below), and this test would wait out its whole timeout."""
+    proc, pids = _start(tmp_path, engine, "wait",
+                        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     ranks = _rank_pids(pids, 2)
     proc.send_signal(signal.SIGHUP)
     out, _ = proc.communicate(timeout=GRACE + MARGIN)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 
 import numpy as np
+import pytest
 from test_streaming_ranks_equal import (
     ALL_PARTITIONS,
     assert_same_state,
@@ -27,6 +28,21 @@ from mxrec.streaming import donefile
 from mxrec.streaming.trainer import FAULT_ENV
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The data and one process's uninterrupted run on it: what both tests compare against
+    (trained once for the module); returns (data, its donefile entries, its serving versions'
+    predictions of the held-out partition, that partition, its newest version's state)."""
+    root = tmp_path_factory.mktemp("restart_reference")
+    data = root / "data"
+    write_data(data)
+    check(train(1, data, root / "ref_work", root / "ref_export"))
+    query = held_out(root / "held_out")
+    return (data, donefile.read(str(root / "ref_work" / "donefile.jsonl")),
+            predictions(root / "ref_export", query), query,
+            _export_state(root / "ref_export")[1])
+
+
 def _killed(result, rank):
     """The launcher's run ended because `rank` was killed (SIGKILL: status -9)."""
     text = result.stdout + result.stderr
@@ -34,10 +50,9 @@ def _killed(result, rank):
     assert f"rank {rank} failed" in text, text[-3000:]
 
 
-def test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run(tmp_path):
-    data = tmp_path / "data"
-    write_data(data)
-    check(train(1, data, tmp_path / "ref_work", tmp_path / "ref_export"))
+def test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run(
+        tmp_path, reference):
+    data, ref_entries, ref_predictions, query, ref_state = reference
     work, export = tmp_path / "work", tmp_path / "export"
     # Rank 1 dies once its shard of partition 2 is saved (rank 0 may be exporting it).
     _killed(train(2, data, work, export, env={FAULT_ENV: "after_checkpoint:2:1"}), 1)
@@ -61,17 +76,14 @@ def test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run(t
     assert [e["step"] for e in entries] == list(range(1, len(ALL_PARTITIONS) + 1))
     assert [e["ranks"] for e in entries][5:] == [2] * (len(ALL_PARTITIONS) - 5)
     assert entries[4]["ranks"] == 1
-    reference = donefile.read(str(tmp_path / "ref_work" / "donefile.jsonl"))
-    for a, b in zip(reference, entries):
+    assert len(ref_entries) == len(entries)
+    for a, b in zip(ref_entries, entries):
         assert (a["rows"], a["checkpoint"], a["table_rows"]) == \
             (b["rows"], b["checkpoint"], b["table_rows"]), (a, b)
         np.testing.assert_allclose(b["metrics"]["logloss"], a["metrics"]["logloss"],
                                    atol=1e-5)
-    query = held_out(tmp_path / "held_out")
-    assert_same_versions(predictions(tmp_path / "ref_export", query),
-                         predictions(export, query), "killed and restarted")
-    assert_same_state(_export_state(tmp_path / "ref_export")[1], _export_state(export)[1],
-                      "killed and restarted, newest version")
+    assert_same_versions(ref_predictions, predictions(export, query), "killed and restarted")
+    assert_same_state(ref_state, _export_state(export)[1], "killed and restarted, newest version")
 
 
 def _children(pid: int):
@@ -104,14 +116,12 @@ def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     raise AssertionError(f"no rank {rank} among the launcher's descendants {seen}")
 
 
-def test_kills_at_seeded_moments_of_a_rank_and_of_the_launcher(tmp_path):
+def test_kills_at_seeded_moments_of_a_rank_and_of_the_launcher(tmp_path, reference):
     """SIGKILL of rank 1 and SIGTERM to the launcher at points derived from the run's progress
     (a seeded number of new paths under the checkpoints, under the export: mid-save,
     mid-export), after a kill before the save (rank 1 after training partition 3: rank 0
     waits in the save until the launcher stops it); then a run to the end."""
-    data = tmp_path / "data"
-    write_data(data)
-    check(train(1, data, tmp_path / "ref_work", tmp_path / "ref_export"))
+    data, _, ref_predictions, query, ref_state = reference
     work, export = tmp_path / "work", tmp_path / "export"
     _killed(train(2, data, work, export, env={FAULT_ENV: "after_train:3:1"}), 1)
     assert [e["partition"] for e in donefile.read(str(work / "donefile.jsonl"))] == \
@@ -133,8 +143,6 @@ def test_kills_at_seeded_moments_of_a_rank_and_of_the_launcher(tmp_path):
     check(train(2, data, work, export))
     entries = donefile.read(str(work / "donefile.jsonl"))
     assert [e["partition"] for e in entries] == ALL_PARTITIONS
-    query = held_out(tmp_path / "held_out")
-    assert_same_versions(predictions(tmp_path / "ref_export", query),
-                         predictions(export, query), "killed at seeded moments")
-    assert_same_state(_export_state(tmp_path / "ref_export")[1], _export_state(export)[1],
+    assert_same_versions(ref_predictions, predictions(export, query), "killed at seeded moments")
+    assert_same_state(ref_state, _export_state(export)[1],
                       "killed at seeded moments, newest version")
