@@ -138,6 +138,15 @@ struct TableState {
                        const float* values, int64_t n)>
       tier_writer;
   int64_t tier_chunk_rows = 65536;
+  // A save that streams its records too (set by the caller, with or without
+  // tier_writer): ExportState hands the records to `record_writer` in chunks
+  // of up to tier_chunk_rows (each a TableState whose keys, rows, counts,
+  // last_seen and, tiered, in_host are set), those without a device row first
+  // in the ID map's order, then those with one in device-row order; the
+  // columns of the state itself stay empty, and the host-tier values of each
+  // chunk's in_host IDs reach tier_writer before the chunk does. Nothing of
+  // the export then grows with the table beyond the device rows.
+  std::function<Status(const TableState& chunk)> record_writer;
 };
 
 struct TableStats {
@@ -338,12 +347,21 @@ class HostTable {
   // The IDs to export (since_epoch > 0: those changed after it), ordered by
   // (row, key) at the boundary.
   std::vector<ExportedRecord> CollectRecords(const Boundary& boundary, uint32_t since_epoch);
+  // The record of ID `key` (shard s, record `index`) at the boundary: false
+  // when it is not exported (unknown at the boundary, or unchanged since
+  // since_epoch > 0).
+  bool BoundaryRecord(const Boundary& boundary, uint32_t since_epoch, int s, int64_t key,
+                      uint32_t index, ExportedRecord* out);
   // Sorts `records` by (device row, key): rows -1 first (see CollectRecords).
   static void OrderByRowThenKey(std::vector<ExportedRecord>* records);
   // Tiered tables: in_host flags, the device cache's recency order and the
   // host-tier values of `records`.
   Status ExportTier(const std::vector<ExportedRecord>& records, const Boundary& boundary,
                     TableState* state) const;
+  // ExportState's streaming path (record_writer set): the records a chunk at
+  // a time, with the host-tier values of each chunk's in_host IDs.
+  Status StreamRecords(const Boundary& boundary, uint32_t since_epoch, bool delta_chain,
+                       TableState* state);
   // IDs of pending batches and of pending swap plans: changed for the next delta.
   void MarkPendingChanged(const Boundary& boundary);
   // ImportState's checks of a TableState, in this order: host-tier flags

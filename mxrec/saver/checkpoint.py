@@ -455,7 +455,7 @@ class Saver:
         host = export.host
         file_name = (f"table-{index:03d}.npz" if self._size == 1
                      else f"table-{index:03d}-rank{self._rank:05d}.npz")
-        meta = {"file": file_name, "dim": table.dim, "ids": int(len(host["keys"])),
+        meta = {"file": file_name, "dim": table.dim, "ids": export.count,
                 "removed": int(len(host["removed"])), "state": io_.state_names()}
         faults = export.faults(session) if check else []
         return (file_name, functools.partial(export.write, session), meta, export.epoch,
