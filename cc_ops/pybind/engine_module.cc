@@ -252,10 +252,10 @@ py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_ch
     d["records"] = spool->records();
     d["rowless"] = spool->rowless();
   } else {
-    d["keys"] = ToArray(state.keys);
-    d["rows"] = ToArray(state.rows);
-    d["counts"] = ToArray(state.counts);
-    d["last_seen"] = ToArray(state.last_seen);
+    d["keys"] = ToArray(state.keys.owned());
+    d["rows"] = ToArray(state.rows.owned());
+    d["counts"] = ToArray(state.counts.owned());
+    d["last_seen"] = ToArray(state.last_seen.owned());
   }
   d["free_rows"] = ToArray(state.free_rows);
   d["removed"] = ToArray(state.removed);
@@ -267,7 +267,7 @@ py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_ch
     const int64_t dim = table->options().dim;
     const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
     const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
-    if (!spool) d["in_host"] = ToArray(state.in_host);
+    if (!spool) d["in_host"] = ToArray(state.in_host.owned());
     d["lru_rows"] = ToArray(state.lru_rows);
     d["lru_ages"] = ToArray(state.lru_ages);
     d["tier_components"] = state.tier_components;
@@ -319,7 +319,7 @@ void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> row
                  int64_t chunk_rows) {
   std::shared_ptr<HostTable> table = Table(key);
   TableState state;
-  state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
+  state.in_host.View(in_host.data(), in_host.size());
   state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
   state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
   state.tier_components = tier_components;
@@ -332,10 +332,12 @@ void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> row
     state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
     state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
   }
-  state.keys.assign(keys.data(), keys.data() + keys.size());
-  state.rows.assign(rows.data(), rows.data() + rows.size());
-  state.counts.assign(counts.data(), counts.data() + counts.size());
-  state.last_seen.assign(last_seen.data(), last_seen.data() + last_seen.size());
+  // The columns are read where they are (arrays mapped from a checkpoint file
+  // included): the arguments outlive the import, which holds the GIL.
+  state.keys.View(keys.data(), keys.size());
+  state.rows.View(rows.data(), rows.size());
+  state.counts.View(counts.data(), counts.size());
+  state.last_seen.View(last_seen.data(), last_seen.size());
   state.free_rows.assign(free_rows.data(), free_rows.data() + free_rows.size());
   state.next_row = next_row;
   state.newest_timestamp = newest_timestamp;
