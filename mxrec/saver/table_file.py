@@ -82,14 +82,19 @@ class Prepared:
             return np.zeros(shape, dtype)
         return np.memmap(os.path.join(self.spool, name), dtype=dtype, mode="r", shape=shape)
 
-    def _tier_chunks(self, state: str, mask: bool) -> Iterator[np.ndarray]:
-        """A state's host-tier values (or its mask) from the spool, a chunk at a time."""
+    def _tier_chunks(self, state: str, mask: bool, release: bool = False
+                     ) -> Iterator[np.ndarray]:
+        """A state's host-tier values (or its mask) from the spool, a chunk at a time;
+        `release`: each chunk's bytes are freed in the spool file once consumed (the file
+        is read once more by nothing), so that the spool and the checkpoint file together
+        take the disk of about one copy of the tier, not two."""
         count, dim = self._tier_count(), self.io_.table.dim
         components = list(self.host["tier_components"])
         present = self._spooled("present.bin", np.uint32, (count,))
         c = components.index(state) if state in components else None
         values = (self._spooled(f"component-{c}.bin", np.float32, (count, dim))
                   if c is not None else None)
+        row_bytes = dim * np.dtype(np.float32).itemsize
         for begin, end in stream.chunks_of(count, self.rows_per_chunk):
             if mask:
                 yield (np.zeros(end - begin, np.uint8) if c is None else
@@ -98,6 +103,9 @@ class Prepared:
                 yield np.zeros((end - begin, dim), np.float32)
             else:
                 yield np.asarray(values[begin:end])
+                if release:
+                    stream.release_range(os.path.join(self.spool, f"component-{c}.bin"),
+                                         begin * row_bytes, (end - begin) * row_bytes)
 
     def _tier_ids(self) -> Iterator[np.ndarray]:
         """The IDs of the host tier's values, in their order, a chunk at a time."""
@@ -105,8 +113,9 @@ class Prepared:
         for begin, end in stream.chunks_of(self.count, self.rows_per_chunk):
             yield np.asarray(keys[begin:end])[np.asarray(in_host[begin:end]) != 0]
 
-    def members(self, session) -> List[stream.Member]:
-        """The file's arrays in the order `np.savez` of the whole dict wrote them."""
+    def members(self, session, release: bool = False) -> List[stream.Member]:
+        """The file's arrays in the order `np.savez` of the whole dict wrote them;
+        `release`: the spool's tier values are freed as they are written (`_tier_chunks`)."""
         host, dim, columns = self.host, self.io_.table.dim, self.columns
         out = [stream.whole(schema.host_key(k), columns[k] if k in columns else host[k],
                             self.rows_per_chunk) for k in schema.HOST_ARRAYS]
@@ -126,14 +135,14 @@ class Prepared:
         count = self._tier_count()
         for state in self.io_.state_names():
             out.append(stream.Member(schema.tier_key(state), np.float32, (count, dim),
-                                     lambda s=state: self._tier_chunks(s, mask=False)))
+                                     lambda s=state: self._tier_chunks(s, False, release)))
             out.append(stream.Member(schema.tier_mask_key(state), np.uint8, (count,),
                                      lambda s=state: self._tier_chunks(s, mask=True)))
         return out
 
     def write(self, session, path: str) -> Dict:
         """Writes the file at `path`; returns its manifest entry."""
-        return stream.write_npz(path, self.members(session))
+        return stream.write_npz(path, self.members(session, release=True))
 
     def faults(self, session) -> List[finite.Fault]:
         """The non-finite values the file would hold (device rows keyed by the admitted IDs,
