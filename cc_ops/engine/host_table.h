@@ -412,6 +412,12 @@ class HostTable {
   // a time, with the host-tier values of each chunk's in_host IDs.
   Status StreamRecords(const Boundary& boundary, uint32_t since_epoch, bool delta_chain,
                        TableState* state);
+  struct MapSpot;
+  // StreamRecords' pass over the ID map: into `out`, in key order, the spots of
+  // the `capacity` smallest keys of the exported records without a device row,
+  // among the keys above `after` (all keys when `first`).
+  void NextRowless(const Boundary& boundary, uint32_t since_epoch, bool first, int64_t after,
+                   size_t capacity, std::vector<MapSpot>* out);
   // IDs of pending batches and of pending swap plans: changed for the next delta.
   void MarkPendingChanged(const Boundary& boundary);
   // ImportState's checks of a TableState, in this order: host-tier flags

@@ -83,17 +83,37 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   return Status::Ok();
 }
 
-namespace {
-
-// Where a record with a device row is in the ID map, kept per device row by
-// StreamRecords: the records are written in row order without a sort.
-struct MapSpot {
+// Where a record is in the ID map: kept per device row by StreamRecords (the
+// records with a row are written in row order without a sort), and for a pass
+// of the records without one (NextRowless).
+struct HostTable::MapSpot {
   int64_t key = 0;
   uint32_t shard = 0;
   uint32_t index = 0xFFFFFFFFu;
 };
 
-}  // namespace
+void HostTable::NextRowless(const Boundary& boundary, uint32_t since_epoch, bool first,
+                            int64_t after, size_t capacity, std::vector<MapSpot>* out) {
+  out->clear();
+  // A max-heap by key of the smallest keys seen: its top is the first one to go.
+  const auto by_key = [](const MapSpot& a, const MapSpot& b) { return a.key < b.key; };
+  for (int s = 0; s < kNumShards; ++s) {
+    ids_[s].ForEach([&](int64_t key, uint32_t index) {
+      if (!first && key <= after) return;  // an earlier pass's
+      const bool full = out->size() >= capacity;
+      if (full && key >= out->front().key) return;  // decided by the key alone: no lookup
+      ExportedRecord e;
+      if (!BoundaryRecord(boundary, since_epoch, s, key, index, &e) || e.where.row >= 0) return;
+      if (full) {
+        std::pop_heap(out->begin(), out->end(), by_key);
+        out->pop_back();
+      }
+      out->push_back(MapSpot{key, static_cast<uint32_t>(s), index});
+      std::push_heap(out->begin(), out->end(), by_key);
+    });
+  }
+  std::sort_heap(out->begin(), out->end(), by_key);
+}
 
 Status HostTable::StreamRecords(const Boundary& boundary, uint32_t since_epoch, bool delta_chain,
                                 TableState* state) {
@@ -161,8 +181,9 @@ Status HostTable::StreamRecords(const Boundary& boundary, uint32_t since_epoch, 
     if (delta_chain) e.rec->in_chain = 1;
     return chunk.keys.size() >= chunk_rows ? flush() : Status::Ok();
   };
-  // First pass: the records without a device row, and where those with one are.
+  // First pass: where the records with a device row are, and how many have none.
   std::vector<MapSpot> at_row(static_cast<size_t>(std::max<int64_t>(boundary.next_row, 0)));
+  size_t rowless = 0;
   Status status;
   for (int s = 0; s < kNumShards && status.ok(); ++s) {
     ids_[s].ForEach([&](int64_t key, uint32_t index) {
@@ -170,7 +191,7 @@ Status HostTable::StreamRecords(const Boundary& boundary, uint32_t since_epoch, 
       ExportedRecord e;
       if (!BoundaryRecord(boundary, since_epoch, s, key, index, &e)) return;
       if (e.where.row < 0) {
-        status = add(e);
+        ++rowless;
       } else if (e.where.row >= static_cast<int32_t>(at_row.size()) ||
                  at_row[e.where.row].index != 0xFFFFFFFFu) {
         status = MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
@@ -182,6 +203,31 @@ Status HostTable::StreamRecords(const Boundary& boundary, uint32_t since_epoch, 
     });
   }
   MXREC_RETURN_IF_ERROR(status);
+  // The records without a device row, in key order: a restore of a delta chain and the
+  // serving export read a file's records by key, which is then a sequential read (in the
+  // ID map's order, the keys' hash order, they would read the file at random, and under a
+  // memory limit that thrashes the page cache). Sorting them all would hold a spot per ID;
+  // instead each pass over the ID map selects the next `capacity` keys (NextRowless). A
+  // spot takes 16 bytes, a chunk row at least dim x 4 x 3 (stream.chunk_rows): passes of
+  // chunk_rows x dim / 4 spots hold at most a third of the save's budget.
+  const size_t per_chunk_row = static_cast<size_t>(std::max<int64_t>(options_.dim / 4, 1));
+  const size_t capacity = std::min(rowless, std::max(chunk_rows * per_chunk_row,
+                                                     size_t{1} << 16));
+  std::vector<MapSpot> spots;
+  spots.reserve(capacity);
+  int64_t after = 0;
+  for (size_t done = 0; done < rowless;) {
+    NextRowless(boundary, since_epoch, done == 0, after, capacity, &spots);
+    if (spots.empty()) break;  // none left (the count above is an upper bound)
+    for (const MapSpot& spot : spots) {
+      ExportedRecord e;
+      BoundaryRecord(boundary, since_epoch, static_cast<int>(spot.shard), spot.key, spot.index,
+                     &e);
+      MXREC_RETURN_IF_ERROR(add(e));
+    }
+    done += spots.size();
+    after = spots.back().key;
+  }
   MXREC_RETURN_IF_ERROR(flush());
   // Second pass: those with a device row, in row order.
   for (const MapSpot& spot : at_row) {
