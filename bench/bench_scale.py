@@ -24,7 +24,8 @@ Figures:
   cache and what was written), as shares of `dd`'s bandwidth on the same disk;
 - a full save with mxrec's `Saver` and a restore of it in a new process: seconds, GiB/s of
   the files written or read, against `dd`'s sequential write (fdatasync) and direct read of
-  the same disk, and each phase's peak RssAnon (sampled every 50 ms).
+  the same disk, and each phase's peak RssAnon (sampled every 50 ms); the trained table is
+  freed and its SSD file removed before the restore's process starts.
 
 Tables larger than the machine's memory: run it inside a memory cgroup, which counts page
 cache as a pod's limit does. `--memory_limit 10G` makes one (cgroup v1, as root: a child of
@@ -418,7 +419,8 @@ def restore_child(args) -> int:
     return 0
 
 
-def save_and_restore(args, sess, directory: str, sampler: PeakSampler, rep: report.Report):
+def save_phase(sess, directory: str, sampler: PeakSampler, rep: report.Report) -> tuple:
+    """The full save: (bytes saved, seconds, the trained process's RssAnon before it)."""
     from mxrec.saver.checkpoint import Saver
 
     checkpoint = os.path.join(directory, "checkpoint")
@@ -436,6 +438,29 @@ def save_and_restore(args, sess, directory: str, sampler: PeakSampler, rep: repo
     rep.figure("save peak extra RssAnon over training (MiB)",
                round((sampler.peaks["save"] - trained_rss) / 2**20))
     sampler.start(None)
+    return saved, save_seconds, trained_rss
+
+
+def release_trained(table, ssd_dir: str) -> None:
+    """Frees the trained table (the engine's state, its SSD file) before the restore's
+    process starts: under a memory limit both would not fit, nor both SSD files on disk."""
+    import gc
+
+    import tensorflow as tf
+
+    from mxrec._lib import loader
+
+    loader.engine().drop_prefix(table.table_key)
+    tf.compat.v1.reset_default_graph()
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    shutil.rmtree(ssd_dir, ignore_errors=True)
+
+
+def restore_phase(args, directory: str, saved: int, save_seconds: float, trained_rss: int,
+                  rep: report.Report) -> tuple:
+    """A restore of the full save in a new process (inside the same memory cgroup)."""
+    checkpoint = os.path.join(directory, "checkpoint")
     restore_ssd = os.path.join(directory, "restore_ssd")
     os.makedirs(restore_ssd, exist_ok=True)
     command = [sys.executable, os.path.abspath(__file__), "--ids", str(args.ids),
@@ -476,8 +501,11 @@ def run(args, directory: str, rep: report.Report) -> None:
         rep.figure("train peak RssAnon (GiB)", round(sampler.peaks["train"] / 2**30, 3))
         train_figures(args, steps, rep)
         if not args.no_checkpoint:
-            rates = save_and_restore(args, sess, directory, sampler, rep)
+            saved = save_phase(sess, directory, sampler, rep)
     sampler.stop()
+    if not args.no_checkpoint:
+        release_trained(table, ssd_dir)
+        rates = restore_phase(args, directory, *saved, rep)
     write, read = dd_speeds(directory, args.dd_bytes)
     rep.figure("dd write GiB/s", round(write / 2**30, 3))
     rep.figure("dd read GiB/s", round(read / 2**30, 3))

@@ -124,9 +124,13 @@ def test_a_killed_saves_folder_is_gone_after_the_next_start(tmp_path):
                              os.path.dirname(__file__)], env=_env(), capture_output=True,
                             text=True, timeout=300)
     assert killed.returncode == 9, killed.stderr[-3000:]
-    left = [name for name in os.listdir(tmp_path) if name.startswith(".tmp-")]
-    assert len(left) == 1 and left[0].startswith(".tmp-full-000000000002@")
+    left = sorted(name for name in os.listdir(tmp_path) if name.startswith(".tmp-"))
+    # The version being written, and the table's spool (its records, written by the
+    # engine before the file): both the killed process's temporaries.
+    assert len(left) == 2 and left[0].startswith(".tmp-full-000000000002@")
+    assert left[1].startswith(".tmp-spool-000@")
     writer = manifest_io.writer_of(str(tmp_path), left[0])  # the killed process
+    assert manifest_io.writer_of(str(tmp_path), left[1]) == writer
     assert writer.host == manifest_io.this_writer().host and writer.pid != os.getpid()
     assert manifest_io.writer_gone(writer)
     with tf.Graph().as_default():

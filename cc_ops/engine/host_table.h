@@ -103,12 +103,62 @@ struct BatchPlan {
   uint64_t batch_id = 0;
 };
 
+// A per-ID column of a TableState: owned (an export, an import that copied),
+// or a view of memory that the caller keeps alive and unchanged for the call
+// (an import from a checkpoint file mapped into memory: nothing per ID is
+// copied, the kernel pages the file in and may drop it again).
+template <typename T>
+class Column {
+ public:
+  Column() = default;
+  Column(std::vector<T> values) : owned_(std::move(values)) {}  // NOLINT: a vector is a column
+  Column& operator=(std::vector<T> values) {
+    owned_ = std::move(values);
+    view_ = nullptr;
+    view_size_ = 0;
+    return *this;
+  }
+  // Reads `n` values at `data` from now on (the column owns none).
+  void View(const T* data, size_t n) {
+    owned_ = std::vector<T>();
+    view_ = data;
+    view_size_ = n;
+  }
+  size_t size() const { return view_ != nullptr ? view_size_ : owned_.size(); }
+  bool empty() const { return size() == 0; }
+  const T* data() const { return view_ != nullptr ? view_ : owned_.data(); }
+  const T& operator[](size_t i) const { return data()[i]; }
+  const T* begin() const { return data(); }
+  const T* end() const { return data() + size(); }
+  // Filling (an owned column).
+  void push_back(const T& value) { owned_.push_back(value); }
+  void reserve(size_t n) { owned_.reserve(n); }
+  void clear() {
+    owned_.clear();
+    view_ = nullptr;
+    view_size_ = 0;
+  }
+  template <typename It>
+  void assign(It first, It last) {
+    view_ = nullptr;
+    view_size_ = 0;
+    owned_.assign(first, last);
+  }
+  // The values of an owned column (an export's).
+  const std::vector<T>& owned() const { return owned_; }
+
+ private:
+  std::vector<T> owned_;
+  const T* view_ = nullptr;
+  size_t view_size_ = 0;
+};
+
 // Everything the host knows of a table, as flat arrays, for checkpoints.
 struct TableState {
-  std::vector<int64_t> keys;
-  std::vector<int32_t> rows;  // -1: counted, not admitted
-  std::vector<float> counts;
-  std::vector<int64_t> last_seen;
+  Column<int64_t> keys;
+  Column<int32_t> rows;  // -1: counted, not admitted
+  Column<float> counts;
+  Column<int64_t> last_seen;
   std::vector<int32_t> free_rows;
   int64_t next_row = 0;
   int64_t newest_timestamp = -1;
@@ -121,7 +171,7 @@ struct TableState {
 
   // Tables with a host tier only (empty otherwise).
   // Per key: 1 = the ID's row lives in the host (or SSD) tier; rows[i] is -1 then.
-  std::vector<uint8_t> in_host;
+  Column<uint8_t> in_host;
   // The device rows that have an owner, least recently used first, and the
   // batches since each was last used (the swap victims' order).
   std::vector<int32_t> lru_rows;
@@ -142,6 +192,15 @@ struct TableState {
                        const float* values, int64_t n)>
       tier_writer;
   int64_t tier_chunk_rows = 65536;
+  // A save that streams its records too (set by the caller, with or without
+  // tier_writer): ExportState hands the records to `record_writer` in chunks
+  // of up to tier_chunk_rows (each a TableState whose keys, rows, counts,
+  // last_seen and, tiered, in_host are set), those without a device row first
+  // in the ID map's order, then those with one in device-row order; the
+  // columns of the state itself stay empty, and the host-tier values of each
+  // chunk's in_host IDs reach tier_writer before the chunk does. Nothing of
+  // the export then grows with the table beyond the device rows.
+  std::function<Status(const TableState& chunk)> record_writer;
 };
 
 struct TableStats {
@@ -342,12 +401,27 @@ class HostTable {
   // The IDs to export (since_epoch > 0: those changed after it), ordered by
   // (row, key) at the boundary.
   std::vector<ExportedRecord> CollectRecords(const Boundary& boundary, uint32_t since_epoch);
+  // The record of ID `key` (shard s, record `index`) at the boundary: false
+  // when it is not exported (unknown at the boundary, or unchanged since
+  // since_epoch > 0).
+  bool BoundaryRecord(const Boundary& boundary, uint32_t since_epoch, int s, int64_t key,
+                      uint32_t index, ExportedRecord* out);
   // Sorts `records` by (device row, key): rows -1 first (see CollectRecords).
   static void OrderByRowThenKey(std::vector<ExportedRecord>* records);
   // Tiered tables: in_host flags, the device cache's recency order and the
   // host-tier values of `records`.
   Status ExportTier(const std::vector<ExportedRecord>& records, const Boundary& boundary,
                     TableState* state) const;
+  // ExportState's streaming path (record_writer set): the records a chunk at
+  // a time, with the host-tier values of each chunk's in_host IDs.
+  Status StreamRecords(const Boundary& boundary, uint32_t since_epoch, bool delta_chain,
+                       TableState* state);
+  struct MapSpot;
+  // StreamRecords' pass over the ID map: into `out`, in key order, the spots of
+  // the `capacity` smallest keys of the exported records without a device row,
+  // among the keys above `after` (all keys when `first`).
+  void NextRowless(const Boundary& boundary, uint32_t since_epoch, bool first, int64_t after,
+                   size_t capacity, std::vector<MapSpot>* out);
   // IDs of pending batches and of pending swap plans: changed for the next delta.
   void MarkPendingChanged(const Boundary& boundary);
   // ImportState's checks of a TableState, in this order: host-tier flags

@@ -39,22 +39,30 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   const auto lock = Lock();
   Boundary boundary;
   MXREC_RETURN_IF_ERROR(ViewBoundary(&boundary));
-  const std::vector<ExportedRecord> records = CollectRecords(boundary, since_epoch);
-  // The caller's chunked writer (and its chunk size) outlive the reset.
+  // The caller's chunked writers (and their chunk size) outlive the reset.
   auto tier_writer = std::move(state->tier_writer);
+  auto record_writer = std::move(state->record_writer);
   const int64_t tier_chunk_rows = state->tier_chunk_rows;
   *state = TableState();
   state->tier_writer = std::move(tier_writer);
+  state->record_writer = std::move(record_writer);
   state->tier_chunk_rows = tier_chunk_rows;
-  state->keys.reserve(records.size());
-  state->rows.reserve(records.size());
-  state->counts.reserve(records.size());
-  state->last_seen.reserve(records.size());
-  for (const ExportedRecord& e : records) {
-    state->keys.push_back(e.key);
-    state->rows.push_back(e.where.row);
-    state->counts.push_back(e.undo != nullptr ? e.undo->count : e.rec->count);
-    state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.last_seen);
+  std::vector<ExportedRecord> records;
+  if (state->record_writer) {
+    MXREC_RETURN_IF_ERROR(StreamRecords(boundary, since_epoch, delta_chain, state));
+  } else {
+    records = CollectRecords(boundary, since_epoch);
+    state->keys.reserve(records.size());
+    state->rows.reserve(records.size());
+    state->counts.reserve(records.size());
+    state->last_seen.reserve(records.size());
+    for (const ExportedRecord& e : records) {
+      state->keys.push_back(e.key);
+      state->rows.push_back(e.where.row);
+      state->counts.push_back(e.undo != nullptr ? e.undo->count : e.rec->count);
+      state->last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.last_seen);
+    }
+    if (cache_) MXREC_RETURN_IF_ERROR(ExportTier(records, boundary, state));
   }
   state->free_rows = std::move(boundary.free_rows);
   state->next_row = boundary.next_row;
@@ -66,7 +74,6 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
       if (epoch > since_epoch) state->removed.push_back(key);
     }
   }
-  if (cache_) MXREC_RETURN_IF_ERROR(ExportTier(records, boundary, state));
   state->epoch = epoch_++;
   if (delta_chain) {
     track_removals_ = true;
@@ -74,6 +81,163 @@ Status HostTable::ExportState(uint32_t since_epoch, bool delta_chain, TableState
   }
   MarkPendingChanged(boundary);
   return Status::Ok();
+}
+
+// Where a record is in the ID map: kept per device row by StreamRecords (the
+// records with a row are written in row order without a sort), and for a pass
+// of the records without one (NextRowless).
+struct HostTable::MapSpot {
+  int64_t key = 0;
+  uint32_t shard = 0;
+  uint32_t index = 0xFFFFFFFFu;
+};
+
+void HostTable::NextRowless(const Boundary& boundary, uint32_t since_epoch, bool first,
+                            int64_t after, size_t capacity, std::vector<MapSpot>* out) {
+  out->clear();
+  // A max-heap by key of the smallest keys seen: its top is the first one to go.
+  const auto by_key = [](const MapSpot& a, const MapSpot& b) { return a.key < b.key; };
+  for (int s = 0; s < kNumShards; ++s) {
+    ids_[s].ForEach([&](int64_t key, uint32_t index) {
+      if (!first && key <= after) return;  // an earlier pass's
+      const bool full = out->size() >= capacity;
+      if (full && key >= out->front().key) return;  // decided by the key alone: no lookup
+      ExportedRecord e;
+      if (!BoundaryRecord(boundary, since_epoch, s, key, index, &e) || e.where.row >= 0) return;
+      if (full) {
+        std::pop_heap(out->begin(), out->end(), by_key);
+        out->pop_back();
+      }
+      out->push_back(MapSpot{key, static_cast<uint32_t>(s), index});
+      std::push_heap(out->begin(), out->end(), by_key);
+    });
+  }
+  std::sort_heap(out->begin(), out->end(), by_key);
+}
+
+Status HostTable::StreamRecords(const Boundary& boundary, uint32_t since_epoch, bool delta_chain,
+                                TableState* state) {
+  if (state->tier_chunk_rows < 1) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': a save's chunk of records must hold at least one record, got ",
+                       state->tier_chunk_rows);
+  }
+  const size_t chunk_rows = static_cast<size_t>(state->tier_chunk_rows);
+  if (cache_) {
+    cache_->ExportRecency(boundary.next_row, boundary.unowned, state);
+    std::vector<uint32_t> present;
+    std::vector<float> values;
+    MXREC_RETURN_IF_ERROR(
+        cache_->tier()->Gather({}, {}, &state->tier_components, &present, &values));
+  }
+  // One chunk of records, and the host-tier places of its in_host IDs.
+  TableState chunk;
+  std::vector<int64_t> tier_keys;
+  std::vector<int32_t> tier_slots;
+  const auto flush = [&]() -> Status {
+    if (chunk.keys.empty()) return Status::Ok();
+    if (!tier_keys.empty()) {
+      if (!state->tier_writer) {
+        return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                           "': a save that streams its records needs a writer of the host "
+                           "tier's values");
+      }
+      std::vector<std::string> components;
+      std::vector<uint32_t> present;
+      std::vector<float> values;
+      MXREC_RETURN_IF_ERROR(
+          cache_->tier()->Gather(tier_keys, tier_slots, &components, &present, &values));
+      if (components != state->tier_components) {
+        return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                           "': the host tier's components changed during a save");
+      }
+      MXREC_RETURN_IF_ERROR(state->tier_writer(components, present.data(), values.data(),
+                                               static_cast<int64_t>(tier_keys.size())));
+    }
+    MXREC_RETURN_IF_ERROR(state->record_writer(chunk));
+    chunk.keys.clear();
+    chunk.rows.clear();
+    chunk.counts.clear();
+    chunk.last_seen.clear();
+    chunk.in_host.clear();
+    tier_keys.clear();
+    tier_slots.clear();
+    return Status::Ok();
+  };
+  const auto add = [&](const ExportedRecord& e) -> Status {
+    chunk.keys.push_back(e.key);
+    chunk.rows.push_back(e.where.row);
+    chunk.counts.push_back(e.undo != nullptr ? e.undo->count : e.rec->count);
+    chunk.last_seen.push_back(e.undo != nullptr ? e.undo->last_seen : e.last_seen);
+    if (cache_) {
+      chunk.in_host.push_back(e.where.in_host);
+      if (e.where.in_host) {
+        tier_keys.push_back(e.key);
+        tier_slots.push_back(e.where.host_slot);
+      }
+    }
+    // The chain's mark goes on as the record is written: a save that fails later
+    // leaves marks that only make a later delta log more removals.
+    if (delta_chain) e.rec->in_chain = 1;
+    return chunk.keys.size() >= chunk_rows ? flush() : Status::Ok();
+  };
+  // First pass: where the records with a device row are, and how many have none.
+  std::vector<MapSpot> at_row(static_cast<size_t>(std::max<int64_t>(boundary.next_row, 0)));
+  size_t rowless = 0;
+  Status status;
+  for (int s = 0; s < kNumShards && status.ok(); ++s) {
+    ids_[s].ForEach([&](int64_t key, uint32_t index) {
+      if (!status.ok()) return;
+      ExportedRecord e;
+      if (!BoundaryRecord(boundary, since_epoch, s, key, index, &e)) return;
+      if (e.where.row < 0) {
+        ++rowless;
+      } else if (e.where.row >= static_cast<int32_t>(at_row.size()) ||
+                 at_row[e.where.row].index != 0xFFFFFFFFu) {
+        status = MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                             "': device row ", e.where.row, " of ID ", key,
+                             " is beyond the rows in use or held twice at the step boundary");
+      } else {
+        at_row[e.where.row] = MapSpot{key, static_cast<uint32_t>(s), index};
+      }
+    });
+  }
+  MXREC_RETURN_IF_ERROR(status);
+  // The records without a device row, in key order: a restore of a delta chain and the
+  // serving export read a file's records by key, which is then a sequential read (in the
+  // ID map's order, the keys' hash order, they would read the file at random, and under a
+  // memory limit that thrashes the page cache). Sorting them all would hold a spot per ID;
+  // instead each pass over the ID map selects the next `capacity` keys (NextRowless). A
+  // spot takes 16 bytes, a chunk row at least dim x 4 x 3 (stream.chunk_rows): passes of
+  // chunk_rows x dim / 4 spots hold at most a third of the save's budget.
+  const size_t per_chunk_row = static_cast<size_t>(std::max<int64_t>(options_.dim / 4, 1));
+  const size_t capacity = std::min(rowless, std::max(chunk_rows * per_chunk_row,
+                                                     size_t{1} << 16));
+  std::vector<MapSpot> spots;
+  spots.reserve(capacity);
+  int64_t after = 0;
+  for (size_t done = 0; done < rowless;) {
+    NextRowless(boundary, since_epoch, done == 0, after, capacity, &spots);
+    if (spots.empty()) break;  // none left (the count above is an upper bound)
+    for (const MapSpot& spot : spots) {
+      ExportedRecord e;
+      BoundaryRecord(boundary, since_epoch, static_cast<int>(spot.shard), spot.key, spot.index,
+                     &e);
+      MXREC_RETURN_IF_ERROR(add(e));
+    }
+    done += spots.size();
+    after = spots.back().key;
+  }
+  MXREC_RETURN_IF_ERROR(flush());
+  // Second pass: those with a device row, in row order.
+  for (const MapSpot& spot : at_row) {
+    if (spot.index == 0xFFFFFFFFu) continue;
+    ExportedRecord e;
+    const int s = static_cast<int>(spot.shard);
+    BoundaryRecord(boundary, since_epoch, s, spot.key, spot.index, &e);
+    MXREC_RETURN_IF_ERROR(add(e));
+  }
+  return flush();
 }
 
 Status HostTable::ViewBoundary(Boundary* boundary) const {
@@ -97,41 +261,43 @@ Status HostTable::ViewBoundary(Boundary* boundary) const {
   return Status::Ok();
 }
 
+bool HostTable::BoundaryRecord(const Boundary& boundary, uint32_t since_epoch, int s, int64_t key,
+                               uint32_t index, ExportedRecord* out) {
+  const RecordRef id = ids_.Ref(s, key, index);
+  const Undo* undo = nullptr;
+  if (!boundary.before.empty()) {
+    auto it = boundary.before.find(key);
+    if (it != boundary.before.end()) undo = it->second;
+  }
+  if (undo != nullptr && undo->inserted) return false;  // not known at the boundary
+  const uint32_t epoch = undo != nullptr ? undo->epoch : id.rec->epoch;
+  if (since_epoch != 0 && epoch <= since_epoch) return false;
+  Physical now;
+  auto it = boundary.physical.empty() ? boundary.physical.end() : boundary.physical.find(key);
+  if (it != boundary.physical.end()) {
+    now = it->second;
+  } else {
+    now.row = id.rec->row;
+    if (id.tier != nullptr) {
+      now.in_host = id.tier->in_host;
+      now.host_slot = id.tier->host_slot;
+    }
+  }
+  if (!boundary.unadmitted.empty() && boundary.unadmitted.count(key) > 0) now = Physical();
+  *out = ExportedRecord{key, id.rec, ids_[s].last_seen(index), undo, now};
+  return true;
+}
+
 std::vector<HostTable::ExportedRecord> HostTable::CollectRecords(const Boundary& boundary,
                                                                  uint32_t since_epoch) {
-  const auto physical_of = [&boundary](const RecordRef& id) {
-    Physical now;
-    auto it = boundary.physical.empty() ? boundary.physical.end() : boundary.physical.find(id.key);
-    if (it != boundary.physical.end()) {
-      now = it->second;
-    } else {
-      now.row = id.rec->row;
-      if (id.tier != nullptr) {
-        now.in_host = id.tier->in_host;
-        now.host_slot = id.tier->host_slot;
-      }
-    }
-    if (!boundary.unadmitted.empty() && boundary.unadmitted.count(id.key) > 0) now = Physical();
-    return now;
-  };
   std::vector<ExportedRecord> records;
   int64_t known = 0;
   for (int s = 0; s < kNumShards; ++s) known += ids_[s].size();
   records.reserve(static_cast<size_t>(known));
-  const bool undone = !boundary.before.empty();
   for (int s = 0; s < kNumShards; ++s) {
     ids_[s].ForEach([&](int64_t key, uint32_t index) {
-      const RecordRef id = ids_.Ref(s, key, index);
-      const Undo* undo = nullptr;
-      if (undone) {
-        auto it = boundary.before.find(key);
-        if (it != boundary.before.end()) undo = it->second;
-      }
-      if (undo != nullptr && undo->inserted) return;  // not known at the boundary
-      const uint32_t epoch = undo != nullptr ? undo->epoch : id.rec->epoch;
-      if (since_epoch == 0 || epoch > since_epoch) {
-        records.push_back({key, id.rec, ids_[s].last_seen(index), undo, physical_of(id)});
-      }
+      ExportedRecord e;
+      if (BoundaryRecord(boundary, since_epoch, s, key, index, &e)) records.push_back(e);
     });
   }
   OrderByRowThenKey(&records);

@@ -54,10 +54,10 @@ class MxrecExportTableOp : public TableOpBase {
                               return table_->ExportState(/*since_epoch=*/0,
                                                          /*delta_chain=*/false, &state);
                             })));
-    OP_REQUIRES_OK(ctx, Emit(ctx, 0, state.keys));
-    OP_REQUIRES_OK(ctx, Emit(ctx, 1, state.rows));
-    OP_REQUIRES_OK(ctx, Emit(ctx, 2, state.counts));
-    OP_REQUIRES_OK(ctx, Emit(ctx, 3, state.last_seen));
+    OP_REQUIRES_OK(ctx, Emit(ctx, 0, state.keys.owned()));
+    OP_REQUIRES_OK(ctx, Emit(ctx, 1, state.rows.owned()));
+    OP_REQUIRES_OK(ctx, Emit(ctx, 2, state.counts.owned()));
+    OP_REQUIRES_OK(ctx, Emit(ctx, 3, state.last_seen.owned()));
     OP_REQUIRES_OK(ctx, Emit(ctx, 4, state.free_rows));
     const std::vector<int64_t> meta = {state.next_row, state.newest_timestamp,
                                        state.counting_frozen ? 1 : 0};

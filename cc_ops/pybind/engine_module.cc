@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -132,60 +133,75 @@ int Component(HostTier* tier, const std::string& name) {
   return index;
 }
 
-// Writes a save's host-tier values, chunk by chunk, into a spool folder:
-// `present.bin` (uint32 per in_host ID) and `component-<c>.bin` ([IDs, dim]
-// float32 of component c), which the Saver then copies into the checkpoint
-// file one chunk at a time.
-class TierSpool {
+// Writes a save's records and host-tier values, chunk by chunk, into a spool
+// folder, one file per column: `keys.bin` (int64), `rows.bin` (int32),
+// `counts.bin` (float32), `last_seen.bin` (int64), `in_host.bin` (uint8,
+// tiered tables), `present.bin` (uint32 per in_host ID) and
+// `component-<c>.bin` ([in_host IDs, dim] float32 of component c). The Saver
+// then copies them into the checkpoint file a chunk at a time: what the
+// export holds in memory at once is one chunk, whatever the table's size.
+class Spool {
  public:
-  TierSpool(std::string folder, int64_t dim) : folder_(std::move(folder)), dim_(dim) {}
-  ~TierSpool() {
-    for (std::FILE* f : files_) std::fclose(f);
+  Spool(std::string folder, int64_t dim) : folder_(std::move(folder)), dim_(dim) {}
+  ~Spool() {
+    for (auto& [name, f] : files_) std::fclose(f);
   }
 
-  Status Write(const std::vector<std::string>& components, const uint32_t* present,
-               const float* values, int64_t n) {
-    if (files_.empty()) {
-      MXREC_RETURN_IF_ERROR(Open("present.bin"));
-      for (size_t c = 0; c < components.size(); ++c) {
-        MXREC_RETURN_IF_ERROR(Open("component-" + std::to_string(c) + ".bin"));
-      }
+  Status WriteRecords(const TableState& chunk) {
+    const size_t n = chunk.keys.size();
+    MXREC_RETURN_IF_ERROR(Put("keys.bin", chunk.keys.data(), sizeof(int64_t) * n));
+    MXREC_RETURN_IF_ERROR(Put("rows.bin", chunk.rows.data(), sizeof(int32_t) * n));
+    MXREC_RETURN_IF_ERROR(Put("counts.bin", chunk.counts.data(), sizeof(float) * n));
+    MXREC_RETURN_IF_ERROR(Put("last_seen.bin", chunk.last_seen.data(), sizeof(int64_t) * n));
+    if (!chunk.in_host.empty()) {
+      MXREC_RETURN_IF_ERROR(Put("in_host.bin", chunk.in_host.data(), n));
     }
-    MXREC_RETURN_IF_ERROR(Put(0, present, sizeof(uint32_t) * n));
+    records_ += static_cast<int64_t>(n);
+    for (int32_t row : chunk.rows) rowless_ += row < 0 ? 1 : 0;
+    return Status::Ok();
+  }
+
+  Status WriteTier(const std::vector<std::string>& components, const uint32_t* present,
+                   const float* values, int64_t n) {
+    MXREC_RETURN_IF_ERROR(Put("present.bin", present, sizeof(uint32_t) * n));
     const size_t width = components.size() * static_cast<size_t>(dim_);
-    std::vector<float> column(static_cast<size_t>(n * dim_));
+    column_.resize(static_cast<size_t>(n * dim_));
     for (size_t c = 0; c < components.size(); ++c) {
       for (int64_t i = 0; i < n; ++i) {
         std::copy(values + i * width + c * dim_, values + i * width + (c + 1) * dim_,
-                  column.data() + i * dim_);
+                  column_.data() + i * dim_);
       }
-      MXREC_RETURN_IF_ERROR(Put(c + 1, column.data(), sizeof(float) * column.size()));
+      MXREC_RETURN_IF_ERROR(Put("component-" + std::to_string(c) + ".bin", column_.data(),
+                                sizeof(float) * column_.size()));
     }
+    tier_ += n;
     return Status::Ok();
   }
 
   Status Close() {
-    for (size_t i = 0; i < files_.size(); ++i) {
-      const bool failed = std::fclose(files_[i]) != 0;
-      files_[i] = nullptr;
-      if (failed) return MXREC_ERROR(StatusCode::kInternal, "cannot write ", folder_);
-    }
+    bool failed = false;
+    for (auto& [name, f] : files_) failed = (std::fclose(f) != 0) || failed;
     files_.clear();
+    if (failed) return MXREC_ERROR(StatusCode::kInternal, "cannot write ", folder_);
     return Status::Ok();
   }
 
+  int64_t records() const { return records_; }
+  int64_t rowless() const { return rowless_; }
+  int64_t tier() const { return tier_; }
+
  private:
-  Status Open(const std::string& name) {
-    const std::string path = folder_ + "/" + name;
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) {
-      return MXREC_ERROR(StatusCode::kInternal, "cannot create the save's spool file ", path);
+  Status Put(const std::string& name, const void* data, size_t bytes) {
+    auto it = files_.find(name);
+    if (it == files_.end()) {
+      const std::string path = folder_ + "/" + name;
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      if (f == nullptr) {
+        return MXREC_ERROR(StatusCode::kInternal, "cannot create the save's spool file ", path);
+      }
+      it = files_.emplace(name, f).first;
     }
-    files_.push_back(f);
-    return Status::Ok();
-  }
-  Status Put(size_t file, const void* data, size_t bytes) {
-    if (bytes > 0 && std::fwrite(data, 1, bytes, files_[file]) != bytes) {
+    if (bytes > 0 && std::fwrite(data, 1, bytes, it->second) != bytes) {
       return MXREC_ERROR(StatusCode::kResourceExhausted, "cannot write ", bytes,
                          " bytes to the save's spool files in ", folder_,
                          " (is the disk full?)");
@@ -195,40 +211,53 @@ class TierSpool {
 
   std::string folder_;
   int64_t dim_;
-  std::vector<std::FILE*> files_;
+  std::map<std::string, std::FILE*> files_;
+  std::vector<float> column_;
+  int64_t records_ = 0;
+  int64_t rowless_ = 0;
+  int64_t tier_ = 0;
 };
 
 // The checkpoint state of a table as a dict (ExportState), and back.
-// tier_spool: a folder where a tiered table's host-tier values go in chunks of
-// chunk_rows IDs (TierSpool) instead of into the dict.
+// spool: a folder where the records and a tiered table's host-tier values go
+// in chunks of chunk_rows IDs (Spool) instead of into the dict, which then
+// holds their counts: "records", "rowless" (records without a device row,
+// first in the files) and "tier_spooled".
 py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_chain,
-                     const std::string& tier_spool, int64_t chunk_rows) {
+                     const std::string& spool_folder, int64_t chunk_rows) {
   std::shared_ptr<HostTable> table = Table(key);
   TableState state;
   Status status;
-  int64_t spooled = 0;
+  std::unique_ptr<Spool> spool;
   {
     py::gil_scoped_release release;
-    std::unique_ptr<TierSpool> spool;
-    if (!tier_spool.empty() && table->tiered()) {
-      spool = std::make_unique<TierSpool>(tier_spool, table->options().dim);
+    if (!spool_folder.empty()) {
+      spool = std::make_unique<Spool>(spool_folder, table->options().dim);
       state.tier_chunk_rows = chunk_rows;
-      state.tier_writer = [&spool, &spooled](const std::vector<std::string>& components,
-                                             const uint32_t* present, const float* values,
-                                             int64_t n) {
-        spooled += n;
-        return spool->Write(components, present, values, n);
+      Spool* out = spool.get();
+      state.record_writer = [out](const TableState& chunk) { return out->WriteRecords(chunk); };
+      state.tier_writer = [out](const std::vector<std::string>& components,
+                                const uint32_t* present, const float* values, int64_t n) {
+        return out->WriteTier(components, present, values, n);
       };
     }
     status = table->ExportState(since_epoch, delta_chain, &state);
-    if (status.ok() && spool) status = spool->Close();
+    if (spool) {
+      const Status closed = spool->Close();
+      if (status.ok()) status = closed;
+    }
   }
   RaiseIfError(status);
   py::dict d;
-  d["keys"] = ToArray(state.keys);
-  d["rows"] = ToArray(state.rows);
-  d["counts"] = ToArray(state.counts);
-  d["last_seen"] = ToArray(state.last_seen);
+  if (spool) {
+    d["records"] = spool->records();
+    d["rowless"] = spool->rowless();
+  } else {
+    d["keys"] = ToArray(state.keys.owned());
+    d["rows"] = ToArray(state.rows.owned());
+    d["counts"] = ToArray(state.counts.owned());
+    d["last_seen"] = ToArray(state.last_seen.owned());
+  }
   d["free_rows"] = ToArray(state.free_rows);
   d["removed"] = ToArray(state.removed);
   d["next_row"] = state.next_row;
@@ -239,12 +268,12 @@ py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_ch
     const int64_t dim = table->options().dim;
     const int64_t n_host = static_cast<int64_t>(state.tier_present.size());
     const int64_t n_comp = static_cast<int64_t>(state.tier_components.size());
-    d["in_host"] = ToArray(state.in_host);
+    if (!spool) d["in_host"] = ToArray(state.in_host.owned());
     d["lru_rows"] = ToArray(state.lru_rows);
     d["lru_ages"] = ToArray(state.lru_ages);
     d["tier_components"] = state.tier_components;
-    if (!tier_spool.empty()) {
-      d["tier_spooled"] = spooled;
+    if (spool) {
+      d["tier_spooled"] = spool->tier();
     } else {
       d["tier_present"] = ToArray(state.tier_present);
       py::array_t<float> values({n_host, n_comp, dim});
@@ -291,7 +320,7 @@ void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> row
                  int64_t chunk_rows) {
   std::shared_ptr<HostTable> table = Table(key);
   TableState state;
-  state.in_host.assign(in_host.data(), in_host.data() + in_host.size());
+  state.in_host.View(in_host.data(), in_host.size());
   state.lru_rows.assign(lru_rows.data(), lru_rows.data() + lru_rows.size());
   state.lru_ages.assign(lru_ages.data(), lru_ages.data() + lru_ages.size());
   state.tier_components = tier_components;
@@ -304,10 +333,12 @@ void ImportState(const std::string& key, Array<int64_t> keys, Array<int32_t> row
     state.tier_present.assign(tier_present.data(), tier_present.data() + tier_present.size());
     state.tier_values.assign(tier_values.data(), tier_values.data() + tier_values.size());
   }
-  state.keys.assign(keys.data(), keys.data() + keys.size());
-  state.rows.assign(rows.data(), rows.data() + rows.size());
-  state.counts.assign(counts.data(), counts.data() + counts.size());
-  state.last_seen.assign(last_seen.data(), last_seen.data() + last_seen.size());
+  // The columns are read where they are (arrays mapped from a checkpoint file
+  // included): the arguments outlive the import, which holds the GIL.
+  state.keys.View(keys.data(), keys.size());
+  state.rows.View(rows.data(), rows.size());
+  state.counts.View(counts.data(), counts.size());
+  state.last_seen.View(last_seen.data(), last_seen.size());
   state.free_rows.assign(free_rows.data(), free_rows.data() + free_rows.size());
   state.next_row = next_row;
   state.newest_timestamp = newest_timestamp;
@@ -515,7 +546,7 @@ void DefineTierCalls(py::module_& m) {
 // Host state in and out of checkpoints.
 void DefineCheckpointCalls(py::module_& m) {
   m.def("export_state", &ExportState, py::arg("key"), py::arg("since_epoch") = 0,
-        py::arg("delta_chain") = false, py::arg("tier_spool") = std::string(),
+        py::arg("delta_chain") = false, py::arg("spool") = std::string(),
         py::arg("chunk_rows") = 65536);
   m.def("import_state", &ImportState, py::arg("key"), py::arg("keys"), py::arg("rows"), py::arg("counts"), py::arg("last_seen"),
       py::arg("free_rows"), py::arg("next_row"), py::arg("newest_timestamp"),

@@ -210,6 +210,8 @@ class _SaverCheckpoint:
         from the checkpoint's files as they are asked for)."""
         folded = fold.whole_table(self._versions, name)
         positions = np.flatnonzero((folded.rows >= 0) | (folded.in_host != 0))
+        # A fold of one file keeps the file's order: the IDs are sorted here.
+        positions = positions[np.argsort(folded.keys[positions], kind="stable")]
         dim = self._dims[name]
 
         def chunks():

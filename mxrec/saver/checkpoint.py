@@ -52,7 +52,8 @@ table replicated on every rank, is_dp=True, keeps them all). WarmStart, the serv
 
 Tables are written and read a chunk of rows at a time (`checkpoint_memory_mb`): a save
 streams each file (`mxrec.saver.table_file`, `mxrec.saver.stream`), a restore maps the
-verified files and folds them as columns (`mxrec.saver.fold`).
+verified files and reads one full file in place, or folds a chain as columns
+(`mxrec.saver.fold`).
 
 This module holds the Saver (reading and writing rows) and save_persistables; the
 directory's files are `mxrec.saver.manifest`, which versions a restore reads is
@@ -455,7 +456,7 @@ class Saver:
         host = export.host
         file_name = (f"table-{index:03d}.npz" if self._size == 1
                      else f"table-{index:03d}-rank{self._rank:05d}.npz")
-        meta = {"file": file_name, "dim": table.dim, "ids": int(len(host["keys"])),
+        meta = {"file": file_name, "dim": table.dim, "ids": export.count,
                 "removed": int(len(host["removed"])), "state": io_.state_names()}
         faults = export.faults(session) if check else []
         return (file_name, functools.partial(export.write, session), meta, export.epoch,

@@ -20,7 +20,7 @@ Example:
 
 import io
 import posixpath
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -98,7 +98,7 @@ class Folded:
     def __init__(self, files: List[_File], source: np.ndarray, record: np.ndarray, name: str):
         self.name = name
         self._files = files
-        self._source = source  # per ID: its file
+        self._source = source  # per ID: its file (None: one file, the ID at its record)
         self._record = record  # per ID: its record in that file
         self.keys = np.zeros(len(source), np.int64)
         self.rows = np.zeros(len(source), np.int32)
@@ -117,6 +117,27 @@ class Folded:
             self.last_seen[mine] = np.asarray(arrays[schema.host_key("last_seen")])[at]
             if schema.host_key("in_host") in arrays:
                 self.in_host[mine] = np.asarray(arrays[schema.host_key("in_host")])[at]
+        self._table_wide(files)
+
+    @classmethod
+    def of_file(cls, file: _File, name: str) -> "Folded":
+        """The fold of one file: every record an ID, in the file's order, the columns
+        those of the file (mapped, not copied)."""
+        out = cls.__new__(cls)
+        out.name, out._files, out._source, out._record = name, [file], None, None
+        arrays = file.arrays
+        out.keys = file.keys
+        out.rows = np.asarray(arrays[schema.host_key("rows")], np.int32).reshape(-1)
+        out.counts = np.asarray(arrays[schema.host_key("counts")], np.float32).reshape(-1)
+        out.last_seen = np.asarray(arrays[schema.host_key("last_seen")], np.int64).reshape(-1)
+        # No file column: zeros the kernel backs with no memory until written.
+        out.in_host = (np.asarray(arrays[schema.host_key("in_host")], np.uint8).reshape(-1)
+                       if schema.host_key("in_host") in arrays
+                       else np.zeros(len(out.keys), np.uint8))
+        out._table_wide([file])
+        return out
+
+    def _table_wide(self, files: List[_File]) -> None:
         last = files[-1].arrays
         self.free_rows = np.asarray(last[schema.host_key("free_rows")])
         self.scalars = np.asarray(last[schema.SCALARS_KEY])
@@ -138,6 +159,14 @@ class Folded:
         names = set()
         for file in self._files:
             names.update(schema.names_with_prefix(file.arrays, "tier"))
+        if self._source is None:
+            # One file: an ID in the tier with a device row too would be "moved".
+            moved = any(((np.asarray(self.in_host[b:e]) != 0)
+                         & (np.asarray(self.rows[b:e]) >= 0)).any()
+                        for b, e in stream.chunks_of(len(self), 1 << 20))
+            if moved:
+                names.update(schema.names_with_prefix(self._files[0].arrays, "state"))
+            return sorted(names)
         host = self.in_host != 0
         moved = host & ~self._from_tier_of(np.arange(len(self)))
         if moved.any():
@@ -145,7 +174,17 @@ class Folded:
                 names.update(schema.names_with_prefix(self._files[f].arrays, "state"))
         return sorted(names)
 
+    def _in_file(self, f: int, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(indexes into `positions` of the IDs whose last event is file f, their records
+        there)."""
+        if self._source is None:
+            return np.arange(len(positions)), positions
+        mine = np.flatnonzero(self._source[positions] == f)
+        return mine, self._record[positions[mine]]
+
     def _from_tier_of(self, positions: np.ndarray) -> np.ndarray:
+        if self._source is None:
+            return self._files[0].from_tier[positions]
         out = np.zeros(len(positions), bool)
         for f, file in enumerate(self._files):
             mine = self._source[positions] == f
@@ -162,17 +201,17 @@ class Folded:
         out = np.zeros((len(positions), dim), np.float32)
         held = np.zeros(len(positions), bool)
         for f, file in enumerate(self._files):
-            mine = np.flatnonzero(self._source[positions] == f)
+            mine, at = self._in_file(f, positions)
             if not len(mine):
                 continue
-            at = self._record[positions[mine]]
             where = file.where[at]
             tier = file.from_tier[at]
             for in_tier, key in ((False, schema.state_key(state)), (True, schema.tier_key(state))):
-                part = mine[(tier == in_tier) & (where >= 0)]
+                chosen = (tier == in_tier) & (where >= 0)
+                part = mine[chosen]
                 if not len(part) or key not in file.arrays:
                     continue
-                index = file.where[self._record[positions[part]]]
+                index = where[chosen]
                 order = np.argsort(index, kind="stable")  # the file read in order
                 rows = storage_dtype.from_file(file.arrays[key][index[order]])
                 out[part[order]] = rows
@@ -187,11 +226,108 @@ class Folded:
         """The IDs where `keep` is set, with the rows and tier flags given."""
         out = Folded.__new__(Folded)
         out.__dict__.update(self.__dict__)
-        out._source, out._record = self._source[keep], self._record[keep]
+        source, record = self._source, self._record
+        if source is None:
+            source, record = np.zeros(len(self), np.int32), np.arange(len(self))
+        out._source, out._record = source[keep], record[keep]
         out.keys, out.counts = self.keys[keep], self.counts[keep]
         out.last_seen = self.last_seen[keep]
         out.rows, out.in_host = rows, in_host
         return out
+
+
+class _Places:
+    """Where each record of a file has its values (its row in `state/<s>` for a device
+    row, in `tier/<s>` for the host tier; -1: none), computed for the records asked from
+    counts per block of records, so that no array per record is held: a file's records
+    are read in order by a restore of the same layout (`Folded` of one file).
+
+    Indexing with positions in order reads each block of records once; any order is
+    right, only slower.
+    """
+
+    BLOCK = 1 << 16
+
+    def __init__(self, rows: np.ndarray, in_host: Optional[np.ndarray]):
+        self._rows, self._in_host = rows, in_host
+        blocks = -(-len(rows) // self.BLOCK)
+        self.device_before = np.zeros(blocks + 1, np.int64)
+        self.host_before = np.zeros(blocks + 1, np.int64)
+        for b in range(blocks):
+            device, host = self._kinds(b)
+            self.device_before[b + 1] = self.device_before[b] + int(device.sum())
+            self.host_before[b + 1] = self.host_before[b] + int(host.sum())
+
+    def _kinds(self, block: int) -> Tuple[np.ndarray, np.ndarray]:
+        span = slice(block * self.BLOCK, (block + 1) * self.BLOCK)
+        device = np.asarray(self._rows[span]) >= 0
+        if self._in_host is None:
+            return device, np.zeros(len(device), bool)
+        return device, ~device & (np.asarray(self._in_host[span]) != 0)
+
+    def devices(self) -> int:
+        return int(self.device_before[-1])
+
+    def hosts(self) -> int:
+        return int(self.host_before[-1])
+
+    def __getitem__(self, at) -> np.ndarray:
+        at = np.asarray(at, np.int64).reshape(-1)
+        out = np.full(len(at), -1, np.int64)
+        if not len(at):
+            return out
+        blocks = at // self.BLOCK
+        order = np.argsort(blocks, kind="stable")
+        starts = np.flatnonzero(np.r_[True, blocks[order][1:] != blocks[order][:-1]])
+        for first, last in zip(starts, np.r_[starts[1:], len(order)]):
+            mine = order[first:last]
+            b = int(blocks[mine[0]])
+            device, host = self._kinds(b)
+            offset = at[mine] - b * self.BLOCK
+            in_device = np.cumsum(device) - device
+            in_host = np.cumsum(host) - host
+            out[mine] = np.where(device[offset], self.device_before[b] + in_device[offset],
+                                 np.where(host[offset], self.host_before[b] + in_host[offset],
+                                          -1))
+        return out
+
+
+class _FromTier:
+    """Per record of a file: its values are in `tier/<s>` (no device row, in the host
+    tier), read from the file's columns for the records asked."""
+
+    def __init__(self, rows: np.ndarray, in_host: Optional[np.ndarray]):
+        self._rows, self._in_host = rows, in_host
+
+    def __getitem__(self, at) -> np.ndarray:
+        at = np.asarray(at, np.int64)
+        if self._in_host is None:
+            return np.zeros(at.shape, bool)
+        return (np.asarray(self._rows[at]) < 0) & (np.asarray(self._in_host[at]) != 0)
+
+
+def _check_value_rows(arrays, devices: int, hosts: int, where_text: str) -> None:
+    for prefix, count, what in (("state", devices, "with a device row"),
+                                ("tier", hosts, "in the host tier")):
+        for state in schema.names_with_prefix(arrays, prefix):
+            held = len(arrays[f"{prefix}/{state}"])
+            if prefix == "tier":
+                held = min(held, len(arrays[schema.tier_mask_key(state)]))
+            if held < count:
+                raise CheckpointError(f"{where_text}: the checkpoint has {count} IDs {what} "
+                                      f"but only {held} rows of their {state!r} values; the "
+                                      "file is damaged (restore an earlier version)")
+
+
+def _file_places(arrays, where_text: str) -> _File:
+    """A file's columns as they are (mapped) with `_Places`: for a fold of that one file."""
+    keys = np.asarray(arrays[schema.host_key("keys")], np.int64).reshape(-1)
+    rows = np.asarray(arrays[schema.host_key("rows")]).reshape(-1)
+    in_host = (np.asarray(arrays[schema.host_key("in_host")]).reshape(-1)
+               if schema.host_key("in_host") in arrays else None)
+    places = _Places(rows, in_host)
+    _check_value_rows(arrays, places.devices(), places.hosts(), where_text)
+    return _File(arrays, keys, places, _FromTier(rows, in_host))
 
 
 def _file_columns(arrays, where_text: str) -> _File:
@@ -206,16 +342,7 @@ def _file_columns(arrays, where_text: str) -> _File:
     where = np.full(len(keys), -1, np.int64)
     where[device] = np.arange(int(device.sum()))
     where[host] = np.arange(int(host.sum()))
-    for prefix, count, what in (("state", int(device.sum()), "with a device row"),
-                                ("tier", int(host.sum()), "in the host tier")):
-        for state in schema.names_with_prefix(arrays, prefix):
-            held = len(arrays[f"{prefix}/{state}"])
-            if prefix == "tier":
-                held = min(held, len(arrays[schema.tier_mask_key(state)]))
-            if held < count:
-                raise CheckpointError(f"{where_text}: the checkpoint has {count} IDs {what} "
-                                      f"but only {held} rows of their {state!r} values; the "
-                                      "file is damaged (restore an earlier version)")
+    _check_value_rows(arrays, int(device.sum()), int(host.sum()), where_text)
     return _File(arrays, keys, where, host)
 
 
@@ -232,6 +359,10 @@ def fold(files: Sequence[Tuple[bool, object]], name: str,
     if start is None:
         raise CheckpointError(f"a delta holds table {name!r}, which its full save lacks")
     where = list(where) if where is not None else [f"table {name!r}"] * len(files)
+    if start == len(files) - 1:
+        # One full file: every record is its ID's last event, in the file's order. The
+        # columns stay mapped from the file and nothing per ID is built.
+        return Folded.of_file(_file_places(files[start][1], where[start]), name)
     columns = [_file_columns(arrays, where[i]) for i, (_, arrays) in
                enumerate(files) if i >= start]
     keys, file_of, record_of = [], [], []
@@ -305,6 +436,7 @@ def admitted(folded: Folded, dim: int, state: str = "embedding", rows: int = 1 <
         CheckpointError: an admitted ID has no value of that state.
     """
     positions = np.flatnonzero((folded.rows >= 0) | (folded.in_host != 0))
+    positions = positions[np.argsort(folded.keys[positions], kind="stable")]
     values = np.zeros((len(positions), dim), np.float32)
     for begin in range(0, len(positions), rows):
         part = positions[begin:begin + rows]
@@ -350,19 +482,67 @@ def shard(folded: Folded, keep: Callable[[np.ndarray], np.ndarray], tiered: bool
     return out
 
 
-def chunk_positions(mask: np.ndarray, rows: int) -> List[np.ndarray]:
-    """The positions where `mask` is set, in pieces of `rows`."""
-    positions = np.flatnonzero(mask)
-    return [positions[b:b + rows] for b in range(0, len(positions), max(rows, 1))]
+def chunk_positions(column: np.ndarray, rows: int, test: Callable = lambda c: c >= 0
+                    ) -> Iterator[np.ndarray]:
+    """The positions where `test(column)` holds, in pieces of at most `rows`, the column
+    scanned a block at a time (no array as long as the column is built)."""
+    rows = max(rows, 1)
+    held: List[np.ndarray] = []
+    count = 0
+    for begin, end in stream.chunks_of(len(column), max(rows, 1 << 16)):
+        found = np.flatnonzero(test(np.asarray(column[begin:end]))) + begin
+        held.append(found)
+        count += len(found)
+        while count >= rows:
+            joined = np.concatenate(held)
+            yield joined[:rows]
+            held, count = [joined[rows:]], count - rows
+    if count:
+        yield np.concatenate(held)
+
+
+def any_of(column: np.ndarray, test: Callable) -> bool:
+    """Whether `test(column)` holds anywhere, the column scanned a block at a time."""
+    return any(bool(test(np.asarray(column[b:e])).any())
+               for b, e in stream.chunks_of(len(column), 1 << 20))
+
+
+class _Ordinals:
+    """The positions of the nonzero entries of a column by their ordinal (the k-th
+    nonzero), for reads in order: counts per block, no array of positions."""
+
+    BLOCK = 1 << 16
+
+    def __init__(self, column: np.ndarray):
+        self._column = column
+        blocks = -(-len(column) // self.BLOCK)
+        self._before = np.zeros(blocks + 1, np.int64)
+        for b in range(blocks):
+            part = np.asarray(column[b * self.BLOCK:(b + 1) * self.BLOCK])
+            self._before[b + 1] = self._before[b] + int(np.count_nonzero(part))
+
+    def take(self, begin: int, n: int) -> np.ndarray:
+        """The positions of nonzero entries begin, ..., begin + n - 1."""
+        out = []
+        b = int(np.searchsorted(self._before, begin, side="right")) - 1
+        while n > 0 and b < len(self._before) - 1:
+            part = np.asarray(self._column[b * self.BLOCK:(b + 1) * self.BLOCK])
+            found = np.flatnonzero(part)[begin - self._before[b]:] + b * self.BLOCK
+            found = found[:n]
+            out.append(found)
+            n -= len(found)
+            begin += len(found)
+            b += 1
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def tier_reader(folded: Folded, names: List[str], dim: int) -> Callable:
     """The engine's import reader of the host tier's values: (begin, n) -> (present [n]
     uint32, values [n, len(names), dim] float32) of the in_host IDs begin..begin+n-1."""
-    host = np.flatnonzero(folded.in_host != 0)
+    positions_of = _Ordinals(folded.in_host)
 
     def read(begin: int, n: int):
-        positions = host[begin:begin + n]
+        positions = positions_of.take(begin, n)
         present = np.zeros(len(positions), np.uint32)
         values = np.zeros((len(positions), len(names), dim), np.float32)
         for c, state in enumerate(names):
@@ -374,4 +554,4 @@ def tier_reader(folded: Folded, names: List[str], dim: int) -> Callable:
 
 
 __all__ = ["OpenVersion", "open_chain", "Folded", "fold", "table_files", "table_names",
-           "whole_table", "admitted", "shard", "chunk_positions", "tier_reader"]
+           "whole_table", "admitted", "shard", "chunk_positions", "any_of", "tier_reader"]

@@ -9,8 +9,10 @@ reclaims (under a memory cgroup too), instead of copying the file into the proce
 
 The memory a save or restore may add is `checkpoint_memory_mb` (a `Saver` argument): the
 rows of a chunk (a table's embedding and optimizer slots) are sized to fit it
-(`chunk_rows`). Beyond it, a table's records (ID, device row, count, last-seen time,
-tier flag) are held as columns.
+(`chunk_rows`). A table's records (ID, device row, count, last-seen time, tier flag) go
+through in chunks of as many IDs: the engine spools them on a save, and a restore of one
+full file reads them mapped from it (a fold of deltas or a resharding holds them as
+columns: `mxrec.saver.fold`).
 
 Example:
     >>> entry = write_npz("/ckpt/.tmp-x/table-000.npz",
@@ -21,6 +23,7 @@ Example:
     >>> arrays["state/embedding"][1000:2000]          # read from the file, not held
 """
 
+import ctypes
 import hashlib
 import io
 import os
@@ -82,6 +85,25 @@ def chunk_rows(memory_mb: int, dim: int, states: int) -> int:
 
 
 # ------------------------------------------------------------------------------ writing
+
+# fallocate(2)'s FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE.
+_PUNCH_HOLE = 0x01 | 0x02
+
+
+def release_range(path: str, offset: int, length: int) -> None:
+    """Frees `length` bytes of a local file's disk blocks at `offset` (they read as zeros
+    after): a spool file copied into a checkpoint gives its disk back as the copy goes.
+    Where the filesystem cannot (no hole punching), the file keeps its blocks until it is
+    removed: only the disk's peak is higher."""
+    if length <= 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        libc.fallocate(fd, _PUNCH_HOLE, ctypes.c_long(offset), ctypes.c_long(length))
+    finally:
+        os.close(fd)
+
 
 
 class Member(NamedTuple):
