@@ -29,9 +29,12 @@ The 48-step runs (the one-process tests' length) check the AUC after learning; t
 are within 10% only, and that is the example's own dynamics, not the ranks: at these learning
 rates one process alone, with its learning rate changed by one part in a million, ends 2.6-3.0%
 away in the table, so the rounding of a sum over two ranks instead of one batch (1e-7 in the
-first steps' loss) grows as much. Wide&Deep's dropout draws differ between the graphs, so its
-losses and rows are not compared. The 4-rank and mpirun runs and the further modes are
-`ranks_extra`.
+first steps' loss) grows as much. Wide&Deep's dropout draws differ between the graphs, so
+with dropout its losses and rows are not compared; its other modes run without dropout
+(ZOO_DROPOUT_RATE=0) and are compared (test_wide_deep_mode_on_ranks_equals_one_process). The
+later DLRM script runs every mode on 2 and 4 ranks and under mpirun. The 4-rank and mpirun
+runs and the further modes are `ranks_extra` (tests/conftest.py, or the parametrization's
+marks here).
 """
 
 import numpy as np
@@ -131,11 +134,14 @@ DLRM_RANK_MODES = [
     (4, (1, "DDR", 1, 0, 0, 1)),
     (4, (0, "HBM", 1, 1, 0, 0)),
     (4, (0, "HBM", 0, 0, 1, 0)),
+    (4, (0, "SSD", 0, 0, 0, 0)),
 ]
 # One process's table rows in each tier (divided among the ranks): about 2,700 IDs a batch
-# and 10,300 in all, so DDR and SSD swap and SSD spills, as in the one-process tests
+# and 10,300 in all (2,580 owned by each of 4 ranks), so DDR and SSD swap and SSD spills, as
+# in the one-process tests: SSD's device and host rows (9,600) are fewer than the IDs on one
+# process and on every rank count (4 ranks: 2,000 + 400 a rank)
 DLRM_ROWS = {"ZOO_HBM_DEV_VOCAB": 24000, "ZOO_DDR_DEV_VOCAB": 8000, "ZOO_DDR_HOST_VOCAB": 12000,
-             "ZOO_SSD_DEV_VOCAB": 8000, "ZOO_SSD_HOST_VOCAB": 3000, "ZOO_SSD_SSD_VOCAB": 12000}
+             "ZOO_SSD_DEV_VOCAB": 8000, "ZOO_SSD_HOST_VOCAB": 1600, "ZOO_SSD_SSD_VOCAB": 12000}
 
 
 @pytest.fixture(scope="module")
@@ -197,8 +203,9 @@ def _compare_tightly(data, one_dir, one, ranks_dir, got):
     assert sorted(want) == sorted(have)
     for name, (ids, rows) in want.items():
         np.testing.assert_array_equal(have[name][0], ids)
-        gap = np.linalg.norm(have[name][1] - rows) / np.linalg.norm(rows)
-        assert gap <= 1e-4, (name, gap)
+        if len(ids):  # the later script's FeatureSpecs admit no ID in 8 steps (see above)
+            gap = np.linalg.norm(have[name][1] - rows) / np.linalg.norm(rows)
+            assert gap <= 1e-4, (name, gap)
     want, have = _dense(one_dir), _dense(ranks_dir)
     assert sorted(want) == sorted(have) and len(want) == 16
     for name, weights in want.items():
