@@ -249,8 +249,13 @@ def initialize_once(variable: tf.Variable) -> None:
     MonitoredSession (Estimator) runs the local initializer after restoring a checkpoint:
     an unconditional initializer would erase the rows the restore has just written. TF has
     no public way to give a variable another initializer, hence the attribute.
+
+    Built outside the caller's control dependencies (a hash optimizer makes its slots in
+    apply_gradients, which a script may call under `tf.control_dependencies` of the step's
+    gradients): an initializer that waited for them would compute a step's gradients while
+    the other variables are still being initialised.
     """
-    with tf.name_scope(f"{variable.op.name}/initialize_once"):
+    with tf.control_dependencies(None), tf.name_scope(f"{variable.op.name}/initialize_once"):
         def initialize():
             with tf.control_dependencies([variable.assign(variable.initial_value,
                                                           read_value=False)]):

@@ -21,9 +21,9 @@
 # USE_FAAE, USE_DYNAMIC_EXPANSION, USE_MULTI_LOOKUP, USE_MODIFY_GRAPH, TRAIN_RANK_SIZE,
 # DLRM_CRITEO_DATA_PATH; the sizes of config.py from ZOO_* (tests run small). Added by
 # the port (marked): ZOO_DIRECT=1 (tensor IDs, modify_graph=False: the reference the
-# tests compare every mode with), ZOO_TRAIN_STEPS / ZOO_EVAL_STEPS, a save at the end of
-# training and, when ./saved-model/sparse-model-0 exists (the script's own IF_LOAD), a
-# restore and an evaluation only; the results go to ZOO_RESULT (JSON) when set.
+# tests compare every mode with), ZOO_TRAIN_STEPS / ZOO_EVAL_STEPS, ZOO_DROPOUT_RATE, a
+# save at the end of training and, when ./saved-model/sparse-model-0 exists (the script's
+# own IF_LOAD), a restore and an evaluation only; the results go to ZOO_RESULT (JSON) when set.
 
 import os
 import shutil
@@ -35,7 +35,7 @@ from glob import glob
 
 import tensorflow.compat.v1 as tf  # mxrec port: TF's migration recipe
 # mxrec port: roc_auc_score of scikit-learn (not an mxrec dependency) -> zoo_port's
-from zoo_port import roc_auc_score, ModelSaver
+from zoo_port import roc_auc_score, step_gradient_ops, ModelSaver
 import numpy as np
 
 from optimizer import get_dense_and_sparse_optimizer
@@ -214,7 +214,13 @@ def model_forward(model_args):
 
     BuildModel = collections.namedtuple("BuildModel", ["wide_embedding", "deep_embedding", "label", "is_training",
                                                        "seed", "dropout_rate", "batch_norm"])
-    build_model_args = BuildModel(wide_emb, deep_emb, batch["label"], is_train, dense_hashtable_seed, 0.5, False)
+    # mxrec port: ZOO_DROPOUT_RATE (default the example's 0.5; 0 turns dropout off). Dropout's
+    # draws depend on each graph's op seeds and batch shape, so N ranks never draw one
+    # process's masks; the tests that compare rows and losses with one process run without it
+    dropout_rate = float(os.getenv("ZOO_DROPOUT_RATE", "0.5"))
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"ZOO_DROPOUT_RATE={dropout_rate}: a rate in [0, 1) (0: no dropout)")
+    build_model_args = BuildModel(wide_emb, deep_emb, batch["label"], is_train, dense_hashtable_seed, dropout_rate, False)
     model_output = my_model.build_model(build_model_args)
     return model_output
 
@@ -412,31 +418,40 @@ if __name__ == "__main__":
     for loss, (model_optimizer, emb_optimizer) in zip([train_model.get("loss")], optimizer_list):
         # do model optimization
         grads = model_optimizer.compute_gradients(loss, var_list=train_variables)
-        avg_grads = []
-        for grad, var in grads:
-            if rank_size > 1:
-                grad = hccl_ops.allreduce(grad, "sum") if grad is not None else None
-            if grad is not None:
-                avg_grads.append((grad / 8.0, var))
-        # apply gradients: update variables
-        train_ops.append(model_optimizer.apply_gradients(avg_grads))
-
+        # mxrec port: the embeddings' gradients are built before any update (they were built
+        # after the dense update), so that every update can wait for every gradient of the
+        # step (see step_gradient_ops in zoo_port.py; the original leaves this order to the
+        # scheduler, which on ranks moves with the collectives' timing)
         if use_dynamic_expansion:
             train_address_list = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET)
             train_emb_list = tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB)
-            # do embedding optimization by addr
             sparse_grads = emb_optimizer.compute_gradients(loss, train_emb_list)  # local_embedding
-            grads_and_vars = [(grad, address) for grad, address in zip(sparse_grads, train_address_list)]
-            train_ops.append(emb_optimizer.apply_gradients(grads_and_vars))
+            sparse_targets = train_address_list
         else:
-            # do embedding optimization
             sparse_grads = emb_optimizer.compute_gradients(loss, emb_variables)
             print("sparse_grads_tensor:", sparse_grads)
-            grads_and_vars = [(grad, variable) for grad, variable in zip(sparse_grads, emb_variables)]
+            sparse_targets = emb_variables
+        step_grads = step_gradient_ops(list(grads) + [(grad, None) for grad in sparse_grads])
+        with tf.control_dependencies(step_grads):  # mxrec port: see above
+            avg_grads = []
+            for grad, var in grads:
+                if rank_size > 1:
+                    grad = hccl_ops.allreduce(grad, "sum") if grad is not None else None
+                if grad is not None:
+                    avg_grads.append((grad / 8.0, var))
+            # apply gradients: update variables
+            train_ops.append(model_optimizer.apply_gradients(avg_grads))
+
+            # do embedding optimization (by addr with dynamic expansion)
+            grads_and_vars = [(grad, target) for grad, target in zip(sparse_grads, sparse_targets)]
             train_ops.append(emb_optimizer.apply_gradients(grads_and_vars))
 
     # 动态学习率更新
-    train_ops.extend([cfg.global_step.assign(cfg.global_step + 1), cfg.learning_rate[0], cfg.learning_rate[1]])
+    # mxrec port: the step counter moves after the step's updates, so step k trains with the
+    # learning rate of step k (see step_gradient_ops in zoo_port.py; was unordered)
+    with tf.control_dependencies(train_ops):
+        step_increment = cfg.global_step.assign(cfg.global_step + 1)
+    train_ops.extend([step_increment, cfg.learning_rate[0], cfg.learning_rate[1]])
 
     with tf.control_dependencies(train_ops):
         train_ops = tf.no_op()
