@@ -280,12 +280,15 @@ def test_ssd_resident_ids_cost_only_the_id_map(tmp_path, engine):
             (_, _, reused), = engine.process([key], [ids], True, step)
             for component in ("embedding", "slot"):
                 engine.tier_swap(key, component, reused, device[reused])
-            if step in (59, 119):
+            if 50 <= step < 60 or 110 <= step < 120:
                 seen.append((engine.tier_stats(key), engine.stats(key)["id_map_bytes"]))
-        (tier_half, _), (tier_all, map_all) = seen
+        (tier_half, _), (tier_all, map_all) = seen[9], seen[-1]
         assert tier_all["ssd_rows"] - tier_half["ssd_rows"] > 29_000, seen
-        # The SSD records' live bits: 1 per record (the vector grows by doubling).
-        assert tier_all["host_bytes"] - tier_half["host_bytes"] <= 60_000 // 4, seen
+        # The SSD records' live bits: 1 per record (the vector grows by doubling). Each
+        # half's most: the spill order's entries are dropped when the writer catches up, so
+        # one moment's figure may sit below its neighbours'.
+        most = [max(tier["host_bytes"] for tier, _ in half) for half in (seen[:10], seen[10:])]
+        assert most[1] - most[0] <= 60_000 // 4, seen
         assert map_all <= 47 * 60_000, seen
         record = tier_all["ssd_record_bytes"]
         assert record == 16 + 2 * 4 * 4, seen

@@ -433,10 +433,17 @@ def admitted(folded: Folded, dim: int, state: str = "embedding", rows: int = 1 <
     (a device row or the host tier), read a chunk of `rows` IDs at a time.
 
     Raises:
-        CheckpointError: an admitted ID has no value of that state.
+        CheckpointError: an admitted ID has no value of that state, or is held twice.
     """
     positions = np.flatnonzero((folded.rows >= 0) | (folded.in_host != 0))
     positions = positions[np.argsort(folded.keys[positions], kind="stable")]
+    keys = folded.keys[positions]
+    # One full file is read in place, a record an ID as a save writes it: a repeat is a
+    # damaged file (a chain's fold keeps an ID's last record instead).
+    repeated = np.flatnonzero(keys[1:] == keys[:-1])
+    if len(repeated):
+        raise CheckpointError(f"table {folded.name!r}: ID {int(keys[repeated[0]])} appears "
+                              "twice in a table file, which a save never writes")
     values = np.zeros((len(positions), dim), np.float32)
     for begin in range(0, len(positions), rows):
         part = positions[begin:begin + rows]
@@ -444,7 +451,7 @@ def admitted(folded: Folded, dim: int, state: str = "embedding", rows: int = 1 <
         if not held.all():
             raise CheckpointError(f"checkpoint holds no {state!r} value of ID "
                                   f"{int(folded.keys[part[np.argmin(held)]])}")
-    return folded.keys[positions], values
+    return keys, values
 
 
 def shard(folded: Folded, keep: Callable[[np.ndarray], np.ndarray], tiered: bool,
