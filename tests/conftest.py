@@ -225,10 +225,13 @@ ONE_TF = (
     "tests/test_tiers_larger_than_memory.py",
 )
 # Tests marked `zoo_matrix`: the rest of the mx_rec zoo's run.sh modes on ranks (Wide&Deep's
-# modes on 4 ranks, the later DLRM script's further modes on 2 and 4 ranks), about 3.5 minutes.
+# further modes on 2 and 4 ranks, the later DLRM script's on 2 and 4), about 4.5 minutes.
 # scripts/test.sh runs them; CI leaves them out under both TensorFlows to stay within its time,
 # keeping of each script a mode on 2 and on 4 ranks (and the later script under mpirun).
 ZOO_MATRIX = (
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[2-0-DDR-0-0-0-0]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[2-1-SSD-1-0-0-0]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[2-1-HBM-1-0-1-1]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[4-0-HBM-1-1-0-1]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[4-0-DDR-0-0-0-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[4-1-SSD-1-0-0-0]",
