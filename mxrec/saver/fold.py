@@ -494,18 +494,9 @@ def chunk_positions(column: np.ndarray, rows: int, test: Callable = lambda c: c 
     """The positions where `test(column)` holds, in pieces of at most `rows`, the column
     scanned a block at a time (no array as long as the column is built)."""
     rows = max(rows, 1)
-    held: List[np.ndarray] = []
-    count = 0
-    for begin, end in stream.chunks_of(len(column), max(rows, 1 << 16)):
-        found = np.flatnonzero(test(np.asarray(column[begin:end]))) + begin
-        held.append(found)
-        count += len(found)
-        while count >= rows:
-            joined = np.concatenate(held)
-            yield joined[:rows]
-            held, count = [joined[rows:]], count - rows
-    if count:
-        yield np.concatenate(held)
+    found = (np.flatnonzero(test(np.asarray(column[begin:end]))) + begin
+             for begin, end in stream.chunks_of(len(column), max(rows, 1 << 16)))
+    yield from stream.rechunked(found, rows)
 
 
 def any_of(column: np.ndarray, test: Callable) -> bool:

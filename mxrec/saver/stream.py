@@ -324,3 +324,19 @@ class LocalCopies:
 def chunks_of(count: int, rows: int) -> List[Tuple[int, int]]:
     """[(begin, end)] covering range(count) in pieces of `rows`."""
     return [(begin, min(count, begin + rows)) for begin in range(0, count, max(rows, 1))]
+
+
+def rechunked(chunks: Iterable[np.ndarray], rows: int) -> Iterator[np.ndarray]:
+    """The arrays of `chunks` joined and cut again into pieces of `rows` (the last one
+    shorter)."""
+    held: List[np.ndarray] = []
+    count = 0
+    for chunk in chunks:
+        held.append(chunk)
+        count += len(chunk)
+        while count >= rows:
+            joined = np.concatenate(held)
+            yield joined[:rows]
+            held, count = [joined[rows:]], count - rows
+    if count:
+        yield np.concatenate(held)

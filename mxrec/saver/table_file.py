@@ -170,26 +170,10 @@ class Prepared:
             values = (storage_dtype.from_file(c) for c in self._device_chunks(session, state))
             found += _merged(name, state, ids, values)
             if self.tiered:
-                ids = _rechunked(self._tier_ids(), self.rows_per_chunk)
+                ids = stream.rechunked(self._tier_ids(), self.rows_per_chunk)
                 tier = (storage_dtype.from_file(c) for c in self._tier_chunks(state, mask=False))
                 found += _merged(name, f"host/SSD tier {state}", ids, tier)
         return found
-
-
-def _rechunked(chunks: Iterator[np.ndarray], rows: int) -> Iterator[np.ndarray]:
-    """The arrays of `chunks` joined and cut again into pieces of `rows` (the last one
-    shorter)."""
-    held: List[np.ndarray] = []
-    count = 0
-    for chunk in chunks:
-        held.append(chunk)
-        count += len(chunk)
-        while count >= rows:
-            joined = np.concatenate(held)
-            yield joined[:rows]
-            held, count = [joined[rows:]], count - rows
-    if count:
-        yield np.concatenate(held)
 
 
 def _read_state(io_, session, state: str, rows: np.ndarray) -> np.ndarray:
