@@ -321,13 +321,6 @@ def test_optimizer_without_a_float32_rule_is_refused():
         terminate_config_initializer()
 
 
-def test_keras_embedding_refuses_half_precision_storage():
-    import mxrec.keras as mk
-
-    with pytest.raises(NotImplementedError, match="storage_dtype=tf.bfloat16 is not built yet"):
-        mk.Embedding(DIM, "k", 16, storage_dtype=tf.bfloat16)
-
-
 # ------------------------------------------------------------- the streaming trainer
 
 def test_quality_report_trains_and_scores_half_precision_models(tmp_path):
