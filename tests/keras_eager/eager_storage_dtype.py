@@ -23,6 +23,7 @@ from test_storage_dtype import DIM, INIT, ROUND, Reference, _bits, _stream  # no
 from test_storage_dtype_tiers import _stream as _tier_stream  # noqa: E402
 
 import mxrec.keras as mk  # noqa: E402
+from mxrec.export import saved_model  # noqa: E402
 from mxrec.keras.saving import build_optimizer  # noqa: E402
 from mxrec.util import initialize  # noqa: E402
 
@@ -235,14 +236,28 @@ def test_checkpoints_round_trip_bit_exactly_and_restore_into_float32(tmp_path, s
     _assert_state_equal(_state(model, layer), saved)
 
 
-def test_the_serving_export_serves_the_upcast_rows(tmp_path):
+def _serve(export_dir, x):
+    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+    return signature(ids=tf.constant(x))["logit"].numpy()
+
+
+def test_the_serving_export_serves_the_upcast_rows_and_int8_within_its_bound(tmp_path):
     model, _ = _model("bfloat16")
     x, y = _data()
     model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
-    export_dir = mk.export_serving(model, str(tmp_path / "serving" / "1"))
-    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
-    served = signature(ids=tf.constant(x))["logit"].numpy()
+    served = _serve(mk.export_serving(model, str(tmp_path / "serving" / "1")), x)
     np.testing.assert_allclose(served, model.predict(x, verbose=0), rtol=0, atol=1e-6)
+    # int8: each element of a row is off by at most half its row's scale, so the logit
+    # (a Dense over the 3 flattened rows) by at most sum_k scale_k / 2 * sum_j |w_kj|.
+    int8_dir = mk.export_serving(model, str(tmp_path / "serving" / "2"), quantize="int8")
+    table = saved_model.exported_tables(int8_dir)["item"]
+    scale = dict(zip(table["ids"].tolist(), table["scale_offset"][:, 0]))
+    kernel = np.abs(model.get_layer("logit").get_weights()[0][:, 0]).reshape(3, DIM).sum(1)
+    bound = np.array([sum(scale[k] / 2 * kernel[p] for p, k in enumerate(row)) for row in x])
+    error = np.abs(_serve(int8_dir, x)[:, 0] - served[:, 0])
+    assert np.all(error <= bound * (1 + 1e-4) + 1e-6) and error.max() > 0
+    with pytest.raises(ValueError, match="quantize must be None"):
+        mk.export_serving(model, str(tmp_path / "serving" / "3"), quantize="int4")
 
 
 @pytest.mark.parametrize("kwargs, error, text", [
