@@ -9,8 +9,10 @@ the held-out last ones, then scored on those with a float32 and an int8 serving 
 of the same checkpoint; two more models whose tables rest in bfloat16 and float16 while
 training are trained on the same partitions and scored the same way (`python -m
 mxrec.quality --compare float32,int8,bfloat16,float16`). The table gives AUC, log loss, the
-serving model's bytes, the tables' serving bytes per ID (the 8-byte ID plus its row) and an
-ID's row bytes at rest while training. The float32 form is the baseline of the same run.
+serving model's bytes, the tables' serving bytes per ID (the 8-byte ID plus its row), an
+ID's row bytes at rest while training, and an ID's row and optimizer slot in each training
+tier (device variables, host tier, SSD record: mxrec.quality.tier_bytes). The float32 form
+is the baseline of the same run.
 
 - criteo: Criteo's TSV layout (label, 13 integers, 26 hex categorical columns), labels
   drawn from a hidden per-ID effect of every categorical column, so AUC means something.
@@ -114,6 +116,11 @@ def half_precision(name: str, base, rows, out: report.Report) -> None:
         out.figure(f"{name}: {row.form} training row bytes per ID",
                    round(row.train_bytes_per_id, 2))
     out.figure(f"{name}: float32 training row bytes per ID", round(base.train_bytes_per_id, 2))
+    # An ID's row and Adagrad slot in each training tier, as the engine lays them out.
+    for row in [base, *rows]:
+        for tier in ("device", "host", "ssd"):
+            out.figure(f"{name}: {row.form} {tier} bytes per ID (row + slot)",
+                       round(getattr(row.tiers, tier), 1))
     bf16 = rows[0]
     out.goal(f"{name}: bfloat16 AUC - float32 AUC (>= -{HALF_AUC_GOAL})", bf16.auc - base.auc,
              -HALF_AUC_GOAL)

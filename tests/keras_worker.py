@@ -45,6 +45,8 @@ def build(settings, init):
         tier["ssd_data_path"] = [f"{settings['ssd_dir']}/{settings['mode']}"]
     if settings.get("is_dp"):
         tier["is_dp"] = True
+    if settings.get("storage"):  # half-precision rows
+        tier["storage_dtype"] = settings["storage"]
     layer = mk.Embedding(settings["dim"], "user", settings["capacity"],
                          embeddings_initializer=initializer, combiner=settings.get("combiner"),
                          **policy, **tier)
@@ -318,7 +320,10 @@ def run(data_path, out_prefix, mode):
         for component, (all_ids, all_values) in layer.export_values(opt).items():
             name = component.split("/")[-1]
             out[f"all_ids_{name}"], out[f"all_{name}"] = all_ids, all_values
-    np.savez(out_path, **out, **extras)
+    # half-precision rows as float32 (exact): NumPy files have no bfloat16
+    np.savez(out_path, **{k: v.astype(np.float32) if getattr(v, "dtype", None) in
+                          (tf.bfloat16.as_numpy_dtype, np.float16) else v
+                          for k, v in {**out, **extras}.items()})
 
 
 if __name__ == "__main__":

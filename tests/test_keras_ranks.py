@@ -114,6 +114,9 @@ SCENARIOS = {
                                        eviction_threshold=25, evict_every=3, capacity=40),
     "lazy_adam_host_tier": dict(optimizer="lazy_adam", lr=0.02, access_threshold=2,
                                 capacity=30, host=200),
+    # bfloat16 rows in the device weight and the host tier, rounded updates
+    "adagrad_bfloat16_host_tier": dict(optimizer="adagrad", access_threshold=2, capacity=30,
+                                       host=200, storage="bfloat16"),
     # multi-hot IDs combined by a mean, on a replicated table
     "adagrad_replicated_mean": dict(optimizer="adagrad", access_threshold=2, is_dp=True,
                                     combiner="mean"),
@@ -123,7 +126,7 @@ SCENARIOS = {
 # Further cases of the same path, run under the default TensorFlow only (tests/conftest.py).
 # LazyAdam alone on 2 ranks: test_export_evaluate_and_refusals_on_two_ranks; 4 ranks:
 # test_embedding_group_exchanges_once_per_step_and_equals_one_process.
-_VARIANT = ("lazy_adam_host_tier", "adagrad_replicated_mean")
+_VARIANT = ("lazy_adam_host_tier", "adagrad_replicated_mean", "adagrad_bfloat16_host_tier")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.variant) if n in _VARIANT
@@ -133,6 +136,8 @@ def test_two_ranks_equal_one_process(tmp_path, name):
     # Eagerly too (every op of the step, collectives included, run at once).
     modes = ("fit", "function", "eager") if name in ("sgd", "lazy_adam_host_tier") else (
         "fit", "function")
+    if settings.get("storage"):  # the rows' dtype changes no mode's path: one mode is enough
+        modes = ("function",)
     reference = _train(tmp_path / "one", settings, modes, 1)
     ranks = _train(tmp_path / "ranks", settings, modes, 2)
     for mode in modes:

@@ -321,13 +321,6 @@ def test_optimizer_without_a_float32_rule_is_refused():
         terminate_config_initializer()
 
 
-def test_keras_embedding_refuses_half_precision_storage():
-    import mxrec.keras as mk
-
-    with pytest.raises(NotImplementedError, match="storage_dtype=tf.bfloat16 is not built yet"):
-        mk.Embedding(DIM, "k", 16, storage_dtype=tf.bfloat16)
-
-
 # ------------------------------------------------------------- the streaming trainer
 
 def test_quality_report_trains_and_scores_half_precision_models(tmp_path):
@@ -359,6 +352,16 @@ def test_quality_report_trains_and_scores_half_precision_models(tmp_path):
         == rows[0].train_bytes_per_id / 2
     assert abs(rows[1].auc - rows[0].auc) < 0.05 and rows[1].logloss != rows[0].logloss
     assert "| bfloat16 |" in report.table(rows)
+    # Per tier, an ID's embedding (4 or 2 bytes a value) and Adagrad accumulator (float32):
+    # the device variables and a host slot hold V = dim (w + 4) bytes, an SSD record 16 + V
+    # (cc_ops/engine/row_format.h, ssd_tier.h), averaged over the tables by their IDs.
+    tables = serving.exported_tables(report._export(
+        report.train(config, model, [], []), str(tmp_path / "export32"), None))
+    for row, width in zip(rows, (4, 2, 2)):
+        per_id = sum(len(t["ids"]) * t["embeddings"].shape[1] * (width + 4)
+                     for t in tables.values()) / row.ids
+        assert row.tiers == pytest.approx(report.tier_bytes.TierBytes(per_id, per_id,
+                                                                      16 + per_id))
     bf16 = tmp_path / "model" / "storage-bfloat16"
     files = [p for p in bf16.rglob("*.npz") if p.name != "dense.npz"]
     assert {stream.MappedNpz(str(p))["state/embedding"].dtype for p in files} \

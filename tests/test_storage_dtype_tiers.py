@@ -14,6 +14,7 @@ import tensorflow as tf
 from test_storage_dtype import DIM, ROUND, Model, Reference, _bits
 
 from mxrec.core import tiers
+from mxrec.quality import tier_bytes
 from mxrec.saver import stream
 from mxrec.saver.checkpoint import Saver
 from mxrec.util.initialize import terminate_config_initializer
@@ -215,6 +216,10 @@ def test_tier_bytes_per_id_follow_the_element_widths(tmp_path, storage, slots, h
     assert stats["host_row_bytes"] == host_row_bytes
     assert stats["ssd_record_bytes"] == 16 + host_row_bytes
     assert stats["ssd_file_bytes"] % stats["ssd_record_bytes"] == 0
+    # The quality report's per-tier columns (a scratch table of the engine) equal the
+    # trained table's own figures.
+    assert tier_bytes.measure(DIM, storage, slots, 1) == tier_bytes.TierBytes(
+        device=host_row_bytes, host=stats["host_row_bytes"], ssd=stats["ssd_record_bytes"])
 
 
 # -------------------------------------------------------------------- the engine alone

@@ -103,6 +103,23 @@ def upcast(rows: tf.Tensor) -> tf.Tensor:
         return tf.cast(rows, tf.float32)
 
 
+@tf.custom_gradient
+def _upcast_on_tape(rows):
+    def gradient(upstream):
+        return upstream
+
+    return tf.cast(rows, tf.float32), gradient
+
+
+def upcast_on_tape(rows: tf.Tensor) -> tf.Tensor:
+    """`upcast` for TF2 code (eager, tf.function, GradientTape): the tape ignores
+    gradient_override_map, so the cast gets a custom gradient that passes the float32
+    gradient through unrounded (mxrec.keras tables)."""
+    if rows.dtype == tf.float32:
+        return rows
+    return _upcast_on_tape(rows)
+
+
 def store(values: tf.Tensor, table, seed: Optional[tf.Tensor] = None,
           dtype: Optional[tf.DType] = None) -> tf.Tensor:
     """float32 `values` rounded to `dtype` (default: the table's storage dtype): to nearest

@@ -31,6 +31,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from mxrec.export import quantize as quantizer
 from mxrec.export import saved_model
 
 
@@ -38,13 +39,23 @@ class _StandIn:
     """The eager resources a table's serving lookup reads while the model is traced; the
     attributes `_ServingTable.lookup` uses."""
 
-    def __init__(self, table):
+    def __init__(self, table, quantize: Optional[str] = None):
         self.name, self.dim = table.table_name, table.dim
+        # as the export's _ServingTable of this table: int8 where it makes the rows smaller
+        self.quantize = quantize if quantizer.quantizes(quantize, self.dim) else None
         self.ids = tf.Variable(tf.zeros([0], tf.int64), shape=[None], trainable=False,
                                name=f"{self.name}_serving_ids")
-        self.embeddings = tf.Variable(tf.zeros([1, self.dim], tf.float32),
-                                      shape=[None, self.dim], trainable=False,
-                                      name=f"{self.name}_serving_embeddings")
+        if self.quantize is None:
+            self.embeddings = tf.Variable(tf.zeros([1, self.dim], tf.float32),
+                                          shape=[None, self.dim], trainable=False,
+                                          name=f"{self.name}_serving_embeddings")
+        else:
+            self.quantized = tf.Variable(tf.zeros([1, self.dim], tf.uint8),
+                                         shape=[None, self.dim], trainable=False,
+                                         name=f"{self.name}_serving_quantized")
+            self.scale_offset = tf.Variable(tf.zeros([1, 2], tf.float32), shape=[None, 2],
+                                            trainable=False,
+                                            name=f"{self.name}_serving_scale_offset")
         self.table = tf.lookup.StaticHashTable(  # its contents are never read
             tf.lookup.KeyValueTensorInitializer(tf.zeros([1], tf.int64),
                                                 tf.zeros([1], tf.int64)),
@@ -54,7 +65,11 @@ class _StandIn:
     def zero_row(self):
         return tf.size(self.ids.value(), out_type=tf.int64)
 
-    quantize = None  # the Keras path serves float32 rows
+    def variables(self):
+        """{field: the stand-in variable} of the rows (`_ServingTable.fields` but the IDs)."""
+        if self.quantize is None:
+            return {"embeddings": self.embeddings}
+        return {quantizer.QUANTIZED: self.quantized, quantizer.SCALE_OFFSET: self.scale_offset}
 
     def _rows(self, index):
         return saved_model._ServingTable._rows(self, index)  # noqa: SLF001
@@ -111,7 +126,8 @@ def _captures(concrete, stand_ins, dense) -> List[Tuple[tuple, str]]:
     resources = {}
     for name, stand_in in stand_ins.items():
         resources[id(stand_in.ids.handle)] = (name, "ids")
-        resources[id(stand_in.embeddings.handle)] = (name, "embeddings")
+        for field, variable in stand_in.variables().items():
+            resources[id(variable.handle)] = (name, field)
         resources[id(stand_in.table.resource_handle)] = (name, "table")
     for name, variable in dense:
         resources[id(variable.handle)] = ("dense", name, variable)
@@ -146,9 +162,9 @@ def _serving_input(found: tuple, tables, context, dense_variables):
         return dense_variables[name].handle
     table_name, field = found
     serving_table = context.table(tables[table_name])
-    return {"ids": serving_table.ids.handle,
-            "embeddings": serving_table.embeddings.handle,
-            "table": serving_table.table.resource_handle}[field]
+    if field == "table":
+        return serving_table.table.resource_handle
+    return getattr(serving_table, field).handle  # ids, embeddings, quantized, scale_offset
 
 
 def _builder(concrete, input_names, output_names, captures, tables) -> Callable:
@@ -178,7 +194,8 @@ def _builder(concrete, input_names, output_names, captures, tables) -> Callable:
 
 def export_model(model, export_dir: str, layers: Sequence, dense: List[Tuple[str, tf.Variable]],
                  save_model: Callable[[str], None], checkpoint: Optional[str] = None,
-                 signature_name: str = "serving_default", as_text: bool = False) -> str:
+                 signature_name: str = "serving_default", as_text: bool = False,
+                 quantize: Optional[str] = None) -> str:
     """Writes a SavedModel (tag "serve") of core ops that predicts as `model(x,
     training=False)`: IDs without a row look up zeros (or the layer's
     serving_default_value), padding keys zeros. `mxrec.keras.export_serving` documents it
@@ -195,7 +212,9 @@ def export_model(model, export_dir: str, layers: Sequence, dense: List[Tuple[str
             `checkpoint` is None).
         checkpoint: the rows and weights to serve: an mxrec checkpoint directory (either
             path's) or one version folder; by default the model as it is now.
-        signature_name, as_text: as in mxrec.export.saved_model.export_saved_model.
+        signature_name, as_text, quantize: as in mxrec.export.saved_model.export_saved_model
+            (quantize="int8": each table's rows as uint8 codes with a scale and offset per
+            row, dequantized in the graph).
 
     Returns:
         export_dir.
@@ -210,7 +229,8 @@ def export_model(model, export_dir: str, layers: Sequence, dense: List[Tuple[str
     tables = {layer.table.table_name: layer.table for layer in layers}
     if not tables:
         raise ValueError("mxrec.keras.export_serving: the model has no mxrec.keras Embedding")
-    stand_ins = {name: _StandIn(table) for name, table in tables.items()}
+    quantize = quantizer.check_quantize(quantize, "mxrec.keras.export_serving")
+    stand_ins = {name: _StandIn(table, quantize) for name, table in tables.items()}
     concrete, input_names = _trace(model, layers, stand_ins)
     output_names = _output_names(model, len(tf.nest.flatten(concrete.structured_outputs)))
     build = _builder(concrete, input_names, output_names,
@@ -222,7 +242,8 @@ def export_model(model, export_dir: str, layers: Sequence, dense: List[Tuple[str
             save_model(temporary)
             checkpoint = temporary
         return saved_model.export_saved_model(export_dir, checkpoint, build,
-                                                signature_name=signature_name, as_text=as_text)
+                                                signature_name=signature_name, as_text=as_text,
+                                                quantize=quantize)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)

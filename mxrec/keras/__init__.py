@@ -18,6 +18,7 @@ import tensorflow as tf
 from mxrec import initialize
 from mxrec.distributed import communication
 from mxrec.export import keras_model
+from mxrec.export import quantize as quantizer
 from mxrec.keras import _compat, callbacks, data, metrics, optimizers
 from mxrec.keras._compat import require_eager
 from mxrec.keras.group import EmbeddingGroup
@@ -41,7 +42,8 @@ terminate = initialize.terminate_config_initializer
 
 def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
                    dense_names: Optional[Dict[str, str]] = None,
-                   signature_name: str = "serving_default", as_text: bool = False) -> str:
+                   signature_name: str = "serving_default", as_text: bool = False,
+                   quantize: Optional[str] = None) -> str:
     """Writes a SavedModel (tag "serve") of core ops that predicts as `model(x,
     training=False)`: IDs without a row look up zeros (or the layer's
     serving_default_value), padding keys zeros (mxrec.export.keras_model).
@@ -60,6 +62,9 @@ def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
         dense_names: {Keras name: name in the checkpoint} (mxrec.keras.saving), for a
             checkpoint whose dense names differ from the model's.
         signature_name, as_text: as in mxrec.export.saved_model.export_saved_model.
+        quantize: None (rows served as float32) or "int8": each row as uint8 codes with its
+            own scale and offset, dequantized by core ops in the graph, as the Session
+            path's export_saved_model(quantize="int8") (docs/QUANTIZATION.md).
 
     Returns:
         export_dir.
@@ -74,6 +79,8 @@ def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
         >>> mk.export_serving(model, "/serving/user_model/1")  # predicts as model(x)
     """
     require_eager("mxrec.keras.export_serving")
+    # checked before any rank saves its rows
+    quantize = quantizer.check_quantize(quantize, "mxrec.keras.export_serving")
     dense_names = dict(dense_names or {})
     dense = [(dense_names.get(keras_name(weight), keras_name(weight)),
               _compat.tf_variable(weight))
@@ -85,7 +92,7 @@ def export_serving(model, export_dir: str, checkpoint: Optional[str] = None,
 
     def export(source: Optional[str]) -> str:
         return keras_model.export_model(model, export_dir, embedding_layers(model), dense,
-                                        save_model, source, signature_name, as_text)
+                                        save_model, source, signature_name, as_text, quantize)
 
     rank, size = rank_and_size()
     if size == 1:

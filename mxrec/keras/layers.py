@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.core import embedding, gather, multi_hot, tiers
+from mxrec.core import embedding, gather, multi_hot, storage_dtype, tiers
 from mxrec.core.arguments import table_config, validate_ids
 from mxrec.core.table import SparseEmbedding, default_values
 from mxrec.distributed import communication, id_exchange, replicated, routing, send_back
@@ -72,6 +72,11 @@ class KerasTable(SparseEmbedding):
         self._lookups_eager: List[Tuple[tf.Tensor, Optional[tf.Operation]]] = []
         self._lookups_traced = weakref.WeakKeyDictionary()
         self._swap_protect = 1  # the engine's default: one batch's rows are never victims
+        self.storage_dtype, self.slot_dtype = config.storage_dtype, config.slot_dtype
+        self.rounding, self.rounding_seed = config.rounding, config.rounding_seed
+        # rounding="stochastic": the layer's weight counting the table's updates (the
+        # Session path's `<table>/mxrec_rounding_updates`), read by the optimizers' seeds.
+        self.rounding_updates: Optional[tf.Variable] = None
 
     @property
     def tiered(self) -> bool:
@@ -166,8 +171,16 @@ class Embedding(tf.keras.layers.Layer):
         is_dp: on several ranks, the table replicated on every rank (every rank holds
             every ID's row and plans the global batch) instead of sharded by ID; the same
             as False on one rank.
-        storage_dtype: the dtype the rows rest in; only float32 (half precision is not
-            built for Keras tables yet: refused).
+        storage_dtype: the dtype the rows rest in (the weight, host and SSD tiers,
+            checkpoints): tf.float32 (default), tf.bfloat16 or tf.float16 (or a name:
+            "bfloat16", "bf16", "float16", "fp16", "half"), as create_table's. Lookups
+            return float32, the mxrec.keras optimizers compute in float32 and store the
+            updated rows rounded (mxrec.core.storage_dtype, docs/TIERS.md).
+        slot_dtype: the dtype the optimizers' table slots rest in (default float32).
+        rounding: "nearest" (round-to-nearest-even, default), "stochastic" or
+            ("stochastic", seed): how updated rows and slots are rounded, as create_table's;
+            stochastic rounding counts updates in the layer's weight
+            `mxrec_rounding_updates` (saved with the model), so runs repeat.
         **kwargs: Keras Layer arguments (trainable, dtype must stay float32).
 
     Call:
@@ -189,16 +202,13 @@ class Embedding(tf.keras.layers.Layer):
                  serving_default_value=None, init_param: float = 1.0, is_grad: bool = True,
                  combiner: Optional[str] = None,
                  host_vocabulary_size: int = 0, ssd_vocabulary_size: int = 0,
-                 ssd_data_path=(), is_dp: bool = False, storage_dtype=tf.float32, **kwargs):
-        if storage_dtype not in (tf.float32, "float32"):
-            raise NotImplementedError(
-                f"mxrec.keras.Embedding {name!r}: storage_dtype={storage_dtype!r} is not built "
-                "yet for Keras tables (their rows rest in float32); create_table(storage_dtype="
-                "...) offers half-precision rows in graph mode")
+                 ssd_data_path=(), is_dp: bool = False, storage_dtype=tf.float32,
+                 slot_dtype=None, rounding="nearest", **kwargs):
         _compat.require_eager("mxrec.keras.Embedding")
         if kwargs.get("dtype") not in (None, "float32", tf.float32):
-            raise TypeError(f"mxrec.keras.Embedding {name!r}: the table's rows are float32, "
-                            f"got dtype={kwargs['dtype']!r}")
+            raise TypeError(f"mxrec.keras.Embedding {name!r}: the layer computes in float32 "
+                            f"(its lookups return float32), got dtype={kwargs['dtype']!r}; "
+                            "storage_dtype= sets how the rows rest")
         for label, flag in (("is_grad", is_grad), ("is_dp", is_dp)):
             if not isinstance(flag, bool):
                 raise TypeError(f"mxrec.keras.Embedding {name!r}: {label} must be a bool, got "
@@ -215,7 +225,8 @@ class Embedding(tf.keras.layers.Layer):
             runtime, key_dtype, dim, name, embeddings_initializer, device_vocabulary_size,
             host_vocabulary_size, ssd_vocabulary_size, ssd_data_path, True, is_dp, init_param,
             "sum_gradients_and_div_by_ranksize", False, padding_keys, True, None, tf.float32, 1,
-            True, 0)
+            True, 0, storage=dict(storage_dtype=storage_dtype, slot_dtype=slot_dtype,
+                                  rounding=rounding))
         table_key = runtime.table_key(name)
         if name in runtime.tables and runtime.tables[name].table_key == table_key:
             raise ValueError(f"mxrec.keras.Embedding: a table named {name!r} already exists "
@@ -248,10 +259,17 @@ class Embedding(tf.keras.layers.Layer):
         """The layer's weight (the device rows), its host-state trackable and its policy."""
         self._default = (None if serving_default_value is None
                          else default_values(self.table, serving_default_value))
+        initializer = config.initializer
+        if config.storage_dtype != tf.float32:
+            initializer = _StorageInitializer(initializer, config.storage_dtype)
         self.embeddings = self.add_weight(
             name="embeddings", shape=[config.device_vocabulary_size, config.dim],
-            dtype=tf.float32, initializer=config.initializer, trainable=True)
+            dtype=config.storage_dtype, initializer=initializer, trainable=True)
         self.table.variable = _compat.tf_variable(self.embeddings)
+        if config.rounding == "stochastic":
+            self.table.rounding_updates = _compat.tf_variable(self.add_weight(
+                name="mxrec_rounding_updates", shape=[], dtype=tf.int64,
+                initializer="zeros", trainable=False))
         self.host_state = trackable.HostState(self.table.table_key, self.table.table_name,
                                              config.dim)
         for weight in {id(w): w for w in (self.embeddings, self.table.variable)}.values():
@@ -341,7 +359,7 @@ class Embedding(tf.keras.layers.Layer):
             self._refill(variable, reused)
             self.table.note_lookup(reused)
         with tf.control_dependencies(deps):
-            unique_emb = tf.gather(variable, rows)
+            unique_emb = storage_dtype.upcast_on_tape(tf.gather(variable, rows))
         emb = gather.restore_rows(unique_emb, restore, self._default, device=variable.device)
         if not is_train and self.table.tiered:
             emb = tiers.read_host_rows(self.table, ids, emb)
@@ -373,7 +391,8 @@ class Embedding(tf.keras.layers.Layer):
             required = "eviction (eviction_threshold) re-initialises evicted rows"
         fresh = self._fresh_rows(tf.size(reused), required)
         if fresh is not None:
-            variable.scatter_update(tf.IndexedSlices(fresh, reused))
+            variable.scatter_update(tf.IndexedSlices(storage_dtype.store(fresh, self.table),
+                                                     reused))
 
     def compute_output_shape(self, input_shape):
         shape = tf.TensorShape(input_shape)
@@ -435,7 +454,7 @@ class Embedding(tf.keras.layers.Layer):
         format): the layer's weight as Keras stores it, and the table's host state (the
         fields tf.train.Checkpoint saves, `trackable.HostState.arrays`) beside it."""
         trackable.refuse_on_ranks(self.table.table_name, "model.save_weights")
-        super().save_own_variables(store)
+        super().save_own_variables(trackable.BitsStore(store))  # bfloat16 rows as bits
         for name, value in self.host_state.arrays().items():
             store[name] = value
 
@@ -457,6 +476,19 @@ class Embedding(tf.keras.layers.Layer):
             f"mxrec.keras.Embedding {self.table.table_name!r}: serialising the layer "
             "(get_config, model.save, clone_model) is not available yet: its state is in the "
             "C++ engine")
+
+
+class _StorageInitializer:
+    """The weight's initial values in a half-precision storage dtype: `initializer`'s
+    float32 values rounded to nearest (even), as create_table's StorageInitializer (whose
+    call takes graph-mode arguments Keras initializers do not)."""
+
+    def __init__(self, initializer, dtype: tf.DType):
+        self.initializer, self.dtype = initializer, dtype
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        del dtype, kwargs
+        return tf.cast(self.initializer(shape, dtype=tf.float32), self.dtype)
 
 
 def _keras_random_rows(initializer, count: tf.Tensor, dim: int) -> Optional[tf.Tensor]:

@@ -36,10 +36,11 @@ import numpy as np
 import tensorflow as tf
 
 from mxrec._lib import loader
-from mxrec.core import tiers
+from mxrec.core import storage_dtype, tiers
 from mxrec.distributed import communication
 from mxrec.keras import _compat
-from mxrec.keras.trackable import StoreSubset, TableSlots
+from mxrec.keras.trackable import StoreSubset, TableSlots, from_store, to_store
+from mxrec.optimizers import rounded
 
 _KERAS3 = _compat.keras_major() >= 3
 _SLOT_PREFIX = "mxrec."  # the table slots' names in Keras weights files
@@ -84,7 +85,7 @@ class _TableOptimizer:
         super().save_own_variables(store)
         for table_name, slots in sorted(self._table_slots.items()):
             for slot_name, slot in sorted(slots.items()):
-                store[f"{_SLOT_PREFIX}{table_name}__{slot_name}"] = slot.numpy()
+                store[f"{_SLOT_PREFIX}{table_name}__{slot_name}"] = to_store(slot)
         for name, power in zip(("beta1_power", "beta2_power"),
                                getattr(self, "_table_beta_powers", ())):
             store[f"{_SLOT_PREFIX}{name}"] = power.numpy()
@@ -99,7 +100,7 @@ class _TableOptimizer:
             if not key.startswith(_SLOT_PREFIX):
                 continue
             name = key[len(_SLOT_PREFIX):]
-            value = np.asarray(store[key])
+            value = from_store(store[key])
             if name in powers:
                 powers[name].assign(value)
                 continue
@@ -141,9 +142,14 @@ class _TableOptimizer:
                     fresh = tf.fill(tf.stack([tf.size(reused), table.dim]),
                                     tf.constant(self._table_slot_values[slot_name], slot.dtype))
                     resets.append(slot.scatter_update(tf.IndexedSlices(fresh, reused)))
-            lr = tf.cast(tf.convert_to_tensor(self._table_learning_rate()), variable.dtype)
+            reduced = storage_dtype.is_reduced(table)
+            lr = tf.cast(tf.convert_to_tensor(self._table_learning_rate()),
+                         tf.float32 if reduced else variable.dtype)
             with tf.control_dependencies(resets):
-                self._apply_table(grad.values, grad.indices, variable, slots, lr)
+                if reduced:
+                    self._apply_rounded(grad.values, grad.indices, table, slots, lr)
+                else:
+                    self._apply_table(grad.values, grad.indices, variable, slots, lr)
         if tables:
             self._finish_tables()
 
@@ -167,6 +173,29 @@ class _TableOptimizer:
                 ops += previous
         return [op for op in ops if op is not None]
 
+    def _apply_rounded(self, grad, indices, table, slots, lr) -> None:
+        """A table whose rows or slots rest in half precision (Embedding(storage_dtype=...,
+        slot_dtype=...)): the rule `_table_rule` in float32 on the upcast rows and slots of
+        the summed gradient's rows, the results rounded as they are stored by the Session
+        path's own code (mxrec.optimizers.rounded.write: to nearest even, or stochastically
+        with the seeds of that path's hash optimizer of the same slots)."""
+        grad, indices = _deduplicate(tf.cast(grad, tf.float32), indices)
+        rows = tf.cast(tf.gather(table.variable, indices), tf.float32)  # exact
+        old = {name: tf.cast(tf.gather(slot, indices), tf.float32)
+               for name, slot in slots.items()}
+        new_rows, new_slots = self._table_rule(grad, rows, old, lr)
+        updates = None
+        if table.rounding_updates is not None:
+            updates = table.rounding_updates.assign_add(1)
+        rounded.write(table, table.variable, slots, indices, new_rows, new_slots,
+                      rounded.seeds(table, 1 + len(new_slots), updates))
+
+    def _table_rule(self, grad, rows, slots, lr):
+        """(new rows, {slot: new values}) in float32 from the gradient's rows [U, dim]
+        (distinct rows, float32), their float32 rows and slots: the arithmetic of the
+        Session path's hash optimizer's `_float32_rows`."""
+        raise NotImplementedError
+
     def _tier_component(self, slot_name: str) -> str:
         """The host tier's name of a slot: `<optimizer name>/<slot>`, as the Session path's
         hash optimizers name theirs (and checkpoints the slot's state)."""
@@ -187,10 +216,12 @@ class _TableOptimizer:
             slots = {}
             with tf.init_scope():
                 loaded = self._loaded_table_slots.pop(key, {})
+                # the Session path's slots: slot_dtype where the table is reduced
+                dtype = table.slot_dtype if storage_dtype.is_reduced(table) else table.value_dtype
                 for slot_name, value in self._table_slot_values.items():
-                    initial = tf.fill(table.variable.shape, tf.constant(value, table.value_dtype))
+                    initial = tf.fill(table.variable.shape, tf.constant(value, dtype))
                     if slot_name in loaded:
-                        initial = tf.constant(loaded[slot_name], table.value_dtype)
+                        initial = tf.constant(loaded[slot_name], dtype)
                         if initial.shape != table.variable.shape:
                             raise ValueError(
                                 f"mxrec.keras.optimizers.{type(self).__name__}: slot "
@@ -288,6 +319,10 @@ class SGD(_TableOptimizer, tf.keras.optimizers.SGD):
         tf.raw_ops.ResourceScatterAdd(resource=variable.handle, indices=indices,
                                       updates=-grad * lr)
 
+    def _table_rule(self, grad, rows, slots, lr):
+        del slots  # CustomizedGradientDescent._float32_rows
+        return rows - lr * grad, {}
+
 
 class Adagrad(_TableOptimizer, tf.keras.optimizers.Adagrad):
     """Keras' Adagrad for dense variables; rows of tables: mxrec's adagrad hash optimizer
@@ -312,6 +347,13 @@ class Adagrad(_TableOptimizer, tf.keras.optimizers.Adagrad):
         tf.raw_ops.ResourceSparseApplyAdagrad(
             var=variable.handle, accum=slots["accumulator"].handle, lr=lr, grad=summed,
             indices=unique, use_locking=False, update_slots=True)
+
+    def _table_rule(self, grad, rows, slots, lr):
+        # CustomizedAdagrad._float32_rows (DivNoNan: Grappler would turn x / sqrt(y) into
+        # x * rsqrt(y), which rounds differently)
+        accumulator = slots["accumulator"] + grad * grad
+        return rows - tf.math.divide_no_nan(lr * grad, tf.sqrt(accumulator)), {
+            "accumulator": accumulator}
 
 
 class LazyAdam(_TableOptimizer, tf.keras.optimizers.Adam):
@@ -358,6 +400,16 @@ class LazyAdam(_TableOptimizer, tf.keras.optimizers.Adam):
         m.scatter_update(tf.IndexedSlices(m_rows, indices))
         v.scatter_update(tf.IndexedSlices(v_rows, indices))
         variable.scatter_sub(tf.IndexedSlices(update, indices))
+
+    def _table_rule(self, grad, rows, slots, lr):
+        # CustomizedLazyAdam._float32_rows
+        beta1, beta2, epsilon = (tf.constant(x, tf.float32) for x in self._table_betas)
+        beta1_power, beta2_power = (tf.cast(p, tf.float32) for p in self._table_beta_powers)
+        step_size = lr * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
+        m_rows = beta1 * slots["m"] + (1.0 - beta1) * grad
+        v_rows = beta2 * slots["v"] + (1.0 - beta2) * tf.square(grad)
+        return rows - step_size * m_rows / (tf.sqrt(v_rows) + epsilon), {"m": m_rows,
+                                                                         "v": v_rows}
 
     def _finish_tables(self) -> None:
         # TF1 Adam's _finish: the beta powers advance once per update

@@ -113,6 +113,44 @@ def refuse_on_ranks(table_name: str, what: str) -> None:
             "format and restore on any rank count")
 
 
+_BFLOAT16 = np.dtype(tf.bfloat16.as_numpy_dtype)
+
+
+def to_store(value) -> np.ndarray:
+    """A weight's value as a Keras weights file holds it: a bfloat16 array as its 16 bits
+    (uint16, as mxrec's table files hold it: HDF5 has no bfloat16 type, and h5py could not
+    read back the opaque type it would write)."""
+    value = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    return value.view(np.uint16) if value.dtype == _BFLOAT16 else value
+
+
+def from_store(value) -> np.ndarray:
+    """An array of a Keras weights file as the weight's value (`to_store` undone: no weight
+    of mxrec.keras rests in uint16, so uint16 is bfloat16's bits)."""
+    value = np.asarray(value)  # an h5py dataset read whole
+    return value.view(_BFLOAT16) if value.dtype == np.uint16 else value
+
+
+class BitsStore:
+    """A Keras weights store that the layer's base-class saving writes through: each value
+    as `to_store` gives it."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __setitem__(self, key, value):
+        self._store[key] = to_store(value)
+
+    def __getitem__(self, key):
+        return from_store(self._store[key])
+
+    def keys(self):
+        return list(self._store.keys())
+
+    def __len__(self):
+        return len(self.keys())
+
+
 class StoreSubset:
     """Some keys of a Keras weights store, as a store (`keys()` and `[key]`, arrays read
     whole), for a base class's loading, which expects exactly its own variables' keys (the
@@ -127,7 +165,7 @@ class StoreSubset:
     def __getitem__(self, key):
         if key not in self._keys:
             raise KeyError(key)
-        return np.asarray(self._store[key])  # an h5py dataset read whole
+        return from_store(self._store[key])
 
     def __len__(self):
         return len(self._keys)

@@ -53,20 +53,41 @@ def apply(optimizer, grad: tf.Tensor, handle, indices: tf.Tensor, distinct: bool
         old = {name: storage_dtype.upcast(tf.gather(slot, indices))
                for name, slot in slots.items()}
     new_rows, new_slots = rule(grad, rows, old)
-    seeds = _seeds(table, 1 + len(new_slots))
+    return write(table, handle, slots, indices, new_rows, new_slots,
+                 seeds(table, 1 + len(new_slots), _update_count(table)))
+
+
+def write(table, variable, slots, indices: tf.Tensor, new_rows: tf.Tensor, new_slots,
+          update_seeds) -> tf.Operation:
+    """Writes an update's float32 results rounded to where they rest: `new_rows` [N, dim]
+    into `variable` (the table's storage dtype), each `new_slots[name]` into `slots[name]`
+    (its own dtype), at `indices` [N] (distinct). update_seeds: `seeds(...)` of this update.
+    The Session path's hash optimizers and mxrec.keras' table optimizers both write here."""
     writes = [slots[name].scatter_update(tf.IndexedSlices(
-        storage_dtype.store(value, table, seeds[1 + i], slots[name].dtype.base_dtype), indices))
-        for i, (name, value) in enumerate(sorted(new_slots.items()))]
-    writes.append(handle.scatter_update(
-        tf.IndexedSlices(storage_dtype.store(new_rows, table, seeds[0]), indices)))
+        storage_dtype.store(value, table, update_seeds[1 + i], slots[name].dtype.base_dtype),
+        indices)) for i, (name, value) in enumerate(sorted(new_slots.items()))]
+    writes.append(variable.scatter_update(
+        tf.IndexedSlices(storage_dtype.store(new_rows, table, update_seeds[0]), indices)))
     return tf.group(*writes)
 
 
-def _seeds(table, count: int):
-    """[count] stateless seeds ([2] int64 each) of this update, or Nones (rounding to
-    nearest): (the table's seed * count + component, the table's update count)."""
+def seeds(table, count: int, updates):
+    """[count] stateless seeds ([2] int64 each) of one update, or Nones (rounding to
+    nearest): (the table's seed * count + component, `updates`: the table's update count,
+    an int64 scalar advanced once per update). Component 0 is the rows, 1.. the slots in
+    name order."""
     if table.rounding != "stochastic":
         return [None] * count
+    base = tf.constant(table.rounding_seed * count, tf.int64)
+    return [tf.stack([base + c, updates]) for c in range(count)]
+
+
+def _update_count(table):
+    """The table's update count after this update (a graph's variable
+    `<table>/mxrec_rounding_updates`, advanced once per update), or None (rounding to
+    nearest)."""
+    if table.rounding != "stochastic":
+        return None
     graph = tf.compat.v1.get_default_graph()
     counters = table.__dict__.setdefault("_rounding_counters", weakref.WeakKeyDictionary())
     if graph not in counters:
@@ -75,9 +96,7 @@ def _seeds(table, count: int):
                 "mxrec_rounding_updates", shape=[], dtype=tf.int64,
                 initializer=tf.compat.v1.zeros_initializer(), trainable=False,
                 use_resource=True)
-    updates = counters[graph].assign_add(1)
-    base = tf.constant(table.rounding_seed * count, tf.int64)
-    return [tf.stack([base + c, updates]) for c in range(count)]
+    return counters[graph].assign_add(1)
 
 
 def check_slot_dtype(var, dtype):

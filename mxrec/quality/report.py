@@ -23,6 +23,7 @@ import tensorflow as tf
 from mxrec import initialize
 from mxrec.export import quantize as quantizer
 from mxrec.export import saved_model
+from mxrec.quality import tier_bytes
 from mxrec.streaming import donefile, metrics, models, parsers, partitions
 from mxrec.streaming.trainer import DEFAULT_SIGNATURE, StreamConfig, StreamingTrainer
 
@@ -67,6 +68,9 @@ class Row:
     table_bytes: int  # the tables' serving variables (IDs and rows)
     ids: int
     train_row_bytes: int = 0  # the embedding rows at rest in training (device tier), all IDs
+    # One ID's row and optimizer slots in each training tier, as the engine lays them out
+    # (mxrec.quality.tier_bytes): device variables, host-tier values, SSD record.
+    tiers: tier_bytes.TierBytes = tier_bytes.TierBytes(0, 0, 0)
 
     @property
     def bytes_per_id(self) -> float:
@@ -154,9 +158,11 @@ def _score(export_dir: str, files: Sequence[str], schema, batch_size: int) -> Di
     return metrics.evaluate(np.concatenate(labels), np.concatenate(logits))
 
 
-def _sizes(export_dir: str, form: str):
+def _sizes(export_dir: str, form: str, checkpoint_dir: str):
     """(bytes of every file of the export, bytes of its tables' serving variables, IDs,
-    bytes of the IDs' embedding rows at rest in training in `form`)."""
+    bytes of the IDs' embedding rows at rest in training in `form`, an ID's bytes in each
+    training tier (tier_bytes.per_id: rows in `form`, float32 slots as the streaming
+    trainer keeps them, its slots per table from the checkpoint's manifest))."""
     total = sum(os.path.getsize(os.path.join(folder, name))
                 for folder, _, names in os.walk(export_dir) for name in names)
     tables = saved_model.exported_tables(export_dir)
@@ -167,7 +173,9 @@ def _sizes(export_dir: str, form: str):
                for t in tables.values())
     dims = [(len(t["ids"]), _dim(t)) for t in tables.values()]
     train_rows = sum(k * d * _TRAIN_VALUE_BYTES[form] for k, d in dims)
-    return total, rows, ids, train_rows
+    per_tier = tier_bytes.per_id([(name, len(t["ids"]), _dim(t)) for name, t in tables.items()],
+                                 form, "float32", tier_bytes.slot_counts(checkpoint_dir))
+    return total, rows, ids, train_rows, per_tier
 
 
 def _dim(arrays) -> int:
@@ -205,23 +213,27 @@ def compare(config: StreamConfig, model: models.ModelConfig, forms: Sequence[str
         try:
             export_dir = _export(trainer, os.path.join(scratch, form), FORMS[form])
             scored = _score(export_dir, files, config.schema, config.batch_size)
-            total, table_bytes, ids, train_rows = _sizes(
-                export_dir, form if form in STORAGE_FORMS.values() else model.storage_dtype)
+            total, table_bytes, ids, train_rows, per_tier = _sizes(
+                export_dir, form if form in STORAGE_FORMS.values() else model.storage_dtype,
+                trainer.config.checkpoint_dir)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         out.append(Row(form, scored["auc"], scored["logloss"], scored["rows"], total,
-                       table_bytes, ids, train_rows))
+                       table_bytes, ids, train_rows, per_tier))
     return out
 
 
 def table(rows: Sequence[Row]) -> str:
     """A Markdown table of the rows, each against the first (the baseline)."""
     base = rows[0]
-    lines = ["| form | AUC | ΔAUC | log loss | serving model bytes | table bytes per ID | "
-             "x bytes | training row bytes per ID |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| form | AUC | ΔAUC | log loss | serving model bytes | serving table bytes per "
+             "ID | x bytes | training row bytes per ID | device bytes per ID (row + slots) | "
+             "host tier bytes per ID | SSD record bytes per ID |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row.form} | {row.auc:.5f} | {row.auc - base.auc:+.5f} | "
                      f"{row.logloss:.5f} | {row.model_bytes:,} | {row.bytes_per_id:.1f} | "
                      f"{row.table_bytes / max(base.table_bytes, 1):.3f} | "
-                     f"{row.train_bytes_per_id:.1f} |")
+                     f"{row.train_bytes_per_id:.1f} | {row.tiers.device:.1f} | "
+                     f"{row.tiers.host:.1f} | {row.tiers.ssd:.1f} |")
     return "\n".join(lines)
