@@ -12,8 +12,9 @@ mk.callbacks.Checkpoint, mxrec's full/delta format, in settings["ckpt_dir"]), to
 the callback restoring settings["ckpt_dir"] first), warm (mk.warm_start from it); each trains
 from the start under its own init(). DATA.npz holds the batches, the initial values and the
 settings. fit_planned and function_planned: fit and function over the dataset of
-mk.data.plan_ahead (prefetch settings["prefetch"], 2 by default); ckpt_mid_planned: Model.fit
-over all steps with plan_ahead and mk.callbacks.Checkpoint(full_every=half) in
+mk.data.plan_ahead (prefetch settings["prefetch"], 2 by default); function_planned_retrace:
+the same step without an input_signature (traced anew for each new shape); ckpt_mid_planned:
+Model.fit over all steps with plan_ahead and mk.callbacks.Checkpoint(full_every=half) in
 settings["ckpt_dir"], then a new init() and model restored from the version at the half
 (saved while later batches were planned), Model.fit on the rest without plan_ahead.
 OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
@@ -111,7 +112,7 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
     every = settings.get("evict_every")
     steps = len(data["ids"])
-    if mode.endswith("_planned"):
+    if mode.endswith(("_planned", "_planned_retrace")):
         return train_planned(mode, data, settings, model, layer, opt, loss_fn)
     if mode == "fit":
         metrics = []
@@ -159,14 +160,17 @@ def train_planned(mode, data, settings, model, layer, opt, loss_fn, callbacks=()
     dataset = mk.data.plan_ahead(tf.data.Dataset.from_tensor_slices(
         ((data["ids"], data["dense"], data["ts"]), data["y"])), model,
         prefetch=settings.get("prefetch", 2))
-    if mode != "function_planned":
+    if not mode.startswith("function_planned"):
         model.compile(optimizer=opt, loss=loss_fn)
         callbacks = [*callbacks, *([mk.callbacks.Evict(every_steps=every)] if every else [])]
         model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
         return {}
 
-    # One trace for every batch (the plans' shapes vary from batch to batch).
-    @tf.function(input_signature=[dataset.element_spec])
+    # One trace for every batch (the plans' shapes vary from batch to batch), or, for
+    # function_planned_retrace, a trace per new shape: on several ranks at different steps.
+    signature = None if mode.endswith("_retrace") else [dataset.element_spec]
+
+    @tf.function(input_signature=signature)
     def step(element):
         with mk.data.use_plans(model, element) as (x, y):
             with tf.GradientTape() as tape:
@@ -175,11 +179,15 @@ def train_planned(mode, data, settings, model, layer, opt, loss_fn, callbacks=()
             opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    traced_at = []  # the steps that traced the step anew
     for i, element in enumerate(dataset):  # eviction while later batches are planned
+        traces = step.experimental_get_tracing_count()
         step(element)
+        if step.experimental_get_tracing_count() > traces:
+            traced_at.append(i)
         if every and (i + 1) % every == 0:
             layer.evict()
-    return {}
+    return {"traced_at": np.array(traced_at, np.int64)}
 
 
 def ranks_extras(settings, data, model, out_path):

@@ -277,3 +277,19 @@ def test_plan_ahead_on_two_ranks_equals_one_process(tmp_path, case):
             np.testing.assert_array_equal(ids[order], one["item_ids"][ref_order], err_msg=mode)
             np.testing.assert_allclose(values[order], one["item_values"][ref_order],
                                        atol=ATOL, err_msg=mode)
+
+
+def test_a_step_traced_anew_at_different_steps_on_each_rank_equals_one_process(
+        tmp_path, monkeypatch):
+    """A tf.function step without an input_signature, fed mk.data.plan_ahead's plans, is
+    traced anew for every new plan shape, which comes at different steps on the two ranks
+    (checked): every trace of the step numbers its exchanges alike, so the ranks still meet
+    in the same exchange (numbered by trace order, they waited in different ones until the
+    collective timeout, shortened here) and train what one process trains."""
+    monkeypatch.setenv("MXREC_COLLECTIVE_TIMEOUT", "60")
+    settings = dict(BASE, optimizer="adagrad", lr=0.05, access_threshold=2, steps=10)
+    (reference,) = _train(tmp_path / "one", settings, ("fit",), 1).values()
+    (parts,) = _train(tmp_path / "ranks", settings, ("function_planned_retrace",), 2).values()
+    traced_at = [part["traced_at"].tolist() for part in parts]
+    assert traced_at[0] != traced_at[1] and min(map(len, traced_at)) > 1, traced_at
+    _check_equal(reference, parts, settings)
