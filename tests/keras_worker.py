@@ -191,21 +191,39 @@ def train_planned(mode, data, settings, model, layer, opt, loss_fn, callbacks=()
 
 
 def ranks_extras(settings, data, model, out_path):
-    """On several ranks after training: the refused checkpoint formats (their errors),
-    model.evaluate's loss, and mk.export_serving (rank 0's SavedModel against
-    model(x, training=False) on rank 0's slice of the last batch)."""
+    """On several ranks after training: the refused checkpoint formats (their errors; in
+    one process they save into settings["saved_dir"], which the ranks then fail to restore,
+    weights unchanged), model.evaluate's loss, and mk.export_serving (rank 0's SavedModel
+    against model(x, training=False) on rank 0's slice of the last batch)."""
     import tempfile  # noqa: PLC0415
 
+    saved = settings["saved_dir"]
+    alone = mk.rank_and_size()[1] == 1
     refused = []
-    for what, save in (("tf.train.Checkpoint",
-                        lambda: tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/c")),
-                       ("save_weights",
-                        lambda: model.save_weights(tempfile.mkdtemp() + "/m.weights.h5"))):
+    opt = model.optimizer
+
+    def state():  # the weights, the optimizer's variables and its table slots
+        slots = [opt.table_slot(layer, slot) for layer in mk.embedding_layers(model)
+                 for slot in SLOTS[settings["optimizer"]]]
+        return [np.array(v.numpy()) for v in [*model.weights, *opt.variables, *slots]]
+
+    before = state()
+    for what, call in (
+            ("tf.train.Checkpoint",
+             lambda: tf.train.Checkpoint(model=model).save(
+                 f"{saved}/c" if alone else tempfile.mkdtemp() + "/c")),
+            ("save_weights", lambda: model.save_weights(
+                f"{saved}/m.weights.h5" if alone else tempfile.mkdtemp() + "/m.weights.h5")),
+            *(() if alone else (
+                ("tf.train.Checkpoint restore",
+                 lambda: tf.train.Checkpoint(model=model).restore(f"{saved}/c-1")),
+                ("load_weights", lambda: model.load_weights(f"{saved}/m.weights.h5"))))):
         try:
-            save()
+            call()
             refused.append(f"{what}: saved")
         except NotImplementedError as error:
             refused.append(f"{what}: {error}")
+    unchanged = all(np.array_equal(a, b) for a, b in zip(state(), before))
     inputs = (data["ids"][-1], data["dense"][-1], data["ts"][-1])
     evaluated = model.evaluate(
         tf.data.Dataset.from_tensor_slices((inputs, data["y"][-1])).batch(len(data["y"][-1])),
@@ -213,8 +231,8 @@ def ranks_extras(settings, data, model, out_path):
     export_dir = settings["export_dir"]
     mk.export_serving(model, export_dir)
     expected = model(list(inputs), training=False).numpy()
-    extras = dict(refused=np.array(refused), evaluated=np.atleast_1d(evaluated),
-                  expected=expected)
+    extras = dict(refused=np.array(refused), unchanged=np.array(unchanged),
+                  evaluated=np.atleast_1d(evaluated), expected=expected)
     if mk.rank_and_size()[0] == 0:
         served = tf.saved_model.load(export_dir).signatures["serving_default"]
         got = served(ids=tf.constant(inputs[0]), dense=tf.constant(inputs[1]),

@@ -185,8 +185,11 @@ def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
     after it model.evaluate's loss is the mean of the ranks' (equal slices), model(x,
     training=False) gives one process's predictions, mk.export_serving writes from rank 0 a
     SavedModel predicting the same, and tf.train.Checkpoint and save_weights are refused
-    naming the way that works."""
-    settings = dict(BASE, optimizer="lazy_adam", lr=0.02, global_metrics=True)
+    naming the way that works, as are their restores (of one process's files), which leave
+    every weight as it was."""
+    settings = dict(BASE, optimizer="lazy_adam", lr=0.02, global_metrics=True,
+                    saved_dir=str(tmp_path / "saved"))
+    (tmp_path / "saved").mkdir()
     (one,) = _train(tmp_path / "one", dict(settings, export_dir=str(tmp_path / "export1")),
                     ("ranks_extras",), 1)["ranks_extras"]
     parts = _train(tmp_path / "two", dict(settings, export_dir=str(tmp_path / "export2")),
@@ -194,9 +197,10 @@ def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
     _check_equal([one], parts, settings)
     assert all(line.endswith(": saved") for line in one["refused"])
     for part in parts:
-        assert len(part["refused"]) == 2
+        assert len(part["refused"]) == 4
         for line in part["refused"]:
             assert "several ranks" in line and "mk.callbacks.Checkpoint" in line, line
+        assert part["unchanged"]
     # evaluate: [loss, auc, acc], the loss each rank's slice's, the Global metrics global.
     np.testing.assert_allclose(np.mean([p["evaluated"][0] for p in parts]),
                                one["evaluated"][0], atol=ATOL)
