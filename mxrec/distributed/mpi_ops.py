@@ -43,6 +43,7 @@ _PER_FUNCTION = 1 << 16
 _FUNCTION_SLOTS = 256
 _CHANNELS = weakref.WeakKeyDictionary()  # graph -> next channel
 _EAGER_CHANNELS = itertools.count(1)
+_SLOTS = {}  # function name (its stem) -> its slot
 _REDUCTIONS = ("sum", "max", "min", "mean")
 
 
@@ -120,11 +121,27 @@ def _is_function(graph) -> bool:
 
 def _function_slot(name: str) -> int:
     """The slot of a function's channels, from its name with TF's unique suffixes
-    (`__backward_step_123`) dropped: the same on every rank and at every trace. Two
-    functions of one name (or of one slot) share channels, which is sound while they do not
-    run at the same time (Keras' train, test and predict functions run one at a time)."""
+    (`__backward_step_123`) dropped: the same on every rank and at every trace. Drawn from
+    a hash of the name; a name whose slot another name holds takes the next free one, in
+    the order the names are first traced (the same on every rank that runs the same
+    script). Two functions of one name share channels, which is sound while they do not run
+    at the same time (Keras' train, test and predict functions run one at a time).
+
+    Raises:
+        ValueError: more than 256 function names build exchanges in one process.
+    """
     stem = re.sub(r"(_\d+)+$", "", name)
-    return zlib.crc32(stem.encode()) % _FUNCTION_SLOTS
+    if stem not in _SLOTS:
+        if len(_SLOTS) >= _FUNCTION_SLOTS:
+            raise ValueError(
+                f"tf.function {name!r}: more than {_FUNCTION_SLOTS} functions of different "
+                "names build exchanges between ranks in this process (mxrec's MPI channels)")
+        taken = set(_SLOTS.values())
+        slot = zlib.crc32(stem.encode()) % _FUNCTION_SLOTS
+        while slot in taken:
+            slot = (slot + 1) % _FUNCTION_SLOTS
+        _SLOTS[stem] = slot
+    return _SLOTS[stem]
 
 
 def _timeout(timeout_seconds: Optional[float]) -> float:

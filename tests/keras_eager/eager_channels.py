@@ -36,7 +36,7 @@ def test_every_trace_of_a_function_numbers_its_exchanges_alike():
     first, second = seen[0] + seen[1], seen[3] + seen[4]
     assert first == second and len(set(first)) == 4, seen
     assert first == sorted(first), first  # in trace order
-    # Another name: another slot (these two names' slots differ), no channel shared.
+    # Another name: another slot, no channel shared.
     assert not set(seen[2]) & set(first), seen
     eager = mpi_ops.next_channel()
     assert 1 <= eager < min(first + seen[2]), eager  # eager ops: below every function's
@@ -63,3 +63,13 @@ def test_a_trace_with_too_many_exchanges_is_refused_naming_the_function():
 
     with pytest.raises(ValueError, match="tf.function 'huge'.*more than 65535 exchanges"):
         huge.get_concrete_function()
+
+
+def test_names_whose_hashes_meet_get_slots_of_their_own():
+    # crc32 % 256 of these two names is the same: the second one first seen takes the next
+    # free slot; a name's slot stays what it was, and TF's unique suffixes do not count.
+    first = mpi_ops._function_slot("probe_a")
+    second = mpi_ops._function_slot("probe_hn")
+    assert second != first
+    assert mpi_ops._function_slot("probe_a") == first
+    assert mpi_ops._function_slot("probe_hn_17_2") == second
