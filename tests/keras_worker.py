@@ -12,8 +12,9 @@ mk.callbacks.Checkpoint, mxrec's full/delta format, in settings["ckpt_dir"]), to
 the callback restoring settings["ckpt_dir"] first), warm (mk.warm_start from it); each trains
 from the start under its own init(). DATA.npz holds the batches, the initial values and the
 settings. fit_planned and function_planned: fit and function over the dataset of
-mk.data.plan_ahead (prefetch settings["prefetch"], 2 by default); ckpt_mid_planned: Model.fit
-over all steps with plan_ahead and mk.callbacks.Checkpoint(full_every=half) in
+mk.data.plan_ahead (prefetch settings["prefetch"], 2 by default); function_planned_retrace:
+the same step without an input_signature (traced anew for each new shape); ckpt_mid_planned:
+Model.fit over all steps with plan_ahead and mk.callbacks.Checkpoint(full_every=half) in
 settings["ckpt_dir"], then a new init() and model restored from the version at the half
 (saved while later batches were planned), Model.fit on the rest without plan_ahead.
 OUT_PREFIX<MODE>.npz gets the table's rows and slots by ID, the dense weights and the host
@@ -113,7 +114,7 @@ def train(mode, data, settings, model, layer, opt, checkpoint=False):
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
     every = settings.get("evict_every")
     steps = len(data["ids"])
-    if mode.endswith("_planned"):
+    if mode.endswith(("_planned", "_planned_retrace")):
         return train_planned(mode, data, settings, model, layer, opt, loss_fn)
     if mode == "fit":
         metrics = []
@@ -161,14 +162,17 @@ def train_planned(mode, data, settings, model, layer, opt, loss_fn, callbacks=()
     dataset = mk.data.plan_ahead(tf.data.Dataset.from_tensor_slices(
         ((data["ids"], data["dense"], data["ts"]), data["y"])), model,
         prefetch=settings.get("prefetch", 2))
-    if mode != "function_planned":
+    if not mode.startswith("function_planned"):
         model.compile(optimizer=opt, loss=loss_fn)
         callbacks = [*callbacks, *([mk.callbacks.Evict(every_steps=every)] if every else [])]
         model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
         return {}
 
-    # One trace for every batch (the plans' shapes vary from batch to batch).
-    @tf.function(input_signature=[dataset.element_spec])
+    # One trace for every batch (the plans' shapes vary from batch to batch), or, for
+    # function_planned_retrace, a trace per new shape: on several ranks at different steps.
+    signature = None if mode.endswith("_retrace") else [dataset.element_spec]
+
+    @tf.function(input_signature=signature)
     def step(element):
         with mk.data.use_plans(model, element) as (x, y):
             with tf.GradientTape() as tape:
@@ -177,29 +181,51 @@ def train_planned(mode, data, settings, model, layer, opt, loss_fn, callbacks=()
             opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    traced_at = []  # the steps that traced the step anew
     for i, element in enumerate(dataset):  # eviction while later batches are planned
+        traces = step.experimental_get_tracing_count()
         step(element)
+        if step.experimental_get_tracing_count() > traces:
+            traced_at.append(i)
         if every and (i + 1) % every == 0:
             layer.evict()
-    return {}
+    return {"traced_at": np.array(traced_at, np.int64)}
 
 
 def ranks_extras(settings, data, model, out_path):
-    """On several ranks after training: the refused checkpoint formats (their errors),
-    model.evaluate's loss, and mk.export_serving (rank 0's SavedModel against
-    model(x, training=False) on rank 0's slice of the last batch)."""
+    """On several ranks after training: the refused checkpoint formats (their errors; in
+    one process they save into settings["saved_dir"], which the ranks then fail to restore,
+    weights unchanged), model.evaluate's loss, and mk.export_serving (rank 0's SavedModel
+    against model(x, training=False) on rank 0's slice of the last batch)."""
     import tempfile  # noqa: PLC0415
 
+    saved = settings["saved_dir"]
+    alone = mk.rank_and_size()[1] == 1
     refused = []
-    for what, save in (("tf.train.Checkpoint",
-                        lambda: tf.train.Checkpoint(model=model).save(tempfile.mkdtemp() + "/c")),
-                       ("save_weights",
-                        lambda: model.save_weights(tempfile.mkdtemp() + "/m.weights.h5"))):
+    opt = model.optimizer
+
+    def state():  # the weights, the optimizer's variables and its table slots
+        slots = [opt.table_slot(layer, slot) for layer in mk.embedding_layers(model)
+                 for slot in SLOTS[settings["optimizer"]]]
+        return [np.array(v.numpy()) for v in [*model.weights, *opt.variables, *slots]]
+
+    before = state()
+    for what, call in (
+            ("tf.train.Checkpoint",
+             lambda: tf.train.Checkpoint(model=model).save(
+                 f"{saved}/c" if alone else tempfile.mkdtemp() + "/c")),
+            ("save_weights", lambda: model.save_weights(
+                f"{saved}/m.weights.h5" if alone else tempfile.mkdtemp() + "/m.weights.h5")),
+            *(() if alone else (
+                ("tf.train.Checkpoint restore",
+                 lambda: tf.train.Checkpoint(model=model).restore(f"{saved}/c-1")),
+                ("load_weights", lambda: model.load_weights(f"{saved}/m.weights.h5"))))):
         try:
-            save()
+            call()
             refused.append(f"{what}: saved")
         except NotImplementedError as error:
             refused.append(f"{what}: {error}")
+    unchanged = all(np.array_equal(a, b) for a, b in zip(state(), before))
     inputs = (data["ids"][-1], data["dense"][-1], data["ts"][-1])
     evaluated = model.evaluate(
         tf.data.Dataset.from_tensor_slices((inputs, data["y"][-1])).batch(len(data["y"][-1])),
@@ -207,8 +233,8 @@ def ranks_extras(settings, data, model, out_path):
     export_dir = settings["export_dir"]
     mk.export_serving(model, export_dir)
     expected = model(list(inputs), training=False).numpy()
-    extras = dict(refused=np.array(refused), evaluated=np.atleast_1d(evaluated),
-                  expected=expected)
+    extras = dict(refused=np.array(refused), unchanged=np.array(unchanged),
+                  evaluated=np.atleast_1d(evaluated), expected=expected)
     if mk.rank_and_size()[0] == 0:
         served = tf.saved_model.load(export_dir).signatures["serving_default"]
         got = served(ids=tf.constant(inputs[0]), dense=tf.constant(inputs[1]),

@@ -190,8 +190,11 @@ def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
     after it model.evaluate's loss is the mean of the ranks' (equal slices), model(x,
     training=False) gives one process's predictions, mk.export_serving writes from rank 0 a
     SavedModel predicting the same, and tf.train.Checkpoint and save_weights are refused
-    naming the way that works."""
-    settings = dict(BASE, optimizer="lazy_adam", lr=0.02, global_metrics=True)
+    naming the way that works, as are their restores (of one process's files), which leave
+    every weight as it was."""
+    settings = dict(BASE, optimizer="lazy_adam", lr=0.02, global_metrics=True,
+                    saved_dir=str(tmp_path / "saved"))
+    (tmp_path / "saved").mkdir()
     (one,) = _train(tmp_path / "one", dict(settings, export_dir=str(tmp_path / "export1")),
                     ("ranks_extras",), 1)["ranks_extras"]
     parts = _train(tmp_path / "two", dict(settings, export_dir=str(tmp_path / "export2")),
@@ -199,9 +202,10 @@ def test_export_evaluate_and_refusals_on_two_ranks(tmp_path):
     _check_equal([one], parts, settings)
     assert all(line.endswith(": saved") for line in one["refused"])
     for part in parts:
-        assert len(part["refused"]) == 2
+        assert len(part["refused"]) == 4
         for line in part["refused"]:
             assert "several ranks" in line and "mk.callbacks.Checkpoint" in line, line
+        assert part["unchanged"]
     # evaluate: [loss, auc, acc], the loss each rank's slice's, the Global metrics global.
     np.testing.assert_allclose(np.mean([p["evaluated"][0] for p in parts]),
                                one["evaluated"][0], atol=ATOL)
@@ -282,3 +286,19 @@ def test_plan_ahead_on_two_ranks_equals_one_process(tmp_path, case):
             np.testing.assert_array_equal(ids[order], one["item_ids"][ref_order], err_msg=mode)
             np.testing.assert_allclose(values[order], one["item_values"][ref_order],
                                        atol=ATOL, err_msg=mode)
+
+
+def test_a_step_traced_anew_at_different_steps_on_each_rank_equals_one_process(
+        tmp_path, monkeypatch):
+    """A tf.function step without an input_signature, fed mk.data.plan_ahead's plans, is
+    traced anew for every new plan shape, which comes at different steps on the two ranks
+    (checked): every trace of the step numbers its exchanges alike, so the ranks still meet
+    in the same exchange (numbered by trace order, they waited in different ones until the
+    collective timeout, shortened here) and train what one process trains."""
+    monkeypatch.setenv("MXREC_COLLECTIVE_TIMEOUT", "60")
+    settings = dict(BASE, optimizer="adagrad", lr=0.05, access_threshold=2, steps=10)
+    (reference,) = _train(tmp_path / "one", settings, ("fit",), 1).values()
+    (parts,) = _train(tmp_path / "ranks", settings, ("function_planned_retrace",), 2).values()
+    traced_at = [part["traced_at"].tolist() for part in parts]
+    assert traced_at[0] != traced_at[1] and min(map(len, traced_at)) > 1, traced_at
+    _check_equal(reference, parts, settings)

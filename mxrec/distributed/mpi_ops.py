@@ -8,6 +8,13 @@ tag of its messages, assigned in graph-construction order: ranks that build the 
 graph in the same order (the same script does) give each exchange the same channel, and
 exchanges of different channels never mix, even when a step runs them at once.
 
+In TF2 (eager outside functions) a `tf.function` is traced when a rank first sees a new
+input signature, which is not the same step on every rank when shapes differ between the
+ranks (a step fed `mk.data.plan_ahead`'s plans without an `input_signature`). So there a
+trace numbers its exchanges on its own, from a base drawn from the function's name: every
+trace of one function gives its n-th exchange the same channel, whenever and however
+often each rank traces it, and the ranks meet in the same exchange.
+
 Example:
     >>> received, recv_counts = alltoallv(ids, send_counts)   # ids [n], send_counts [N]
     >>> total = allreduce(dense_grad, "sum")                   # the same bits on every rank
@@ -16,7 +23,9 @@ Example:
 import ctypes
 import functools
 import itertools
+import re
 import weakref
+import zlib
 from typing import Optional, Tuple
 
 import tensorflow as tf
@@ -24,9 +33,17 @@ import tensorflow as tf
 from mxrec._lib import loader
 from mxrec.util import env
 
-# MPI guarantees tags up to 32767; Open MPI's upper bound is 2^31 - 1.
+# MPI guarantees tags up to 32767; Open MPI's and MPICH's upper bound is 2^31 - 1 (an MPI
+# with a lower one fails the first exchange above it, naming the channel and the bound).
+# Session graphs and eager ops take channels in [1, _FUNCTION_BASE); a TF2 function's
+# trace takes _FUNCTION_BASE + slot * _PER_FUNCTION + [1, _PER_FUNCTION), its slot drawn
+# from its name.
+_FUNCTION_BASE = 1 << 20
+_PER_FUNCTION = 1 << 16
+_FUNCTION_SLOTS = 256
 _CHANNELS = weakref.WeakKeyDictionary()  # graph -> next channel
 _EAGER_CHANNELS = itertools.count(1)
+_SLOTS = {}  # function name (its stem) -> its slot
 _REDUCTIONS = ("sum", "max", "min", "mean")
 
 
@@ -64,15 +81,67 @@ def rank_and_size(timeout_seconds: Optional[float] = None) -> Tuple[int, int]:
 
 
 def next_channel() -> int:
-    """A new channel of the current graph (the same sequence on every rank)."""
+    """A new channel of the current graph (the same sequence on every rank).
+
+    Raises:
+        ValueError: one trace of a TF2 function builds more than 65535 exchanges.
+    """
     if tf.executing_eagerly():
-        return next(_EAGER_CHANNELS)
-    graph = tf.compat.v1.get_default_graph()
-    while getattr(graph, "outer_graph", None) is not None:  # cond/while branches
-        graph = graph.outer_graph
+        # Eager ops run one at a time, so a channel can come round again.
+        return next(_EAGER_CHANNELS) % (_FUNCTION_BASE - 1) + 1
+    graph = _numbering_graph(tf.compat.v1.get_default_graph(),
+                             tf.compat.v1.executing_eagerly_outside_functions())
     channel = _CHANNELS.get(graph, 1)
     _CHANNELS[graph] = channel + 1
-    return channel
+    if not _is_function(graph):
+        return channel
+    if channel >= _PER_FUNCTION:
+        raise ValueError(
+            f"tf.function {graph.name!r}: one trace builds more than {_PER_FUNCTION - 1} "
+            "exchanges between ranks (mxrec's MPI channels per function); trace fewer steps "
+            "or lookups into one function")
+    return _FUNCTION_BASE + _function_slot(graph.name) * _PER_FUNCTION + channel
+
+
+def _numbering_graph(graph, tf2: bool):
+    """The graph whose counter numbers an exchange built in `graph`: in a Session graph
+    the outermost graph (cond/while branches and functions share it); in TF2 the
+    outermost function being traced, so that its numbering depends on its trace alone."""
+    while getattr(graph, "outer_graph", None) is not None:
+        outer = graph.outer_graph
+        if tf2 and not getattr(outer, "building_function", False):
+            return graph  # the function traced from eager code
+        graph = outer
+    return graph
+
+
+def _is_function(graph) -> bool:
+    return getattr(graph, "outer_graph", None) is not None
+
+
+def _function_slot(name: str) -> int:
+    """The slot of a function's channels, from its name with TF's unique suffixes
+    (`__backward_step_123`) dropped: the same on every rank and at every trace. Drawn from
+    a hash of the name; a name whose slot another name holds takes the next free one, in
+    the order the names are first traced (the same on every rank that runs the same
+    script). Two functions of one name share channels, which is sound while they do not run
+    at the same time (Keras' train, test and predict functions run one at a time).
+
+    Raises:
+        ValueError: more than 256 function names build exchanges in one process.
+    """
+    stem = re.sub(r"(_\d+)+$", "", name)
+    if stem not in _SLOTS:
+        if len(_SLOTS) >= _FUNCTION_SLOTS:
+            raise ValueError(
+                f"tf.function {name!r}: more than {_FUNCTION_SLOTS} functions of different "
+                "names build exchanges between ranks in this process (mxrec's MPI channels)")
+        taken = set(_SLOTS.values())
+        slot = zlib.crc32(stem.encode()) % _FUNCTION_SLOTS
+        while slot in taken:
+            slot = (slot + 1) % _FUNCTION_SLOTS
+        _SLOTS[stem] = slot
+    return _SLOTS[stem]
 
 
 def _timeout(timeout_seconds: Optional[float]) -> float:

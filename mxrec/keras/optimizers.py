@@ -39,7 +39,7 @@ from mxrec._lib import loader
 from mxrec.core import storage_dtype, tiers
 from mxrec.distributed import communication
 from mxrec.keras import _compat
-from mxrec.keras.trackable import StoreSubset, TableSlots, from_store, to_store
+from mxrec.keras.trackable import StoreSubset, TableSlots, from_store, refuse_on_ranks, to_store
 from mxrec.optimizers import rounded
 
 _KERAS3 = _compat.keras_major() >= 3
@@ -81,7 +81,17 @@ class _TableOptimizer:
     # Keras' weights files (`model.save_weights("x.weights.h5")` saves a compiled model's
     # optimizer too): Keras' own variables under "0", "1", ..., the table slots and table
     # beta powers under "mxrec.<table>__<slot>" and "mxrec.<name>".
+    def _refuse_on_ranks(self, what: str, keys) -> None:
+        """On several ranks, refuses a weights file holding table slots (its own or, loading,
+        the file's): Keras may visit the optimizer before the tables' layers refuse."""
+        tables = sorted(set(self._table_slots) | {
+            key[len(_SLOT_PREFIX):].rpartition("__")[0] for key in keys
+            if key.startswith(_SLOT_PREFIX) and "__" in key})
+        if tables:
+            refuse_on_ranks(tables[0], what)
+
     def save_own_variables(self, store):
+        self._refuse_on_ranks("model.save_weights", ())
         super().save_own_variables(store)
         for table_name, slots in sorted(self._table_slots.items()):
             for slot_name, slot in sorted(slots.items()):
@@ -92,6 +102,7 @@ class _TableOptimizer:
 
     def load_own_variables(self, store):
         keys = list(store.keys())
+        self._refuse_on_ranks("model.load_weights", keys)  # before any state changes
         super().load_own_variables(StoreSubset(store, [k for k in keys
                                                        if not k.startswith(_SLOT_PREFIX)]))
         powers = dict(zip(("beta1_power", "beta2_power"),
