@@ -52,9 +52,11 @@ from bench import report  # noqa: E402
 from bench.bench_streaming import MODEL, _hourly_stream, _streaming, machine  # noqa: E402
 from mxrec.serving import grpc_server  # noqa: E402
 from mxrec.serving.grpc_client import PredictClient  # noqa: E402
+from mxrec.serving.session_threads import SessionThreads  # noqa: E402
 from mxrec.streaming import models, parsers  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_THREADS = SessionThreads()  # TensorFlow's defaults
 
 
 def _export(root: str, rows: int) -> str:
@@ -115,10 +117,11 @@ def _summary(runs: list) -> dict:
             "rps": len(every) / sum(seconds for _, seconds in runs), "count": int(len(every))}
 
 
-def _floor(export_dir: str):
-    """A call(index, feeds) running the SavedModel's signature in this process."""
+def _floor(export_dir: str, threads: SessionThreads = DEFAULT_THREADS):
+    """A call(index, feeds) running the SavedModel's signature in this process, its session
+    with the predictor's thread settings."""
     graph = tf.Graph()
-    sess = tf.compat.v1.Session(graph=graph)
+    sess = tf.compat.v1.Session(graph=graph, config=threads.config())
     with graph.as_default():
         meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export_dir)
     sig = meta.signature_def["serving_default"]
@@ -127,13 +130,15 @@ def _floor(export_dir: str):
     return lambda feeds: sess.run(outputs, {names[k]: v for k, v in feeds.items()}), sess
 
 
-def _start_server(base: str):
+def _start_server(base: str, threads: SessionThreads = DEFAULT_THREADS):
     """python -m mxrec.serving in a process of its own; (process, REST port, gRPC port)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p), TF_CPP_MIN_LOG_LEVEL="3")
     process = subprocess.Popen(
         [sys.executable, "-m", "mxrec.serving", "--export-base", base, "--model-name", "ctr",
-         "--port", "0", "--grpc-port", "0", "--poll-interval", "60"],
+         "--port", "0", "--grpc-port", "0", "--poll-interval", "60",
+         "--tensorflow_intra_op_parallelism", str(threads.intra_op),
+         "--tensorflow_inter_op_parallelism", str(threads.inter_op)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     lines = [process.stdout.readline() for _ in range(2)]
     if not all("serving ctr version 1" in line for line in lines):
@@ -266,10 +271,10 @@ def run(args, out: report.Report) -> None:
     with tempfile.TemporaryDirectory() as root:
         base = _export(root, args.rows)
         queries = _queries(root, max(args.batches))
-        floor, floor_session = _floor(os.path.join(base, "1"))
+        floor, floor_session = _floor(os.path.join(base, "1"), args.tensorflow_threads)
         processes = []
         try:
-            process, rest_port, grpc_port = _start_server(base)
+            process, rest_port, grpc_port = _start_server(base, args.tensorflow_threads)
             processes.append(process)
             answers = _record_answers(rest_port, grpc_port, args.batches, queries)
             process, floor_rest, floor_grpc = _start_floors(answers, root)
@@ -313,8 +318,10 @@ def _measure(args, queries, floor, ports: dict) -> list:
 
 
 def _print(args, rows, out: report.Report) -> None:
+    threads = args.tensorflow_threads
     print(f"\n### Serving: REST and gRPC against session.run (wide_deep, 26 tables x dim 8, "
-          f"{args.seconds:g} s per cell in {args.rounds} rounds; {machine()})\n")
+          f"{args.seconds:g} s per cell in {args.rounds} rounds; TensorFlow threads intra-op "
+          f"{threads.intra_op}, inter-op {threads.inter_op}; {machine()})\n")
     print("| API | batch | client threads | p50 ms | p99 ms | requests/s | rows/s | "
           "p50 / floor p50 | p99 / floor p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch, threads, cells in rows:
@@ -354,6 +361,15 @@ def _ints(text: str) -> list:
     return values
 
 
+def _threads(text: str) -> SessionThreads:
+    try:
+        intra, inter = (int(v) for v in text.split(","))
+        return SessionThreads(intra, inter)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected INTRA,INTER (as 1,-1), got {text!r}: "
+                                         f"{error}") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -368,6 +384,12 @@ def main(argv=None) -> int:
                         help="client threads (1,8); 1 carries the goals")
     parser.add_argument("--rows", type=int, default=None,
                         help="rows of the trained partition (30000; --quick 8000)")
+    parser.add_argument("--tensorflow-threads", type=_threads, default=DEFAULT_THREADS,
+                        metavar="INTRA,INTER",
+                        help="the predictor's and the floor's TensorFlow threads, as "
+                        "python -m mxrec.serving --tensorflow_intra_op_parallelism and "
+                        "--tensorflow_inter_op_parallelism (0,0: TensorFlow's defaults; "
+                        "1,-1: each run in the request's thread)")
     parser.add_argument("--serve-floors", metavar="ANSWERS",
                         help="(run by this benchmark) serve the transport floors")
     report.add_arguments(parser)

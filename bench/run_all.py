@@ -48,6 +48,9 @@ RUNS: Dict[str, Tuple[str, List[str]]] = {
     "bench_scale_disk": ("bench_scale", ["--ids", "3e6", "--device_rows", "200000",
                                          "--host_rows", "200000", "--engine_ids", "0",
                                          "--memory_limit", "1400M", "--no_checkpoint"]),
+    # The predictor (and the floor) with each run in the request's thread, as a
+    # latency-bound deployment runs it (docs/SERVING_GRPC.md, "Latency").
+    "bench_serving_caller_thread": ("bench_serving", ["--tensorflow-threads", "1,-1"]),
 }
 
 

@@ -122,6 +122,9 @@ VARIANTS = (
     "tests/test_cli_errors.py::test_format_criteo_on_a_csv_with_a_header_names_criteo_csv[written]",
     "tests/test_cli_errors.py::test_train_warns_about_what_it_skips",
     "tests/test_streaming_nonfinite.py::test_skip_goes_back_and_equals_the_stream_without_the_partition[first]",
+    # The TensorFlow thread settings besides the request's own thread (threads0).
+    "tests/test_serving_grpc.py::test_tensorflow_thread_settings_answer_as_the_saved_model_offline[threads1]",
+    "tests/test_serving_grpc.py::test_tensorflow_thread_settings_answer_as_the_saved_model_offline[3]",
 )
 
 

@@ -26,10 +26,12 @@ from tensorflow_serving.apis import (
 )
 
 from mxrec.serving import calls, tensors
+from mxrec.serving.__main__ import main as serving_main
 from mxrec.serving.grpc_server import GrpcServer, PortInUseError
 from mxrec.serving.predictor import Predictor
 from mxrec.serving.requests import RequestError
 from mxrec.serving.server import ModelServer
+from mxrec.serving.session_threads import SessionThreads
 from mxrec.streaming.trainer import RAW_SIGNATURE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,6 +143,90 @@ def test_answers_equal_rest_and_the_saved_model_offline(stream, served):
     answer = _predict(channel, _request(query, filters=some))
     assert sorted(answer.outputs) == some
     np.testing.assert_array_equal(tf.make_ndarray(answer.outputs[some[0]]), got[some[0]])
+
+
+@pytest.mark.parametrize("threads", [SessionThreads(intra_op=1, inter_op=-1),
+                                     SessionThreads(intra_op=2, inter_op=1), 3])
+def test_tensorflow_thread_settings_answer_as_the_saved_model_offline(stream, tmp_path,
+                                                                     threads):
+    """TF Serving's --tensorflow_intra_op_parallelism / --tensorflow_inter_op_parallelism
+    (-1: the request's own thread) and --tensorflow_session_parallelism: each session gets
+    them, and REST and gRPC answer what the SavedModel answers offline."""
+    root, rows = stream
+    publish_copy(root / "export", tmp_path, 1)
+    predictor = Predictor(str(tmp_path), threads=threads)
+    predictor.poll()
+    rest = ModelServer(predictor, "ctr", port=0, poll_interval=None).start()
+    server = GrpcServer(predictor, "ctr", port=0, num_threads=2).start()
+    try:
+        expected = SessionThreads.of(threads)
+        config = predictor._current.session._config
+        assert (config.intra_op_parallelism_threads,
+                config.inter_op_parallelism_threads) == (expected.intra_op, expected.inter_op)
+        query = hashed(rows)
+        offline = _offline(root / "export" / "1", "serving_default", query)
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            for timeout in (None, 30):  # without a deadline, and with one
+                answer = _predict(channel, _request(query), timeout=timeout)
+                for key, value in offline.items():
+                    np.testing.assert_array_equal(tf.make_ndarray(answer.outputs[key]), value)
+        code, _, body = request(rest.port, "POST", "/v1/models/ctr:predict", {"inputs": {
+            k: v.tolist() for k, v in query.items()}})
+        assert code == 200
+        for key, value in offline.items():
+            np.testing.assert_array_equal(np.asarray(body["outputs"][key], value.dtype), value)
+        # A deadline too far for TensorFlow's clock runs as one without a limit.
+        far = calls.run(predictor._current, query, "serving_default", time.monotonic() + 1e17,
+                        "--flag")
+        for key, value in offline.items():
+            np.testing.assert_array_equal(far[key], value)
+        # A run in the caller's thread is not cut at its timeout: one that ends past the
+        # deadline is answered as late all the same.
+        instance, original = predictor._current, predictor._current.predict
+
+        def slow(*args, **kwargs):
+            time.sleep(0.3)
+            return original(*args, **kwargs)
+
+        instance.predict = slow
+        with pytest.raises(RequestError) as caught:
+            calls.run(instance, query, "serving_default", time.monotonic() + 0.1, "--flag")
+        assert caught.value.status == 504 and "within the request's deadline (--flag)" in str(
+            caught.value)
+    finally:
+        server.stop()
+        rest.stop()  # and closes the predictor
+
+
+def test_tensorflow_thread_settings_out_of_range_are_refused_naming_the_flag(tmp_path,
+                                                                            capsys):
+    for bad, error, words in (
+            (dict(inter_op=-2), ValueError, "--tensorflow_inter_op_parallelism must be -1 to"),
+            (dict(intra_op=-1), ValueError, "--tensorflow_intra_op_parallelism must be 0 to"),
+            (dict(intra_op=1 << 20), ValueError, "--tensorflow_intra_op_parallelism"),
+            (dict(inter_op=1.5), TypeError, "--tensorflow_inter_op_parallelism must be an "
+                                            "integer"),
+            (dict(intra_op=True), TypeError, "--tensorflow_intra_op_parallelism")):
+        with pytest.raises(error, match=words):
+            SessionThreads(**bad)
+    for bad, error in ((-1, ValueError), ("4", TypeError)):
+        with pytest.raises(error, match="--tensorflow_session_parallelism"):
+            Predictor(str(tmp_path), threads=bad)
+    base = ["--export-base", str(tmp_path), "--model-name", "ctr", "--port", "0"]
+    for flags, words in (
+            (["--tensorflow_inter_op_parallelism", "-2"],
+             "--tensorflow_inter_op_parallelism must be -1 to 16384"),
+            (["--tensorflow-intra-op-parallelism=-1"],
+             "--tensorflow_intra_op_parallelism must be 0 to 16384"),
+            (["--tensorflow_session_parallelism", "-3"],
+             "--tensorflow_session_parallelism (--threads) must be 0 to 16384"),
+            (["--threads", "2", "--tensorflow_inter_op_parallelism", "-1"],
+             "either --threads (--tensorflow_session_parallelism) or"),
+            (["--tensorflow_inter_op_parallelism", "many"], "invalid int value: 'many'")):
+        with pytest.raises(SystemExit) as caught:
+            serving_main(base + flags)
+        assert caught.value.code == 2
+        assert words in capsys.readouterr().err, flags
 
 
 def test_the_guides_client_snippet(served, capsys):
@@ -429,7 +515,9 @@ def test_cli_grpc_port_and_replay_over_grpc(stream, tmp_path, capsys):
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p), TF_CPP_MIN_LOG_LEVEL="3")
     server = subprocess.Popen(
         [sys.executable, "-m", "mxrec.serving", "--export-base", str(base), "--model-name",
-         "ctr", "--port", "0", "--grpc-port", "0", "--max-seconds", "120"],
+         "ctr", "--port", "0", "--grpc-port", "0", "--max-seconds", "120",
+         # The model in the request's thread: what a latency-bound predictor runs.
+         "--tensorflow_intra_op_parallelism", "1", "--tensorflow_inter_op_parallelism", "-1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         lines = [server.stdout.readline() for _ in range(2)]

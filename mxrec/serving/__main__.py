@@ -52,6 +52,26 @@ def _port(text: str) -> Optional[int]:
     return port
 
 
+def _add_tensorflow_threads(parser: argparse.ArgumentParser) -> None:
+    """TF Serving's flags for TensorFlow's threads (mxrec.serving.session_threads)."""
+    parser.add_argument("--threads", "--tensorflow_session_parallelism",
+                        "--tensorflow-session-parallelism", dest="threads", type=int,
+                        default=0,
+                        help="TensorFlow's intra-op and inter-op threads both, for each "
+                             "loaded model (0: TensorFlow's defaults)")
+    parser.add_argument("--tensorflow_intra_op_parallelism",
+                        "--tensorflow-intra-op-parallelism", dest="intra_op", type=int,
+                        default=None,
+                        help="threads one op may split its work over (0: TensorFlow's "
+                             "default, one per core)")
+    parser.add_argument("--tensorflow_inter_op_parallelism",
+                        "--tensorflow-inter-op-parallelism", dest="inter_op", type=int,
+                        default=None,
+                        help="ops of one run executed at once (0: TensorFlow's default; -1: "
+                             "every op in the thread answering the request, no hand-off to "
+                             "TensorFlow's pool: lower latency for a small model)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mxrec.serving", description=__doc__,
                                      epilog=_EPILOG,
@@ -86,8 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                         default=2.0, help="seconds between looks at the export base (2)")
     parser.add_argument("--signature", default="serving_default",
                         help="SavedModel signature to serve (serving_default)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="TensorFlow threads per loaded model (0: default)")
+    _add_tensorflow_threads(parser)
     parser.add_argument("--rest-api-num-threads", "--rest_api_num_threads",
                         dest="num_threads", type=int, default=None,
                         help="threads answering requests, a fixed pool (default: 4 per "
@@ -124,7 +143,8 @@ def main(argv=None) -> int:
     from mxrec.serving.predictor import Predictor
 
     try:
-        predictor = Predictor(args.export_base, args.signature, args.threads, args.allow_ops)
+        predictor = Predictor(args.export_base, args.signature, args.session_threads,
+                              args.allow_ops)
     except ValueError as error:
         parser.error(f"--allow-op: {error}")
     try:  # bind first: a busy port is reported before any model is loaded
@@ -160,12 +180,31 @@ def _check_args(parser, args) -> None:
     if not 1 <= args.grpc_max_message < 1 << 31:
         parser.error(f"--grpc-max-message-bytes must be 1 to {(1 << 31) - 1} (gRPC's "
                      f"limit), got {args.grpc_max_message}")
+    args.session_threads = _session_threads(parser, args)
     for flag, value in (("--rest-api-num-threads", args.num_threads),
                         ("--grpc-num-threads", args.grpc_threads),
                         ("--rest-api-timeout-in-ms", args.timeout_ms),
                         ("--max-queued-requests", args.max_queued)):
         if value is not None and value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
+
+
+def _session_threads(parser, args):
+    """The sessions' SessionThreads from --threads or the intra-/inter-op flags (not both,
+    as TF Serving refuses)."""
+    from mxrec.serving.session_threads import SessionThreads
+
+    separate = args.intra_op is not None or args.inter_op is not None
+    if separate and args.threads:
+        parser.error("either --threads (--tensorflow_session_parallelism) or "
+                     "--tensorflow_intra_op_parallelism / --tensorflow_inter_op_parallelism; "
+                     "not both")
+    try:
+        if separate:
+            return SessionThreads(args.intra_op or 0, args.inter_op or 0)
+        return SessionThreads.of(args.threads)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def _bind(args, predictor) -> list:

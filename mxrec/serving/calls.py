@@ -89,7 +89,8 @@ def run(instance, feeds: Dict, signature: str, deadline: Optional[float], flag: 
         outputs: Optional[Sequence[str]] = None) -> Dict:
     """The model's outputs for checked feeds, within `deadline` (time.monotonic(); None: no
     limit). Errors the graph raises for the request's values are 400s (TF Serving's
-    mapping), a run past the deadline a 504, memory exhausted a 429; `flag` names the
+    mapping), a run past the deadline a 504 (cancelled at the deadline, or, run in the
+    caller's thread, answered so when it ends), memory exhausted a 429; `flag` names the
     setting that sets the deadline, for the message.
     """
     timeout = None
@@ -100,8 +101,15 @@ def run(instance, feeds: Dict, signature: str, deadline: Optional[float], flag: 
                                f"({flag})", 504)
     try:
         if outputs:
-            return instance.predict(feeds, signature, timeout=timeout, outputs=outputs)
-        return instance.predict(feeds, signature, timeout=timeout)
+            answer = instance.predict(feeds, signature, timeout=timeout, outputs=outputs)
+        else:
+            answer = instance.predict(feeds, signature, timeout=timeout)
+        # A run in the caller's thread (--tensorflow_inter_op_parallelism -1) is not cut
+        # at its timeout: one that ended past the deadline is late all the same.
+        if deadline is not None and time.monotonic() > deadline:
+            raise RequestError(f"the model did not answer within the request's deadline "
+                               f"({flag})", 504)
+        return answer
     except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
         raise RequestError(f"the model refused the request's values: {op_words(error)}",
                            400) from None

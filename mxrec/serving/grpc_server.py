@@ -61,6 +61,8 @@ except ImportError as error:  # pragma: no cover (scripts/setup.sh installs it)
 MAX_MESSAGE = 64 << 20  # as the REST body limit; gRPC's own default is 4 MiB
 # gRPC's message limits are C ints.
 MAX_MESSAGE_LIMIT = (1 << 31) - 1
+# Time left beyond this (about 31 years) is a call without a deadline.
+NO_DEADLINE = 1e9
 STOP_GRACE = 10.0  # seconds the calls being answered get to finish at stop()
 _SIGNATURE_DEF = "signature_def"
 
@@ -168,7 +170,9 @@ class GrpcServer:
         """Calls `method(request, deadline)`; a RequestError ends the call with TF Serving's
         status code for it, any other failure with INTERNAL (logged)."""
         remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
+        # A call without a deadline reports gRPC's infinite future (about 9e18 s).
+        deadline = (None if remaining is None or remaining > NO_DEADLINE
+                    else time.monotonic() + remaining)
         try:
             return method(request, deadline)
         except RequestError as error:

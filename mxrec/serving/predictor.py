@@ -34,7 +34,7 @@ import io
 import posixpath
 import threading
 import time
-from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -45,6 +45,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from mxrec.export import quantize as quantizer
 from mxrec.serving import allowed_ops, requests, versions
 from mxrec.serving import runner as runner_module
+from mxrec.serving.session_threads import SessionThreads
 
 DELTA_FILE = "mxrec_delta.npz"
 _SCOPE = "mxrec_serving"
@@ -214,7 +215,8 @@ class ModelInstance:
     """
 
     def __init__(self, export_dir: str, signature: str = "serving_default",
-                 threads: int = 0, ops: FrozenSet[str] = allowed_ops.ALLOWED_OPS):
+                 threads: Union[int, SessionThreads] = 0,
+                 ops: FrozenSet[str] = allowed_ops.ALLOWED_OPS):
         self.version = int(posixpath.basename(export_dir.rstrip("/")))
         self.readers = 0
         meta = self._read_meta(export_dir, signature)
@@ -223,9 +225,8 @@ class ModelInstance:
         with self.graph.as_default():
             saver = self._import(meta)
             self._bind_signatures(signature)
-            config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                              inter_op_parallelism_threads=threads)
-            self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+            self.session = tf.compat.v1.Session(graph=self.graph,
+                                                config=SessionThreads.of(threads).config())
             try:
                 saver.restore(self.session, posixpath.join(export_dir, "variables",
                                                            "variables"))
@@ -503,19 +504,23 @@ class Predictor:
     Args:
         export_base: the folder of numeric version folders.
         signature: the SavedModel signature to serve.
-        threads: TensorFlow threads per instance (0: default).
+        threads: TensorFlow's threads for each version's session: a SessionThreads
+            (TF Serving's --tensorflow_intra_op_parallelism and
+            --tensorflow_inter_op_parallelism), or an integer for both (0: TensorFlow's
+            defaults).
         allow_ops: op types to accept beyond `allowed_ops.ALLOWED_OPS` (a custom model's);
             no op that does I/O.
 
     Raises:
-        ValueError: `allow_ops` names no TensorFlow op, or one that does I/O.
+        ValueError: `allow_ops` names no TensorFlow op, or one that does I/O; a thread
+            setting out of range (named).
     """
 
-    def __init__(self, export_base: str, signature: str = "serving_default", threads: int = 0,
-                 allow_ops: Iterable[str] = ()):
+    def __init__(self, export_base: str, signature: str = "serving_default",
+                 threads: Union[int, SessionThreads] = 0, allow_ops: Iterable[str] = ()):
         self.export_base = export_base
         self.signature = signature
-        self.threads = threads
+        self.threads = SessionThreads.of(threads)
         self.ops = allowed_ops.allowed(allow_ops)
         self._lock = threading.Condition()
         self._current: Optional[ModelInstance] = None

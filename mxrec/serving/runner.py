@@ -28,6 +28,12 @@ except ImportError:  # pragma: no cover (another TensorFlow layout: session.run 
     _tf_session = None
 
 
+# A longer timeout runs without one: TensorFlow turns the milliseconds into an int64
+# point in time, which a value near the field's int64 limit overflows (an instant
+# DeadlineExceeded).
+_MAX_TIMEOUT_S = 30 * 86400.0
+
+
 def available(session: tf.compat.v1.Session) -> bool:
     """Whether this TensorFlow has the session call `SignatureRunner` makes directly."""
     return (_tf_session is not None and hasattr(_tf_session, "TF_NewBufferFromString")
@@ -66,7 +72,8 @@ class SignatureRunner:
     def __call__(self, feeds: Dict[str, np.ndarray],
                  timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
         """The outputs for `feeds` (exactly the runner's inputs), cancelled with
-        tf.errors.DeadlineExceededError after `timeout` seconds (None: no limit).
+        tf.errors.DeadlineExceededError after `timeout` seconds (None, or over 30 days: no
+        limit).
 
         Raises:
             ValueError: a feed whose shape does not fit its tensor's.
@@ -82,7 +89,7 @@ class SignatureRunner:
                                  f"{key!r}, which has shape {list(shape)}")
             arrays[key] = array
         options = None
-        if timeout is not None:
+        if timeout is not None and timeout <= _MAX_TIMEOUT_S:
             # 0 would mean "no limit" to TensorFlow: a spent deadline still gets 1 ms.
             options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout * 1000)))
         if not self.direct:
