@@ -428,14 +428,14 @@ Status HostTable::ImportState(const TableState& state) {
   const auto lock = Lock();
   MXREC_RETURN_IF_ERROR(CheckTierFlags(state));
   MXREC_RETURN_IF_ERROR(CheckRows(state));
-  std::vector<int64_t> host_keys;  // tiered: the IDs in the host tier, in state order
-  if (cache_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_keys));
+  int64_t host_ids = 0;  // tiered: the IDs in the host tier
+  if (cache_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_ids));
   std::vector<KeyMap> fresh;
   fresh.reserve(kNumShards);
   for (int s = 0; s < kNumShards; ++s) fresh.push_back(NewMap());
   MXREC_RETURN_IF_ERROR(BuildMaps(state, &fresh));
   // Tiered: the host tier's values, the planner's host slots and recency list.
-  if (cache_) MXREC_RETURN_IF_ERROR(cache_->Restore(state, host_keys, &fresh));
+  if (cache_) MXREC_RETURN_IF_ERROR(cache_->Restore(state, host_ids, &fresh));
   for (int s = 0; s < kNumShards; ++s) ids_[s] = std::move(fresh[s]);
   rows_.free = state.free_rows;
   rows_.next = state.next_row;
@@ -502,7 +502,7 @@ Status HostTable::CheckRows(const TableState& state) const {
   return Status::Ok();
 }
 
-Status HostTable::CheckTierRows(const TableState& state, std::vector<int64_t>* host_keys) const {
+Status HostTable::CheckTierRows(const TableState& state, int64_t* host_ids) const {
   for (size_t i = 0; i < state.keys.size() && !state.in_host.empty(); ++i) {
     if (!state.in_host[i]) continue;
     if (state.rows[i] >= 0) {
@@ -510,12 +510,11 @@ Status HostTable::CheckTierRows(const TableState& state, std::vector<int64_t>* h
                          "': checkpointed ID ", state.keys[i],
                          " has both a device row and a host-tier row");
     }
-    host_keys->push_back(state.keys[i]);
+    ++*host_ids;
   }
-  const int64_t host_ids = static_cast<int64_t>(host_keys->size());
-  if (host_ids > options_.host_capacity + options_.ssd_capacity) {
+  if (*host_ids > options_.host_capacity + options_.ssd_capacity) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                       "': the checkpoint holds ", host_ids,
+                       "': the checkpoint holds ", *host_ids,
                        " IDs in the host tier but host_vocabulary_size + ssd_vocabulary_size "
                        "is ", options_.host_capacity + options_.ssd_capacity);
   }
