@@ -95,24 +95,33 @@ struct HostTable::MapSpot {
 void HostTable::NextRowless(const Boundary& boundary, uint32_t since_epoch, bool first,
                             int64_t after, size_t capacity, std::vector<MapSpot>* out) {
   out->clear();
-  // A max-heap by key of the smallest keys seen: its top is the first one to go.
+  // The keys seen, until `capacity` of them: then a max-heap by key of the
+  // smallest keys seen, whose top is the first one to go. The pass ends with
+  // one sort (faster than the heap's pops), and a pass that takes every key
+  // left (the last, or the only one) pushes nothing through the heap.
   const auto by_key = [](const MapSpot& a, const MapSpot& b) { return a.key < b.key; };
+  bool heap = false;
   for (int s = 0; s < kNumShards; ++s) {
     ids_[s].ForEach([&](int64_t key, uint32_t index) {
       if (!first && key <= after) return;  // an earlier pass's
-      const bool full = out->size() >= capacity;
-      if (full && key >= out->front().key) return;  // decided by the key alone: no lookup
+      if (heap && key >= out->front().key) return;  // decided by the key alone: no lookup
       ExportedRecord e;
       if (!BoundaryRecord(boundary, since_epoch, s, key, index, &e) || e.where.row >= 0) return;
-      if (full) {
-        std::pop_heap(out->begin(), out->end(), by_key);
-        out->pop_back();
+      const MapSpot spot{key, static_cast<uint32_t>(s), index};
+      if (!heap) {
+        out->push_back(spot);
+        if (out->size() >= capacity) {
+          std::make_heap(out->begin(), out->end(), by_key);
+          heap = true;
+        }
+        return;
       }
-      out->push_back(MapSpot{key, static_cast<uint32_t>(s), index});
+      std::pop_heap(out->begin(), out->end(), by_key);
+      out->back() = spot;
       std::push_heap(out->begin(), out->end(), by_key);
     });
   }
-  std::sort_heap(out->begin(), out->end(), by_key);
+  std::sort(out->begin(), out->end(), by_key);
 }
 
 Status HostTable::StreamRecords(const Boundary& boundary, uint32_t since_epoch, bool delta_chain,
