@@ -263,3 +263,69 @@ def test_write_npz_and_mapped_npz_round_trip(tmp_path, where):
     with pytest.raises(CheckpointError, match="got 999 rows, its shape says"):
         stream.write_npz(str(tmp_path / "bad.npz"), [stream.Member(
             "x", np.float32, (1000, 7), lambda: iter([rows[:999]]))])
+
+
+def test_chunked_tier_import_places_every_id_as_the_in_memory_import(tmp_path):
+    """The engine's chunked import of host-tier IDs (HostTier::ReplaceFrom with a reader):
+    IDs spread among device rows, the host tier and the SSD tier (several chunks, SSD writes
+    of several 8 MiB batches, some IDs without values, a reader returning float64 and
+    non-contiguous arrays), every ID's values exported back equal to the input, and the
+    same export as the import of the same state from whole arrays."""
+    from mxrec._lib import loader
+
+    engine = loader.engine()
+    dim, n, host = 64, 40_000, 3_000
+    rng = np.random.default_rng(5)
+    keys = rng.permutation(rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64))
+    rows = np.full(n, -1, np.int32)
+    rows[:100] = np.arange(100)
+    in_host = np.ones(n, np.uint8)
+    in_host[:100] = 0
+    in_host[100:200] = 0  # counted, not admitted
+    tiered = int(in_host.sum())
+    present = np.full(tiered, 3, np.uint32)
+    present[::97] = 0  # no values: restarts from the initializer, no tier slot
+    present[1::89] = 1  # the embedding only
+    values = rng.standard_normal((tiered, 2, dim)).astype(np.float32)
+    values[present == 0] = 0
+    values[present == 1, 1] = 0
+    common = dict(keys=keys, rows=rows, counts=rng.random(n).astype(np.float32),
+                  last_seen=rng.integers(0, 100, n), free_rows=np.zeros(0, np.int32),
+                  next_row=100, newest_timestamp=99, counting_frozen=False,
+                  access_threshold=0.0, in_host=in_host, lru_rows=np.zeros(0, np.int32),
+                  lru_ages=np.zeros(0, np.uint32), tier_components=["embedding", "slot"])
+    asked = []
+
+    def reader(begin, n_ids):
+        asked.append((begin, n_ids))
+        wide = np.zeros((n_ids, 2, 2 * dim))  # float64, read through a strided view
+        wide[:, :, ::2] = values[begin:begin + n_ids]
+        return present[begin:begin + n_ids], wide[:, :, ::2]
+
+    exports = []
+    for how in ("chunked", "whole"):
+        key = f"test_chunked_tier_import_{how}/t"
+        engine.create_table(key=key, name="imported", dim=dim, capacity=128,
+                            host_capacity=host, ssd_capacity=n, ssd_path=str(tmp_path))
+        try:
+            if how == "chunked":
+                engine.import_state(key, tier_reader=reader, chunk_rows=19_001, **common)
+            else:
+                engine.import_state(key, tier_present=present, tier_values=values, **common)
+            stats = engine.tier_stats(key)
+            exports.append(engine.export_state(key))
+        finally:
+            engine.drop_prefix(key)
+        held = int((present != 0).sum())
+        assert (stats["host_rows"], stats["ssd_rows"]) == (host, held - host), stats
+    assert asked == [(b, min(19_001, tiered - b)) for b in range(0, tiered, 19_001)]
+    chunked, whole = exports
+    for name in ("keys", "rows", "counts", "last_seen", "in_host", "tier_present",
+                 "tier_values"):
+        np.testing.assert_array_equal(chunked[name], whole[name], err_msg=name)
+    # Against the input: the export lists the tiered IDs by key; the values of each.
+    exported = chunked["in_host"] != 0
+    order = np.argsort(keys[in_host != 0])
+    np.testing.assert_array_equal(chunked["keys"][exported], keys[in_host != 0][order])
+    np.testing.assert_array_equal(chunked["tier_present"], present[order])
+    np.testing.assert_array_equal(chunked["tier_values"], values[order])

@@ -6,6 +6,7 @@
 #include "device_cache_planner.h"
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <utility>
 
@@ -397,39 +398,68 @@ void DeviceCachePlanner::ExportRecency(int64_t next_row, const std::unordered_se
   }
 }
 
-Status DeviceCachePlanner::Restore(const TableState& state, const std::vector<int64_t>& host_keys,
+Status DeviceCachePlanner::Restore(const TableState& state, int64_t host_ids,
                                    std::vector<KeyMap>* maps) {
-  // The new tier records of host_keys, in order (records never move).
-  std::vector<TierRecord*> host_records;
-  host_records.reserve(host_keys.size());
-  for (int64_t key : host_keys) host_records.push_back(FindIn(maps, key).tier);
-  std::vector<int32_t> host_slots;
-  if (state.tier_reader) {
-    MXREC_RETURN_IF_ERROR(tier_->ReplaceFrom(host_keys, state.tier_components, state.tier_reader,
-                                             state.tier_chunk_rows, &host_slots));
-  } else {
-    MXREC_RETURN_IF_ERROR(tier_->Replace(host_keys, state.tier_components, state.tier_present,
-                                         state.tier_values, &host_slots));
+  const size_t width = state.tier_components.size() * static_cast<size_t>(options_.dim);
+  if (!state.tier_reader && (state.tier_present.size() != static_cast<size_t>(host_ids) ||
+                             state.tier_values.size() != static_cast<size_t>(host_ids) * width)) {
+    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
+                       "': checkpointed host-tier values do not match their IDs (", host_ids,
+                       " IDs, ", state.tier_present.size(), " masks, ", state.tier_values.size(),
+                       " floats for ", state.tier_components.size(), " components of dim ",
+                       options_.dim, ")");
   }
+  // One chunk of the host-tier IDs at a time, in state order: their keys and
+  // new tier records (found by a scan of the state's columns, which are read
+  // in place), and their values from the state's reader or its arrays.
+  size_t scanned = 0;
+  int64_t chunk_begin = 0;
+  std::vector<int64_t> keys;
+  std::vector<TierRecord*> records;
+  const TierChunkReader reader = [&](int64_t begin, int64_t n, TierChunk* chunk) -> Status {
+    keys.clear();
+    records.clear();
+    for (; static_cast<int64_t>(keys.size()) < n && scanned < state.keys.size(); ++scanned) {
+      if (!state.in_host[scanned]) continue;
+      keys.push_back(state.keys[scanned]);
+      records.push_back(FindIn(maps, state.keys[scanned]).tier);
+    }
+    if (static_cast<int64_t>(keys.size()) != n) {
+      return MXREC_ERROR(StatusCode::kInternal, "mxrec table '", options_.name,
+                         "': a restore asked for host-tier IDs past the state's ", host_ids);
+    }
+    chunk_begin = begin;
+    chunk->keys = keys.data();
+    if (state.tier_reader) return state.tier_reader(begin, n, &chunk->present, &chunk->values);
+    chunk->present = state.tier_present.data() + begin;
+    chunk->values = state.tier_values.data() + static_cast<size_t>(begin) * width;
+    return Status::Ok();
+  };
+  // The planner's host-slot bookkeeping, kept aside until the tier is replaced.
+  int64_t records_used = 0;
+  int32_t next_slot = 0;
+  int64_t resident = 0;
+  std::deque<std::pair<int64_t, int32_t>> arrival;
+  const TierSlotSink placed = [&](int64_t i, int32_t slot) {
+    const size_t at = static_cast<size_t>(i - chunk_begin);
+    records[at]->host_slot = slot;
+    if (IsSsdSlot(slot)) records_used = std::max(records_used, SsdRecordOf(slot) + 1);
+    if (slot < 0) return;
+    next_slot = std::max(next_slot, slot + 1);
+    ++resident;
+    if (options_.ssd_capacity > 0) arrival.emplace_back(keys[at], slot);
+  };
+  MXREC_RETURN_IF_ERROR(tier_->ReplaceFrom(host_ids, state.tier_components, reader,
+                                           state.tier_reader ? state.tier_chunk_rows : 65536,
+                                           placed));
   // Nothing below fails.
   free_host_slots_.clear();
-  host_arrival_.clear();
-  next_host_slot_ = 0;
-  host_resident_ = 0;
-  int64_t records_used = 0;
-  for (size_t i = 0; i < host_records.size(); ++i) {
-    host_records[i]->host_slot = host_slots[i];
-    if (IsSsdSlot(host_slots[i])) {
-      records_used = std::max(records_used, SsdRecordOf(host_slots[i]) + 1);
-    }
-    if (host_slots[i] < 0) continue;
-    next_host_slot_ = std::max(next_host_slot_, host_slots[i] + 1);
-    ++host_resident_;
-    if (options_.ssd_capacity > 0) host_arrival_.emplace_back(host_keys[i], host_slots[i]);
-  }
+  host_arrival_.swap(arrival);
+  next_host_slot_ = next_slot;
+  host_resident_ = resident;
   ssd_records_.Reset(records_used);
   stamp_ = RebuildRecency(state, maps);
-  tier_ids_ = static_cast<int64_t>(host_keys.size());
+  tier_ids_ = host_ids;
   return Status::Ok();
 }
 

@@ -104,11 +104,12 @@ class DeviceCachePlanner {
   void ExportRecency(int64_t next_row, const std::unordered_set<int32_t>& unowned,
                      TableState* state) const;
   // Replaces the tier's values with the state's, renumbering host slots into
-  // the new maps' tier records of `host_keys` (the state's host-tier IDs, in
-  // order), and rebuilds the recency list. Fails, changing nothing, only if
-  // the tier refuses the values.
-  Status Restore(const TableState& state, const std::vector<int64_t>& host_keys,
-                 std::vector<KeyMap>* maps);
+  // the new maps' tier records of the state's `host_ids` host-tier IDs (its
+  // in_host ones, in order), and rebuilds the recency list. The state's
+  // columns are read in place a chunk at a time: nothing is held per ID
+  // beyond the new maps and the tier. Fails, changing nothing but the new
+  // maps, only if the tier refuses the values.
+  Status Restore(const TableState& state, int64_t host_ids, std::vector<KeyMap>* maps);
 
  private:
   // Records are prefetched this many places ahead of their use.

@@ -426,10 +426,10 @@ class HostTable {
   void MarkPendingChanged(const Boundary& boundary);
   // ImportState's checks of a TableState, in this order: host-tier flags
   // against the table, array lengths and rows, and (tiered) the host-tier IDs
-  // (collected into *host_keys) and the device cache's recency order.
+  // (counted into *host_ids) and the device cache's recency order.
   Status CheckTierFlags(const TableState& state) const;
   Status CheckRows(const TableState& state) const;
-  Status CheckTierRows(const TableState& state, std::vector<int64_t>* host_keys) const;
+  Status CheckTierRows(const TableState& state, int64_t* host_ids) const;
   Status CheckCacheOrder(const TableState& state) const;
   // The state's records in new maps (built aside: a bad checkpoint leaves the
   // table as it was).

@@ -95,24 +95,33 @@ struct HostTable::MapSpot {
 void HostTable::NextRowless(const Boundary& boundary, uint32_t since_epoch, bool first,
                             int64_t after, size_t capacity, std::vector<MapSpot>* out) {
   out->clear();
-  // A max-heap by key of the smallest keys seen: its top is the first one to go.
+  // The keys seen, until `capacity` of them: then a max-heap by key of the
+  // smallest keys seen, whose top is the first one to go. The pass ends with
+  // one sort (faster than the heap's pops), and a pass that takes every key
+  // left (the last, or the only one) pushes nothing through the heap.
   const auto by_key = [](const MapSpot& a, const MapSpot& b) { return a.key < b.key; };
+  bool heap = false;
   for (int s = 0; s < kNumShards; ++s) {
     ids_[s].ForEach([&](int64_t key, uint32_t index) {
       if (!first && key <= after) return;  // an earlier pass's
-      const bool full = out->size() >= capacity;
-      if (full && key >= out->front().key) return;  // decided by the key alone: no lookup
+      if (heap && key >= out->front().key) return;  // decided by the key alone: no lookup
       ExportedRecord e;
       if (!BoundaryRecord(boundary, since_epoch, s, key, index, &e) || e.where.row >= 0) return;
-      if (full) {
-        std::pop_heap(out->begin(), out->end(), by_key);
-        out->pop_back();
+      const MapSpot spot{key, static_cast<uint32_t>(s), index};
+      if (!heap) {
+        out->push_back(spot);
+        if (out->size() >= capacity) {
+          std::make_heap(out->begin(), out->end(), by_key);
+          heap = true;
+        }
+        return;
       }
-      out->push_back(MapSpot{key, static_cast<uint32_t>(s), index});
+      std::pop_heap(out->begin(), out->end(), by_key);
+      out->back() = spot;
       std::push_heap(out->begin(), out->end(), by_key);
     });
   }
-  std::sort_heap(out->begin(), out->end(), by_key);
+  std::sort(out->begin(), out->end(), by_key);
 }
 
 Status HostTable::StreamRecords(const Boundary& boundary, uint32_t since_epoch, bool delta_chain,
@@ -428,14 +437,14 @@ Status HostTable::ImportState(const TableState& state) {
   const auto lock = Lock();
   MXREC_RETURN_IF_ERROR(CheckTierFlags(state));
   MXREC_RETURN_IF_ERROR(CheckRows(state));
-  std::vector<int64_t> host_keys;  // tiered: the IDs in the host tier, in state order
-  if (cache_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_keys));
+  int64_t host_ids = 0;  // tiered: the IDs in the host tier
+  if (cache_) MXREC_RETURN_IF_ERROR(CheckTierRows(state, &host_ids));
   std::vector<KeyMap> fresh;
   fresh.reserve(kNumShards);
   for (int s = 0; s < kNumShards; ++s) fresh.push_back(NewMap());
   MXREC_RETURN_IF_ERROR(BuildMaps(state, &fresh));
   // Tiered: the host tier's values, the planner's host slots and recency list.
-  if (cache_) MXREC_RETURN_IF_ERROR(cache_->Restore(state, host_keys, &fresh));
+  if (cache_) MXREC_RETURN_IF_ERROR(cache_->Restore(state, host_ids, &fresh));
   for (int s = 0; s < kNumShards; ++s) ids_[s] = std::move(fresh[s]);
   rows_.free = state.free_rows;
   rows_.next = state.next_row;
@@ -502,7 +511,7 @@ Status HostTable::CheckRows(const TableState& state) const {
   return Status::Ok();
 }
 
-Status HostTable::CheckTierRows(const TableState& state, std::vector<int64_t>* host_keys) const {
+Status HostTable::CheckTierRows(const TableState& state, int64_t* host_ids) const {
   for (size_t i = 0; i < state.keys.size() && !state.in_host.empty(); ++i) {
     if (!state.in_host[i]) continue;
     if (state.rows[i] >= 0) {
@@ -510,12 +519,11 @@ Status HostTable::CheckTierRows(const TableState& state, std::vector<int64_t>* h
                          "': checkpointed ID ", state.keys[i],
                          " has both a device row and a host-tier row");
     }
-    host_keys->push_back(state.keys[i]);
+    ++*host_ids;
   }
-  const int64_t host_ids = static_cast<int64_t>(host_keys->size());
-  if (host_ids > options_.host_capacity + options_.ssd_capacity) {
+  if (*host_ids > options_.host_capacity + options_.ssd_capacity) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                       "': the checkpoint holds ", host_ids,
+                       "': the checkpoint holds ", *host_ids,
                        " IDs in the host tier but host_vocabulary_size + ssd_vocabulary_size "
                        "is ", options_.host_capacity + options_.ssd_capacity);
   }

@@ -826,31 +826,9 @@ Status HostTier::Gather(const std::vector<int64_t>& keys, const std::vector<int3
   return Status::Ok();
 }
 
-Status HostTier::Replace(const std::vector<int64_t>& keys,
-                         const std::vector<std::string>& components,
-                         const std::vector<uint32_t>& present, const std::vector<float>& values,
-                         std::vector<int32_t>* slots) {
-  const int64_t dim = options_.dim;
-  const size_t width = components.size() * static_cast<size_t>(dim);
-  if (present.size() != keys.size() || values.size() != keys.size() * width) {
-    return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
-                       "': checkpointed host-tier values do not match their IDs (",
-                       keys.size(), " IDs, ", present.size(), " masks, ", values.size(),
-                       " floats for ", components.size(), " components of dim ", dim, ")");
-  }
-  const TierValueReader reader = [&](int64_t begin, int64_t n, uint32_t* out_present,
-                                     float* out_values) {
-    std::copy(present.begin() + begin, present.begin() + begin + n, out_present);
-    std::copy(values.begin() + begin * width, values.begin() + (begin + n) * width, out_values);
-    return Status::Ok();
-  };
-  return ReplaceFrom(keys, components, reader, 65536, slots);
-}
-
-Status HostTier::ReplaceFrom(const std::vector<int64_t>& keys,
-                             const std::vector<std::string>& components,
-                             const TierValueReader& reader, int64_t chunk_rows,
-                             std::vector<int32_t>* slots) {
+Status HostTier::ReplaceFrom(int64_t count, const std::vector<std::string>& components,
+                             const TierChunkReader& reader, int64_t chunk_rows,
+                             const TierSlotSink& placed) {
   if (chunk_rows < 1) {
     return MXREC_ERROR(StatusCode::kInvalidArgument, "mxrec table '", options_.name,
                        "': a restore's chunk of host-tier rows must hold at least one row, got ",
@@ -859,7 +837,7 @@ Status HostTier::ReplaceFrom(const std::vector<int64_t>& keys,
   std::unique_lock<std::mutex> lock(mu_);
   WaitSpills(&lock, 0);  // the writer holds slots and the file of the state replaced
   return GuardAllocation(options_.name, "restoring the host tier", [&] {
-    return ReplaceLocked(keys, components, reader, chunk_rows, slots);
+    return ReplaceLocked(count, components, reader, chunk_rows, placed);
   });
 }
 
@@ -872,15 +850,13 @@ struct HostTier::Rebuilt {
   std::vector<SlotMeta, HugePageAllocator<SlotMeta>> meta;
   std::vector<std::vector<Chunk>> chunks;
   int64_t live = 0;
-  std::vector<int32_t> slots;  // per key: as TierRecord::host_slot
   std::unique_ptr<SsdTier> ssd;
   int64_t records = 0;  // SSD records written, numbered from 0
 };
 
-Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
-                               const std::vector<std::string>& components,
-                               const TierValueReader& reader, int64_t chunk_rows,
-                               std::vector<int32_t>* slots) {
+Status HostTier::ReplaceLocked(int64_t count, const std::vector<std::string>& components,
+                               const TierChunkReader& reader, int64_t chunk_rows,
+                               const TierSlotSink& placed) {
   DrainLocked();
   // The new state is built aside and replaces the old one only once all of it,
   // the SSD file included, is written: a restore that fails on the way (disk,
@@ -888,10 +864,10 @@ Status HostTier::ReplaceLocked(const std::vector<int64_t>& keys,
   // serving the old state until the swap below.
   Rebuilt next;
   MXREC_RETURN_IF_ERROR(MapComponents(components, &next));
-  MXREC_RETURN_IF_ERROR(FillAside(keys, components, reader, chunk_rows, &next));
+  MXREC_RETURN_IF_ERROR(FillAside(count, components, reader, chunk_rows, placed, &next));
   cursor_.reserve(next.names.size());
   // Nothing below fails: the new state replaces the old one.
-  InstallLocked(&next, slots);
+  InstallLocked(&next);
   return Status::Ok();
 }
 
@@ -914,45 +890,41 @@ Status HostTier::MapComponents(const std::vector<std::string>& components, Rebui
   return Status::Ok();
 }
 
-Status HostTier::FillAside(const std::vector<int64_t>& keys,
-                           const std::vector<std::string>& components,
-                           const TierValueReader& reader, int64_t chunk_rows,
-                           Rebuilt* next) const {
-  const size_t width = components.size() * static_cast<size_t>(options_.dim);
-  next->slots.assign(keys.size(), -1);
+Status HostTier::FillAside(int64_t count, const std::vector<std::string>& components,
+                           const TierChunkReader& reader, int64_t chunk_rows,
+                           const TierSlotSink& placed, Rebuilt* next) const {
   next->chunks.resize(next->names.size());
   int32_t next_slot = 0;
-  const size_t chunk = static_cast<size_t>(std::min<int64_t>(
-      chunk_rows, std::max<int64_t>(static_cast<int64_t>(keys.size()), 1)));
-  std::vector<uint32_t> present(chunk);
-  std::vector<float> values(chunk * width);
-  for (size_t begin = 0; begin < keys.size(); begin += chunk) {
-    const size_t n = std::min(chunk, keys.size() - begin);
-    MXREC_RETURN_IF_ERROR(reader(static_cast<int64_t>(begin), static_cast<int64_t>(n),
-                                 present.data(), values.data()));
-    MXREC_RETURN_IF_ERROR(
-        FillChunk(keys, begin, n, components, present.data(), values.data(), &next_slot, next));
+  for (int64_t begin = 0; begin < count; begin += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, count - begin);
+    TierChunk chunk;
+    MXREC_RETURN_IF_ERROR(reader(begin, n, &chunk));
+    MXREC_RETURN_IF_ERROR(FillChunk(chunk, begin, static_cast<size_t>(n), components, placed,
+                                    &next_slot, next));
   }
   return Status::Ok();
 }
 
-Status HostTier::FillChunk(const std::vector<int64_t>& keys, size_t begin, size_t n,
-                           const std::vector<std::string>& components, const uint32_t* present,
-                           const float* values, int32_t* next_slot, Rebuilt* next) const {
+Status HostTier::FillChunk(const TierChunk& chunk, int64_t begin, size_t n,
+                           const std::vector<std::string>& components, const TierSlotSink& placed,
+                           int32_t* next_slot, Rebuilt* next) const {
   const size_t width = components.size() * static_cast<size_t>(options_.dim);
   const uint32_t mask = components.size() >= 32 ? ~0u : (1u << components.size()) - 1;
-  // Beyond host_capacity the rows go to a new SSD file, a chunk's records at a time.
-  std::vector<int64_t> disk_keys;
-  std::vector<int64_t> disk_numbers;
-  std::vector<SsdRecord> disk_records;
+  // Beyond host_capacity the rows go to a new SSD file: the chunk's places of
+  // those IDs (4 bytes each), their records numbered from `first`.
+  std::vector<uint32_t> disk;
+  const int64_t first = next->records;
   for (size_t j = 0; j < n; ++j) {
-    const size_t i = begin + j;
-    if ((present[j] & mask) == 0) continue;  // no values: restarts from the initializer
-    const float* row = values + j * width;
+    const int64_t i = begin + static_cast<int64_t>(j);
+    if ((chunk.present[j] & mask) == 0) {  // no values: restarts from the initializer
+      placed(i, -1);
+      continue;
+    }
     if (*next_slot < options_.host_capacity) {
       const int32_t slot = (*next_slot)++;
-      MXREC_RETURN_IF_ERROR(StoreAside(slot, keys[i], present[j], row, components, next));
-      next->slots[i] = slot;
+      MXREC_RETURN_IF_ERROR(StoreAside(slot, chunk.keys[j], chunk.present[j],
+                                       chunk.values + j * width, components, next));
+      placed(i, slot);
       continue;
     }
     if (options_.ssd_capacity <= 0) {
@@ -969,17 +941,15 @@ Status HostTier::FillChunk(const std::vector<int64_t>& keys, size_t begin, size_
                          ") together. Raise ssd_vocabulary_size or host_vocabulary_size in "
                          "create_table().");
     }
-    next->slots[i] = SsdSlot(next->records);
-    disk_numbers.push_back(next->records++);
-    disk_keys.push_back(keys[i]);
-    disk_records.push_back(RecordAside(present[j], row, components.size(), next->index));
+    placed(i, SsdSlot(next->records++));
+    disk.push_back(static_cast<uint32_t>(j));
   }
-  if (disk_keys.empty()) return Status::Ok();
+  if (disk.empty()) return Status::Ok();
   if (!next->ssd) {
     MXREC_RETURN_IF_ERROR(SsdTier::Open(options_.ssd_path, options_.name, layout_,
                                         static_cast<int64_t>(next->names.size()), &next->ssd));
   }
-  return next->ssd->PutBatch(disk_keys, disk_numbers, disk_records);
+  return WriteAside(chunk, disk, first, components, next);
 }
 
 Status HostTier::StoreAside(int32_t slot, int64_t key, uint32_t present, const float* row,
@@ -1004,27 +974,62 @@ Status HostTier::StoreAside(int32_t slot, int64_t key, uint32_t present, const f
   return Status::Ok();
 }
 
-SsdRecord HostTier::RecordAside(uint32_t present, const float* row, size_t count,
-                                const std::vector<int>& index) const {
+Status HostTier::WriteAside(const TierChunk& chunk, const std::vector<uint32_t>& at,
+                            int64_t first, const std::vector<std::string>& components,
+                            Rebuilt* next) const {
   const int64_t dim = options_.dim;
-  SsdRecord record;
-  int top = 0;
-  for (size_t c = 0; c < count; ++c) {
-    if (present & (1u << c)) {
-      record.present |= 1u << index[c];
-      top = std::max(top, index[c] + 1);
+  const size_t width = components.size() * static_cast<size_t>(dim);
+  // Records go out a few MiB at a time (one sequential write each: their numbers
+  // follow each other), encoded from the chunk's rows, so that the chunk's
+  // values are never held a second time.
+  constexpr size_t kBatchBytes = size_t{8} << 20;
+  const size_t batch = std::max<size_t>(
+      1, kBatchBytes / static_cast<size_t>(SsdTier::kHeaderBytes + layout_.Bytes(
+                                                static_cast<int64_t>(next->names.size()))));
+  std::vector<int64_t> keys;
+  std::vector<int64_t> numbers;
+  std::vector<uint32_t> present;
+  std::vector<int64_t> payload;
+  for (size_t begin = 0; begin < at.size(); begin += batch) {
+    const size_t end = std::min(at.size(), begin + batch);
+    keys.clear();
+    numbers.clear();
+    present.clear();
+    payload.clear();
+    for (size_t k = begin; k < end; ++k) {
+      const uint32_t mask = chunk.present[at[k]];
+      uint32_t mapped = 0;
+      int top = 0;
+      for (size_t c = 0; c < components.size(); ++c) {
+        if (!(mask & (1u << c))) continue;
+        mapped |= 1u << next->index[c];
+        top = std::max(top, next->index[c] + 1);
+      }
+      keys.push_back(chunk.keys[at[k]]);
+      numbers.push_back(first + static_cast<int64_t>(k));
+      present.push_back(mapped);
+      payload.push_back(layout_.Bytes(top));
     }
+    // Values from a checkpoint: rounded to the element types (exact when they
+    // left a table of the same types).
+    const auto fill = [&](size_t i, char* out) {
+      const uint32_t mask = chunk.present[at[begin + i]];
+      const float* row = chunk.values + at[begin + i] * width;
+      for (size_t c = 0; c < components.size(); ++c) {
+        if (!(mask & (1u << c))) continue;
+        const int to = next->index[c];
+        EncodeRow(layout_.type(to), row + c * dim, dim, out + layout_.Offset(to));
+      }
+    };
+    SsdTier::Append append;
+    MXREC_RETURN_IF_ERROR(next->ssd->BeginAppend(keys, numbers, present, payload, fill, &append));
+    MXREC_RETURN_IF_ERROR(next->ssd->WriteAppend(append));
+    next->ssd->FinishAppend(append, std::vector<uint8_t>(keys.size(), 1));
   }
-  record.values.assign(static_cast<size_t>(top * dim), 0.0f);
-  for (size_t c = 0; c < count; ++c) {
-    if (present & (1u << c)) {
-      std::memcpy(record.values.data() + index[c] * dim, row + c * dim, dim * sizeof(float));
-    }
-  }
-  return record;
+  return Status::Ok();
 }
 
-void HostTier::InstallLocked(Rebuilt* next, std::vector<int32_t>* slots) {
+void HostTier::InstallLocked(Rebuilt* next) {
   while (components_.size() < next->names.size()) {
     components_.push_back(next->names[components_.size()]);
     cursor_.push_back(next_seq_);
@@ -1042,7 +1047,6 @@ void HostTier::InstallLocked(Rebuilt* next, std::vector<int32_t>* slots) {
   chunks_.swap(next->chunks);
   ssd_ = std::move(next->ssd);  // removes the old file; a new one is opened on the next spill
   SetReadAheadTargetLocked();
-  slots->swap(next->slots);
 }
 
 TierStats HostTier::Stats() const {

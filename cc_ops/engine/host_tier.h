@@ -147,11 +147,27 @@ struct TierStats {
   }
 };
 
-// Checkpoint import in chunks: fills present[0, n) and values[n * components *
-// dim] (the layout of HostTier::Gather) for the IDs begin, ..., begin + n - 1
-// of the import's order, so that a restore holds one chunk of values at a time.
-using TierValueReader =
-    std::function<Status(int64_t begin, int64_t n, uint32_t* present, float* values)>;
+// Checkpoint import in chunks: points *present at n masks and *values at
+// n * components * dim floats (the layout of HostTier::Gather) of the IDs
+// begin, ..., begin + n - 1 of the import's order, held by the reader until
+// its next call. Chunks are asked for in order. A restore so holds one chunk
+// of values at a time, and reads it where the reader put it (no copy).
+using TierValueReader = std::function<Status(int64_t begin, int64_t n, const uint32_t** present,
+                                             const float** values)>;
+
+// One chunk of a restore's host-tier IDs: n keys, masks and rows of values
+// (as TierValueReader's), each held by the reader until its next call.
+struct TierChunk {
+  const int64_t* keys = nullptr;
+  const uint32_t* present = nullptr;
+  const float* values = nullptr;
+};
+// Fills *chunk with the IDs begin, ..., begin + n - 1; asked for in order.
+using TierChunkReader = std::function<Status(int64_t begin, int64_t n, TierChunk* chunk)>;
+// Where a restore put ID i (as TierRecord::host_slot; -1: no values, the ID
+// restarts from the initializer). Called once per ID, in order, during the
+// call to the reader's chunk that holds it is current.
+using TierSlotSink = std::function<void(int64_t i, int32_t slot)>;
 
 class HostTier {
  public:
@@ -228,21 +244,18 @@ class HostTier {
   Status Gather(const std::vector<int64_t>& keys, const std::vector<int32_t>& slots,
                 std::vector<std::string>* components, std::vector<uint32_t>* present,
                 std::vector<float>* values) const;
-  // Replaces every row of the tier with `keys` (layout of Gather; components
-  // named as in the checkpoint, registered when new) and drops pending plans.
-  // The first host_capacity keys with values get host slots 0, 1, ...; the
-  // rest go to a new SSD file, records 0, 1, ... (*slots)[i] is key i's
-  // place, as TierRecord::host_slot. On any error (the SSD file cannot be written, memory runs out)
-  // the tier is left as it was.
-  Status Replace(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
-                 const std::vector<uint32_t>& present, const std::vector<float>& values,
-                 std::vector<int32_t>* slots);
-  // The same with the values read in chunks of `chunk_rows` IDs from `reader`:
-  // the values in memory at once are one chunk's (and the host slots'), the
-  // SSD tier's rows written chunk by chunk.
-  Status ReplaceFrom(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
-                     const TierValueReader& reader, int64_t chunk_rows,
-                     std::vector<int32_t>* slots);
+  // Replaces every row of the tier with the `count` IDs that `reader` gives a
+  // chunk of up to `chunk_rows` at a time (layout of Gather; components named
+  // as in the checkpoint, registered when new) and drops pending plans. The
+  // first host_capacity IDs with values get host slots 0, 1, ...; the rest go
+  // to a new SSD file, records 0, 1, ..., written a chunk at a time.
+  // placed(i, slot) tells where ID i went. Nothing here holds memory per ID
+  // beyond the tier's own: the values in memory at once are the reader's
+  // chunk and a few MiB of SSD records. On any error (the SSD file cannot be
+  // written, memory runs out, the reader fails) the tier is left as it was.
+  Status ReplaceFrom(int64_t count, const std::vector<std::string>& components,
+                     const TierChunkReader& reader, int64_t chunk_rows,
+                     const TierSlotSink& placed);
 
   TierStats Stats() const;
   int64_t pending_plans() const;
@@ -377,25 +390,28 @@ class HostTier {
   void ReadAheadLoop();
   // Points the read-ahead at ssd_'s file (none without one). Under mu_.
   void SetReadAheadTargetLocked();
-  Status ReplaceLocked(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
-                       const TierValueReader& reader, int64_t chunk_rows,
-                       std::vector<int32_t>* slots);
+  Status ReplaceLocked(int64_t count, const std::vector<std::string>& components,
+                       const TierChunkReader& reader, int64_t chunk_rows,
+                       const TierSlotSink& placed);
   // ReplaceLocked's steps: the tier's new contents, built aside (the
-  // checkpoint's components mapped to this tier's, then the keys' values in
+  // checkpoint's components mapped to this tier's, then the IDs' values in
   // new host slots up to host_capacity and in SSD records beyond), and the
   // swap that installs them once nothing can fail.
   struct Rebuilt;
   Status MapComponents(const std::vector<std::string>& components, Rebuilt* next) const;
-  Status FillAside(const std::vector<int64_t>& keys, const std::vector<std::string>& components,
-                   const TierValueReader& reader, int64_t chunk_rows, Rebuilt* next) const;
-  Status FillChunk(const std::vector<int64_t>& keys, size_t begin, size_t n,
-                   const std::vector<std::string>& components, const uint32_t* present,
-                   const float* values, int32_t* next_slot, Rebuilt* next) const;
+  Status FillAside(int64_t count, const std::vector<std::string>& components,
+                   const TierChunkReader& reader, int64_t chunk_rows, const TierSlotSink& placed,
+                   Rebuilt* next) const;
+  Status FillChunk(const TierChunk& chunk, int64_t begin, size_t n,
+                   const std::vector<std::string>& components, const TierSlotSink& placed,
+                   int32_t* next_slot, Rebuilt* next) const;
   Status StoreAside(int32_t slot, int64_t key, uint32_t present, const float* row,
                     const std::vector<std::string>& components, Rebuilt* next) const;
-  SsdRecord RecordAside(uint32_t present, const float* row, size_t count,
-                        const std::vector<int>& index) const;
-  void InstallLocked(Rebuilt* next, std::vector<int32_t>* slots);
+  // Writes the SSD records of the chunk's IDs at `at` (numbered from
+  // `first`), encoded straight from the chunk's rows.
+  Status WriteAside(const TierChunk& chunk, const std::vector<uint32_t>& at, int64_t first,
+                    const std::vector<std::string>& components, Rebuilt* next) const;
+  void InstallLocked(Rebuilt* next);
   // Moves the plans queued by Enqueue into plans_ (numbering them), so that
   // the key stage never waits for a swap in progress to queue its plan.
   void DrainLocked();

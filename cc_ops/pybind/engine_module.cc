@@ -288,21 +288,24 @@ py::dict ExportState(const std::string& key, uint32_t since_epoch, bool delta_ch
 // tier_reader(begin, n) -> (present [n] uint32, values [n, C, dim] float32):
 // the host-tier values of the in_host IDs begin, ..., begin + n - 1, read in
 // chunks of chunk_rows (None: tier_present and tier_values hold them all). It
-// runs with the GIL held, as the whole import does.
+// runs with the GIL held, as the whole import does. The engine reads each
+// chunk in the arrays returned (kept until the next call), not in a copy.
 TierValueReader PythonTierReader(py::object reader, int64_t width,
                                  std::unique_ptr<py::error_already_set>* raised) {
-  return [reader, width, raised](int64_t begin, int64_t n, uint32_t* present, float* values) {
+  auto held = std::make_shared<std::pair<Array<uint32_t>, Array<float>>>();
+  return [reader, width, raised, held](int64_t begin, int64_t n, const uint32_t** present,
+                                       const float** values) {
     try {
       py::tuple chunk = reader(begin, n);
-      Array<uint32_t> got_present = chunk[0].cast<Array<uint32_t>>();
-      Array<float> got_values = chunk[1].cast<Array<float>>();
-      if (got_present.size() != n || got_values.size() != n * width) {
+      held->first = chunk[0].cast<Array<uint32_t>>();
+      held->second = chunk[1].cast<Array<float>>();
+      if (held->first.size() != n || held->second.size() != n * width) {
         return MXREC_ERROR(StatusCode::kInvalidArgument, "a restore's host-tier chunk of ", n,
-                           " IDs holds ", got_present.size(), " masks and ", got_values.size(),
-                           " values (expected ", n * width, ")");
+                           " IDs holds ", held->first.size(), " masks and ",
+                           held->second.size(), " values (expected ", n * width, ")");
       }
-      std::copy(got_present.data(), got_present.data() + n, present);
-      std::copy(got_values.data(), got_values.data() + n * width, values);
+      *present = held->first.data();
+      *values = held->second.data();
     } catch (py::error_already_set& err) {
       *raised = std::make_unique<py::error_already_set>(std::move(err));
       return MXREC_ERROR(StatusCode::kInternal, "the restore's host-tier reader raised");

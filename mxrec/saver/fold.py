@@ -534,6 +534,10 @@ class _Ordinals:
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
+# IDs whose values a restore's tier reader reads at a time within a chunk.
+_READ_BLOCK = 1 << 14
+
+
 def tier_reader(folded: Folded, names: List[str], dim: int) -> Callable:
     """The engine's import reader of the host tier's values: (begin, n) -> (present [n]
     uint32, values [n, len(names), dim] float32) of the in_host IDs begin..begin+n-1."""
@@ -543,9 +547,12 @@ def tier_reader(folded: Folded, names: List[str], dim: int) -> Callable:
         positions = positions_of.take(begin, n)
         present = np.zeros(len(positions), np.uint32)
         values = np.zeros((len(positions), len(names), dim), np.float32)
-        for c, state in enumerate(names):
-            values[:, c], held = folded.values(positions, state, dim)
-            present |= held.astype(np.uint32) << np.uint32(c)
+        # The engine reads the chunk in `values` itself; each state's values are read into it
+        # a block at a time, so that the temporaries of a read are a block's, not a chunk's.
+        for b, e in stream.chunks_of(len(positions), _READ_BLOCK):
+            for c, state in enumerate(names):
+                values[b:e, c], held = folded.values(positions[b:e], state, dim)
+                present[b:e] |= held.astype(np.uint32) << np.uint32(c)
         return present, values
 
     return read
