@@ -24,11 +24,10 @@ import pytest
 
 from mxrec.saver import fold, stream
 
-# Its subject (how much memory a checkpoint takes) does not change with the TensorFlow version.
-# It starts processes of its own (a restore on 2 ranks among them) but is not `serial`: much of
-# its time goes to the disk inside its memory cgroup, which the other tests' CPU work overlaps,
-# and no deadline of its is tight (400 s a phase).
-pytestmark = [pytest.mark.one_tf]
+# It starts processes of its own; its subject (how much memory a checkpoint takes) does not
+# change with the TensorFlow version. Serial: beside other tests its disk traffic (its table is
+# twice its memory limit) slowed every test that writes files about 2x (measured in CI).
+pytestmark = [pytest.mark.serial, pytest.mark.one_tf]
 
 CGROUPS = "/sys/fs/cgroup/memory"
 LIMIT = 1536 << 20
