@@ -17,14 +17,11 @@ tier's values.
 import dataclasses
 import functools
 import itertools
-import json
 import os
-import posixpath
 import tempfile
 from typing import List, Optional
 
 import numpy as np
-import tensorflow as tf
 
 from mxrec._lib import loader
 from mxrec.saver import manifest as manifest_io
@@ -78,14 +75,16 @@ def measure(dim: int, storage: str, slot_dtype: str = "float32", slots: int = 1)
 
 def slot_counts(checkpoint_dir: str) -> dict:
     """{table: optimizer slots} of the latest version in `checkpoint_dir` (the states its
-    manifest lists besides the embedding), or {} without a version."""
+    manifest lists besides the embedding), or {} without a version.
+
+    Raises:
+        CheckpointError: the latest version's manifest is missing, corrupted or of another
+            format.
+    """
     versions = manifest_io.list_versions(checkpoint_dir)
     if not versions:
         return {}
-    kind, step = versions[-1]
-    path = posixpath.join(checkpoint_dir, manifest_io.version_name(kind, step), "manifest.json")
-    with tf.io.gfile.GFile(path) as f:
-        tables = json.load(f).get("tables", {})
+    tables = manifest_io.read_manifest(checkpoint_dir, *versions[-1]).get("tables", {})
     return {name: len([s for s in entry.get("state", []) if s != "embedding"])
             for name, entry in tables.items()}
 
